@@ -1,0 +1,50 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "opqd",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "opqd", targets: ["opqd"]),
+        .executable(name: "opqd-bench", targets: ["opqd-bench"]),
+        .library(name: "QueueEngine", targets: ["QueueEngine"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+    ],
+    targets: [
+        // libmicrohttpd itself (apt: libmicrohttpd-dev) plus a fixed-arity shim for its variadic calls.
+        .systemLibrary(
+            name: "CMicroHTTPD",
+            pkgConfig: "libmicrohttpd",
+            providers: [.apt(["libmicrohttpd-dev"])]
+        ),
+        // Small HTTP server on libmicrohttpd. Only Bridge/ touches MHD_*.
+        .target(name: "MicroHTTP", dependencies: ["CMicroHTTPD"]),
+        // Pure Swift engine: no HTTP, no C.
+        .target(name: "QueueEngine"),
+        // What operations do.
+        .target(name: "QueueKinds", dependencies: ["QueueEngine"]),
+        // Routes, DTOs, error mapping.
+        .target(
+            name: "QueueAPI",
+            dependencies: [
+                "QueueEngine", "QueueKinds", "MicroHTTP",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            resources: []
+        ),
+        .executableTarget(
+            name: "opqd",
+            dependencies: ["QueueAPI", .product(name: "Logging", package: "swift-log")]
+        ),
+        .executableTarget(
+            name: "opqd-bench",
+            dependencies: ["QueueEngine", "QueueKinds", "QueueAPI"]
+        ),
+        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP"]),
+        .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine"]),
+        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP"]),
+        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine"]),
+    ]
+)

@@ -1,0 +1,199 @@
+internal import CMicroHTTPD
+import Glibc
+import Synchronization
+
+/// The server behind `HTTPServer`: owns the MHD daemon and everything its callbacks reach.
+///
+/// MHD gets this object as the context of its callbacks (an unmanaged pointer); `start()` retains
+/// it for the daemon and `shutdown` releases it after `MHD_stop_daemon` returns, so no callback can
+/// outlive it.
+final class ServerCore: Sendable {
+    enum Lifecycle {
+        case idle
+        case running(MHDDaemon)
+        case stopped
+    }
+
+    /// Deferred requests and streams in progress, for shutdown to answer and close.
+    struct Registry {
+        var stopping = false
+        var responders: [ObjectIdentifier: HTTPResponder] = [:]
+        var streams: [ObjectIdentifier: HTTPStream] = [:]
+    }
+
+    let configuration: HTTPServerConfiguration
+    let handler: HTTPHandler
+    let log: @Sendable (String, String) -> Void
+    let maxBodyBytes: Int
+    /// After the limit we keep reading (and discarding) a chunked body this far so the client
+    /// can get its 413 (MHD cannot queue a response while body data is being delivered); past
+    /// it the connection is dropped.
+    let discardLimit: Int
+
+    let boundPort = Atomic<Int>(0)
+    let lastRequestID = Atomic<UInt64>(0)
+    /// Requests whose line has been parsed and that have not completed yet.
+    let inFlight = Atomic<Int>(0)
+    let lifecycle = Mutex<Lifecycle>(.idle)
+    let registry = Mutex<Registry>(Registry())
+    /// Messages MHD logged while `start()` runs, to explain a failure.
+    let startupMessages = Mutex<[String]?>(nil)
+
+    init(
+        configuration: HTTPServerConfiguration,
+        handler: @escaping HTTPHandler,
+        log: @escaping @Sendable (String, String) -> Void
+    ) {
+        self.configuration = configuration
+        self.handler = handler
+        self.log = log
+        maxBodyBytes = max(0, configuration.maxBodyBytes)
+        discardLimit = maxBodyBytes + 16 << 20
+    }
+
+    // MARK: Start and stop
+
+    func start() throws {
+        let config = configuration
+        try lifecycle.withLock { (lifecycle: inout Lifecycle) throws(HTTPServerError) in
+            guard case .idle = lifecycle else {
+                throw HTTPServerError("the HTTP server was already started")
+            }
+            guard (0...65535).contains(config.port) else {
+                throw HTTPServerError("invalid port \(config.port): it must be 0...65535")
+            }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(config.port).bigEndian)
+            guard inet_pton(AF_INET, config.host, &address.sin_addr) == 1 else {
+                throw HTTPServerError("invalid host \"\(config.host)\": expected an IPv4 address such as 0.0.0.0")
+            }
+
+            // EPOLL_INTERNAL_THREAD implies INTERNAL_POLLING_THREAD; ALLOW_SUSPEND_RESUME brings the
+            // inter-thread channel that resume and MHD_quiesce_daemon need.
+            let flags = MHD_USE_EPOLL_INTERNAL_THREAD.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
+                | MHD_USE_ERROR_LOG.rawValue
+            let context = Unmanaged.passRetained(self).toOpaque()
+            startupMessages.withLock { $0 = [] }
+            let daemon = withUnsafeMutablePointer(to: &address) { address in
+                var options: [MHD_OptionItem] = [
+                    option(.THREAD_POOL_SIZE, max(1, config.threads)),
+                    option(.CONNECTION_TIMEOUT, max(0, config.connectionTimeout)),
+                    option(.CONNECTION_LIMIT, max(1, config.connectionLimit)),
+                    option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
+                    option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
+                    // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
+                    option(.URI_LOG_CALLBACK, unsafeBitCast(Callbacks.requestStarted, to: Int.self),
+                           pointer: context),
+                    option(.NOTIFY_COMPLETED, unsafeBitCast(Callbacks.requestCompleted, to: Int.self),
+                           pointer: context),
+                    option(.END),
+                ]
+                return options.withUnsafeMutableBufferPointer { options in
+                    CMicroHTTPD_start_daemon(
+                        flags, UInt16(config.port), Callbacks.access, context, Callbacks.log, context,
+                        options.baseAddress)
+                }
+            }
+            let messages = startupMessages.withLock { messages in
+                defer { messages = nil }
+                return messages ?? []
+            }
+            guard let daemon else {
+                Unmanaged<ServerCore>.fromOpaque(context).release()
+                let reason = messages.last ?? "libmicrohttpd could not start"
+                throw HTTPServerError("cannot listen on \(config.host):\(config.port): \(reason)")
+            }
+            boundPort.store(Int(CMicroHTTPD_daemon_bind_port(daemon)), ordering: .releasing)
+            lifecycle = .running(MHDDaemon(raw: daemon))
+        }
+        log("info", "listening on \(config.host):\(port) with \(max(1, config.threads)) threads")
+    }
+
+    private var port: Int { boundPort.load(ordering: .acquiring) }
+
+    func shutdown(timeout: Duration) {
+        // The lock is held throughout so that a concurrent second call returns only once stopped.
+        lifecycle.withLock { lifecycle in
+            guard case .running(let daemon) = lifecycle else {
+                lifecycle = .stopped
+                return
+            }
+            lifecycle = .stopped
+            let listenSocket = MHD_quiesce_daemon(daemon.raw)
+
+            let (responders, streams) = registry.withLock { registry in
+                registry.stopping = true
+                return (Array(registry.responders.values), Array(registry.streams.values))
+            }
+            // Resumes every suspended connection: MHD_stop_daemon panics on a suspended one.
+            // `stopping` keeps new deferred requests and streams from suspending from now on.
+            for responder in responders { responder.respond(.shuttingDown) }
+            for stream in streams { stream.close() }
+
+            // Idle keep-alive connections stay open until they time out, so "in flight" is counted
+            // per request; either count reaching zero means nothing is left to finish.
+            let clock = ContinuousClock()
+            let deadline = clock.now.advanced(by: timeout)
+            while inFlight.load(ordering: .acquiring) > 0,
+                CMicroHTTPD_daemon_current_connections(daemon.raw) > 0,
+                clock.now < deadline
+            {
+                usleep(2_000)
+            }
+            let unfinished = inFlight.load(ordering: .acquiring)
+            if unfinished > 0 {
+                log("warning", "closing \(unfinished) unfinished requests at the shutdown deadline")
+            }
+            MHD_stop_daemon(daemon.raw)
+            if listenSocket != MHD_INVALID_SOCKET { Glibc.close(listenSocket) }
+            Unmanaged.passUnretained(self).release()
+            log("info", "stopped")
+        }
+    }
+
+    // MARK: Registry
+
+    func register(_ responder: HTTPResponder) -> Bool {
+        registry.withLock { registry in
+            guard !registry.stopping else { return false }
+            registry.responders[ObjectIdentifier(responder)] = responder
+            return true
+        }
+    }
+
+    func register(_ stream: HTTPStream) -> Bool {
+        registry.withLock { registry in
+            guard !registry.stopping else { return false }
+            registry.streams[ObjectIdentifier(stream)] = stream
+            return true
+        }
+    }
+
+    func unregister(responder: HTTPResponder?, stream: HTTPStream?) {
+        registry.withLock { registry in
+            if let responder { registry.responders[ObjectIdentifier(responder)] = nil }
+            if let stream { registry.streams[ObjectIdentifier(stream)] = nil }
+        }
+    }
+
+    /// An MHD log line: explains a failed start, and goes to the log in any case.
+    func mhdLogged(_ message: String) {
+        let starting = startupMessages.withLock { messages in
+            guard messages != nil else { return false }
+            messages!.append(message)
+            return true
+        }
+        log(starting ? "error" : "warning", "libmicrohttpd: \(message)")
+    }
+}
+
+/// The daemon handle. `@unchecked Sendable`: MHD's daemon calls used here (quiesce, info, stop)
+/// are made from one thread at a time, under `ServerCore.lifecycle`.
+struct MHDDaemon: @unchecked Sendable {
+    let raw: OpaquePointer
+}
+
+private func option(_ option: MHD_OPTION, _ value: Int = 0, pointer: UnsafeMutableRawPointer? = nil) -> MHD_OptionItem {
+    MHD_OptionItem(option: option, value: value, ptr_value: pointer)
+}

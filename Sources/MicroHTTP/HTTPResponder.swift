@@ -1,0 +1,76 @@
+import Synchronization
+
+/// Answers a deferred request exactly once, from any thread; later calls are ignored.
+///
+/// Keep it as long as the answer is pending. It stays safe to use after the client has gone
+/// or the server has stopped: `respond` then does nothing.
+public final class HTTPResponder: Sendable {
+    struct State {
+        /// Set by the first `respond`, or when the request ended without an answer.
+        var answered = false
+        /// The answer, until the server thread takes it to queue it.
+        var response: HTTPResponse?
+        /// True while the connection is suspended waiting for us. MHD leaves a suspended
+        /// connection alone (it cannot complete), so `connection` is valid whenever this is true,
+        /// and resuming is only legal while it is true: resuming twice, or a connection that is
+        /// not suspended, is undefined in MHD.
+        var suspended = false
+        /// Nil once the request has ended.
+        var connection: MHDConnection?
+    }
+
+    enum Outcome {
+        case response(HTTPResponse)
+        case suspended
+        case ended
+    }
+
+    let state: Mutex<State>
+
+    init(connection: MHDConnection) {
+        state = Mutex(State(connection: connection))
+    }
+
+    /// Sends `response` (the first call wins). Safe from any thread, also from inside the
+    /// `.deferred` closure itself, and after the client has gone (then it does nothing).
+    public func respond(_ response: HTTPResponse) {
+        state.withLock { state in
+            guard !state.answered else { return }
+            state.answered = true
+            state.response = response
+            if state.suspended, let connection = state.connection {
+                // Under the lock so that the flag and MHD's view never disagree.
+                state.suspended = false
+                connection.resume()
+            }
+        }
+    }
+
+    /// True once `respond` was called, or once the request ended without an answer
+    /// (client gone, server stopped).
+    public var isAnswered: Bool {
+        state.withLock { $0.answered }
+    }
+
+    /// Server thread, inside the access handler: the answer if there is one, else suspends the
+    /// connection (under the lock, so a concurrent `respond` sees `suspended` and resumes it).
+    func takeResponseOrSuspend() -> Outcome {
+        state.withLock { state in
+            if let response = state.response.take() { return .response(response) }
+            guard !state.answered, let connection = state.connection else { return .ended }
+            state.suspended = true
+            connection.suspend()
+            return .suspended
+        }
+    }
+
+    /// Server thread: the request is over (answered or not); never touch the connection again.
+    func requestEnded() {
+        state.withLock { state in
+            state.answered = true
+            state.response = nil
+            state.suspended = false
+            state.connection = nil
+        }
+    }
+}

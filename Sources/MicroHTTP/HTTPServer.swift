@@ -1,0 +1,37 @@
+/// A small HTTP/1.1 server on libmicrohttpd: a pool of epoll threads calls `handler` for every
+/// fully received request.
+///
+/// The handler runs on a server thread and must not block it: long polls use
+/// `HTTPHandlerResult.deferred`, event streams `HTTPHandlerResult.stream`.
+public final class HTTPServer: Sendable {
+    let core: ServerCore
+
+    /// Creates a server; nothing listens until `start()`. `log` receives the server's own
+    /// messages (`level` is `"error"`, `"warning"` or `"info"`) from any thread.
+    public init(
+        configuration: HTTPServerConfiguration,
+        handler: @escaping HTTPHandler,
+        log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in }
+    ) {
+        core = ServerCore(configuration: configuration, handler: handler, log: log)
+    }
+
+    /// Binds and starts serving. Throws `HTTPServerError` (e.g. when the port is in use, the host
+    /// is not an IPv4 address, or the server was already started).
+    public func start() throws {
+        try core.start()
+    }
+
+    /// The bound port once started (the real one when the configuration asked for port 0); 0 before.
+    public var port: Int {
+        core.boundPort.load(ordering: .acquiring)
+    }
+
+    /// Graceful stop: stops accepting, answers every pending deferred request with 503
+    /// `application/problem+json`, closes every stream, waits until in-flight requests are done or
+    /// `timeout` passes, then closes every connection. Idempotent; blocks the calling thread.
+    /// Do not call it from a handler (it waits for the server threads).
+    public func shutdown(timeout: Duration = .seconds(8)) {
+        core.shutdown(timeout: timeout)
+    }
+}

@@ -1,0 +1,110 @@
+import Synchronization
+
+/// A streaming (Server-Sent Events) response body.
+///
+/// Bytes given to `send` are buffered and written as the client reads; the connection is
+/// suspended while the buffer is empty, so an idle stream costs no thread and no CPU. A
+/// suspended connection does not notice its client leaving: send something now and then
+/// (an SSE comment such as `": ping\n\n"`) to find out, and `onClose` fires.
+public final class HTTPStream: Sendable {
+    struct State {
+        var buffer: [UInt8] = []
+        /// Bytes of `buffer` already handed to MHD.
+        var offset = 0
+        var closed = false
+        /// True while the connection is suspended waiting for bytes (see `HTTPResponder.State`).
+        var suspended = false
+        /// Nil once the response is over.
+        var connection: MHDConnection?
+        var closeCallbacks: [@Sendable () -> Void] = []
+    }
+
+    let state: Mutex<State>
+
+    init(connection: MHDConnection) {
+        state = Mutex(State(connection: connection))
+    }
+
+    /// Appends `bytes` to the body and wakes the connection; ignored after the stream closed.
+    public func send(_ bytes: [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        state.withLock { state in
+            guard !state.closed else { return }
+            state.buffer.append(contentsOf: bytes)
+            if state.suspended, let connection = state.connection {
+                state.suspended = false
+                connection.resume()
+            }
+        }
+    }
+
+    /// Ends the body once the buffered bytes are sent; `onClose` callbacks run now.
+    public func close() {
+        finish(connectionGone: false)
+    }
+
+    /// True once closed by us, by the client going away, or by server shutdown.
+    public var isClosed: Bool {
+        state.withLock { $0.closed }
+    }
+
+    /// Registers `callback` to run once when the stream ends for any reason (at once, on this
+    /// thread, if it already has). It may run on a server thread: do not block in it.
+    public func onClose(_ callback: @escaping @Sendable () -> Void) {
+        let alreadyClosed = state.withLock { state in
+            if state.closed { return true }
+            state.closeCallbacks.append(callback)
+            return false
+        }
+        if alreadyClosed { callback() }
+    }
+
+    /// Closes the stream; with `connectionGone` also forgets the connection (the response is
+    /// over, MHD may free it). Runs the close callbacks outside the lock.
+    func finish(connectionGone: Bool) {
+        let callbacks: [@Sendable () -> Void] = state.withLock { state in
+            if connectionGone {
+                state.connection = nil
+                state.suspended = false
+                state.buffer = []
+                state.offset = 0
+            }
+            guard !state.closed else { return [] }
+            state.closed = true
+            if state.suspended, let connection = state.connection {
+                state.suspended = false
+                connection.resume()
+            }
+            let callbacks = state.closeCallbacks
+            state.closeCallbacks = []
+            return callbacks
+        }
+        for callback in callbacks { callback() }
+    }
+
+    /// Server thread, from MHD's content reader: copies up to `capacity` bytes into `destination`.
+    /// Returns the byte count, or -1 at the end of the body, or 0 after suspending the connection
+    /// when there is nothing to send yet (returning 0 without suspending makes MHD spin).
+    func read(into destination: UnsafeMutableRawPointer, capacity: Int) -> Int {
+        state.withLock { state in
+            let available = state.buffer.count - state.offset
+            if available > 0 {
+                let count = min(available, capacity)
+                let offset = state.offset
+                state.buffer.withUnsafeBytes { source in
+                    destination.copyMemory(from: source.baseAddress! + offset, byteCount: count)
+                }
+                state.offset += count
+                if state.offset == state.buffer.count {
+                    state.buffer.removeAll(keepingCapacity: state.buffer.capacity <= 64 * 1024)
+                    state.offset = 0
+                }
+                return count
+            }
+            guard !state.closed, let connection = state.connection else { return -1 }
+            state.suspended = true
+            connection.suspend()
+            return 0
+        }
+    }
+}

@@ -1,0 +1,123 @@
+import MicroHTTP
+import QueueEngine
+
+/// A JSON object body, checked field by field. Every refusal names the field and what is
+/// allowed, and is thrown before anything changes.
+struct Body {
+    let members: [(String, JSONValue)]
+
+    /// Parses the body as an object with only `allowed` members. An empty body is `{}` when
+    /// `emptyIsObject`.
+    init(_ request: HTTPRequest, allowed: [String], emptyIsObject: Bool = false) throws(Problem) {
+        if request.body.isEmpty {
+            if emptyIsObject { members = []; return }
+            throw Problem.badRequest("a JSON object body is required")
+        }
+        // The Content-Type is not checked: `curl -d` sends form-urlencoded by default, and the
+        // body is JSON or refused as malformed either way.
+        let value: JSONValue
+        do { value = try JSONValue.parse(request.body) } catch { throw Problem.badRequest(error.description) }
+        guard case let .object(m) = value else { throw Problem.invalid("body", "must be a JSON object; got \(value.typeName)") }
+        var seen = Set<String>()
+        for (k, _) in m {
+            guard allowed.contains(k) else {
+                throw Problem.invalid(k, "unknown field; allowed: \(allowed.joined(separator: ", "))")
+            }
+            guard seen.insert(k).inserted else { throw Problem.invalid(k, "appears more than once") }
+        }
+        members = m
+    }
+
+    subscript(_ key: String) -> JSONValue? {
+        for (k, v) in members where k == key { return v }
+        return nil
+    }
+
+    func string(_ key: String, maxLength: Int = 1024) throws(Problem) -> String? {
+        guard let v = self[key] else { return nil }
+        guard case let .string(s) = v else { throw Problem.invalid(key, "must be a string; got \(v.typeName)") }
+        guard s.utf8.count <= maxLength else { throw Problem.invalid(key, "must be at most \(maxLength) bytes") }
+        return s
+    }
+
+    func bool(_ key: String) throws(Problem) -> Bool? {
+        guard let v = self[key] else { return nil }
+        guard case let .bool(b) = v else { throw Problem.invalid(key, "must be true or false; got \(v.typeName)") }
+        return b
+    }
+
+    func int(_ key: String, in range: ClosedRange<Int>, what: String) throws(Problem) -> Int? {
+        guard let v = self[key] else { return nil }
+        guard case let .number(n) = v, n == n.rounded(), n >= Double(range.lowerBound), n <= Double(range.upperBound) else {
+            throw Problem.invalid(key, "must be \(what); got \(v.text)")
+        }
+        return Int(n)
+    }
+
+    func number(_ key: String, in range: ClosedRange<Double>, what: String) throws(Problem) -> Double? {
+        guard let v = self[key] else { return nil }
+        guard case let .number(n) = v, range.contains(n) else { throw Problem.invalid(key, "must be \(what); got \(v.text)") }
+        return n
+    }
+}
+
+/// Query parameters, checked the same way.
+struct Query {
+    let values: [String: String]
+    init(_ request: HTTPRequest, allowed: [String]) throws(Problem) {
+        for k in request.query.keys where !allowed.contains(k) {
+            throw Problem.invalid(k, "unknown query parameter; allowed: \(allowed.isEmpty ? "none" : allowed.joined(separator: ", "))")
+        }
+        values = request.query
+    }
+
+    func int(_ key: String, in range: ClosedRange<Int>) throws(Problem) -> Int? {
+        guard let s = values[key] else { return nil }
+        guard let n = Int(s), range.contains(n) else {
+            throw Problem.invalid(key, "must be an integer from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        }
+        return n
+    }
+
+    func seconds(_ key: String, max: Double) throws(Problem) -> Double? {
+        guard let s = values[key] else { return nil }
+        guard let n = Double(s), n.isFinite, n >= 0, n <= max else {
+            throw Problem.invalid(key, "must be a number of seconds from 0 to \(Int(max)); got '\(s)'")
+        }
+        return n
+    }
+
+    func bool(_ key: String) throws(Problem) -> Bool? {
+        guard let s = values[key] else { return nil }
+        switch s {
+        case "true", "1": return true
+        case "false", "0": return false
+        default: throw Problem.invalid(key, "must be true or false; got '\(s)'")
+        }
+    }
+}
+
+/// Parses the operation ids of a `dependencies` array.
+func parseDependencies(_ v: JSONValue?, field: String = "dependencies") throws(Problem) -> [OperationID]? {
+    guard let v else { return nil }
+    guard case let .array(items) = v else { throw Problem.invalid(field, "must be an array of operation ids; got \(v.typeName)") }
+    guard items.count <= 200_000 else { throw Problem.invalid(field, "at most 200000 dependencies") }
+    var ids: [OperationID] = []
+    ids.reserveCapacity(items.count)
+    for (i, item) in items.enumerated() {
+        guard case let .string(s) = item else { throw Problem.invalid("\(field)[\(i)]", "must be an operation id string; got \(item.typeName)") }
+        guard let id = OperationID(s) else {
+            throw Problem(404, "not-found", "Not Found", "\(field)[\(i)]: no operation with id '\(s)'")
+        }
+        ids.append(id)
+    }
+    return ids
+}
+
+func parsePriority(_ v: JSONValue?) throws(Problem) -> QueuePriority? {
+    guard let v else { return nil }
+    guard case let .string(s) = v, let p = QueuePriority(name: s) else {
+        throw Problem.invalid("queuePriority", "must be one of veryLow, low, normal, high, veryHigh; got \(v.text)")
+    }
+    return p
+}

@@ -1,0 +1,116 @@
+import Logging
+
+/// Everything `opqd` can be told, from flags or `OPQD_*` variables (flags win).
+public struct OpqdConfiguration: Sendable {
+    public var host = "127.0.0.1"
+    public var port = 8080
+    /// Where the embedded store lives. The SQLite store is not in this build yet: nothing
+    /// is written there and nothing survives a restart (see README).
+    public var data = "./opqd-data"
+    public var threads = 2
+    public var maxBody = 1 << 20
+    public var defaultMaxConcurrent = 4
+    public var logLevel: Logger.Level = .info
+    /// Events kept in memory for the feed; older cursors get 410.
+    public var eventCapacity = 200_000
+    /// Seconds finished operations are kept before they are purged.
+    public var retain: Double = 86_400
+    public var connectionTimeout = 30
+    public var connectionLimit = 4096
+
+    public init() {}
+
+    /// One option: its flag, variable, help and how it is applied.
+    struct Option: Sendable {
+        let flag: String
+        let env: String
+        let help: String
+        let apply: @Sendable (inout OpqdConfiguration, String) throws -> Void
+    }
+
+    static func level(_ s: String) throws -> Logger.Level {
+        guard let l = Logger.Level(rawValue: s.lowercased()) else {
+            throw ConfigurationError("--log-level must be one of trace, debug, info, notice, warning, error, critical; got '\(s)'")
+        }
+        return l
+    }
+
+    static func int(_ s: String, _ flag: String, _ range: ClosedRange<Int>) throws -> Int {
+        guard let v = Int(s), range.contains(v) else {
+            throw ConfigurationError("\(flag) must be an integer from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        }
+        return v
+    }
+
+    static let options: [Option] = [
+        Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
+        Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
+        Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },
+        Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in c.threads = try int(v, "--threads", 1...256) },
+        Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in c.maxBody = try int(v, "--max-body", 1024...(1 << 30)) },
+        Option(flag: "--default-max-concurrent", env: "OPQD_DEFAULT_MAX_CONCURRENT", help: "what maxConcurrentOperationCount -1 means (default 4)") { c, v in
+            c.defaultMaxConcurrent = try int(v, "--default-max-concurrent", 1...100_000)
+        },
+        Option(flag: "--log-level", env: "OPQD_LOG_LEVEL", help: "trace, debug, info, notice, warning, error, critical (default info)") { c, v in c.logLevel = try level(v) },
+        Option(flag: "--event-capacity", env: "OPQD_EVENT_CAPACITY", help: "events kept for the change feed (default 200000); older cursors get 410") { c, v in
+            c.eventCapacity = try int(v, "--event-capacity", 16...100_000_000)
+        },
+        Option(flag: "--retain", env: "OPQD_RETAIN", help: "seconds finished operations are kept (default 86400)") { c, v in
+            guard let s = Double(v), s >= 1, s.isFinite else { throw ConfigurationError("--retain must be a number of seconds >= 1; got '\(v)'") }
+            c.retain = s
+        },
+        Option(flag: "--connection-timeout", env: "OPQD_CONNECTION_TIMEOUT", help: "seconds an idle keep-alive connection is kept (default 30)") { c, v in
+            c.connectionTimeout = try int(v, "--connection-timeout", 1...3600)
+        },
+        Option(flag: "--connection-limit", env: "OPQD_CONNECTION_LIMIT", help: "most concurrent connections (default 4096)") { c, v in
+            c.connectionLimit = try int(v, "--connection-limit", 1...1_000_000)
+        },
+    ]
+
+    /// Reads `OPQD_*` variables, then flags (`--flag value` or `--flag=value`).
+    public static func parse(arguments: [String], environment: [String: String]) throws -> OpqdConfiguration {
+        var c = OpqdConfiguration()
+        c.threads = max(1, System.coreCount)
+        for o in options { if let v = environment[o.env] { try o.apply(&c, v) } }
+        var i = 0
+        while i < arguments.count {
+            let arg = arguments[i]
+            var name = arg, value: String? = nil
+            if let eq = arg.firstIndex(of: "=") { name = String(arg[..<eq]); value = String(arg[arg.index(after: eq)...]) }
+            guard let o = options.first(where: { $0.flag == name }) else {
+                throw ConfigurationError("unknown option '\(arg)'; see --help")
+            }
+            if value == nil {
+                i += 1
+                guard i < arguments.count else { throw ConfigurationError("\(name) needs a value") }
+                value = arguments[i]
+            }
+            try o.apply(&c, value!)
+            i += 1
+        }
+        return c
+    }
+
+    /// The `--help` text.
+    public static var help: String {
+        var s = """
+        opqd — operation queues with NSOperation semantics over HTTP.
+
+        usage: opqd [options]
+
+        Every option can also be set with its environment variable; a flag wins over the variable.
+
+        """
+        for o in options {
+            s += "  \(o.flag.padding(toLength: 26, withPad: " ", startingAt: 0)) \(o.env.padding(toLength: 28, withPad: " ", startingAt: 0)) \(o.help)\n"
+        }
+        s += "  --help                                                  this text\n"
+        return s
+    }
+}
+
+/// A bad flag or variable.
+public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    init(_ d: String) { description = d }
+}

@@ -1,0 +1,80 @@
+import QueueEngine
+import Synchronization
+
+/// Prometheus counters fed by the engine's observer and the request dispatcher.
+final class Metrics: Sendable {
+    private let requests = Mutex<[Int: UInt64]>([:])
+    private let transitions = Mutex<[String: UInt64]>([:])
+    /// Start times of executing operations, for the duration histogram.
+    private let running = Mutex<[UInt64: Timestamp]>([:])
+    static let buckets: [Double] = [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 3600]
+    private let durations = Mutex<(counts: [UInt64], sum: Double, count: UInt64)>(([UInt64](repeating: 0, count: 12), 0, 0))
+
+    func countRequest(status: Int) {
+        requests.withLock { $0[status, default: 0] += 1 }
+    }
+
+    func observe(_ events: [ChangeEvent]) {
+        var finished: [(Double)] = []
+        transitions.withLock { t in
+            for e in events { t["\(e.key.rawValue)|\(e.new.label)", default: 0] += 1 }
+        }
+        running.withLock { r in
+            for e in events where e.key == .isExecuting || e.key == .isFinished {
+                if e.key == .isExecuting, e.new == .bool(true) { r[e.operation.raw] = e.time }
+                if e.key == .isFinished, e.new == .bool(true), let s = r.removeValue(forKey: e.operation.raw) {
+                    finished.append(Double(e.time.nanoseconds - s.nanoseconds) / 1e9)
+                }
+            }
+        }
+        guard !finished.isEmpty else { return }
+        durations.withLock { d in
+            for f in finished {
+                let i = Self.buckets.firstIndex { f <= $0 } ?? Self.buckets.count
+                d.counts[i] += 1
+                d.sum += f
+                d.count += 1
+            }
+        }
+    }
+
+    func render(engine: QueueEngine, lastSeq: UInt64) -> [UInt8] {
+        var s = "# HELP opqd_operations Operations by queue and state.\n# TYPE opqd_operations gauge\n"
+        for (queue, counts) in engine.stateCounts() {
+            for st in OperationState.allCases {
+                s += "opqd_operations{queue=\"\(queue)\",state=\"\(st.rawValue)\"} \(counts[st] ?? 0)\n"
+            }
+        }
+        s += "# HELP opqd_transitions_total Observed changes by key and new value.\n# TYPE opqd_transitions_total counter\n"
+        for (k, v) in transitions.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            let parts = k.split(separator: "|", maxSplits: 1)
+            s += "opqd_transitions_total{key=\"\(parts[0])\",new=\"\(parts.count > 1 ? String(parts[1]) : "")\"} \(v)\n"
+        }
+        let d = durations.withLock { $0 }
+        s += "# HELP opqd_operation_duration_seconds Time from start to finish of operations.\n# TYPE opqd_operation_duration_seconds histogram\n"
+        var cumulative: UInt64 = 0
+        for (i, b) in Self.buckets.enumerated() {
+            cumulative += d.counts[i]
+            s += "opqd_operation_duration_seconds_bucket{le=\"\(b)\"} \(cumulative)\n"
+        }
+        s += "opqd_operation_duration_seconds_bucket{le=\"+Inf\"} \(d.count)\n"
+        s += "opqd_operation_duration_seconds_sum \(d.sum)\nopqd_operation_duration_seconds_count \(d.count)\n"
+        s += "# HELP opqd_http_requests_total HTTP requests answered, by status.\n# TYPE opqd_http_requests_total counter\n"
+        for (code, n) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            s += "opqd_http_requests_total{code=\"\(code)\"} \(n)\n"
+        }
+        s += "# HELP opqd_event_sequence The newest change's sequence number.\n# TYPE opqd_event_sequence gauge\nopqd_event_sequence \(lastSeq)\n"
+        return Array(s.utf8)
+    }
+}
+
+extension ChangeValue {
+    var label: String {
+        switch self {
+        case .none: return "none"
+        case let .bool(b): return b ? "true" : "false"
+        case let .priority(p): return p.name
+        case .progress: return "progress"
+        }
+    }
+}

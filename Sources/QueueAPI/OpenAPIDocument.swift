@@ -1,0 +1,1 @@
+let openAPIDocument = "openapi: 3.1.0\n"

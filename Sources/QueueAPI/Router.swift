@@ -1,0 +1,55 @@
+import MicroHTTP
+
+/// Path parameters in the order the pattern names them.
+struct Params {
+    let values: [Substring]
+    subscript(_ i: Int) -> String { String(values[i]) }
+}
+
+typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerResult
+
+/// A small table router: `/v1/queues/{name}` style patterns, 404 for unknown paths and
+/// 405 with `Allow` for a known path with another method.
+struct Router: Sendable {
+    struct Route: Sendable {
+        let method: String
+        let segments: [String?]  // nil = parameter
+        let handler: RouteHandler
+    }
+    private(set) var routes: [Route] = []
+
+    mutating func add(_ method: String, _ pattern: String, _ handler: @escaping RouteHandler) {
+        let segs = pattern.split(separator: "/").map { s -> String? in s.hasPrefix("{") ? nil : String(s) }
+        routes.append(Route(method: method, segments: segs, handler: handler))
+    }
+
+    enum Match {
+        case found(RouteHandler, Params)
+        case methodNotAllowed([String])
+        case notFound
+    }
+
+    func match(method: String, path: String) -> Match {
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+        // A trailing slash or empty segment never matches.
+        var allowed: [String] = []
+        for r in routes where r.segments.count == parts.count {
+            var params: [Substring] = []
+            var ok = true
+            for (seg, part) in zip(r.segments, parts) {
+                if let seg {
+                    if seg != part { ok = false; break }
+                } else {
+                    if part.isEmpty { ok = false; break }
+                    params.append(part)
+                }
+            }
+            guard ok else { continue }
+            if r.method == method || (method == "HEAD" && r.method == "GET") {
+                return .found(r.handler, Params(values: params))
+            }
+            if !allowed.contains(r.method) { allowed.append(r.method) }
+        }
+        return allowed.isEmpty ? .notFound : .methodNotAllowed(allowed)
+    }
+}

@@ -1,0 +1,417 @@
+import Dispatch
+import MicroHTTP
+import QueueEngine
+
+let jsonType = ("Content-Type", "application/json; charset=utf-8")
+
+func json(_ status: Int, _ body: [UInt8], _ headers: [(String, String)] = []) -> HTTPResponse {
+    HTTPResponse(status: status, headers: [jsonType] + headers, body: body)
+}
+
+/// The v1 API: each handler decodes, calls the engine, encodes. No business logic here.
+struct Routes {
+    let app: OpqdApplication
+    var engine: QueueEngine { app.engine }
+
+    func register(in r: inout Router) {
+        r.add("GET", "/healthz") { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        r.add("GET", "/readyz") { _, _ in readyz() }
+        r.add("GET", "/metrics") { _, _ in
+            .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+                                   body: app.metrics.render(engine: engine, lastSeq: app.events.lastSeq)))
+        }
+        r.add("GET", "/openapi.yaml") { _, _ in
+            .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
+        }
+        r.add("POST", "/v1/queues") { req, _ in try idempotent(req) { try createQueue(req) } }
+        r.add("GET", "/v1/queues") { req, _ in try listQueues(req) }
+        r.add("GET", "/v1/queues/{name}") { req, p in try getQueue(req, p[0]) }
+        r.add("PATCH", "/v1/queues/{name}") { req, p in try patchQueue(req, p[0]) }
+        r.add("DELETE", "/v1/queues/{name}") { req, p in try deleteQueue(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/suspend") { req, p in try queueAction(req) { () throws(EngineError) in try engine.suspend(p[0]) } }
+        r.add("POST", "/v1/queues/{name}/resume") { req, p in try queueAction(req) { () throws(EngineError) in try engine.resumeQueue(p[0]) } }
+        r.add("POST", "/v1/queues/{name}/cancel-all") { req, p in try queueAction(req) { () throws(EngineError) in try engine.cancelAll(p[0]) } }
+        r.add("GET", "/v1/queues/{name}/wait") { req, p in try wait(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/barrier") { req, p in try idempotent(req) { try barrier(req, p[0]) } }
+        r.add("POST", "/v1/queues/{name}/operations") { req, p in try idempotent(req) { try createOperation(req, p[0]) } }
+        r.add("GET", "/v1/queues/{name}/operations") { req, p in try listOperations(req, p[0]) }
+        r.add("GET", "/v1/operations/{id}") { req, p in try getOperation(req, p[0]) }
+        r.add("PATCH", "/v1/operations/{id}") { req, p in try patchOperation(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/cancel") { req, p in
+            let q = try Query(req, allowed: ["cascade"])
+            let cascade = try q.bool("cascade") ?? false
+            return try opAction(req, p[0]) { id throws(EngineError) in try engine.cancel(id, cascade: cascade) }
+        }
+        r.add("POST", "/v1/operations/{id}/pause") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.pause(id) } }
+        r.add("POST", "/v1/operations/{id}/resume") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.resume(id) } }
+        r.add("GET", "/v1/operations/{id}/events") { req, p in try operationEvents(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/observers") { req, p in try addWebhook(req, p[0]) }
+        r.add("GET", "/v1/events") { req, _ in try eventFeed(req) }
+        r.add("GET", "/v1/events/stream") { req, _ in try eventStream(req) }
+    }
+
+    // MARK: - helpers
+
+    func readyz() -> HTTPHandlerResult {
+        if app.stopping.load(ordering: .relaxed) {
+            return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
+        }
+        return .response(json(200, Array(#"{"status":"ready","store":"memory"}"#.utf8)))
+    }
+
+    /// Answers a change only once it is durable.
+    func ack(_ response: HTTPResponse) -> HTTPHandlerResult {
+        guard engine.store.wantsRecords else { return .response(response) }
+        return .deferred { responder in engine.whenDurable { responder.respond(response) } }
+    }
+
+    func noBody(_ req: HTTPRequest) throws(Problem) {
+        // Actions take no body; an empty object is tolerated for clients that always send one.
+        if req.body.isEmpty { return }
+        _ = try Body(req, allowed: [], emptyIsObject: true)
+    }
+
+    func operationID(_ s: String) throws(Problem) -> OperationID {
+        guard let id = OperationID(s) else { throw Problem.notFound("no operation with id '\(s)'") }
+        return id
+    }
+
+    func etagMatches(_ req: HTTPRequest, _ etag: String) -> Bool {
+        guard let inm = req.header("if-none-match") else { return false }
+        if inm == etag || inm == "*" { return true }
+        return inm.split(separator: ",").contains { $0.trimmingCharactersInSpace() == etag || $0.trimmingCharactersInSpace() == "W/" + etag }
+    }
+
+    func notModified(_ etag: String) -> HTTPHandlerResult {
+        .response(HTTPResponse(status: 304, headers: [("ETag", etag)]))
+    }
+
+    static func operationETag(_ rev: UInt64) -> String { "\"r\(rev)\"" }
+    static func queueETag(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(q.revision)\"" }
+
+    /// Replays the first answer for a repeated `Idempotency-Key` on a create.
+    func idempotent(_ req: HTTPRequest, _ body: () throws -> HTTPHandlerResult) throws -> HTTPHandlerResult {
+        guard let key = req.header("idempotency-key") else { return try body() }
+        guard !key.isEmpty, key.utf8.count <= 255 else {
+            throw Problem.invalid("Idempotency-Key", "must be 1 to 255 characters")
+        }
+        let scope = req.path + "\u{0}" + key
+        switch app.idempotency.begin(scope, body: req.body) {
+        case let .replay(response):
+            var r = response
+            r.headers.append(("Idempotent-Replayed", "true"))
+            return .response(r)
+        case .inProgress:
+            throw Problem(409, "idempotency-in-progress", "Request in progress", "a request with this Idempotency-Key is still being processed; retry shortly")
+        case .mismatch:
+            throw Problem.invalid("Idempotency-Key", "was already used with a different request body")
+        case .new:
+            do {
+                let result = try body()
+                if case let .response(r) = result, r.status < 500 {
+                    app.idempotency.finish(scope, response: r)
+                } else if case .deferred = result {
+                    app.idempotency.abandon(scope)
+                } else {
+                    app.idempotency.abandon(scope)
+                }
+                return result
+            } catch let p as Problem {
+                app.idempotency.finish(scope, response: p.response)
+                throw p
+            } catch let e as EngineError {
+                app.idempotency.finish(scope, response: e.problem.response)
+                throw e
+            } catch {
+                app.idempotency.abandon(scope)
+                throw error
+            }
+        }
+    }
+
+    // MARK: - queues
+
+    func createQueue(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let b = try Body(req, allowed: ["name", "maxConcurrentOperationCount", "isSuspended"])
+        guard let name = try b.string("name", maxLength: 1000) else {
+            throw Problem.invalid("name", "is required: [A-Za-z0-9._-]{1,64}")
+        }
+        let max = try b.int("maxConcurrentOperationCount", in: -1...1_000_000, what: "a positive integer up to 1000000, or -1 for the server's default")
+        if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be a positive integer or -1 for the server's default; got 0") }
+        let suspended = try b.bool("isSuspended") ?? false
+        let q = try engine.createQueue(name: name, maxConcurrentOperationCount: max ?? -1, isSuspended: suspended)
+        return ack(json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", Self.queueETag(q))]))
+    }
+
+    func listQueues(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        var o = JSONOut(capacity: 4096)
+        o.open(); o.key("queues"); o.openArray()
+        for q in engine.queues() { q.write(to: &o) }
+        o.closeArray(); o.close()
+        return .response(json(200, o.bytes))
+    }
+
+    func getQueue(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let q = try engine.queue(named: name)
+        let etag = Self.queueETag(q)
+        if etagMatches(req, etag) { return notModified(etag) }
+        return .response(json(200, q.json, [("ETag", etag)]))
+    }
+
+    func patchQueue(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let b = try Body(req, allowed: ["maxConcurrentOperationCount", "isSuspended"])
+        let max = try b.int("maxConcurrentOperationCount", in: -1...1_000_000, what: "a positive integer up to 1000000, or -1 for the server's default")
+        if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be a positive integer or -1 for the server's default; got 0") }
+        let suspended = try b.bool("isSuspended")
+        let q = try engine.updateQueue(name, maxConcurrentOperationCount: max, isSuspended: suspended)
+        return ack(json(200, q.json, [("ETag", Self.queueETag(q))]))
+    }
+
+    func deleteQueue(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["force"])
+        try engine.deleteQueue(name, force: try q.bool("force") ?? false)
+        return ack(HTTPResponse(status: 204))
+    }
+
+    func queueAction(_ req: HTTPRequest, _ action: () throws(EngineError) -> QueueSnapshot) throws -> HTTPHandlerResult {
+        try noBody(req)
+        _ = try Query(req, allowed: [])
+        let q = try action()
+        return ack(json(200, q.json, [("ETag", Self.queueETag(q))]))
+    }
+
+    func wait(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["timeout"])
+        let timeout = try q.seconds("timeout", max: 3600) ?? 30
+        _ = try engine.queue(named: name)
+        let engine = self.engine
+        @Sendable func answer(_ idle: Bool) -> HTTPResponse {
+            let count = (try? engine.queue(named: name).operationCount) ?? 0
+            var o = JSONOut()
+            o.open()
+            o.key("queue"); o.string(name)
+            o.key("idle"); o.bool(idle)
+            o.key("timedOut"); o.bool(!idle)
+            o.key("operationCount"); o.int(count)
+            o.close()
+            return json(200, o.bytes)
+        }
+        if try engine.queue(named: name).operationCount == 0 { return .response(answer(true)) }
+        if timeout == 0 { return .response(answer(false)) }
+        return .deferred { responder in
+            let token: UInt64?
+            do {
+                token = try engine.onIdle(name) { idle in responder.respond(answer(idle)) }
+            } catch {
+                responder.respond((error as? EngineError)?.problem.response ?? Problem.notFound("no queue named '\(name)'").response)
+                return
+            }
+            guard let token else { return }
+            DispatchQueue.global().asyncAfter(deadline: .now() + timeout) {
+                if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
+            }
+        }
+    }
+
+    func barrier(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+        let b = try Body(req, allowed: ["name"], emptyIsObject: true)
+        let op = try engine.addBarrier(to: queue, name: try b.string("name"))
+        return ack(json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))]))
+    }
+
+    // MARK: - operations
+
+    func createOperation(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+        let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"])
+        guard let kindValue = b["kind"] else { throw Problem.invalid("kind", "is required: one of delay, http, command, external") }
+        guard case let .string(kind) = kindValue, ["delay", "http", "command", "external"].contains(kind) else {
+            throw Problem.invalid("kind", "must be one of delay, http, command, external; got \(kindValue.text)")
+        }
+        var request = OperationRequest(kind: kind)
+        request.name = try b.string("name", maxLength: 256)
+        request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
+        request.dependencies = try parseDependencies(b["dependencies"]) ?? []
+        request.spec = b["spec"]
+        request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
+        if let r = b["retry"] { request.options.retry = try parseRetry(r) }
+        if let nb = b["notBefore"] {
+            guard case let .string(s) = nb, let t = Timestamp(rfc3339: s) else {
+                throw Problem.invalid("notBefore", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(nb.text)")
+            }
+            request.options.notBefore = t
+        }
+        let op = try engine.addOperation(to: queue, request)
+        return ack(json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))]))
+    }
+
+    func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {
+        guard case let .object(members) = v else { throw Problem.invalid("retry", "must be an object {maxAttempts, backoff, multiplier}; got \(v.typeName)") }
+        var p = RetryPolicy()
+        for (k, value) in members {
+            switch (k, value) {
+            case let ("maxAttempts", .number(n)) where n == n.rounded() && n >= 1 && n <= 100: p.maxAttempts = Int(n)
+            case ("maxAttempts", _): throw Problem.invalid("retry.maxAttempts", "must be an integer from 1 to 100; got \(value.text)")
+            case let ("backoff", .number(n)) where n >= 0 && n <= 86400: p.backoff = n
+            case ("backoff", _): throw Problem.invalid("retry.backoff", "must be a number of seconds from 0 to 86400; got \(value.text)")
+            case let ("multiplier", .number(n)) where n >= 1 && n <= 10: p.multiplier = n
+            case ("multiplier", _): throw Problem.invalid("retry.multiplier", "must be a number from 1 to 10; got \(value.text)")
+            default: throw Problem.invalid("retry.\(k)", "unknown field; allowed: maxAttempts, backoff, multiplier")
+            }
+        }
+        return p
+    }
+
+    func listOperations(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["state", "limit", "after"])
+        var state: OperationState? = nil
+        if let s = q.values["state"] {
+            guard let st = OperationState(rawValue: s) else {
+                throw Problem.invalid("state", "must be one of pending, ready, executing, paused, finished; got '\(s)'")
+            }
+            state = st
+        }
+        let limit = try q.int("limit", in: 1...1000) ?? 100
+        var after: OperationID? = nil
+        if let a = q.values["after"] {
+            guard let id = OperationID(a) else { throw Problem.invalid("after", "must be a cursor from a previous page's next; got '\(a)'") }
+            after = id
+        }
+        let page = try engine.operations(in: queue, state: state, after: after, limit: limit)
+        var o = JSONOut(capacity: 512 * page.operations.count + 64)
+        o.open(); o.key("operations"); o.openArray()
+        for op in page.operations { op.write(to: &o) }
+        o.closeArray()
+        o.key("next")
+        if let n = page.next { o.string(n.description) } else { o.null() }
+        o.close()
+        return .response(json(200, o.bytes))
+    }
+
+    func getOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        if req.header("if-none-match") != nil {
+            let etag = Self.operationETag(try engine.revision(of: id))
+            if etagMatches(req, etag) { return notModified(etag) }
+        }
+        let op = try engine.operation(id)
+        return .response(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
+    }
+
+    func patchOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        let b = try Body(req, allowed: ["queuePriority", "dependencies"])
+        let priority = try parsePriority(b["queuePriority"])
+        let deps = try parseDependencies(b["dependencies"])
+        let op = try engine.update(id, queuePriority: priority, dependencies: deps)
+        return ack(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
+    }
+
+    func opAction(_ req: HTTPRequest, _ idText: String, _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        try noBody(req)
+        let op = try action(id)
+        return ack(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
+    }
+
+    func operationEvents(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        let id = try operationID(idText)
+        _ = try engine.revision(of: id)
+        var o = JSONOut()
+        o.open(); o.key("events"); o.openArray()
+        for e in app.events.events(of: id) { o.raw(e) }
+        o.closeArray(); o.close()
+        return .response(json(200, o.bytes))
+    }
+
+    func addWebhook(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        let b = try Body(req, allowed: ["url", "keys"])
+        guard let url = try b.string("url", maxLength: 2048) else { throw Problem.invalid("url", "is required: an http or https URL") }
+        guard url.hasPrefix("http://") || url.hasPrefix("https://"), url.count > 8 else {
+            throw Problem.invalid("url", "must be an http or https URL; got '\(url)'")
+        }
+        var keys: Set<ChangeKey>? = nil
+        if let k = b["keys"] {
+            guard case let .array(items) = k else { throw Problem.invalid("keys", "must be an array of keys; got \(k.typeName)") }
+            var set = Set<ChangeKey>()
+            for item in items {
+                guard case let .string(s) = item, let key = ChangeKey(rawValue: s) else {
+                    throw Problem.invalid("keys", "each must be one of \(ChangeKey.allCases.map(\.rawValue).joined(separator: ", ")); got \(item.text)")
+                }
+                set.insert(key)
+            }
+            keys = set
+        }
+        let op = try engine.operation(id)
+        if op.isFinished { throw Problem.conflict("operation \(id) has finished; it will report no more changes") }
+        let hookID = app.webhooks.register(engine: engine, operation: id, url: url, keys: keys)
+        var o = JSONOut()
+        o.open()
+        o.key("id"); o.string(hookID)
+        o.key("operation"); o.string(id.description)
+        o.key("url"); o.string(url)
+        o.key("keys"); o.openArray()
+        for k in (keys.map { Array($0) } ?? ChangeKey.allCases).map(\.rawValue).sorted() { o.string(k) }
+        o.closeArray()
+        o.close()
+        return .response(json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hookID)")]))
+    }
+
+    // MARK: - events
+
+    func eventFeed(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["after", "limit", "wait"])
+        let after = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        let limit = try q.int("limit", in: 1...10_000) ?? 1000
+        let wait = try q.seconds("wait", max: 300) ?? 0
+        let log = app.events
+        @Sendable func answer() -> HTTPResponse {
+            switch log.page(after: after, limit: limit) {
+            case let .gone(oldest):
+                return Problem(410, "cursor-expired", "Gone",
+                               "events after \(after) are no longer kept; the oldest kept event is \(oldest); restart from after=\(oldest - 1)").response
+            case let .events(list, last):
+                var o = JSONOut(capacity: 200 * list.count + 64)
+                o.open(); o.key("events"); o.openArray()
+                for e in list { o.raw(e) }
+                o.closeArray()
+                o.key("next"); o.int(last)
+                o.close()
+                return json(200, o.bytes)
+            }
+        }
+        if wait == 0 || log.lastSeq > after { return .response(answer()) }
+        return .deferred { responder in
+            guard let token = log.wait(after: after, { responder.respond(answer()) }) else { return }
+            DispatchQueue.global().asyncAfter(deadline: .now() + wait) {
+                log.cancelWait(token)
+                responder.respond(answer())
+            }
+        }
+    }
+
+    func eventStream(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["after"])
+        var start = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        if q.values["after"] == nil, let last = req.header("last-event-id"), let n = UInt64(last) { start = n }
+        let after = start
+        let log = app.events
+        if after + 1 < log.oldestKept && log.lastSeq > 0 {
+            throw Problem(410, "cursor-expired", "Gone", "events after \(after) are no longer kept; the oldest kept event is \(log.oldestKept)")
+        }
+        return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]) { stream in
+            if !log.subscribe(stream, after: after) { stream.close() }
+        }
+    }
+}
+
+extension Substring {
+    func trimmingCharactersInSpace() -> Substring {
+        var s = self
+        while s.first == " " { s = s.dropFirst() }
+        while s.last == " " { s = s.dropLast() }
+        return s
+    }
+}

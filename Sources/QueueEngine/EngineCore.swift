@@ -1,0 +1,309 @@
+import Dispatch
+
+/// Side effects decided under the lock and carried out after it is released.
+enum Effect {
+    case start(any OperationKind, ExecutionContext)
+    case cancel(any OperationKind, ExecutionContext)
+    case pause(any OperationKind, ExecutionContext)
+    case call(@Sendable () -> Void)
+    /// Re-examine an operation after `seconds` (notBefore).
+    case wake(OperationID, seconds: Double)
+}
+
+/// What one locked section hands to the thread that ran it.
+struct Work {
+    var effects: [Effect] = []
+    var events: [ChangeEvent] = []
+    var records: [StoreRecord] = []
+    var ticket: UInt64 = 0
+    var drains = false
+    var isEmpty: Bool { effects.isEmpty && !drains }
+}
+
+/// All mutable engine state. Only touched inside `QueueEngine.state.withLock`.
+// @unchecked: every access happens inside `QueueEngine.state.withLock`.
+final class EngineCore: @unchecked Sendable {
+    let clock: any EngineClock
+    let kinds: [String: any OperationKind]
+    let defaultMaxConcurrent: Int
+    let maxUnfinished: Int
+    let wantsRecords: Bool
+    unowned(unsafe) var engine: QueueEngine!
+
+    var queues: [String: QueueRecord] = [:]
+    var ops: [UInt64: OpRecord] = [:]
+    var nextID: UInt64 = 1
+    var nextSeq: UInt64 = 1
+    var ticket: UInt64 = 0
+    var unfinishedTotal = 0
+    var nextWaiterID: UInt64 = 1
+
+    // Produced by the current locked section.
+    var effects: [Effect] = []
+    var dirty: [QueueRecord] = []
+    // Waiting for the drainer.
+    var outEvents: [ChangeEvent] = []
+    var outRecords: [StoreRecord] = []
+    var draining = false
+    var now: Timestamp = Timestamp(nanoseconds: 0)
+
+    init(clock: any EngineClock, kinds: [String: any OperationKind], defaultMaxConcurrent: Int, maxUnfinished: Int, wantsRecords: Bool) {
+        self.clock = clock
+        self.kinds = kinds
+        self.defaultMaxConcurrent = defaultMaxConcurrent
+        self.maxUnfinished = maxUnfinished
+        self.wantsRecords = wantsRecords
+    }
+
+    // MARK: - bookkeeping
+
+    func begin() { now = clock.now() }
+
+    /// Ends a locked section: schedules dirty queues, takes the effects, and takes the
+    /// outbox too when no other thread is draining it.
+    /// Starts what the change made startable, so answers show the state after it.
+    func settle() {
+        while let q = dirty.popLast() { schedule(q) }
+    }
+
+    func finish() -> Work {
+        settle()
+        var work = Work()
+        swap(&work.effects, &effects)
+        if !draining && (!outEvents.isEmpty || !outRecords.isEmpty) {
+            draining = true
+            work.drains = true
+            swap(&work.events, &outEvents)
+            swap(&work.records, &outRecords)
+            work.ticket = ticket
+        }
+        return work
+    }
+
+    func takeOutbox() -> Work? {
+        if outEvents.isEmpty && outRecords.isEmpty { draining = false; return nil }
+        var work = Work()
+        work.drains = true
+        swap(&work.events, &outEvents)
+        swap(&work.records, &outRecords)
+        work.ticket = ticket
+        return work
+    }
+
+    func record(_ op: OpRecord) {
+        ticket &+= 1
+        if wantsRecords { outRecords.append(.operation(op.snapshot())) }
+    }
+
+    func record(_ q: QueueRecord) {
+        ticket &+= 1
+        if wantsRecords { outRecords.append(.queue(q.snapshot(defaultMax: defaultMaxConcurrent))) }
+    }
+
+    func emit(_ op: OpRecord, _ key: ChangeKey, _ old: ChangeValue, _ new: ChangeValue) {
+        let e = ChangeEvent(seq: nextSeq, time: now, queue: op.queue.name, operation: op.operationID,
+                            key: key, old: old, new: new, state: op.state)
+        nextSeq += 1
+        outEvents.append(e)
+        if wantsRecords { outRecords.append(.event(e)) }
+    }
+
+    /// Moves an operation to `state`, keeping counts and emitting one event per boolean key
+    /// that changed: keys that turn off first, then keys that turn on (KVO's will/did order).
+    func move(_ op: OpRecord, to state: OperationState, cancelled: Bool? = nil) {
+        let before = op.flags
+        let q = op.queue
+        if op.state != state {
+            q.counts[op.state.index] -= 1
+            q.counts[state.index] += 1
+            op.state = state
+        }
+        if let cancelled { op.isCancelled = cancelled }
+        let after = op.flags
+        guard before != after else { return }
+        op.revision += 1
+        q.revision += 1
+        let keys: [ChangeKey] = [.isCancelled, .isPaused, .isReady, .isExecuting, .isFinished]
+        let off = before & ~after
+        let on = after & ~before
+        for bit in 0..<5 where off & (1 << bit) != 0 {
+            emit(op, keys[bit], .bool(true), .bool(false))
+        }
+        for bit in 0..<5 where on & (1 << bit) != 0 {
+            emit(op, keys[bit], .bool(false), .bool(true))
+        }
+    }
+
+    func limit(_ q: QueueRecord) -> Int { q.maxConcurrent < 0 ? defaultMaxConcurrent : q.maxConcurrent }
+
+    func context(_ op: OpRecord, resume: Bool) -> ExecutionContext {
+        ExecutionContext(operation: op.operationID, queue: op.queue.name, spec: op.spec, attempt: op.attempt,
+                         isResume: resume, executedSeconds: Double(op.executedNanos) / 1e9, token: op.runToken, engine: engine)
+    }
+
+    // MARK: - scheduling
+
+    /// Starts ready operations while the queue has free slots. Only ready operations are
+    /// looked at (a heap per queue); operations blocked on dependencies are never scanned.
+    func schedule(_ q: QueueRecord) {
+        if q.deleted { return }
+        while !q.isSuspended && q.executing < limit(q), let op = q.popReady() {
+            startOp(op)
+        }
+    }
+
+    func startOp(_ op: OpRecord) {
+        let resume = op.resumeOnStart
+        op.resumeOnStart = false
+        move(op, to: .executing)
+        op.queue.executing += 1
+        op.runStartedAt = now.nanoseconds
+        if op.startedAt == nil {
+            op.startedAt = now
+            op.attempt = 1
+            op.runToken &+= 1
+        }
+        record(op)
+        if op.isBarrier {
+            completeOp(op, .succeeded(.null))
+        } else if let parked = op.parkedCompletion {
+            op.parkedCompletion = nil
+            completeOp(op, parked)
+        } else {
+            effects.append(.start(op.kind, context(op, resume: resume)))
+        }
+    }
+
+    /// The dependencies of `op` are finished or it was just created/changed: ready or pending.
+    func makeReadyIfPossible(_ op: OpRecord) {
+        guard op.state == .pending, op.unfinishedDependencies == 0 else { return }
+        if let nb = op.options.notBefore, nb > now, !op.waitingForTime {
+            op.waitingForTime = true
+            effects.append(.wake(op.operationID, seconds: (nb.nanoseconds - now.nanoseconds).asSeconds))
+            return
+        }
+        if op.waitingForTime { return }
+        move(op, to: .ready)
+        op.queue.push(op)
+        dirty.append(op.queue)
+        record(op)
+    }
+
+    func completeOp(_ op: OpRecord, _ completion: Completion) {
+        op.executedNanos += now.nanoseconds - op.runStartedAt
+        op.queue.executing -= 1
+        if op.isCancelled {
+            op.outcome = .cancelled
+            op.error = .object([("type", .string("cancelled")), ("detail", .string("cancelled while executing"))])
+        } else {
+            switch completion {
+            case let .succeeded(result):
+                op.outcome = .succeeded
+                op.result = result
+            case let .failed(type, detail, data):
+                op.outcome = .failed
+                var members: [(String, JSONValue)] = [("type", .string(type)), ("detail", .string(detail))]
+                if let data { members.append(("data", data)) }
+                op.error = .object(members)
+            }
+        }
+        finishOp(op)
+    }
+
+    /// The common end of every operation: finished, edges released, dependents woken.
+    func finishOp(_ op: OpRecord) {
+        op.finishedAt = now
+        op.runToken &+= 1
+        op.heapKey = 0
+        move(op, to: .finished)
+        let q = op.queue
+        q.unfinished -= 1
+        unfinishedTotal -= 1
+        if q.barrier === op { q.barrier = nil }
+        record(op)
+        let dependents = op.dependents
+        op.dependents = []
+        for d in dependents {
+            d.unfinishedDependencies -= 1
+            if d.unfinishedDependencies == 0 { makeReadyIfPossible(d) }
+        }
+        dirty.append(q)
+        if q.unfinished == 0 && !q.idleWaiters.isEmpty {
+            let waiters = q.idleWaiters
+            q.idleWaiters = []
+            for (_, w) in waiters { effects.append(.call({ w(true) })) }
+        }
+    }
+
+    /// Cancels one operation (Foundation's `cancel()`); false when it was already finished.
+    @discardableResult
+    func cancelOp(_ op: OpRecord) -> Bool {
+        switch op.state {
+        case .finished:
+            return false
+        case .executing:
+            if !op.isCancelled {
+                move(op, to: .executing, cancelled: true)
+                record(op)
+                effects.append(.cancel(op.kind, context(op, resume: false)))
+            }
+        case .pending, .ready, .paused:
+            if op.state == .paused && op.hasStarted && op.parkedCompletion == nil {
+                // Paused mid-run: the kind still holds resources (a stopped process); free them.
+                effects.append(.cancel(op.kind, context(op, resume: false)))
+            }
+            op.isCancelled = true
+            op.outcome = .cancelled
+            for depID in op.dependencyIDs {
+                if let dep = ops[depID.raw], dep.state != .finished, let i = dep.dependents.firstIndex(where: { $0 === op }) {
+                    dep.dependents.remove(at: i)
+                }
+            }
+            op.unfinishedDependencies = 0
+            finishOp(op)
+        }
+        return true
+    }
+
+    /// Every operation that transitively depends on `op`.
+    func transitiveDependents(of op: OpRecord) -> [OpRecord] {
+        var seen: Set<ObjectIdentifier> = [ObjectIdentifier(op)]
+        var out: [OpRecord] = []
+        var stack = op.dependents
+        while let d = stack.popLast() {
+            if seen.insert(ObjectIdentifier(d)).inserted {
+                out.append(d)
+                stack.append(contentsOf: d.dependents)
+            }
+        }
+        return out
+    }
+
+    /// True when `target` is reachable from any of `starts` along unfinished dependency edges.
+    func reaches(_ target: UInt64, from starts: [OperationID]) -> Bool {
+        var seen: Set<UInt64> = []
+        var stack = starts.map(\.raw)
+        while let id = stack.popLast() {
+            if id == target { return true }
+            guard seen.insert(id).inserted, let op = ops[id], op.state != .finished else { continue }
+            stack.append(contentsOf: op.dependencyIDs.map(\.raw))
+        }
+        return false
+    }
+
+    // MARK: - lookups
+
+    func queue(_ name: String) throws(EngineError) -> QueueRecord {
+        guard let q = queues[name] else { throw .queueNotFound(name) }
+        return q
+    }
+
+    func op(_ id: OperationID) throws(EngineError) -> OpRecord {
+        guard let op = ops[id.raw] else { throw .operationNotFound(id.description) }
+        return op
+    }
+}
+
+extension Int64 {
+    var asSeconds: Double { Double(self) / 1e9 }
+}

@@ -1,0 +1,56 @@
+/// What an operation of some kind does. The engine does not know; it drives kinds through
+/// this protocol and they report back through the `ExecutionContext`.
+///
+/// Every method is called outside the engine's lock and must return promptly: long work
+/// runs on the kind's own timers, tasks or threads.
+public protocol OperationKind: Sendable {
+    /// Checks a spec when an operation is created; throw `EngineError.invalidArgument`
+    /// naming the field (`spec.seconds`, ...) and what is allowed.
+    func validate(spec: JSONValue?) throws(EngineError)
+    /// Starts the work, or continues it when `context.isResume` (after a pause).
+    /// Report the end with `context.finish(_:)`, which may be called before `start` returns.
+    func start(_ context: ExecutionContext)
+    /// Asks the work to stop (cancel). The kind still reports the end through `finish`.
+    func cancel(_ context: ExecutionContext)
+    /// Asks the work to hold still (pause). The next `start` has `isResume` set.
+    func pause(_ context: ExecutionContext)
+}
+
+extension OperationKind {
+    public func validate(spec: JSONValue?) throws(EngineError) {}
+}
+
+/// One run of one operation, handed to its kind. Reports carry a run token so that a report
+/// from an earlier attempt can never change a later one.
+public struct ExecutionContext: Sendable {
+    public let operation: OperationID
+    public let queue: String
+    public let spec: JSONValue?
+    /// 1 for the first attempt.
+    public let attempt: Int
+    /// True when this start continues an operation that was paused while executing.
+    public let isResume: Bool
+    /// Seconds the operation has executed before this start (paused time excluded).
+    public let executedSeconds: Double
+    let token: UInt32
+    let engine: QueueEngine
+
+    /// Reports the end of the work. Later reports for the same run are ignored.
+    public func finish(_ completion: Completion) {
+        engine.complete(operation, token: token, completion)
+    }
+
+    /// Reports progress; it becomes a `progress` change.
+    public func progress(completed: Double, total: Double) {
+        engine.reportProgress(operation, token: token, OperationProgress(completed: completed, total: total))
+    }
+}
+
+/// A kind whose work ends the moment it starts, with the spec as its result. Used by the
+/// benchmark and tests, and by barriers.
+public struct ImmediateKind: OperationKind {
+    public init() {}
+    public func start(_ context: ExecutionContext) { context.finish(.succeeded(context.spec ?? .null)) }
+    public func cancel(_ context: ExecutionContext) {}
+    public func pause(_ context: ExecutionContext) {}
+}

@@ -1,0 +1,57 @@
+import Synchronization
+
+/// Identifies a registered observer.
+public struct ObserverToken: Hashable, Sendable {
+    let id: UInt64
+}
+
+/// The registry of observers and their delivery. Only the engine's single drainer calls
+/// `deliver`, so callbacks see changes in `seq` order and never under the engine's lock.
+final class ObserverHub: Sendable {
+    struct Entry: Sendable {
+        let token: ObserverToken
+        let keys: Set<ChangeKey>?
+        let batch: @Sendable ([ChangeEvent]) -> Void
+    }
+    struct Registry: Sendable {
+        var global: [Entry] = []
+        var perOperation: [OperationID: [Entry]] = [:]
+        var nextID: UInt64 = 1
+    }
+    private let registry = Mutex(Registry())
+
+    func add(operation: OperationID?, keys: Set<ChangeKey>?, batch: @escaping @Sendable ([ChangeEvent]) -> Void) -> ObserverToken {
+        registry.withLock { r in
+            let token = ObserverToken(id: r.nextID)
+            r.nextID += 1
+            let entry = Entry(token: token, keys: keys, batch: batch)
+            if let operation { r.perOperation[operation, default: []].append(entry) } else { r.global.append(entry) }
+            return token
+        }
+    }
+
+    func remove(_ token: ObserverToken) {
+        registry.withLock { r in
+            r.global.removeAll { $0.token == token }
+            for (k, v) in r.perOperation where v.contains(where: { $0.token == token }) {
+                let rest = v.filter { $0.token != token }
+                r.perOperation[k] = rest.isEmpty ? nil : rest
+            }
+        }
+    }
+
+    func deliver(_ events: [ChangeEvent]) {
+        let (global, hasPer) = registry.withLock { r in (r.global, !r.perOperation.isEmpty) }
+        for g in global { g.batch(events) }
+        guard hasPer else { return }
+        var finished: [OperationID] = []
+        for e in events {
+            guard let entries = registry.withLock({ $0.perOperation[e.operation] }) else { continue }
+            for entry in entries where entry.keys?.contains(e.key) ?? true { entry.batch([e]) }
+            if e.key == .isFinished, case .bool(true) = e.new { finished.append(e.operation) }
+        }
+        if !finished.isEmpty {
+            registry.withLock { r in for id in finished { r.perOperation[id] = nil } }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+/// The five states of API.md's lifecycle.
+public enum OperationState: String, Sendable, CaseIterable {
+    /// Some dependency is unfinished.
+    case pending
+    /// Waiting for a free slot in a queue that is not suspended.
+    case ready
+    case executing
+    case paused
+    case finished
+}
+
+/// Everything that can be asked of an operation's state machine.
+public enum OperationAction: String, Sendable, CaseIterable {
+    /// The last unfinished dependency finished.
+    case dependenciesMet
+    /// The scheduler gave it a slot.
+    case start
+    /// The kind reported that the work ended.
+    case complete
+    /// A client cancelled it.
+    case cancel
+    case pause
+    case resume
+}
+
+/// A refused request or move. The API layer maps each case to an HTTP status.
+public enum EngineError: Error, Sendable, Equatable {
+    case queueNotFound(String)
+    case queueExists(String)
+    case queueNotIdle(String, unfinished: Int)
+    case operationNotFound(String)
+    case invalidTransition(from: OperationState, action: OperationAction)
+    case dependencyCycle(String)
+    case alreadyStarted(String)
+    case invalidArgument(field: String, detail: String)
+    case unknownKind(String)
+    case limitReached(String)
+}
+
+/// What a move does beyond changing the state.
+public enum TransitionEffect: Sendable, Equatable {
+    case none
+    /// Set `isCancelled` and ask the kind to stop; the state stays `executing`.
+    case requestStop
+}
+
+extension OperationState {
+    /// The one table of valid moves (API.md "Lifecycle"). `dependenciesMet` tells where a
+    /// resumed operation goes back to. Every other pair is `EngineError.invalidTransition`.
+    public func applying(_ action: OperationAction, dependenciesMet: Bool) throws(EngineError) -> (OperationState, TransitionEffect) {
+        switch (self, action) {
+        case (.pending, .dependenciesMet): return (.ready, .none)
+        case (.ready, .start): return (.executing, .none)
+        case (.executing, .complete): return (.finished, .none)
+        // A completion that raced a pause is kept and applied when the operation gets a slot again.
+        case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .none)
+        case (.executing, .cancel): return (.executing, .requestStop)
+        case (.pending, .pause), (.ready, .pause), (.executing, .pause): return (.paused, .none)
+        case (.paused, .resume): return (dependenciesMet ? .ready : .pending, .none)
+        default: throw .invalidTransition(from: self, action: action)
+        }
+    }
+}
+
+/// The observable keys (Foundation's KVO names plus `isPaused`, `queuePriority`, `progress`).
+public enum ChangeKey: String, Sendable, CaseIterable {
+    case isReady, isExecuting, isFinished, isCancelled, isPaused, queuePriority, progress
+}
+
+/// The old or new value of a change.
+public enum ChangeValue: Sendable, Equatable {
+    /// Used as `old` when the operation was just created.
+    case none
+    case bool(Bool)
+    case priority(QueuePriority)
+    case progress(OperationProgress)
+}
+
+/// One observed change. `seq` is server-wide and only grows.
+public struct ChangeEvent: Sendable, Equatable {
+    public var seq: UInt64
+    public var time: Timestamp
+    public var queue: String
+    public var operation: OperationID
+    public var key: ChangeKey
+    public var old: ChangeValue
+    public var new: ChangeValue
+    /// The operation's state after the change.
+    public var state: OperationState
+    public init(seq: UInt64, time: Timestamp, queue: String, operation: OperationID, key: ChangeKey, old: ChangeValue, new: ChangeValue, state: OperationState) {
+        self.seq = seq; self.time = time; self.queue = queue; self.operation = operation
+        self.key = key; self.old = old; self.new = new; self.state = state
+    }
+}

@@ -1,0 +1,617 @@
+import Dispatch
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Settings of an engine.
+public struct EngineConfiguration: Sendable {
+    /// What `maxConcurrentOperationCount = -1` means.
+    public var defaultMaxConcurrentOperationCount: Int
+    /// Unfinished operations across all queues; more are refused with `limitReached`.
+    public var maxUnfinishedOperations: Int
+    public var maxQueues: Int
+    public init(defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000) {
+        self.defaultMaxConcurrentOperationCount = defaultMaxConcurrentOperationCount
+        self.maxUnfinishedOperations = maxUnfinishedOperations
+        self.maxQueues = maxQueues
+    }
+}
+
+/// Operation queues with `NSOperation`/`OperationQueue` semantics.
+///
+/// The hot API is synchronous under one `Mutex`, so it can be called from libmicrohttpd's
+/// threads. Each call applies the pure transitions under the lock and then, after releasing
+/// it, starts/stops kinds, hands records to the store and reports changes to observers.
+public final class QueueEngine: Sendable {
+    let state: Mutex<EngineCore>
+    let observers: ObserverHub
+    /// The store that makes changes durable.
+    public let store: any OperationStore
+    public let configuration: EngineConfiguration
+    private let ticketCounter = Atomic<UInt64>(0)
+
+    /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
+    public init(kinds: [String: any OperationKind], store: any OperationStore = InMemoryStore(),
+                clock: any EngineClock = SystemClock(), configuration: EngineConfiguration = EngineConfiguration()) {
+        var all = kinds
+        all["barrier"] = ImmediateKind()
+        let core = EngineCore(clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
+                              maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
+        self.state = Mutex(core)
+        self.observers = ObserverHub()
+        self.store = store
+        self.configuration = configuration
+        state.withLock { $0.engine = self }
+    }
+
+    // MARK: - the lock discipline
+
+    /// Runs `body` under the lock, then the work it produced outside the lock.
+    @inline(__always)
+    func mutate<T>(_ body: (EngineCore) throws(EngineError) -> T) throws(EngineError) -> T {
+        let (result, work): (Result<T, EngineError>, Work) = state.withLock { core in
+            core.begin()
+            do throws(EngineError) {
+                let r = try body(core)
+                return (.success(r), core.finish())
+            } catch {
+                return (.failure(error), core.finish())
+            }
+        }
+        if !work.isEmpty { perform(work) }
+        return try result.get()
+    }
+
+    func read<T>(_ body: (EngineCore) throws(EngineError) -> T) throws(EngineError) -> T {
+        try state.withLock { core throws(EngineError) in try body(core) }
+    }
+
+    /// Effects run on a per-thread trampoline: a kind that finishes inside `start` makes the
+    /// engine start the next operation, and that must loop, not recurse.
+    func perform(_ work: Work) {
+        if work.drains { drain(work) }
+        guard !work.effects.isEmpty else { return }
+        if let runner = EffectRunner.current {
+            runner.pending.append(contentsOf: work.effects)
+            return
+        }
+        let runner = EffectRunner()
+        EffectRunner.current = runner
+        defer { EffectRunner.current = nil }
+        runner.pending = work.effects
+        var i = 0
+        while i < runner.pending.count {
+            run(runner.pending[i])
+            i += 1
+            if i >= 4096 {
+                runner.pending.removeFirst(i)
+                i = 0
+            }
+        }
+    }
+
+    private func run(_ effect: Effect) {
+        switch effect {
+        case let .start(kind, ctx): kind.start(ctx)
+        case let .cancel(kind, ctx): kind.cancel(ctx)
+        case let .pause(kind, ctx): kind.pause(ctx)
+        case let .call(f): f()
+        case let .wake(id, seconds):
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, seconds) * 1e9) + 1_000_000)) { [self] in
+                try? mutate { core throws(EngineError) in
+                    guard let op = core.ops[id.raw], op.waitingForTime else { return }
+                    op.waitingForTime = false
+                    core.makeReadyIfPossible(op)
+                }
+            }
+        }
+    }
+
+    /// Hands the outbox to the store and the observers, in `seq` order, until it is empty.
+    /// Only one thread drains at a time, so a slow observer delays reports, never the lock.
+    private func drain(_ first: Work) {
+        var batch: Work? = first
+        while let b = batch {
+            if !b.records.isEmpty || store.wantsRecords { store.append(b.records, upTo: b.ticket) }
+            ticketCounter.store(b.ticket, ordering: .releasing)
+            if !b.events.isEmpty { observers.deliver(b.events) }
+            batch = state.withLock { $0.takeOutbox() }
+        }
+    }
+
+    /// The newest change ticket handed to the store. Wait on it with `whenDurable`.
+    public var currentTicket: UInt64 { state.withLock { $0.ticket } }
+
+    /// Calls `done` once every change made so far is durable.
+    public func whenDurable(_ done: @escaping @Sendable () -> Void) {
+        let t = currentTicket
+        // Records up to `t` may still sit in the outbox of a draining thread; the store
+        // answers for a ticket only once it has appended and committed it.
+        store.whenDurable(t, done)
+    }
+
+    // MARK: - queues
+
+    /// Creates a queue. `maxConcurrentOperationCount` is positive or -1.
+    @discardableResult
+    public func createQueue(name: String, maxConcurrentOperationCount: Int = -1, isSuspended: Bool = false) throws(EngineError) -> QueueSnapshot {
+        try Self.validateQueueName(name)
+        try Self.validateMax(maxConcurrentOperationCount)
+        return try mutate { core throws(EngineError) in
+            guard core.queues[name] == nil else { throw .queueExists(name) }
+            guard core.queues.count < configuration.maxQueues else { throw .limitReached("at most \(configuration.maxQueues) queues") }
+            let q = QueueRecord(name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now)
+            core.queues[name] = q
+            core.record(q)
+            core.settle()
+            return q.snapshot(defaultMax: core.defaultMaxConcurrent)
+        }
+    }
+
+    static func validateQueueName(_ name: String) throws(EngineError) {
+        let ok = !name.isEmpty && name.utf8.count <= 64 && name.utf8.allSatisfy { c in
+            (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c == 46 || c == 95 || c == 45
+        }
+        if !ok { throw .invalidArgument(field: "name", detail: "must match [A-Za-z0-9._-]{1,64}") }
+    }
+
+    static func validateMax(_ value: Int) throws(EngineError) {
+        if value != -1 && value < 1 {
+            throw .invalidArgument(field: "maxConcurrentOperationCount", detail: "must be a positive integer or -1 (the server's default); got \(value)")
+        }
+    }
+
+    /// One queue's settings and counts.
+    public func queue(named name: String) throws(EngineError) -> QueueSnapshot {
+        try read { core throws(EngineError) in try core.queue(name).snapshot(defaultMax: core.defaultMaxConcurrent) }
+    }
+
+    /// A queue's revision (changes with its settings and its operations' states), for ETags.
+    public func queueRevision(_ name: String) throws(EngineError) -> UInt64 {
+        try read { core throws(EngineError) in try core.queue(name).revision }
+    }
+
+    /// Every queue, sorted by name.
+    public func queues() -> [QueueSnapshot] {
+        state.withLock { core in
+            core.queues.values.map { $0.snapshot(defaultMax: core.defaultMaxConcurrent) }
+        }.sorted { $0.name < $1.name }
+    }
+
+    /// Changes settings; takes effect at once (a resumed or widened queue starts work).
+    @discardableResult
+    public func updateQueue(_ name: String, maxConcurrentOperationCount: Int? = nil, isSuspended: Bool? = nil) throws(EngineError) -> QueueSnapshot {
+        if let m = maxConcurrentOperationCount { try Self.validateMax(m) }
+        return try mutate { core throws(EngineError) in
+            let q = try core.queue(name)
+            var changed = false
+            if let m = maxConcurrentOperationCount, m != q.maxConcurrent { q.maxConcurrent = m; changed = true }
+            if let s = isSuspended, s != q.isSuspended { q.isSuspended = s; changed = true }
+            if changed {
+                q.revision += 1
+                core.record(q)
+                core.dirty.append(q)
+            }
+            core.settle()
+            return q.snapshot(defaultMax: core.defaultMaxConcurrent)
+        }
+    }
+
+    /// `isSuspended = true`: executing operations run on, no new one starts.
+    @discardableResult
+    public func suspend(_ name: String) throws(EngineError) -> QueueSnapshot { try updateQueue(name, isSuspended: true) }
+
+    /// `isSuspended = false`.
+    @discardableResult
+    public func resumeQueue(_ name: String) throws(EngineError) -> QueueSnapshot { try updateQueue(name, isSuspended: false) }
+
+    /// `cancelAllOperations()`.
+    @discardableResult
+    public func cancelAll(_ name: String) throws(EngineError) -> QueueSnapshot {
+        try mutate { core throws(EngineError) in
+            let q = try core.queue(name)
+            for op in q.ops where op.state != .finished { core.cancelOp(op) }
+            core.settle()
+            return q.snapshot(defaultMax: core.defaultMaxConcurrent)
+        }
+    }
+
+    /// Deletes a queue. Refused while it has unfinished operations, unless `force`, which
+    /// cancels them first (executing ones are asked to stop and finish on their own).
+    public func deleteQueue(_ name: String, force: Bool = false) throws(EngineError) {
+        try mutate { core throws(EngineError) in
+            let q = try core.queue(name)
+            if q.unfinished > 0 && !force { throw .queueNotIdle(name, unfinished: q.unfinished) }
+            for op in q.ops where op.state != .finished { core.cancelOp(op) }
+            q.deleted = true
+            core.queues[name] = nil
+            core.ticket &+= 1
+            if core.wantsRecords { core.outRecords.append(.queueDeleted(name)) }
+            let waiters = q.idleWaiters
+            q.idleWaiters = []
+            let idle = q.unfinished == 0
+            for (_, w) in waiters { core.effects.append(.call({ w(idle) })) }
+        }
+    }
+
+    /// Calls `callback(true)` as soon as the queue has no unfinished operation (at once if it
+    /// has none now). Returns a token for `cancelIdleWait`. Never blocks.
+    public func onIdle(_ name: String, _ callback: @escaping @Sendable (Bool) -> Void) throws(EngineError) -> UInt64? {
+        let immediate: Bool = try read { core throws(EngineError) in try core.queue(name).unfinished == 0 }
+        if immediate { callback(true); return nil }
+        return try mutate { core throws(EngineError) in
+            let q = try core.queue(name)
+            if q.unfinished == 0 {
+                core.effects.append(.call({ callback(true) }))
+                return nil
+            }
+            let id = core.nextWaiterID
+            core.nextWaiterID += 1
+            q.idleWaiters.append((id, callback))
+            return id
+        }
+    }
+
+    /// Forgets an idle waiter (its long poll timed out). Returns false when it already fired.
+    @discardableResult
+    public func cancelIdleWait(_ name: String, token: UInt64) -> Bool {
+        state.withLock { core in
+            guard let q = core.queues[name], let i = q.idleWaiters.firstIndex(where: { $0.0 == token }) else { return false }
+            q.idleWaiters.remove(at: i)
+            return true
+        }
+    }
+
+    /// `waitUntilAllOperationsAreFinished()` without blocking a thread.
+    public func waitUntilIdle(_ name: String) async throws(EngineError) {
+        let token = OneShot()
+        try await withCheckedContinuation { (c: CheckedContinuation<Result<Void, EngineError>, Never>) in
+            do throws(EngineError) {
+                _ = try onIdle(name) { _ in if token.fire() { c.resume(returning: .success(())) } }
+            } catch {
+                if token.fire() { c.resume(returning: .failure(error)) }
+            }
+        }.get()
+    }
+
+    // MARK: - operations
+
+    /// Adds an operation (Foundation's `addOperation`).
+    @discardableResult
+    public func addOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationSnapshot {
+        try add(to: queueName, request, barrier: false).snapshot
+    }
+
+    /// Adds an operation and returns only its id: the cheap form for bulk callers.
+    @discardableResult
+    public func addOperationID(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationID {
+        try add(to: queueName, request, barrier: false).id
+    }
+
+    /// `addBarrierBlock`: starts after every operation added before it has finished, and every
+    /// operation added after it waits for it.
+    @discardableResult
+    public func addBarrier(to queueName: String, name: String? = nil) throws(EngineError) -> OperationSnapshot {
+        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true).snapshot
+    }
+
+    private func add(to queueName: String, _ request: OperationRequest, barrier: Bool) throws(EngineError) -> (id: OperationID, snapshot: OperationSnapshot) {
+        guard let kind = state.withLock({ $0.kinds[request.kind] }) else { throw .unknownKind(request.kind) }
+        if barrier == false && request.kind == "barrier" { throw .unknownKind(request.kind) }
+        try kind.validate(spec: request.spec)
+        return try mutate { core throws(EngineError) in
+            let q = try core.queue(queueName)
+            guard core.unfinishedTotal < core.maxUnfinished else {
+                throw .limitReached("at most \(core.maxUnfinished) unfinished operations")
+            }
+            var deps: [OpRecord] = []
+            deps.reserveCapacity(request.dependencies.count)
+            for d in request.dependencies {
+                guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
+                deps.append(dep)
+            }
+            var req = request
+            if barrier {
+                deps = q.ops.filter { $0.state != .finished }
+                req.dependencies = deps.map(\.operationID)
+            } else if let b = q.barrier, !deps.contains(where: { $0 === b }) {
+                deps.append(b)
+                req.dependencies.append(b.operationID)
+            }
+            let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier)
+            core.nextID += 1
+            core.ops[op.id] = op
+            q.ops.append(op)
+            q.counts[OperationState.pending.index] += 1
+            q.unfinished += 1
+            q.revision += 1
+            core.unfinishedTotal += 1
+            if barrier { q.barrier = op }
+            var seen = Set<ObjectIdentifier>()
+            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                dep.dependents.append(op)
+                op.unfinishedDependencies += 1
+            }
+            let readyNow = op.unfinishedDependencies == 0 && (op.options.notBefore.map { $0 <= core.now } ?? true)
+            if readyNow {
+                op.state = .ready
+                q.counts[OperationState.pending.index] -= 1
+                q.counts[OperationState.ready.index] += 1
+                q.push(op)
+                core.dirty.append(q)
+            }
+            // Creation is reported as `isReady` changing from nothing to its first value.
+            core.emit(op, .isReady, .none, .bool(readyNow))
+            if !readyNow { core.makeReadyIfPossible(op) }
+            core.record(op)
+            core.settle()
+            return (op.operationID, op.snapshot())
+        }
+    }
+
+    /// The operation's status.
+    public func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try read { core throws(EngineError) in try core.op(id).snapshot() }
+    }
+
+    /// The operation's revision (for ETags), without building its status.
+    public func revision(of id: OperationID) throws(EngineError) -> UInt64 {
+        try read { core throws(EngineError) in try core.op(id).revision }
+    }
+
+    /// A page of a queue's operations, oldest first, after the cursor `after`.
+    public func operations(in queueName: String, state filter: OperationState? = nil, after: OperationID? = nil,
+                           limit: Int = 100) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
+        try read { core throws(EngineError) in
+            let q = try core.queue(queueName)
+            var lo = 0, hi = q.ops.count
+            if let after {
+                while lo < hi {
+                    let mid = (lo + hi) / 2
+                    if q.ops[mid].id <= after.raw { lo = mid + 1 } else { hi = mid }
+                }
+            }
+            var page: [OperationSnapshot] = []
+            var i = lo
+            while i < q.ops.count && page.count < limit {
+                let op = q.ops[i]
+                if filter == nil || op.state == filter { page.append(op.snapshot()) }
+                i += 1
+            }
+            var more = false
+            if page.count == limit {
+                var j = i
+                while j < q.ops.count { if filter == nil || q.ops[j].state == filter { more = true; break }; j += 1 }
+            }
+            return (page, more ? page.last?.id : nil)
+        }
+    }
+
+    /// `cancel()`; with `cascade`, also every operation that transitively depends on it.
+    @discardableResult
+    public func cancel(_ id: OperationID, cascade: Bool = false) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            if op.state == .finished { throw .invalidTransition(from: .finished, action: .cancel) }
+            let dependents = cascade ? core.transitiveDependents(of: op) : []
+            core.cancelOp(op)
+            for d in dependents { core.cancelOp(d) }
+            core.settle()
+            return op.snapshot()
+        }
+    }
+
+    /// Pauses a pending, ready or executing operation. It frees its queue slot and holds back
+    /// its dependents.
+    @discardableResult
+    public func pause(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            let (next, _) = try op.state.applying(.pause, dependenciesMet: op.unfinishedDependencies == 0)
+            let wasExecuting = op.state == .executing
+            op.heapKey = 0
+            core.move(op, to: next)
+            if wasExecuting {
+                op.queue.executing -= 1
+                op.executedNanos += core.now.nanoseconds - op.runStartedAt
+                op.resumeOnStart = true
+                core.effects.append(.pause(op.kind, core.context(op, resume: false)))
+                core.dirty.append(op.queue)
+            }
+            core.record(op)
+            core.settle()
+            return op.snapshot()
+        }
+    }
+
+    /// Resumes a paused operation: back to ready (or pending while dependencies are
+    /// unfinished); given a slot again, its kind continues the work.
+    @discardableResult
+    public func resume(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            let met = op.unfinishedDependencies == 0
+            let (next, _) = try op.state.applying(.resume, dependenciesMet: met)
+            if next == .ready {
+                if let nb = op.options.notBefore, nb > core.now, !op.hasStarted {
+                    core.move(op, to: .pending)
+                    core.makeReadyIfPossible(op)
+                } else {
+                    core.move(op, to: .ready)
+                    op.queue.push(op)
+                    core.dirty.append(op.queue)
+                }
+            } else {
+                core.move(op, to: next)
+            }
+            core.record(op)
+            core.settle()
+            return op.snapshot()
+        }
+    }
+
+    /// Before it starts: changes its priority and/or replaces its dependencies. A dependency
+    /// that would close a cycle is refused.
+    @discardableResult
+    public func update(_ id: OperationID, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            if op.state == .finished || op.hasStarted || op.state == .executing {
+                throw .alreadyStarted(id.description)
+            }
+            var newDeps: [OpRecord]? = nil
+            if let dependencies {
+                var list: [OpRecord] = []
+                for d in dependencies {
+                    guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
+                    list.append(dep)
+                }
+                if core.reaches(op.id, from: dependencies) {
+                    throw .dependencyCycle("making \(id) depend on \(dependencies.map(\.description).joined(separator: ", ")) would close a cycle")
+                }
+                newDeps = list
+            }
+            if let p = queuePriority, p != op.priority {
+                let old = op.priority
+                op.priority = p
+                op.revision += 1
+                op.queue.revision += 1
+                core.emit(op, .queuePriority, .priority(old), .priority(p))
+                if op.state == .ready {
+                    op.queue.push(op)  // the old heap entry goes stale
+                    core.dirty.append(op.queue)
+                }
+            }
+            if let newDeps, let dependencies {
+                for depID in op.dependencyIDs {
+                    if let dep = core.ops[depID.raw], let i = dep.dependents.firstIndex(where: { $0 === op }) {
+                        dep.dependents.remove(at: i)
+                    }
+                }
+                op.dependencyIDs = dependencies
+                op.unfinishedDependencies = 0
+                var seen = Set<ObjectIdentifier>()
+                for dep in newDeps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                    dep.dependents.append(op)
+                    op.unfinishedDependencies += 1
+                }
+                op.revision += 1
+                if op.state == .ready && op.unfinishedDependencies > 0 {
+                    op.heapKey = 0
+                    core.move(op, to: .pending)
+                } else if op.state == .pending {
+                    core.makeReadyIfPossible(op)
+                }
+            }
+            core.record(op)
+            core.settle()
+            return op.snapshot()
+        }
+    }
+
+    // MARK: - reports from kinds
+
+    func complete(_ id: OperationID, token: UInt32, _ completion: Completion) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token else { return }
+            switch op.state {
+            case .executing: core.completeOp(op, completion)
+            case .paused where op.hasStarted: op.parkedCompletion = completion
+            default: return
+            }
+        }
+    }
+
+    func reportProgress(_ id: OperationID, token: UInt32, _ progress: OperationProgress) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
+            let old = op.progress
+            guard old != progress else { return }
+            op.progress = progress
+            op.revision += 1
+            core.emit(op, .progress, old.map { .progress($0) } ?? .none, .progress(progress))
+            core.record(op)
+        }
+    }
+
+    // MARK: - observers
+
+    /// Registers an observer for every change, called with batches in `seq` order.
+    public func observeAll(_ callback: @escaping @Sendable ([ChangeEvent]) -> Void) -> ObserverToken {
+        observers.add(operation: nil, keys: nil, batch: callback)
+    }
+
+    /// Registers an observer for one operation (optionally some keys). It is dropped after the
+    /// operation's `isFinished` change has been reported.
+    public func observe(_ id: OperationID, keys: Set<ChangeKey>? = nil, _ callback: @escaping @Sendable (ChangeEvent) -> Void) -> ObserverToken {
+        observers.add(operation: id, keys: keys, batch: { events in events.forEach(callback) })
+    }
+
+    /// Removes an observer.
+    public func removeObserver(_ token: ObserverToken) { observers.remove(token) }
+
+    /// Counts for metrics: operations by queue and state.
+    public func stateCounts() -> [(queue: String, counts: [OperationState: Int])] {
+        queues().map { ($0.name, $0.counts) }
+    }
+
+    /// The sequence number the next change will get.
+    public var nextSequence: UInt64 { state.withLock { $0.nextSeq } }
+
+    /// Forgets finished operations that finished before `cutoff` (at most `limit` per call),
+    /// so a long-running server stays bounded. Returns how many were purged.
+    @discardableResult
+    public func purgeFinished(before cutoff: Timestamp, limit: Int = 10_000) -> Int {
+        state.withLock { core in
+            var purged = 0
+            for q in Array(core.queues.values) {
+                guard purged < limit else { break }
+                var keep: [OpRecord] = []
+                keep.reserveCapacity(q.ops.count)
+                for op in q.ops {
+                    if purged < limit, op.state == .finished, let f = op.finishedAt, f < cutoff {
+                        core.ops[op.id] = nil
+                        q.counts[OperationState.finished.index] -= 1
+                        purged += 1
+                    } else {
+                        keep.append(op)
+                    }
+                }
+                if keep.count != q.ops.count { q.ops = keep; q.revision += 1 }
+            }
+            return purged
+        }
+    }
+}
+
+/// A one-time latch.
+final class OneShot: Sendable {
+    private let fired = Atomic<Bool>(false)
+    func fire() -> Bool { !fired.exchange(true, ordering: .acquiringAndReleasing) }
+}
+
+/// Per-thread queue of effects, so effects triggered by effects loop instead of recursing.
+final class EffectRunner {
+    var pending: [Effect] = []
+
+    private static let key: pthread_key_t = {
+        var k = pthread_key_t()
+        pthread_key_create(&k, nil)
+        return k
+    }()
+
+    static var current: EffectRunner? {
+        get {
+            guard let p = pthread_getspecific(key) else { return nil }
+            return Unmanaged<EffectRunner>.fromOpaque(p).takeUnretainedValue()
+        }
+        set {
+            if let newValue {
+                pthread_setspecific(key, Unmanaged.passUnretained(newValue).toOpaque())
+            } else {
+                pthread_setspecific(key, nil)
+            }
+        }
+    }
+}

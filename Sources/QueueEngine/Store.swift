@@ -1,0 +1,76 @@
+import Synchronization
+
+/// A settings snapshot of a queue, as persisted and as shown by the API.
+public struct QueueSnapshot: Sendable, Equatable {
+    public var name: String
+    /// As configured: a positive number or -1 (the server's default).
+    public var maxConcurrentOperationCount: Int
+    /// The limit in force.
+    public var effectiveMaxConcurrentOperationCount: Int
+    public var isSuspended: Bool
+    /// Unfinished operations (Foundation's `operationCount`).
+    public var operationCount: Int
+    public var counts: [OperationState: Int]
+    public var revision: UInt64
+    public var createdAt: Timestamp
+}
+
+/// An operation as persisted and as shown by the API.
+public struct OperationSnapshot: Sendable, Equatable {
+    public var id: OperationID
+    public var queue: String
+    public var name: String?
+    public var kind: String
+    public var spec: JSONValue?
+    public var state: OperationState
+    public var outcome: OperationOutcome?
+    public var isCancelled: Bool
+    public var queuePriority: QueuePriority
+    public var dependencies: [OperationID]
+    public var progress: OperationProgress?
+    public var attempt: Int
+    public var result: JSONValue?
+    public var error: JSONValue?
+    public var createdAt: Timestamp
+    public var startedAt: Timestamp?
+    public var finishedAt: Timestamp?
+    public var revision: UInt64
+    public var options: OperationOptions
+
+    public var isReady: Bool { state == .ready }
+    public var isExecuting: Bool { state == .executing }
+    public var isFinished: Bool { state == .finished }
+    public var isPaused: Bool { state == .paused }
+}
+
+/// One durable change, in the order the engine made them.
+public enum StoreRecord: Sendable {
+    case queue(QueueSnapshot)
+    case queueDeleted(String)
+    case operation(OperationSnapshot)
+    case event(ChangeEvent)
+}
+
+/// Where acknowledged changes are made durable. The engine hands over records in order
+/// (never under its lock) and asks to be told when a ticket is durable, so the API layer
+/// answers a request only after its change survives a crash. Batching is the store's call.
+public protocol OperationStore: Sendable {
+    /// False for stores that keep nothing (the in-memory one): the engine then skips
+    /// building records altogether.
+    var wantsRecords: Bool { get }
+    /// Records made by changes up to and including `ticket`, in order.
+    func append(_ records: [StoreRecord], upTo ticket: UInt64)
+    /// Calls `done` (possibly at once, on any thread) when everything up to `ticket` is durable.
+    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void)
+}
+
+/// Keeps nothing: everything is "durable" at once, and nothing survives a restart.
+public final class InMemoryStore: OperationStore {
+    private let appended = Atomic<UInt64>(0)
+    public init() {}
+    public var wantsRecords: Bool { false }
+    public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
+        appended.store(ticket, ordering: .relaxed)
+    }
+    public func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) { done() }
+}

@@ -1,0 +1,214 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Synchronization
+
+/// A server-assigned operation id. Internally a number that only grows, so ids sort in
+/// creation order; outside it is the opaque, URL-safe string `op-` + 16 hex digits.
+public struct OperationID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    public let raw: UInt64
+    public init(raw: UInt64) { self.raw = raw }
+
+    /// Parses the string form; nil when it is not one.
+    public init?(_ text: some StringProtocol) {
+        let u = text.utf8
+        guard u.count == 19, text.hasPrefix("op-") else { return nil }
+        var v: UInt64 = 0
+        for c in u.dropFirst(3) {
+            let d: UInt64
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): d = UInt64(c - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): d = UInt64(c - UInt8(ascii: "a") + 10)
+            default: return nil
+            }
+            v = v << 4 | d
+        }
+        raw = v
+    }
+
+    public var description: String {
+        var out = [UInt8](repeating: UInt8(ascii: "0"), count: 19)
+        out[0] = UInt8(ascii: "o"); out[1] = UInt8(ascii: "p"); out[2] = UInt8(ascii: "-")
+        var v = raw
+        let hex = Array("0123456789abcdef".utf8)
+        var i = 18
+        while i >= 3 { out[i] = hex[Int(v & 15)]; v >>= 4; i -= 1 }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    public static func < (a: OperationID, b: OperationID) -> Bool { a.raw < b.raw }
+}
+
+/// Foundation's five `Operation.QueuePriority` levels, with Foundation's raw values.
+public enum QueuePriority: Int, Sendable, CaseIterable, Comparable {
+    case veryLow = -8, low = -4, normal = 0, high = 4, veryHigh = 8
+
+    /// The API name (`veryLow` … `veryHigh`).
+    public var name: String {
+        switch self {
+        case .veryLow: return "veryLow"
+        case .low: return "low"
+        case .normal: return "normal"
+        case .high: return "high"
+        case .veryHigh: return "veryHigh"
+        }
+    }
+
+    public init?(name: String) {
+        switch name {
+        case "veryLow": self = .veryLow
+        case "low": self = .low
+        case "normal": self = .normal
+        case "high": self = .high
+        case "veryHigh": self = .veryHigh
+        default: return nil
+        }
+    }
+
+    /// 0 for veryHigh … 4 for veryLow: the order in which ready operations start.
+    var rank: UInt64 { UInt64((8 - rawValue) / 4) }
+
+    public static func < (a: QueuePriority, b: QueuePriority) -> Bool { a.rawValue < b.rawValue }
+}
+
+/// How a finished operation ended.
+public enum OperationOutcome: String, Sendable, CaseIterable {
+    case succeeded, failed, cancelled
+}
+
+/// What a kind reports when an operation's work ends.
+public enum Completion: Sendable, Equatable {
+    case succeeded(JSONValue)
+    /// `type` is a short machine-readable reason (`timeout`, `http-status`, ...).
+    case failed(type: String, detail: String, data: JSONValue? = nil)
+}
+
+/// Work progress as reported by a kind or an external worker.
+public struct OperationProgress: Sendable, Equatable {
+    public var completed: Double
+    public var total: Double
+    public init(completed: Double, total: Double) { self.completed = completed; self.total = total }
+    public var fractionCompleted: Double { total > 0 ? min(1, max(0, completed / total)) : 0 }
+}
+
+/// Wall-clock time with nanosecond resolution, since the Unix epoch.
+public struct Timestamp: Comparable, Hashable, Sendable {
+    public var nanoseconds: Int64
+    public init(nanoseconds: Int64) { self.nanoseconds = nanoseconds }
+    public init(seconds: Double) { nanoseconds = Int64(seconds * 1e9) }
+    public var seconds: Double { Double(nanoseconds) / 1e9 }
+    public static func < (a: Timestamp, b: Timestamp) -> Bool { a.nanoseconds < b.nanoseconds }
+    public func adding(seconds s: Double) -> Timestamp { Timestamp(nanoseconds: nanoseconds + Int64(s * 1e9)) }
+
+    /// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T10:00:00.125Z`.
+    public var rfc3339: String {
+        var out: [UInt8] = []
+        out.reserveCapacity(24)
+        writeRFC3339(to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Appends the RFC 3339 form without allocating a String.
+    public func writeRFC3339(to out: inout [UInt8]) {
+        let ms = nanoseconds >= 0 ? nanoseconds / 1_000_000 : (nanoseconds - 999_999) / 1_000_000
+        var days = ms >= 0 ? ms / 86_400_000 : (ms - 86_399_999) / 86_400_000
+        let msOfDay = ms - days * 86_400_000
+        // Civil-from-days (Howard Hinnant).
+        days += 719_468
+        let era = (days >= 0 ? days : days - 146_096) / 146_097
+        let doe = days - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
+        var y = yoe + era * 400
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        if m <= 2 { y += 1 }
+        func two(_ v: Int64) { out.append(UInt8(ascii: "0") + UInt8(v / 10)); out.append(UInt8(ascii: "0") + UInt8(v % 10)) }
+        let yy = max(0, min(9999, y))
+        out.append(UInt8(ascii: "0") + UInt8(yy / 1000)); out.append(UInt8(ascii: "0") + UInt8(yy / 100 % 10))
+        two(yy % 100)
+        out.append(UInt8(ascii: "-")); two(m); out.append(UInt8(ascii: "-")); two(d)
+        out.append(UInt8(ascii: "T"))
+        two(msOfDay / 3_600_000); out.append(UInt8(ascii: ":"))
+        two(msOfDay / 60_000 % 60); out.append(UInt8(ascii: ":"))
+        two(msOfDay / 1000 % 60); out.append(UInt8(ascii: "."))
+        let milli = msOfDay % 1000
+        out.append(UInt8(ascii: "0") + UInt8(milli / 100)); two(milli % 100)
+        out.append(UInt8(ascii: "Z"))
+    }
+
+    /// Parses RFC 3339 (`Z` or `±hh:mm` offset, optional fraction). Nil when malformed.
+    public init?(rfc3339 text: String) {
+        let b = Array(text.utf8)
+        func num(_ from: Int, _ len: Int) -> Int64? {
+            guard from + len <= b.count else { return nil }
+            var v: Int64 = 0
+            for k in from..<(from + len) {
+                guard b[k] >= 48, b[k] <= 57 else { return nil }
+                v = v * 10 + Int64(b[k] - 48)
+            }
+            return v
+        }
+        guard b.count >= 20, let y = num(0, 4), b[4] == 45, let mo = num(5, 2), b[7] == 45, let d = num(8, 2),
+              b[10] == 84 || b[10] == 116 || b[10] == 32, let h = num(11, 2), b[13] == 58, let mi = num(14, 2), b[16] == 58,
+              let s = num(17, 2), (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s < 61 else { return nil }
+        var i = 19
+        var frac: Int64 = 0
+        if i < b.count, b[i] == 46 {
+            i += 1
+            var scale: Int64 = 100_000_000
+            let start = i
+            while i < b.count, b[i] >= 48, b[i] <= 57 {
+                if scale > 0 { frac += Int64(b[i] - 48) * scale; scale /= 10 }
+                i += 1
+            }
+            if i == start { return nil }
+        }
+        var offset: Int64 = 0
+        guard i < b.count else { return nil }
+        if b[i] == 90 || b[i] == 122 {
+            i += 1
+        } else if b[i] == 43 || b[i] == 45 {
+            guard let oh = num(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = num(i + 4, 2), oh < 24, om < 60 else { return nil }
+            offset = (oh * 60 + om) * 60 * (b[i] == 43 ? 1 : -1)
+            i += 6
+        } else { return nil }
+        guard i == b.count else { return nil }
+        // Days from civil.
+        let yy = mo <= 2 ? y - 1 : y
+        let era = (yy >= 0 ? yy : yy - 399) / 400
+        let yoe = yy - era * 400
+        let mp = mo > 2 ? mo - 3 : mo + 9
+        let doy = (153 * mp + 2) / 5 + d - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        let days = era * 146_097 + doe - 719_468
+        let secs = days * 86400 + h * 3600 + mi * 60 + s - offset
+        nanoseconds = secs * 1_000_000_000 + frac
+    }
+}
+
+/// The engine's source of wall-clock time. Injected so tests control time.
+public protocol EngineClock: Sendable {
+    func now() -> Timestamp
+}
+
+/// Real time from `clock_gettime(CLOCK_REALTIME)`.
+public struct SystemClock: EngineClock {
+    public init() {}
+    public func now() -> Timestamp {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Timestamp(nanoseconds: Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec))
+    }
+}
+
+/// A clock that moves only when told to.
+public final class ManualClock: EngineClock {
+    private let current: Mutex<Int64>
+    public init(_ start: Timestamp = Timestamp(nanoseconds: 1_795_000_000_000_000_000)) { current = Mutex(start.nanoseconds) }
+    public func now() -> Timestamp { Timestamp(nanoseconds: current.withLock { $0 }) }
+    public func advance(seconds: Double) { current.withLock { $0 += Int64(seconds * 1e9) } }
+}

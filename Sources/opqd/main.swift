@@ -1,0 +1,55 @@
+import Logging
+import QueueAPI
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Block SIGINT/SIGTERM first, so every thread started later (libmicrohttpd's, Dispatch's)
+// inherits the mask and the signals reach only the sigwait below.
+var signals = sigset_t()
+sigemptyset(&signals)
+sigaddset(&signals, SIGINT)
+sigaddset(&signals, SIGTERM)
+pthread_sigmask(SIG_BLOCK, &signals, nil)
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.contains("--help") || arguments.contains("-h") {
+    print(OpqdConfiguration.help)
+    exit(0)
+}
+
+LoggingSystem.bootstrap { label in
+    var handler = StreamLogHandler.standardError(label: label)
+    handler.logLevel = .trace
+    return handler
+}
+
+let configuration: OpqdConfiguration
+do {
+    configuration = try OpqdConfiguration.parse(arguments: arguments, environment: ProcessEnvironment.all())
+} catch {
+    let message = "opqd: \(error)\n"
+    _ = message.withCString { write(2, $0, strlen($0)) }
+    exit(2)
+}
+
+var logger = Logger(label: "opqd")
+logger.logLevel = configuration.logLevel
+
+let app: OpqdApplication
+do {
+    app = try buildApplication(configuration: configuration, logger: logger)
+    try app.start()
+} catch {
+    logger.critical("opqd could not start", metadata: ["error": "\(error)"])
+    exit(1)
+}
+// Machine-readable line for scripts and tests that start opqd on port 0.
+print("opqd listening on http://\(configuration.host):\(app.port)")
+fflush(nil)
+
+var received: Int32 = 0
+sigwait(&signals, &received)
+logger.info("signal received, stopping", metadata: ["signal": "\(received == SIGTERM ? "SIGTERM" : "SIGINT")"])
+app.shutdown()
+exit(0)
