@@ -23,13 +23,17 @@ let package = Package(
         .target(name: "MicroHTTP", dependencies: ["CMicroHTTPD"]),
         // Pure Swift engine: no HTTP, no C.
         .target(name: "QueueEngine"),
+        // SQLite itself (apt: libsqlite3-dev); used only by QueueStore.
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // Durable store behind the engine's OperationStore protocol.
+        .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite"]),
         // What operations do.
         .target(name: "QueueKinds", dependencies: ["QueueEngine"]),
         // Routes, DTOs, error mapping.
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "MicroHTTP",
+                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
@@ -44,6 +48,8 @@ let package = Package(
         ),
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine"]),
+        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine"]),
+        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP"]),
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine"]),
     ]

@@ -21,6 +21,7 @@ public final class OpqdApplication: Sendable {
     let metrics: Metrics
     let idempotency: IdempotencyCache
     let webhooks: Webhooks
+    let external: ExternalKind
     let logger: Logger
     let stopping = Atomic<Bool>(false)
     private let timers = TimerBox()
@@ -28,8 +29,12 @@ public final class OpqdApplication: Sendable {
     init(configuration: OpqdConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
+        let external = ExternalKind()
+        self.external = external
+        var kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands))
+        kinds["external"] = external
         self.engine = QueueEngine(
-            kinds: standardKinds(), store: InMemoryStore(),
+            kinds: kinds, store: InMemoryStore(),
             configuration: EngineConfiguration(defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent))
         self.events = EventLog(capacity: configuration.eventCapacity)
         self.metrics = Metrics()
@@ -49,6 +54,7 @@ public final class OpqdApplication: Sendable {
             log.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
         })
         Routes(app: self).register(in: &router)
+        WorkerRoutes(app: self).register(in: &router)
         box.set(router: router, app: self)
         let (events, metrics) = (self.events, self.metrics)
         _ = engine.observeAll { batch in

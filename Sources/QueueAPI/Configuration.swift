@@ -17,6 +17,8 @@ public struct OpqdConfiguration: Sendable {
     public var retain: Double = 86_400
     public var connectionTimeout = 30
     public var connectionLimit = 4096
+    /// Executables `command` operations may run.
+    public var allowCommands: [String] = []
 
     public init() {}
 
@@ -65,13 +67,24 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--connection-limit", env: "OPQD_CONNECTION_LIMIT", help: "most concurrent connections (default 4096)") { c, v in
             c.connectionLimit = try int(v, "--connection-limit", 1...1_000_000)
         },
+        Option(flag: "--allow-command", env: "OPQD_ALLOW_COMMANDS", help: "an executable (absolute path) command operations may run; repeatable; the variable takes a colon-separated list. Default: none (kind command off)") { c, v in
+            for path in v.split(separator: ":").map(String.init) where !path.isEmpty {
+                guard path.hasPrefix("/") else { throw ConfigurationError("--allow-command needs an absolute path; got '\(path)'") }
+                if !c.allowCommands.contains(path) { c.allowCommands.append(path) }
+            }
+        },
     ]
+
+    /// Repeatable flags that add to a list instead of replacing a value.
+    static let repeatable: Set<String> = ["--allow-command"]
 
     /// Reads `OPQD_*` variables, then flags (`--flag value` or `--flag=value`).
     public static func parse(arguments: [String], environment: [String: String]) throws -> OpqdConfiguration {
         var c = OpqdConfiguration()
         c.threads = max(1, System.coreCount)
         for o in options { if let v = environment[o.env] { try o.apply(&c, v) } }
+        // A flag wins over its variable: a repeatable flag given on the command line replaces the list.
+        if arguments.contains(where: { $0 == "--allow-command" || $0.hasPrefix("--allow-command=") }) { c.allowCommands = [] }
         var i = 0
         while i < arguments.count {
             let arg = arguments[i]

@@ -129,6 +129,7 @@ extension ChangeValue {
         case let .bool(b): o.bool(b)
         case let .priority(p): o.string(p.name)
         case let .progress(p): p.write(to: &o)
+        case let .int(n): o.int(n)
         }
     }
 }

@@ -75,6 +75,7 @@ extension ChangeValue {
         case let .bool(b): return b ? "true" : "false"
         case let .priority(p): return p.name
         case .progress: return "progress"
+        case .int: return "int"
         }
     }
 }

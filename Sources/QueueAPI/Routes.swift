@@ -234,7 +234,13 @@ struct Routes {
         request.dependencies = try parseDependencies(b["dependencies"]) ?? []
         request.spec = b["spec"]
         request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
-        if let r = b["retry"] { request.options.retry = try parseRetry(r) }
+        if let r = b["retry"] {
+            request.options.retry = try parseRetry(r)
+        } else if kind == "external" {
+            // A worker that vanishes is the normal failure of external work: by default a
+            // lease that runs out is offered twice more before the operation fails.
+            request.options.retry = RetryPolicy(maxAttempts: 3, backoff: 0, multiplier: 1)
+        }
         if let nb = b["notBefore"] {
             guard case let .string(s) = nb, let t = Timestamp(rfc3339: s) else {
                 throw Problem.invalid("notBefore", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(nb.text)")

@@ -8,6 +8,10 @@ enum Effect {
     case call(@Sendable () -> Void)
     /// Re-examine an operation after `seconds` (notBefore).
     case wake(OperationID, seconds: Double)
+    /// Fail the run `token` with `timeout` if it still executes after `seconds`.
+    case timeout(OperationID, token: UInt32, seconds: Double)
+    /// Start attempt `token` again after `seconds` (retry backoff).
+    case retry(OperationID, token: UInt32, seconds: Double)
 }
 
 /// What one locked section hands to the thread that ran it.
@@ -138,7 +142,8 @@ final class EngineCore: @unchecked Sendable {
 
     func context(_ op: OpRecord, resume: Bool) -> ExecutionContext {
         ExecutionContext(operation: op.operationID, queue: op.queue.name, spec: op.spec, attempt: op.attempt,
-                         isResume: resume, executedSeconds: Double(op.executedNanos) / 1e9, token: op.runToken, engine: engine)
+                         isResume: resume, executedSeconds: Double(op.executedNanos) / 1e9, kindState: op.kindState,
+                         token: op.runToken, engine: engine)
     }
 
     // MARK: - scheduling
@@ -168,10 +173,40 @@ final class EngineCore: @unchecked Sendable {
             completeOp(op, .succeeded(.null))
         } else if let parked = op.parkedCompletion {
             op.parkedCompletion = nil
-            completeOp(op, parked)
+            runEnded(op, parked)
         } else {
-            effects.append(.start(op.kind, context(op, resume: resume)))
+            beginRun(op, resume: resume)
         }
+    }
+
+    /// Hands a run to the kind, with its timeout armed.
+    func beginRun(_ op: OpRecord, resume: Bool) {
+        effects.append(.start(op.kind, context(op, resume: resume)))
+        if let t = op.options.timeout {
+            let left = t - Double(op.executedNanos) / 1e9
+            effects.append(.timeout(op.operationID, token: op.runToken, seconds: max(0, left)))
+        }
+    }
+
+    /// A run ended. Failures are retried while `retry.maxAttempts` allows (the operation stays
+    /// executing, `attempt` counts up, each attempt is an `attempt` change); otherwise it finishes.
+    func runEnded(_ op: OpRecord, _ completion: Completion) {
+        if case .failed = completion, !op.isCancelled, let retry = op.options.retry, op.attempt < retry.maxAttempts {
+            let old = op.attempt
+            op.attempt += 1
+            op.runToken &+= 1
+            op.executedNanos = 0
+            op.runStartedAt = now.nanoseconds
+            op.revision += 1
+            if case let .failed(type, detail, _) = completion {
+                op.error = .object([("type", .string(type)), ("detail", .string(detail)), ("attempt", .number(Double(old)))])
+            }
+            emit(op, .attempt, .int(old), .int(op.attempt))
+            record(op)
+            effects.append(.retry(op.operationID, token: op.runToken, seconds: retry.delay(beforeAttempt: op.attempt)))
+            return
+        }
+        completeOp(op, completion)
     }
 
     /// The dependencies of `op` are finished or it was just created/changed: ready or pending.
@@ -194,12 +229,14 @@ final class EngineCore: @unchecked Sendable {
         op.queue.executing -= 1
         if op.isCancelled {
             op.outcome = .cancelled
+            op.result = nil
             op.error = .object([("type", .string("cancelled")), ("detail", .string("cancelled while executing"))])
         } else {
             switch completion {
             case let .succeeded(result):
                 op.outcome = .succeeded
                 op.result = result
+                op.error = nil
             case let .failed(type, detail, data):
                 op.outcome = .failed
                 var members: [(String, JSONValue)] = [("type", .string(type)), ("detail", .string(detail))]

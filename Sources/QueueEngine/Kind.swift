@@ -14,10 +14,30 @@ public protocol OperationKind: Sendable {
     func cancel(_ context: ExecutionContext)
     /// Asks the work to hold still (pause). The next `start` has `isResume` set.
     func pause(_ context: ExecutionContext)
+    /// After a restart: what to do with an operation that was executing when the process
+    /// stopped. The default starts a new attempt when `retry` allows, else fails it with
+    /// `interrupted`.
+    func recover(_ operation: OperationSnapshot) -> Recovery
+}
+
+/// What happens at start-up to an operation that was executing when the process stopped.
+public enum Recovery: Sendable, Equatable {
+    /// Continue where it was (`isResume`, with its executed time): a timer's time left.
+    case resume
+    /// Start a new attempt (`attempt + 1`).
+    case retry
+    /// Finish it `failed` with this error type.
+    case fail(String)
+    /// Leave it executing without calling the kind (it is driven from outside, e.g. leases).
+    case keep
 }
 
 extension OperationKind {
     public func validate(spec: JSONValue?) throws(EngineError) {}
+    public func recover(_ operation: OperationSnapshot) -> Recovery {
+        if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }
+        return .fail("interrupted")
+    }
 }
 
 /// One run of one operation, handed to its kind. Reports carry a run token so that a report
@@ -32,6 +52,8 @@ public struct ExecutionContext: Sendable {
     public let isResume: Bool
     /// Seconds the operation has executed before this start (paused time excluded).
     public let executedSeconds: Double
+    /// What the kind saved for this operation (survives restarts).
+    public let kindState: JSONValue?
     let token: UInt32
     let engine: QueueEngine
 
@@ -39,6 +61,15 @@ public struct ExecutionContext: Sendable {
     public func finish(_ completion: Completion) {
         engine.complete(operation, token: token, completion)
     }
+
+    /// Saves kind-private state with the operation (made durable like any change).
+    public func save(_ state: JSONValue?) {
+        engine.saveKindState(operation, token: token, state)
+    }
+
+    /// Whether this run is still the operation's current one (not cancelled, timed out,
+    /// paused or superseded by a retry).
+    public var isCurrent: Bool { engine.isCurrentRun(operation, token: token) }
 
     /// Reports progress; it becomes a `progress` change.
     public func progress(completed: Double, total: Double) {

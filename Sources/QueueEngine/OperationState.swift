@@ -65,6 +65,8 @@ extension OperationState {
 /// The observable keys (Foundation's KVO names plus `isPaused`, `queuePriority`, `progress`).
 public enum ChangeKey: String, Sendable, CaseIterable {
     case isReady, isExecuting, isFinished, isCancelled, isPaused, queuePriority, progress
+    /// A failed attempt is retried: `old` and `new` are attempt numbers.
+    case attempt
 }
 
 /// The old or new value of a change.
@@ -74,6 +76,7 @@ public enum ChangeValue: Sendable, Equatable {
     case bool(Bool)
     case priority(QueuePriority)
     case progress(OperationProgress)
+    case int(Int)
 }
 
 /// One observed change. `seq` is server-wide and only grows.

@@ -97,6 +97,10 @@ public final class QueueEngine: Sendable {
         case let .cancel(kind, ctx): kind.cancel(ctx)
         case let .pause(kind, ctx): kind.pause(ctx)
         case let .call(f): f()
+        case let .timeout(id, token, seconds):
+            after(seconds) { [self] in timeoutFired(id, token: token) }
+        case let .retry(id, token, seconds):
+            after(seconds) { [self] in retryFired(id, token: token) }
         case let .wake(id, seconds):
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, seconds) * 1e9) + 1_000_000)) { [self] in
                 try? mutate { core throws(EngineError) in
@@ -106,6 +110,10 @@ public final class QueueEngine: Sendable {
                 }
             }
         }
+    }
+
+    private func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(min(seconds, 1e9) * 1e9)), execute: body)
     }
 
     /// Hands the outbox to the store and the observers, in `seq` order, until it is empty.
@@ -516,10 +524,44 @@ public final class QueueEngine: Sendable {
         try? mutate { core throws(EngineError) in
             guard let op = core.ops[id.raw], op.runToken == token else { return }
             switch op.state {
-            case .executing: core.completeOp(op, completion)
+            case .executing: core.runEnded(op, completion)
             case .paused where op.hasStarted: op.parkedCompletion = completion
             default: return
             }
+        }
+    }
+
+    private func timeoutFired(_ id: OperationID, token: UInt32) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing else { return }
+            // Stop the work; its own report will carry a stale token and be ignored.
+            core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+            op.runToken &+= 1
+            let limit = op.options.timeout ?? 0
+            core.runEnded(op, .failed(type: "timeout", detail: "attempt \(op.attempt) ran longer than its timeout of \(limit) s"))
+        }
+    }
+
+    private func retryFired(_ id: OperationID, token: UInt32) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing else { return }
+            op.runStartedAt = core.now.nanoseconds
+            core.beginRun(op, resume: false)
+        }
+    }
+
+    func saveKindState(_ id: OperationID, token: UInt32, _ state: JSONValue?) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
+            op.kindState = state
+            core.record(op)
+        }
+    }
+
+    func isCurrentRun(_ id: OperationID, token: UInt32) -> Bool {
+        state.withLock { core in
+            guard let op = core.ops[id.raw] else { return false }
+            return op.runToken == token && op.state == .executing
         }
     }
 

@@ -36,6 +36,7 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var runStartedAt: Int64 = 0
     /// Waiting for `notBefore`.
     var waitingForTime = false
+    var kindState: JSONValue?
 
     init(id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool) {
         self.id = id
@@ -60,7 +61,7 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
             id: operationID, queue: queue.name, name: name, kind: kindName, spec: spec, state: state, outcome: outcome,
             isCancelled: isCancelled, queuePriority: priority, dependencies: dependencyIDs, progress: progress,
             attempt: attempt, result: result, error: error, createdAt: createdAt, startedAt: startedAt,
-            finishedAt: finishedAt, revision: revision, options: options)
+            finishedAt: finishedAt, revision: revision, options: options, executedSeconds: Double(executedNanos) / 1e9, kindState: kindState)
     }
 
     /// Bit set of the boolean keys, in the order they are reported.

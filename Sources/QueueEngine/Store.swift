@@ -36,6 +36,10 @@ public struct OperationSnapshot: Sendable, Equatable {
     public var finishedAt: Timestamp?
     public var revision: UInt64
     public var options: OperationOptions
+    /// Seconds executed by the current attempt before its last pause (paused time excluded).
+    public var executedSeconds: Double = 0
+    /// What the kind saved for itself (`ExecutionContext.save`), e.g. an external lease.
+    public var kindState: JSONValue? = nil
 
     public var isReady: Bool { state == .ready }
     public var isExecuting: Bool { state == .executing }
@@ -73,4 +77,16 @@ public final class InMemoryStore: OperationStore {
         appended.store(ticket, ordering: .relaxed)
     }
     public func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) { done() }
+}
+
+/// What a store read back at start: the engine is rebuilt from it by `QueueEngine.restore`.
+public struct RecoveredState: Sendable {
+    public var queues: [QueueSnapshot]
+    /// Every kept operation, any order.
+    public var operations: [OperationSnapshot]
+    /// The newest event's seq; the next change gets `lastSeq + 1`.
+    public var lastSeq: UInt64
+    public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0) {
+        self.queues = queues; self.operations = operations; self.lastSeq = lastSeq
+    }
 }

@@ -1,0 +1,165 @@
+import Dispatch
+import MicroHTTP
+import QueueEngine
+import QueueKinds
+
+/// Routes for workers of `external` operations: claim (long poll), heartbeat, progress, finish,
+/// and the list of live workers.
+struct WorkerRoutes {
+    let app: OpqdApplication
+    var engine: QueueEngine { app.engine }
+    var external: ExternalKind { app.external }
+
+    func register(in r: inout Router) {
+        r.add("POST", "/v1/queues/{name}/claim") { req, p in try claim(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/heartbeat") { req, p in try heartbeat(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/progress") { req, p in try progress(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/finish") { req, p in try finish(req, p[0]) }
+        r.add("GET", "/v1/workers") { req, _ in try workers(req) }
+    }
+
+    func leaseJSON(_ lease: ExternalKind.Lease, to o: inout JSONOut) {
+        o.open()
+        o.key("token"); o.string(lease.token)
+        o.key("expiresAt"); o.time(lease.expiresAt)
+        o.key("worker"); o.string(lease.worker)
+        o.close()
+    }
+
+    /// `{"operation": status, "lease": {...}}` plus, for heartbeats, the two flags a worker acts on.
+    func leaseAnswer(_ lease: ExternalKind.Lease, flags: Bool) -> HTTPResponse {
+        let op = try? engine.operation(lease.operation)
+        var o = JSONOut()
+        o.open()
+        o.key("operation")
+        if let op { op.write(to: &o) } else { o.null() }
+        o.key("lease"); leaseJSON(lease, to: &o)
+        if flags {
+            o.key("isCancelled"); o.bool(op?.isCancelled ?? false)
+            o.key("isPaused"); o.bool(op?.isPaused ?? false)
+        }
+        o.close()
+        return json(200, o.bytes)
+    }
+
+    func claim(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["wait"])
+        let wait = try q.seconds("wait", max: 300) ?? 0
+        let b = try Body(req, allowed: ["worker"], emptyIsObject: true)
+        let worker = try b.string("worker", maxLength: 128) ?? "worker-\(req.header("x-forwarded-for") ?? "anonymous")"
+        _ = try engine.queue(named: queue)
+        let external = self.external
+        let (lease, _) = external.claim(queue: queue, worker: worker, wait: nil)
+        if let lease { return .response(leaseAnswer(lease, flags: false)) }
+        if wait == 0 { return .response(HTTPResponse(status: 204)) }
+        let answer = self.leaseAnswer
+        return .deferred { responder in
+            let (lease, waiter) = external.claim(queue: queue, worker: worker) { lease in
+                responder.respond(answer(lease, false))
+            }
+            if let lease { responder.respond(answer(lease, false)); return }
+            guard let waiter else { return }
+            DispatchQueue.global().asyncAfter(deadline: .now() + wait) {
+                if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
+            }
+        }
+    }
+
+    func token(_ b: Body) throws(Problem) -> String {
+        guard let t = try b.string("leaseToken", maxLength: 128) else { throw Problem.invalid("leaseToken", "is required: the token from the claim") }
+        return t
+    }
+
+    func operationID(_ s: String) throws(Problem) -> OperationID {
+        guard let id = OperationID(s) else { throw Problem.notFound("no operation with id '\(s)'") }
+        return id
+    }
+
+    func leaseProblem(_ e: ExternalKind.LeaseError) -> Problem {
+        switch e {
+        case .unknownOperation: return Problem.notFound("no such operation")
+        case let .notLeased(detail): return Problem(409, "lease-conflict", "Lease conflict", detail)
+        }
+    }
+
+    func heartbeat(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        let b = try Body(req, allowed: ["leaseToken"])
+        let t = try token(b)
+        _ = try engine.revision(of: id)
+        do {
+            let lease = try external.heartbeat(id, token: t)
+            return .response(leaseAnswer(lease, flags: true))
+        } catch { throw leaseProblem(error) }
+    }
+
+    func progress(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        let b = try Body(req, allowed: ["leaseToken", "completed", "total"])
+        let t = try token(b)
+        guard let completed = try b.number("completed", in: 0...1e15, what: "a number from 0") else {
+            throw Problem.invalid("completed", "is required: a number from 0")
+        }
+        let total = try b.number("total", in: 0...1e15, what: "a number from 0") ?? 0
+        if total > 0 && completed > total { throw Problem.invalid("completed", "must not exceed total (\(total)); got \(completed)") }
+        _ = try engine.revision(of: id)
+        let lease: ExternalKind.Lease
+        do { lease = try external.lease(id, token: t) } catch { throw leaseProblem(error) }
+        lease.context.progress(completed: completed, total: total)
+        return ack(json(200, try engine.operation(id).json))
+    }
+
+    func finish(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let id = try operationID(idText)
+        let b = try Body(req, allowed: ["leaseToken", "result", "error"])
+        let t = try token(b)
+        let completion: Completion
+        switch (b["result"], b["error"]) {
+        case (.some, .some): throw Problem.invalid("error", "give either result or error, not both")
+        case let (.some(result), nil): completion = .succeeded(result)
+        case let (nil, .some(error)):
+            if case let .string(type)? = error["type"] {
+                let detail: String
+                if case let .string(d)? = error["detail"] { detail = d } else { detail = "" }
+                completion = .failed(type: type, detail: detail, data: error["data"])
+            } else {
+                completion = .failed(type: "worker-error", detail: "the worker reported an error", data: error)
+            }
+        case (nil, nil): completion = .succeeded(.null)
+        }
+        let op = try engine.operation(id)
+        if op.isFinished { throw Problem(409, "already-finished", "Already finished", "operation \(id) has already finished (\(op.outcome?.rawValue ?? "?"))") }
+        do {
+            try external.finish(id, token: t, completion)
+        } catch { throw leaseProblem(error) }
+        return ack(json(200, try engine.operation(id).json))
+    }
+
+    func ack(_ r: HTTPResponse) -> HTTPHandlerResult { Routes(app: app).ack(r) }
+
+    func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        var byWorker: [String: [ExternalKind.Lease]] = [:]
+        for l in external.leases { byWorker[l.worker, default: []].append(l) }
+        var o = JSONOut()
+        o.open(); o.key("workers"); o.openArray()
+        for (worker, leases) in byWorker.sorted(by: { $0.key < $1.key }) {
+            o.open()
+            o.key("worker"); o.string(worker)
+            o.key("since"); o.time(leases.map(\.since).min()!)
+            o.key("leases"); o.openArray()
+            for l in leases.sorted(by: { $0.since < $1.since }) {
+                o.open()
+                o.key("operation"); o.string(l.operation.description)
+                o.key("queue"); o.string(l.queue)
+                o.key("since"); o.time(l.since)
+                o.key("expiresAt"); o.time(l.expiresAt)
+                o.close()
+            }
+            o.closeArray()
+            o.close()
+        }
+        o.closeArray(); o.close()
+        return .response(json(200, o.bytes))
+    }
+}

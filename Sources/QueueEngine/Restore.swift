@@ -1,0 +1,90 @@
+extension QueueEngine {
+    /// Rebuilds queues and operations read back from a store, before serving. Every queue and
+    /// operation comes back in the state it was acknowledged in; operations that were
+    /// executing are handed to their kind's `recover` (resume, retry, fail or keep). The
+    /// event sequence continues after `lastSeq`.
+    public func restore(_ recovered: RecoveredState) {
+        try? mutate { core throws(EngineError) in
+            core.nextSeq = max(core.nextSeq, recovered.lastSeq + 1)
+            for qs in recovered.queues {
+                let q = QueueRecord(name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt)
+                q.revision = qs.revision + 1
+                core.queues[qs.name] = q
+            }
+            var restored: [OpRecord] = []
+            for s in recovered.operations.sorted(by: { $0.id < $1.id }) {
+                guard let q = core.queues[s.queue] else { continue }
+                let kind = core.kinds[s.kind] ?? ImmediateKind()
+                let req = OperationRequest(kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
+                                           spec: s.spec, options: s.options)
+                let op = OpRecord(id: s.id.raw, queue: q, request: req, kind: kind, createdAt: s.createdAt, isBarrier: s.kind == "barrier")
+                op.state = s.state
+                op.outcome = s.outcome
+                op.isCancelled = s.isCancelled
+                op.progress = s.progress
+                op.attempt = s.attempt
+                op.result = s.result
+                op.error = s.error
+                op.startedAt = s.startedAt
+                op.finishedAt = s.finishedAt
+                op.revision = s.revision + 1
+                op.executedNanos = Int64(s.executedSeconds * 1e9)
+                op.kindState = s.kindState
+                op.runToken = 1
+                if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
+                core.ops[op.id] = op
+                core.nextID = max(core.nextID, op.id + 1)
+                q.ops.append(op)
+                q.counts[op.state.index] += 1
+                if op.state != .finished {
+                    q.unfinished += 1
+                    core.unfinishedTotal += 1
+                    if op.isBarrier { q.barrier = op }
+                }
+                restored.append(op)
+            }
+            // Edges: every unfinished operation waits for its unfinished dependencies.
+            for op in restored where op.state != .finished {
+                for d in op.dependencyIDs {
+                    if let dep = core.ops[d.raw], dep.state != .finished {
+                        dep.dependents.append(op)
+                        op.unfinishedDependencies += 1
+                    }
+                }
+            }
+            for op in restored {
+                switch op.state {
+                case .ready:
+                    if op.unfinishedDependencies > 0 { core.move(op, to: .pending) } else { op.queue.push(op); core.dirty.append(op.queue) }
+                case .pending:
+                    core.makeReadyIfPossible(op)
+                case .executing:
+                    op.queue.executing += 1
+                    op.runStartedAt = core.now.nanoseconds
+                    if op.isCancelled {
+                        core.completeOp(op, .failed(type: "cancelled", detail: "cancelled before a restart"))
+                        continue
+                    }
+                    switch op.kind.recover(op.snapshot()) {
+                    case .resume:
+                        core.beginRun(op, resume: true)
+                    case .retry:
+                        let old = op.attempt
+                        op.attempt += 1
+                        op.runToken &+= 1
+                        op.executedNanos = 0
+                        core.emit(op, .attempt, .int(old), .int(op.attempt))
+                        core.beginRun(op, resume: false)
+                    case let .fail(type):
+                        core.completeOp(op, .failed(type: type, detail: "the server stopped while attempt \(op.attempt) was executing"))
+                    case .keep:
+                        core.beginRun(op, resume: true)
+                    }
+                    core.record(op)
+                case .paused, .finished:
+                    break
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+import Dispatch
+import QueueEngine
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `external` `{"lease": S}`: work done by a worker outside the server, in any language.
+///
+/// When the engine starts such an operation it becomes claimable in its queue. A worker
+/// claims it (long poll), gets a lease token, heartbeats to extend the lease, reports
+/// progress and finishes it. A lease that runs out fails the attempt with `lease-expired`;
+/// the engine's retry policy then puts it up for claiming again with `attempt + 1`.
+public final class ExternalKind: OperationKind {
+    /// A worker's hold on one operation.
+    public struct Lease: Sendable {
+        public let token: String
+        public var expiresAt: Timestamp
+        public let worker: String
+        public let since: Timestamp
+        public let queue: String
+        public let operation: OperationID
+        let seconds: Double
+        /// The run this lease belongs to.
+        public let context: ExecutionContext
+    }
+
+    /// What a claim got.
+    public enum ClaimResult: Sendable {
+        case claimed(Lease)
+        case none
+    }
+
+    /// Why a lease call was refused.
+    public enum LeaseError: Error, Sendable {
+        case unknownOperation
+        case notLeased(String)
+    }
+
+    struct Waiter: Sendable {
+        let id: UInt64
+        let worker: String
+        let deliver: @Sendable (Lease) -> Void
+    }
+
+    struct State: Sendable {
+        /// Started, unclaimed operations per queue, in the order they started.
+        var claimable: [String: [ExecutionContext]] = [:]
+        var leases: [OperationID: Lease] = [:]
+        var waiters: [String: [Waiter]] = [:]
+        var nextWaiter: UInt64 = 1
+    }
+
+    public static let defaultLease = 30.0
+    private let state = Mutex(State())
+    private let clock: any EngineClock
+
+    public init(clock: any EngineClock = SystemClock()) { self.clock = clock }
+
+    public func validate(spec: JSONValue?) throws(EngineError) {
+        guard let spec else { return }
+        guard case let .object(members) = spec else {
+            throw .invalidArgument(field: "spec", detail: "must be an object {\"lease\": seconds}; got \(spec.typeName)")
+        }
+        for (k, v) in members {
+            guard k == "lease" else { throw .invalidArgument(field: "spec.\(k)", detail: "unknown field; kind external allows only lease") }
+            guard case let .number(n) = v, n >= 1, n <= 86400 else {
+                throw .invalidArgument(field: "spec.lease", detail: "must be a number of seconds from 1 to 86400; got \(v.text)")
+            }
+        }
+    }
+
+    static func leaseSeconds(_ spec: JSONValue?) -> Double {
+        if case let .number(n)? = spec?["lease"] { return n }
+        return defaultLease
+    }
+
+    // MARK: - driven by the engine
+
+    public func start(_ context: ExecutionContext) {
+        if context.isResume, let saved = Self.savedLease(context), let adopted = adopt(saved, context) {
+            arm(adopted)
+            return
+        }
+        if context.isResume, state.withLock({ $0.leases[context.operation] != nil }) {
+            return  // resumed after a pause: the worker still holds it
+        }
+        offer(context)
+    }
+
+    public func cancel(_ context: ExecutionContext) {
+        remove(context.operation)
+        context.finish(.failed(type: "cancelled", detail: "cancelled"))
+    }
+
+    /// The worker sees `isPaused` on its next heartbeat; the lease stays.
+    public func pause(_ context: ExecutionContext) {
+        state.withLock { s in s.claimable[context.queue]?.removeAll { $0.operation == context.operation } }
+    }
+
+    /// After a restart the lease is kept until it expires.
+    public func recover(_ operation: OperationSnapshot) -> Recovery { .keep }
+
+    // MARK: - driven by workers
+
+    /// Hands one started, unclaimed operation of `queue` to `worker`, or registers `deliver`
+    /// to be called when one comes. Returns nil and a waiter id when nothing is claimable now.
+    public func claim(queue: String, worker: String, wait deliver: (@Sendable (Lease) -> Void)?) -> (Lease?, UInt64?) {
+        let now = clock.now()
+        let (lease, waiterID): (Lease?, UInt64?) = state.withLock { s in
+            while var list = s.claimable[queue], !list.isEmpty {
+                let ctx = list.removeFirst()
+                s.claimable[queue] = list.isEmpty ? nil : list
+                let lease = Self.newLease(ctx, worker: worker, now: now)
+                s.leases[ctx.operation] = lease
+                return (lease, nil)
+            }
+            guard let deliver else { return (nil, nil) }
+            let id = s.nextWaiter
+            s.nextWaiter += 1
+            s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, deliver: deliver))
+            return (nil, id)
+        }
+        if let lease { arm(lease) }
+        return (lease, waiterID)
+    }
+
+    /// Forgets a claim long poll (it timed out). False when it was already handed an operation.
+    public func cancelClaim(queue: String, waiter: UInt64) -> Bool {
+        state.withLock { s in
+            guard let i = s.waiters[queue]?.firstIndex(where: { $0.id == waiter }) else { return false }
+            s.waiters[queue]?.remove(at: i)
+            return true
+        }
+    }
+
+    /// Extends the lease. Refused for a stale or foreign token.
+    public func heartbeat(_ id: OperationID, token: String) throws(LeaseError) -> Lease {
+        let now = clock.now()
+        let lease: Lease = try state.withLock { s throws(LeaseError) in
+            guard var l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
+            guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            l.expiresAt = now.adding(seconds: l.seconds)
+            s.leases[id] = l
+            return l
+        }
+        save(lease)
+        arm(lease)
+        return lease
+    }
+
+    /// Checks the token and returns the lease without changing it.
+    public func lease(_ id: OperationID, token: String) throws(LeaseError) -> Lease {
+        try state.withLock { s throws(LeaseError) in
+            guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
+            guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            return l
+        }
+    }
+
+    /// Ends the work with the worker's answer.
+    public func finish(_ id: OperationID, token: String, _ completion: Completion) throws(LeaseError) {
+        let lease: Lease = try state.withLock { s throws(LeaseError) in
+            guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
+            guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            s.leases[id] = nil
+            return l
+        }
+        lease.context.finish(completion)
+    }
+
+    /// Every live lease, for `GET /v1/workers`.
+    public var leases: [Lease] { state.withLock { Array($0.leases.values) } }
+
+    // MARK: - internals
+
+    private func offer(_ context: ExecutionContext) {
+        let now = clock.now()
+        let handed: (Lease, Waiter)? = state.withLock { s in
+            s.leases[context.operation] = nil
+            if var ws = s.waiters[context.queue], !ws.isEmpty {
+                let w = ws.removeFirst()
+                s.waiters[context.queue] = ws.isEmpty ? nil : ws
+                let lease = Self.newLease(context, worker: w.worker, now: now)
+                s.leases[context.operation] = lease
+                return (lease, w)
+            }
+            s.claimable[context.queue, default: []].append(context)
+            return nil
+        }
+        if let (lease, w) = handed {
+            arm(lease)
+            w.deliver(lease)
+        }
+    }
+
+    private func remove(_ id: OperationID) {
+        state.withLock { s in
+            if let l = s.leases.removeValue(forKey: id) {
+                s.claimable[l.queue]?.removeAll { $0.operation == id }
+            }
+            for (q, list) in s.claimable where list.contains(where: { $0.operation == id }) {
+                s.claimable[q] = list.filter { $0.operation != id }
+            }
+        }
+    }
+
+    static func newLease(_ ctx: ExecutionContext, worker: String, now: Timestamp) -> Lease {
+        let seconds = leaseSeconds(ctx.spec)
+        return Lease(token: randomToken(), expiresAt: now.adding(seconds: seconds), worker: worker, since: now,
+                     queue: ctx.queue, operation: ctx.operation, seconds: seconds, context: ctx)
+    }
+
+    /// Saves the lease with the operation and arms its expiry.
+    private func arm(_ lease: Lease) {
+        save(lease)
+        let delay = max(0, Double(lease.expiresAt.nanoseconds - clock.now().nanoseconds) / 1e9) + 0.005
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(delay * 1e9))) { [self] in expire(lease.operation, token: lease.token) }
+    }
+
+    private func save(_ lease: Lease) {
+        lease.context.save(.object([
+            ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
+            ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
+        ]))
+    }
+
+    private func expire(_ id: OperationID, token: String) {
+        let now = clock.now()
+        let expired: Lease? = state.withLock { s in
+            guard let l = s.leases[id], l.token == token, l.expiresAt <= now else { return nil }
+            s.leases[id] = nil
+            return l
+        }
+        guard let expired else { return }
+        expired.context.finish(.failed(type: "lease-expired", detail: "worker \(expired.worker) did not heartbeat or finish within the \(expired.seconds) s lease"))
+    }
+
+    static func savedLease(_ ctx: ExecutionContext) -> (token: String, expiresAt: Timestamp, worker: String, since: Timestamp)? {
+        guard case let .string(token)? = ctx.kindState?["token"], case let .number(exp)? = ctx.kindState?["expiresAt"],
+              case let .string(worker)? = ctx.kindState?["worker"], case let .number(since)? = ctx.kindState?["since"] else { return nil }
+        return (token, Timestamp(nanoseconds: Int64(exp)), worker, Timestamp(nanoseconds: Int64(since)))
+    }
+
+    /// After a restart: takes back a saved lease that has not expired yet.
+    private func adopt(_ saved: (token: String, expiresAt: Timestamp, worker: String, since: Timestamp), _ ctx: ExecutionContext) -> Lease? {
+        guard saved.expiresAt > clock.now() else { return nil }
+        let lease = Lease(token: saved.token, expiresAt: saved.expiresAt, worker: saved.worker, since: saved.since,
+                          queue: ctx.queue, operation: ctx.operation, seconds: Self.leaseSeconds(ctx.spec), context: ctx)
+        state.withLock { $0.leases[ctx.operation] = lease }
+        return lease
+    }
+
+    static func randomToken() -> String {
+        var g = SystemRandomNumberGenerator()
+        let hex = Array("0123456789abcdef".utf8)
+        var out = [UInt8](repeating: 0, count: 32)
+        for i in stride(from: 0, to: 32, by: 16) {
+            var v = g.next()
+            for j in 0..<16 { out[i + j] = hex[Int(v & 15)]; v >>= 4 }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}

@@ -1,0 +1,5 @@
+-- wrk: POST creating a delay operation in a suspended queue (nothing runs, so the
+-- measure is the create path: parse, validate, engine add, encode).
+wrk.method = "POST"
+wrk.body = '{"kind":"delay","spec":{"seconds":1},"queuePriority":"high"}'
+wrk.headers["Content-Type"] = "application/json"
