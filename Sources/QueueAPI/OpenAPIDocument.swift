@@ -38,11 +38,9 @@ info:
       token is not implemented: no token option exists yet).
     * While the server starts or stops, any route may answer 503 (problem+json).
 
-    Not implemented yet, and therefore not described here: the worker routes of
-    API.md for kind `external` (`POST /v1/queues/{name}/claim`,
-    `POST /v1/operations/{id}/heartbeat`, `POST /v1/operations/{id}/progress`,
-    `POST /v1/operations/{id}/finish`), and the kinds `http`, `command` and `external`
-    themselves, which are part of the contract but refused with 422 at creation.
+    Not described here yet: the worker routes of API.md for kind `external`
+    (`POST /v1/queues/{name}/claim`, `POST /v1/operations/{id}/heartbeat`,
+    `POST /v1/operations/{id}/progress`, `POST /v1/operations/{id}/finish`).
   license:
     name: Proprietary
     identifier: LicenseRef-Proprietary
@@ -126,7 +124,13 @@ paths:
           content:
             application/yaml:
               schema:
-                type: string
+                type: object
+                description: An OpenAPI 3.1 document (this one).
+                required: [openapi, info, paths]
+                properties:
+                  openapi:
+                    type: string
+                    pattern: '^3\.1\.[0-9]+$'
 
   /v1/queues:
     post:
@@ -155,6 +159,47 @@ paths:
             application/json:
               schema:
                 $ref: '#/components/schemas/Queue'
+          links:
+            GetQueue:
+              operationId: getQueue
+              parameters:
+                name: '$response.body#/name'
+            UpdateQueue:
+              operationId: updateQueue
+              parameters:
+                name: '$response.body#/name'
+            DeleteQueue:
+              operationId: deleteQueue
+              parameters:
+                name: '$response.body#/name'
+            SuspendQueue:
+              operationId: suspendQueue
+              parameters:
+                name: '$response.body#/name'
+            ResumeQueue:
+              operationId: resumeQueue
+              parameters:
+                name: '$response.body#/name'
+            CancelAll:
+              operationId: cancelAllOperations
+              parameters:
+                name: '$response.body#/name'
+            Wait:
+              operationId: waitUntilAllOperationsAreFinished
+              parameters:
+                name: '$response.body#/name'
+            AddBarrier:
+              operationId: addBarrierBlock
+              parameters:
+                name: '$response.body#/name'
+            AddOperation:
+              operationId: addOperation
+              parameters:
+                name: '$response.body#/name'
+            ListOperations:
+              operationId: listOperations
+              parameters:
+                name: '$response.body#/name'
         '400':
           $ref: '#/components/responses/BadRequest'
         '409':
@@ -414,8 +459,8 @@ paths:
       description: |
         Only `kind` (and `spec` where the kind needs one) is required. Dependencies may
         name operations of other queues. A dependency id that is not an operation id, or
-        names no operation, is 404. Kinds `http`, `command` and `external` are part of
-        the contract but not available in this build: they are refused with 422.
+        names no operation, is 404. Kind `command` is refused with 422 unless the server
+        allows its executable (none by default).
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -873,6 +918,35 @@ components:
         application/json:
           schema:
             $ref: '#/components/schemas/Operation'
+      links:
+        GetOperation:
+          operationId: getOperation
+          parameters:
+            id: '$response.body#/id'
+        UpdateOperation:
+          operationId: updateOperation
+          parameters:
+            id: '$response.body#/id'
+        Cancel:
+          operationId: cancelOperation
+          parameters:
+            id: '$response.body#/id'
+        Pause:
+          operationId: pauseOperation
+          parameters:
+            id: '$response.body#/id'
+        Resume:
+          operationId: resumeOperation
+          parameters:
+            id: '$response.body#/id'
+        Events:
+          operationId: operationEvents
+          parameters:
+            id: '$response.body#/id'
+        AddObserver:
+          operationId: addObserver
+          parameters:
+            id: '$response.body#/id'
     OperationAfterAction:
       description: The operation's status after the action.
       headers:
@@ -1012,7 +1086,10 @@ components:
 
     ChangeKey:
       type: string
-      enum: [isReady, isExecuting, isFinished, isCancelled, isPaused, queuePriority, progress]
+      enum: [isReady, isExecuting, isFinished, isCancelled, isPaused, queuePriority, progress, attempt]
+      description: |
+        Foundation's KVO keys, plus `isPaused`, `queuePriority`, `progress`, and `attempt`
+        (a failed attempt is retried; `old` and `new` are attempt numbers).
 
     QueueCreate:
       type: object
@@ -1142,9 +1219,10 @@ components:
           type: string
           enum: [delay, http, command, external]
           description: |
-            What the operation does. Only `delay` is available in this build; `http`,
-            `command` and `external` are refused with 422 ("not available on this server
-            yet").
+            What the operation does; `spec` is checked by the kind (see `DelaySpec`,
+            `HTTPSpec`, `CommandSpec`, `ExternalSpec`). `command` is off unless the server
+            allows the executable (`--allow-command`); by default every `command` operation
+            is refused with 422.
         name:
           type: string
           maxLength: 256
@@ -1160,28 +1238,163 @@ components:
             $ref: '#/components/schemas/OperationId'
           description: Operations (of any queue) that must finish before this one starts.
         spec:
-          description: |
-            Kind-specific. `delay` requires `{"seconds": number}` (see `DelaySpec`);
-            for the kinds not available yet it is not examined.
+          description: Kind-specific; required by `delay`, `http` and `command`, optional for `external`.
         timeout:
           type: number
           minimum: 0.001
           maximum: 31536000
           description: Seconds an attempt may execute before it fails with `timeout`.
         retry:
-          $ref: '#/components/schemas/RetryPolicy'
+          allOf:
+            - $ref: '#/components/schemas/RetryPolicy'
+          description: |
+            Attempts and backoff for failed attempts. Without it, an operation has one attempt,
+            except `external`, which defaults to `{"maxAttempts": 3, "backoff": 0, "multiplier": 1}`.
         notBefore:
           $ref: '#/components/schemas/Timestamp'
+      allOf:
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: delay
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/DelaySpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: http
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/HTTPSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: command
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/CommandSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: external
+          then:
+            properties:
+              spec:
+                $ref: '#/components/schemas/ExternalSpec'
+
+    HTTPSpec:
+      type: object
+      additionalProperties: false
+      required: [method, url]
+      description: |
+        Kind `http`: one HTTP request. The result has the status, headers and body
+        (size-capped); a status outside `expectStatus` fails the operation.
+      properties:
+        method:
+          type: string
+          enum: [GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]
+        url:
+          type: string
+          format: uri
+          pattern: '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@]+'
+          description: An absolute `http://` or `https://` URL with a host.
+        headers:
+          type: object
+          description: Header fields to send; names are HTTP tokens, values have no CR, LF or NUL.
+          propertyNames:
+            pattern: '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$'
+          additionalProperties:
+            type: string
+            pattern: '^[^\r\n\x00]*$'
+        body:
+          description: |
+            Sent as is when a string, else as JSON (with `Content-Type: application/json`
+            unless `headers` has one). Not allowed with `GET` or `HEAD` (422).
+        expectStatus:
+          type: array
+          minItems: 1
+          description: Statuses that count as success (default `["2xx"]`).
+          items:
+            oneOf:
+              - type: integer
+                minimum: 100
+                maximum: 599
+              - type: string
+                pattern: '^[1-5]xx$'
+        timeout:
+          type: number
+          minimum: 0.1
+          maximum: 3600
+          default: 30
+          description: Seconds for the whole exchange.
       if:
+        required: [method]
         properties:
-          kind:
-            const: delay
-        required: [kind]
+          method:
+            enum: [GET, HEAD]
       then:
-        required: [spec]
-        properties:
-          spec:
-            $ref: '#/components/schemas/DelaySpec'
+        not:
+          required: [body]
+
+    CommandSpec:
+      type: object
+      additionalProperties: false
+      required: [argv]
+      description: |
+        Kind `command`: runs an executable without a shell. Refused with 422 unless
+        `argv[0]` is exactly one of the executables the server allows (`--allow-command`;
+        none by default), or when `cwd` is not an existing directory. The result has the
+        exit code and the tails of stdout and stderr.
+      properties:
+        argv:
+          type: array
+          minItems: 1
+          prefixItems:
+            - type: string
+              pattern: '^/'
+              description: Absolute path of the executable (no PATH lookup).
+          items:
+            type: string
+            pattern: '^[^\x00]*$'
+        env:
+          type: object
+          description: Environment variables (`PATH` defaults to a standard one).
+          propertyNames:
+            pattern: '^[^=\x00]+$'
+          additionalProperties:
+            type: string
+            pattern: '^[^\x00]*$'
+        cwd:
+          type: string
+          pattern: '^/[^\x00]*$'
+          description: Absolute path of an existing directory.
+        timeout:
+          type: number
+          minimum: 0.1
+          maximum: 3600
+          description: Seconds the process may run.
+
+    ExternalSpec:
+      type: object
+      additionalProperties: false
+      description: Kind `external`, done by a worker outside the server.
+      properties:
+        lease:
+          type: number
+          minimum: 1
+          maximum: 86400
+          description: Seconds a worker's lease lasts before it must heartbeat.
 
     OperationUpdate:
       type: object
@@ -1320,10 +1533,12 @@ components:
             - type: 'null'
 
     ChangeValue:
-      description: '`null` (as `old` of a creation), a boolean, a priority name, or a progress.'
+      description: '`null` (as `old` of a creation), a boolean, a priority name, a progress, or an attempt number.'
       oneOf:
         - type: 'null'
         - type: boolean
+        - type: integer
+          minimum: 0
         - $ref: '#/components/schemas/QueuePriority'
         - $ref: '#/components/schemas/Progress'
 

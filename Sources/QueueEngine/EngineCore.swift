@@ -35,7 +35,7 @@ final class EngineCore: @unchecked Sendable {
     unowned(unsafe) var engine: QueueEngine!
 
     var queues: [String: QueueRecord] = [:]
-    var ops: [UInt64: OpRecord] = [:]
+    var ops = OpTable()
     var nextID: UInt64 = 1
     var nextSeq: UInt64 = 1
     var ticket: UInt64 = 0
@@ -152,7 +152,7 @@ final class EngineCore: @unchecked Sendable {
     /// looked at (a heap per queue); operations blocked on dependencies are never scanned.
     func schedule(_ q: QueueRecord) {
         if q.deleted { return }
-        while !q.isSuspended && q.executing < limit(q), let op = q.popReady() {
+        while !q.isSuspended && q.executing < limit(q), let op = q.popReady(ops) {
             startOp(op)
         }
     }
@@ -256,6 +256,7 @@ final class EngineCore: @unchecked Sendable {
         let q = op.queue
         q.unfinished -= 1
         unfinishedTotal -= 1
+        if q.deleted { ops[op.id] = nil }
         if q.barrier === op { q.barrier = nil }
         record(op)
         let dependents = op.dependents

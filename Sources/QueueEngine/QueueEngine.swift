@@ -29,6 +29,8 @@ public final class QueueEngine: Sendable {
     /// The store that makes changes durable.
     public let store: any OperationStore
     public let configuration: EngineConfiguration
+    /// Immutable after init, so looked up without the lock.
+    let kinds: [String: any OperationKind]
     private let ticketCounter = Atomic<UInt64>(0)
 
     /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
@@ -38,6 +40,7 @@ public final class QueueEngine: Sendable {
         all["barrier"] = ImmediateKind()
         let core = EngineCore(clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
                               maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
+        self.kinds = all
         self.state = Mutex(core)
         self.observers = ObserverHub()
         self.store = store
@@ -233,6 +236,8 @@ public final class QueueEngine: Sendable {
             if q.unfinished > 0 && !force { throw .queueNotIdle(name, unfinished: q.unfinished) }
             for op in q.ops where op.state != .finished { core.cancelOp(op) }
             q.deleted = true
+            // Its operations go with it; executing ones leave the table when they finish.
+            for op in q.ops where op.state == .finished { core.ops[op.id] = nil }
             core.queues[name] = nil
             core.ticket &+= 1
             if core.wantsRecords { core.outRecords.append(.queueDeleted(name)) }
@@ -288,24 +293,24 @@ public final class QueueEngine: Sendable {
     /// Adds an operation (Foundation's `addOperation`).
     @discardableResult
     public func addOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, request, barrier: false).snapshot
+        try add(to: queueName, request, barrier: false) { $0.snapshot() }
     }
 
     /// Adds an operation and returns only its id: the cheap form for bulk callers.
     @discardableResult
     public func addOperationID(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationID {
-        try add(to: queueName, request, barrier: false).id
+        try add(to: queueName, request, barrier: false) { $0.operationID }
     }
 
     /// `addBarrierBlock`: starts after every operation added before it has finished, and every
     /// operation added after it waits for it.
     @discardableResult
     public func addBarrier(to queueName: String, name: String? = nil) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true).snapshot
+        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { $0.snapshot() }
     }
 
-    private func add(to queueName: String, _ request: OperationRequest, barrier: Bool) throws(EngineError) -> (id: OperationID, snapshot: OperationSnapshot) {
-        guard let kind = state.withLock({ $0.kinds[request.kind] }) else { throw .unknownKind(request.kind) }
+    private func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
+        guard let kind = kinds[request.kind] else { throw .unknownKind(request.kind) }
         if barrier == false && request.kind == "barrier" { throw .unknownKind(request.kind) }
         try kind.validate(spec: request.spec)
         return try mutate { core throws(EngineError) in
@@ -354,7 +359,7 @@ public final class QueueEngine: Sendable {
             if !readyNow { core.makeReadyIfPossible(op) }
             core.record(op)
             core.settle()
-            return (op.operationID, op.snapshot())
+            return answer(op)
         }
     }
 
@@ -622,6 +627,7 @@ public final class QueueEngine: Sendable {
                 }
                 if keep.count != q.ops.count { q.ops = keep; q.revision += 1 }
             }
+            if purged > 0 { core.ops.compact() }
             return purged
         }
     }

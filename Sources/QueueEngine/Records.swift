@@ -78,19 +78,15 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     }
 }
 
-/// A min-heap entry: lower key starts first (priority rank in the top bits, then id).
-struct HeapEntry {
-    let key: UInt64
-    let op: OpRecord
-}
-
 final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     let name: String
     let createdAt: Timestamp
     var maxConcurrent: Int
     var isSuspended: Bool
     var executing = 0
-    var heap: [HeapEntry] = []
+    /// Ready operations: a min-heap of keys (priority rank in the top bits, then the id, so
+    /// ties go in the order operations were added). Entries go stale instead of being removed.
+    var heap: [UInt64] = []
     /// Every operation not yet purged, in creation order.
     var ops: [OpRecord] = []
     var counts: [Int] = [0, 0, 0, 0, 0]
@@ -105,26 +101,29 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt
     }
 
+    static let idMask: UInt64 = (1 << 60) - 1
+
     func push(_ op: OpRecord) {
         let key = op.priority.rank << 60 | op.id
         op.heapKey = key
-        heap.append(HeapEntry(key: key, op: op))
+        heap.append(key)
         var i = heap.count - 1
         while i > 0 {
             let parent = (i - 1) >> 1
-            if heap[parent].key <= key { break }
-            heap.swapAt(parent, i)
+            if heap[parent] <= key { break }
+            heap[i] = heap[parent]
             i = parent
         }
+        heap[i] = key
     }
 
     /// Pops the next live ready entry, skipping stale ones (paused, cancelled, re-prioritised).
-    func popReady() -> OpRecord? {
+    func popReady(_ table: OpTable) -> OpRecord? {
         while let top = heap.first {
             removeTop()
-            if top.op.heapKey == top.key && top.op.state == .ready {
-                top.op.heapKey = 0
-                return top.op
+            if let op = table[top & Self.idMask], op.heapKey == top, op.state == .ready {
+                op.heapKey = 0
+                return op
             }
         }
         return nil
@@ -132,19 +131,19 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
 
     private func removeTop() {
         let last = heap.removeLast()
-        if heap.isEmpty { return }
-        heap[0] = last
-        var i = 0
         let n = heap.count
+        if n == 0 { return }
+        var i = 0
         while true {
             let l = 2 * i + 1
             if l >= n { break }
             var c = l
-            if l + 1 < n && heap[l + 1].key < heap[l].key { c = l + 1 }
-            if heap[c].key >= heap[i].key { break }
-            heap.swapAt(c, i)
+            if l + 1 < n && heap[l + 1] < heap[l] { c = l + 1 }
+            if heap[c] >= last { break }
+            heap[i] = heap[c]
             i = c
         }
+        heap[i] = last
     }
 
     func snapshot(defaultMax: Int) -> QueueSnapshot {
@@ -165,6 +164,47 @@ extension OperationState {
         case .executing: return 2
         case .paused: return 3
         case .finished: return 4
+        }
+    }
+}
+
+/// Operations by id. Ids are handed out in order, so a dense array indexed by `id - base`
+/// replaces a hash table (no hashing, no rehash pauses). Purged slots become nil, and the
+/// prefix is dropped once it is all nil, so memory follows what is kept.
+struct OpTable {
+    private var slots: ContiguousArray<OpRecord?> = []
+    private var base: UInt64 = 1
+    private(set) var count = 0
+
+    subscript(id: UInt64) -> OpRecord? {
+        get {
+            guard id >= base else { return nil }
+            let i = Int(truncatingIfNeeded: id &- base)
+            return i < slots.count ? slots[i] : nil
+        }
+        set {
+            guard id >= base else { return }
+            let i = Int(truncatingIfNeeded: id &- base)
+            if i >= slots.count {
+                guard newValue != nil else { return }
+                if i > slots.count { slots.append(contentsOf: repeatElement(nil, count: i - slots.count)) }
+                slots.append(newValue)
+                count += 1
+                return
+            }
+            if slots[i] == nil && newValue != nil { count += 1 }
+            if slots[i] != nil && newValue == nil { count -= 1 }
+            slots[i] = newValue
+        }
+    }
+
+    /// Drops the leading empty slots (after a purge).
+    mutating func compact() {
+        var n = 0
+        while n < slots.count && slots[n] == nil { n += 1 }
+        if n > 4096 || (n > 0 && n == slots.count) {
+            slots.removeFirst(n)
+            base += UInt64(n)
         }
     }
 }

@@ -13,6 +13,13 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var counts: [OperationState: Int]
     public var revision: UInt64
     public var createdAt: Timestamp
+
+    public init(name: String, maxConcurrentOperationCount: Int, effectiveMaxConcurrentOperationCount: Int, isSuspended: Bool,
+                operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp) {
+        self.name = name; self.maxConcurrentOperationCount = maxConcurrentOperationCount
+        self.effectiveMaxConcurrentOperationCount = effectiveMaxConcurrentOperationCount; self.isSuspended = isSuspended
+        self.operationCount = operationCount; self.counts = counts; self.revision = revision; self.createdAt = createdAt
+    }
 }
 
 /// An operation as persisted and as shown by the API.
@@ -40,6 +47,18 @@ public struct OperationSnapshot: Sendable, Equatable {
     public var executedSeconds: Double = 0
     /// What the kind saved for itself (`ExecutionContext.save`), e.g. an external lease.
     public var kindState: JSONValue? = nil
+
+    public init(id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
+                outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
+                progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
+                startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
+                executedSeconds: Double = 0, kindState: JSONValue? = nil) {
+        self.id = id; self.queue = queue; self.name = name; self.kind = kind; self.spec = spec; self.state = state
+        self.outcome = outcome; self.isCancelled = isCancelled; self.queuePriority = queuePriority
+        self.dependencies = dependencies; self.progress = progress; self.attempt = attempt; self.result = result
+        self.error = error; self.createdAt = createdAt; self.startedAt = startedAt; self.finishedAt = finishedAt
+        self.revision = revision; self.options = options; self.executedSeconds = executedSeconds; self.kindState = kindState
+    }
 
     public var isReady: Bool { state == .ready }
     public var isExecuting: Bool { state == .executing }

@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+# Build stage: the Swift toolchain and the -dev packages the package links against.
+FROM swift:6.3-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libmicrohttpd-dev=0.9.75-6 libsqlite3-dev=3.40.1-2+deb12u2 pkg-config=1.8.1-1 \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Package.swift ./
+COPY Sources ./Sources
+COPY Tests ./Tests
+COPY openapi.yaml ./
+RUN swift build -c release --product opqd --static-swift-stdlib \
+ && install -D .build/release/opqd /out/opqd
+
+# Runtime stage: only the shared libraries opqd needs at run time.
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libmicrohttpd12=0.9.75-6 libsqlite3-0=3.40.1-2+deb12u2 libcurl4=7.88.1-10+deb12u15 \
+      ca-certificates=20250419~deb12u2 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin opqd \
+ && mkdir -p /data && chown opqd /data
+COPY --from=build /out/opqd /usr/local/bin/opqd
+USER 10001
+ENV OPQD_HOST=0.0.0.0 OPQD_PORT=8080 OPQD_DATA=/data
+VOLUME ["/data"]
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/opqd"]
