@@ -13,6 +13,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
     ],
     targets: [
+        // A pthread-mutex lock that ThreadSanitizer can see (see Lock.swift).
+        .target(name: "Locking"),
         // libmicrohttpd itself (apt: libmicrohttpd-dev) plus a fixed-arity shim for its variadic calls.
         .systemLibrary(
             name: "CMicroHTTPD",
@@ -20,22 +22,22 @@ let package = Package(
             providers: [.apt(["libmicrohttpd-dev"])]
         ),
         // Small HTTP server on libmicrohttpd. Only Bridge/ touches MHD_*.
-        .target(name: "MicroHTTP", dependencies: ["CMicroHTTPD"]),
+        .target(name: "MicroHTTP", dependencies: ["CMicroHTTPD", "Locking"]),
         // Pure Swift engine: no HTTP, no C.
         // Release builds drop the runtime exclusivity checks here: the engine mutates its
         // records only under its one lock, and the checks cost ~15% of the flat benchmark.
-        .target(name: "QueueEngine", swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
+        .target(name: "QueueEngine", dependencies: ["Locking"], swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // SQLite itself (apt: libsqlite3-dev); used only by QueueStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // Durable store behind the engine's OperationStore protocol.
-        .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite"]),
+        .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite", "Locking"]),
         // What operations do.
-        .target(name: "QueueKinds", dependencies: ["QueueEngine"]),
+        .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking"]),
         // Routes, DTOs, error mapping.
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP",
+                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
@@ -48,11 +50,11 @@ let package = Package(
             name: "opqd-bench",
             dependencies: ["QueueEngine", "QueueKinds", "QueueAPI"]
         ),
-        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP"]),
-        .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine"]),
-        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine"]),
-        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine"]),
-        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP"]),
-        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine"]),
+        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
+        .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
+        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking"]),
+        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking"]),
+        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking"]),
+        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking"]),
     ]
 )

@@ -58,4 +58,17 @@ CMicroHTTPD_daemon_current_connections(struct MHD_Daemon *daemon)
   return (NULL == info) ? 0 : info->num_connections;
 }
 
+/*
+ * Exists because MHD_get_connection_info is variadic: the per-connection
+ * pointer stored through MHD_OPTION_NOTIFY_CONNECTION's `socket_context`
+ * when the connection started; NULL if none.
+ */
+static inline void *
+CMicroHTTPD_connection_socket_context(struct MHD_Connection *connection)
+{
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return (NULL == info) ? NULL : info->socket_context;
+}
+
 #endif

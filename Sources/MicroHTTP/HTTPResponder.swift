@@ -1,4 +1,4 @@
-import Synchronization
+import Locking
 
 /// Answers a deferred request exactly once, from any thread; later calls are ignored.
 ///
@@ -25,10 +25,10 @@ public final class HTTPResponder: Sendable {
         case ended
     }
 
-    let state: Mutex<State>
+    let state: Lock<State>
 
     init(connection: MHDConnection) {
-        state = Mutex(State(connection: connection))
+        state = Lock(State(connection: connection))
     }
 
     /// Sends `response` (the first call wins). Safe from any thread, also from inside the

@@ -1,4 +1,4 @@
-import Synchronization
+import Locking
 
 /// A streaming (Server-Sent Events) response body.
 ///
@@ -19,10 +19,10 @@ public final class HTTPStream: Sendable {
         var closeCallbacks: [@Sendable () -> Void] = []
     }
 
-    let state: Mutex<State>
+    let state: Lock<State>
 
     init(connection: MHDConnection) {
-        state = Mutex(State(connection: connection))
+        state = Lock(State(connection: connection))
     }
 
     /// Appends `bytes` to the body and wakes the connection; ignored after the stream closed.

@@ -3,6 +3,8 @@ import Logging
 import MicroHTTP
 import QueueEngine
 import QueueKinds
+import QueueStore
+import Locking
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -22,21 +24,30 @@ public final class OpqdApplication: Sendable {
     let idempotency: IdempotencyCache
     let webhooks: Webhooks
     let external: ExternalKind
+    /// The durable store, or nil with `--store memory`.
+    let sqlite: SQLiteStore?
     let logger: Logger
     let stopping = Atomic<Bool>(false)
     private let timers = TimerBox()
 
-    init(configuration: OpqdConfiguration, logger: Logger) {
+    init(configuration: OpqdConfiguration, logger: Logger) throws {
         self.configuration = configuration
         self.logger = logger
+        let sqlite: SQLiteStore? = configuration.store == "sqlite"
+            ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
+            : nil
+        self.sqlite = sqlite
+        let recovered = try sqlite?.load()
         let external = ExternalKind()
         self.external = external
         var kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands))
         kinds["external"] = external
         self.engine = QueueEngine(
-            kinds: kinds, store: InMemoryStore(),
+            kinds: kinds, store: sqlite ?? InMemoryStore(),
             configuration: EngineConfiguration(defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent))
-        self.events = EventLog(capacity: configuration.eventCapacity)
+        let kept = sqlite?.recentEvents(limit: configuration.eventCapacity) ?? []
+        self.events = EventLog(capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? ((recovered?.lastSeq ?? 0) + 1)) - 1)
+        events.append(kept)
         self.metrics = Metrics()
         self.idempotency = IdempotencyCache(capacity: 100_000)
         self.webhooks = Webhooks(logger: logger)
@@ -61,6 +72,18 @@ public final class OpqdApplication: Sendable {
             events.append(batch)
             metrics.observe(batch)
         }
+        if let sqlite {
+            idempotency.preload(sqlite.loadIdempotency().map {
+                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body))
+            })
+        }
+        if let recovered {
+            engine.restore(recovered)
+            logger.info("store recovered", metadata: [
+                "path": "\(sqlite?.path ?? "")", "queues": "\(recovered.queues.count)",
+                "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
+            ])
+        }
     }
 
     /// The bound port (after `start`).
@@ -71,10 +94,15 @@ public final class OpqdApplication: Sendable {
         try server.start()
         let purge = DispatchSource.makeTimerSource(queue: .global())
         purge.schedule(deadline: .now() + 5, repeating: 5)
-        let (engine, retain) = (self.engine, configuration.retain)
+        let (engine, retain, sqlite) = (self.engine, configuration.retain, self.sqlite)
         purge.setEventHandler {
+            // Small batches, so neither the engine's lock nor the writer is held for long.
             let cutoff = SystemClock().now().adding(seconds: -retain)
             while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
+            if let sqlite {
+                while sqlite.purge(finishedBefore: cutoff, limit: 1000) == 1000 {}
+                _ = sqlite.purgeIdempotency(before: cutoff)
+            }
         }
         purge.resume()
         let heartbeat = DispatchSource.makeTimerSource(queue: .global())
@@ -93,13 +121,14 @@ public final class OpqdApplication: Sendable {
         timers.cancelAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
+        sqlite?.close()
         logger.info("opqd stopped")
     }
 }
 
 /// The background timers of a running application.
 final class TimerBox: @unchecked Sendable {
-    private let lock = Mutex<Void>(())
+    private let lock = Lock<Void>(())
     private var timers: [DispatchSourceTimer] = []
     func set(_ t: [DispatchSourceTimer]) { lock.withLock { _ in timers = t } }
     func cancelAll() { lock.withLock { _ in for t in timers { t.cancel() }; timers = [] } }
@@ -168,5 +197,5 @@ extension OpqdApplication {
 public func buildApplication(configuration: OpqdConfiguration, logger: Logger? = nil) throws -> OpqdApplication {
     var log = logger ?? Logger(label: "opqd")
     log.logLevel = configuration.logLevel
-    return OpqdApplication(configuration: configuration, logger: log)
+    return try OpqdApplication(configuration: configuration, logger: log)
 }

@@ -17,6 +17,10 @@ public struct OpqdConfiguration: Sendable {
     public var retain: Double = 86_400
     public var connectionTimeout = 30
     public var connectionLimit = 4096
+    /// `sqlite` (durable, under `data`) or `memory` (nothing survives a restart).
+    public var store = "sqlite"
+    /// SQLite's synchronous level: `full` (fsync at every commit) or `normal`.
+    public var sync = "full"
     /// Executables `command` operations may run.
     public var allowCommands: [String] = []
 
@@ -48,6 +52,14 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
         Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },
+        Option(flag: "--store", env: "OPQD_STORE", help: "sqlite (default: durable, in --data) or memory (nothing survives a restart)") { c, v in
+            guard v == "sqlite" || v == "memory" else { throw ConfigurationError("--store must be sqlite or memory; got '\(v)'") }
+            c.store = v
+        },
+        Option(flag: "--sync", env: "OPQD_SYNC", help: "full (default: fsync every commit) or normal (WAL; a power loss may lose the last commits)") { c, v in
+            guard v == "full" || v == "normal" else { throw ConfigurationError("--sync must be full or normal; got '\(v)'") }
+            c.sync = v
+        },
         Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in c.threads = try int(v, "--threads", 1...256) },
         Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in c.maxBody = try int(v, "--max-body", 1024...(1 << 30)) },
         Option(flag: "--default-max-concurrent", env: "OPQD_DEFAULT_MAX_CONCURRENT", help: "what maxConcurrentOperationCount -1 means (default 4)") { c, v in

@@ -8,9 +8,9 @@ struct JSONOut {
 
     init(capacity: Int = 512) { bytes.reserveCapacity(capacity) }
 
-    mutating func open() { bytes.append(UInt8(ascii: "{")); needsComma = false }
+    mutating func open() { comma(); bytes.append(UInt8(ascii: "{")); needsComma = false }
     mutating func close() { bytes.append(UInt8(ascii: "}")); needsComma = true }
-    mutating func openArray() { bytes.append(UInt8(ascii: "[")); needsComma = false }
+    mutating func openArray() { comma(); bytes.append(UInt8(ascii: "[")); needsComma = false }
     mutating func closeArray() { bytes.append(UInt8(ascii: "]")); needsComma = true }
     mutating func comma() { if needsComma { bytes.append(UInt8(ascii: ",")) }; needsComma = true }
 

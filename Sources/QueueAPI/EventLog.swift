@@ -1,7 +1,7 @@
 import Dispatch
 import MicroHTTP
 import QueueEngine
-import Synchronization
+import Locking
 
 /// The change feed: the last `capacity` events, already encoded, in `seq` order, with the
 /// long polls and SSE streams waiting for newer ones. Fed by one global engine observer.
@@ -28,7 +28,7 @@ final class EventLog: Sendable {
         var nextID: UInt64 = 1
     }
     let capacity: Int
-    private let state = Mutex(State())
+    private let state = Lock(State())
 
     init(capacity: Int, startingAfter seq: UInt64 = 0) {
         self.capacity = max(16, capacity)

@@ -1,14 +1,14 @@
 import QueueEngine
-import Synchronization
+import Locking
 
 /// Prometheus counters fed by the engine's observer and the request dispatcher.
 final class Metrics: Sendable {
-    private let requests = Mutex<[Int: UInt64]>([:])
-    private let transitions = Mutex<[String: UInt64]>([:])
+    private let requests = Lock<[Int: UInt64]>([:])
+    private let transitions = Lock<[String: UInt64]>([:])
     /// Start times of executing operations, for the duration histogram.
-    private let running = Mutex<[UInt64: Timestamp]>([:])
+    private let running = Lock<[UInt64: Timestamp]>([:])
     static let buckets: [Double] = [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 3600]
-    private let durations = Mutex<(counts: [UInt64], sum: Double, count: UInt64)>(([UInt64](repeating: 0, count: 12), 0, 0))
+    private let durations = Lock<(counts: [UInt64], sum: Double, count: UInt64)>(([UInt64](repeating: 0, count: 12), 0, 0))
 
     func countRequest(status: Int) {
         requests.withLock { $0[status, default: 0] += 1 }

@@ -861,11 +861,13 @@ components:
 
   headers:
     ETag:
+      required: true
       description: Changes whenever the resource's `revision` does.
       schema:
         type: string
         pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9]+)"$'
     Location:
+      required: true
       description: Path of the created resource.
       schema:
         type: string
@@ -875,6 +877,7 @@ components:
       schema:
         const: 'true'
     RetryAfter:
+      required: true
       description: Seconds to wait before retrying.
       schema:
         type: integer
@@ -1362,7 +1365,7 @@ components:
           minItems: 1
           prefixItems:
             - type: string
-              pattern: '^/'
+              pattern: '^/[^\x00]*$'
               description: Absolute path of the executable (no PATH lookup).
           items:
             type: string

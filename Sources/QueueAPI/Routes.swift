@@ -1,6 +1,7 @@
 import Dispatch
 import MicroHTTP
 import QueueEngine
+import QueueStore
 
 let jsonType = ("Content-Type", "application/json; charset=utf-8")
 
@@ -40,12 +41,37 @@ struct Routes {
         r.add("POST", "/v1/operations/{id}/cancel") { req, p in
             let q = try Query(req, allowed: ["cascade"])
             let cascade = try q.bool("cascade") ?? false
-            return try opAction(req, p[0]) { id throws(EngineError) in try engine.cancel(id, cascade: cascade) }
+            return try opAction(req, p[0], query: ["cascade"]) { id throws(EngineError) in try engine.cancel(id, cascade: cascade) }
         }
         r.add("POST", "/v1/operations/{id}/pause") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.pause(id) } }
         r.add("POST", "/v1/operations/{id}/resume") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.resume(id) } }
         r.add("GET", "/v1/operations/{id}/events") { req, p in try operationEvents(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/observers") { req, p in try addWebhook(req, p[0]) }
+        r.add("GET", "/v1/operations/{id}/observers") { req, p in
+            _ = try Query(req, allowed: [])
+            let id = try operationID(p[0])
+            _ = try engine.revision(of: id)
+            var o = JSONOut()
+            o.open(); o.key("observers"); o.openArray()
+            for h in app.webhooks.hooks(of: id) { webhookJSON(h, to: &o) }
+            o.closeArray(); o.close()
+            return .response(json(200, o.bytes))
+        }
+        r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in
+            _ = try Query(req, allowed: [])
+            let id = try operationID(p[0])
+            guard let h = app.webhooks.hook(p[1], of: id) else { throw Problem.notFound("no observer '\(p[1])' on operation \(p[0])") }
+            var o = JSONOut()
+            webhookJSON(h, to: &o)
+            return .response(json(200, o.bytes))
+        }
+        r.add("DELETE", "/v1/operations/{id}/observers/{observer}") { req, p in
+            _ = try Query(req, allowed: [])
+            let id = try operationID(p[0])
+            guard app.webhooks.hook(p[1], of: id) != nil else { throw Problem.notFound("no observer '\(p[1])' on operation \(p[0])") }
+            app.webhooks.remove(p[1], engine: engine)
+            return .response(HTTPResponse(status: 204))
+        }
         r.add("GET", "/v1/events") { req, _ in try eventFeed(req) }
         r.add("GET", "/v1/events/stream") { req, _ in try eventStream(req) }
     }
@@ -56,7 +82,7 @@ struct Routes {
         if app.stopping.load(ordering: .relaxed) {
             return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
         }
-        return .response(json(200, Array(#"{"status":"ready","store":"memory"}"#.utf8)))
+        return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(app.sqlite == nil ? "memory" : "sqlite")\"}".utf8)))
     }
 
     /// Answers a change only once it is durable.
@@ -87,11 +113,15 @@ struct Routes {
     }
 
     static func operationETag(_ rev: UInt64) -> String { "\"r\(rev)\"" }
-    static func queueETag(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(q.revision)\"" }
+    /// A queue's revision is not persisted with every operation change, so its ETag also
+    /// names this process's start: no ETag handed out before a restart can match after it.
+    static func queueETag(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(bootNonce)-\(q.revision)\"" }
+    static let bootNonce = String(UInt32.random(in: 0...UInt32.max), radix: 36)
 
-    /// Replays the first answer for a repeated `Idempotency-Key` on a create.
-    func idempotent(_ req: HTTPRequest, _ body: () throws -> HTTPHandlerResult) throws -> HTTPHandlerResult {
-        guard let key = req.header("idempotency-key") else { return try body() }
+    /// A create: answered once durable; with an `Idempotency-Key`, a repeat gets the first
+    /// answer instead of creating a second resource (the answer is kept durably too).
+    func idempotent(_ req: HTTPRequest, _ body: () throws -> HTTPResponse) throws -> HTTPHandlerResult {
+        guard let key = req.header("idempotency-key") else { return ack(try body()) }
         guard !key.isEmpty, key.utf8.count <= 255 else {
             throw Problem.invalid("Idempotency-Key", "must be 1 to 255 characters")
         }
@@ -106,32 +136,31 @@ struct Routes {
         case .mismatch:
             throw Problem.invalid("Idempotency-Key", "was already used with a different request body")
         case .new:
+            let response: HTTPResponse
             do {
-                let result = try body()
-                if case let .response(r) = result, r.status < 500 {
-                    app.idempotency.finish(scope, response: r)
-                } else if case .deferred = result {
-                    app.idempotency.abandon(scope)
-                } else {
-                    app.idempotency.abandon(scope)
-                }
-                return result
+                response = try body()
             } catch let p as Problem {
-                app.idempotency.finish(scope, response: p.response)
-                throw p
+                response = p.response
             } catch let e as EngineError {
-                app.idempotency.finish(scope, response: e.problem.response)
-                throw e
+                response = e.problem.response
             } catch {
                 app.idempotency.abandon(scope)
                 throw error
+            }
+            app.idempotency.finish(scope, response: response)
+            guard let store = app.sqlite else { return .response(response) }
+            let record = IdempotencyRecord(scope: scope, bodyHash: IdempotencyCache.hash(req.body), status: response.status,
+                                           headers: response.headers, body: response.body, createdAt: SystemClock().now())
+            return .deferred { responder in
+                engine.whenDurable { store.saveIdempotency(record) { responder.respond(response) } }
             }
         }
     }
 
     // MARK: - queues
 
-    func createQueue(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+    func createQueue(_ req: HTTPRequest) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["name", "maxConcurrentOperationCount", "isSuspended"])
         guard let name = try b.string("name", maxLength: 1000) else {
             throw Problem.invalid("name", "is required: [A-Za-z0-9._-]{1,64}")
@@ -140,7 +169,7 @@ struct Routes {
         if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be a positive integer or -1 for the server's default; got 0") }
         let suspended = try b.bool("isSuspended") ?? false
         let q = try engine.createQueue(name: name, maxConcurrentOperationCount: max ?? -1, isSuspended: suspended)
-        return ack(json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", Self.queueETag(q))]))
+        return json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", Self.queueETag(q))])
     }
 
     func listQueues(_ req: HTTPRequest) throws -> HTTPHandlerResult {
@@ -153,6 +182,7 @@ struct Routes {
     }
 
     func getQueue(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let q = try engine.queue(named: name)
         let etag = Self.queueETag(q)
         if etagMatches(req, etag) { return notModified(etag) }
@@ -160,6 +190,7 @@ struct Routes {
     }
 
     func patchQueue(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["maxConcurrentOperationCount", "isSuspended"])
         let max = try b.int("maxConcurrentOperationCount", in: -1...1_000_000, what: "a positive integer up to 1000000, or -1 for the server's default")
         if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be a positive integer or -1 for the server's default; got 0") }
@@ -214,15 +245,17 @@ struct Routes {
         }
     }
 
-    func barrier(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+    func barrier(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["name"], emptyIsObject: true)
         let op = try engine.addBarrier(to: queue, name: try b.string("name"))
-        return ack(json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))]))
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))])
     }
 
     // MARK: - operations
 
-    func createOperation(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+    func createOperation(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"])
         guard let kindValue = b["kind"] else { throw Problem.invalid("kind", "is required: one of delay, http, command, external") }
         guard case let .string(kind) = kindValue, ["delay", "http", "command", "external"].contains(kind) else {
@@ -248,7 +281,7 @@ struct Routes {
             request.options.notBefore = t
         }
         let op = try engine.addOperation(to: queue, request)
-        return ack(json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))]))
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", Self.operationETag(op.revision))])
     }
 
     func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {
@@ -295,6 +328,7 @@ struct Routes {
     }
 
     func getOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         if req.header("if-none-match") != nil {
             let etag = Self.operationETag(try engine.revision(of: id))
@@ -305,6 +339,7 @@ struct Routes {
     }
 
     func patchOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         let b = try Body(req, allowed: ["queuePriority", "dependencies"])
         let priority = try parsePriority(b["queuePriority"])
@@ -313,7 +348,8 @@ struct Routes {
         return ack(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
     }
 
-    func opAction(_ req: HTTPRequest, _ idText: String, _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws -> HTTPHandlerResult {
+    func opAction(_ req: HTTPRequest, _ idText: String, query: [String] = [], _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: query)
         let id = try operationID(idText)
         try noBody(req)
         let op = try action(id)
@@ -353,16 +389,21 @@ struct Routes {
         let op = try engine.operation(id)
         if op.isFinished { throw Problem.conflict("operation \(id) has finished; it will report no more changes") }
         let hookID = app.webhooks.register(engine: engine, operation: id, url: url, keys: keys)
+        guard let hook = app.webhooks.hook(hookID, of: id) else { throw Problem.invalid("url", "is not a valid URL") }
         var o = JSONOut()
+        webhookJSON(hook, to: &o)
+        return .response(json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hookID)")]))
+    }
+
+    func webhookJSON(_ h: Webhooks.Hook, to o: inout JSONOut) {
         o.open()
-        o.key("id"); o.string(hookID)
-        o.key("operation"); o.string(id.description)
-        o.key("url"); o.string(url)
+        o.key("id"); o.string(h.id)
+        o.key("operation"); o.string(h.operation.description)
+        o.key("url"); o.string(h.url)
         o.key("keys"); o.openArray()
-        for k in (keys.map { Array($0) } ?? ChangeKey.allCases).map(\.rawValue).sorted() { o.string(k) }
+        for k in (h.keys.map { Array($0) } ?? ChangeKey.allCases).map(\.rawValue).sorted() { o.string(k) }
         o.closeArray()
         o.close()
-        return .response(json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hookID)")]))
     }
 
     // MARK: - events

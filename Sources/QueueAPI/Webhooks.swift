@@ -5,6 +5,7 @@ import FoundationNetworking
 #endif
 import Logging
 import QueueEngine
+import Locking
 import Synchronization
 
 /// `POST /v1/operations/{id}/observers`: each matching change is POSTed to a URL as the
@@ -13,6 +14,16 @@ final class Webhooks: Sendable {
     private let logger: Logger
     private let counter = Atomic<UInt64>(0)
     private let session: URLSession
+    /// Registered webhooks by id.
+    private let hooks = Lock<[String: Hook]>([:])
+
+    struct Hook: Sendable {
+        let id: String
+        let operation: OperationID
+        let url: String
+        let keys: Set<ChangeKey>?
+        let token: ObserverToken
+    }
 
     init(logger: Logger) {
         self.logger = logger
@@ -27,7 +38,7 @@ final class Webhooks: Sendable {
         let queue = DispatchQueue(label: "opqd.webhook.\(n)")
         let (session, logger) = (self.session, self.logger)
         guard let target = URL(string: url) else { return id }
-        _ = engine.observe(operation, keys: keys) { event in
+        let token = engine.observe(operation, keys: keys) { event in
             let body = Data(event.json)
             queue.async {
                 for attempt in 1...2 {
@@ -48,6 +59,19 @@ final class Webhooks: Sendable {
                 logger.warning("webhook delivery failed", metadata: ["webhook": "\(id)", "url": "\(url)", "seq": "\(event.seq)"])
             }
         }
+        hooks.withLock { $0[id] = Hook(id: id, operation: operation, url: url, keys: keys, token: token) }
         return id
+    }
+
+    func hook(_ id: String, of operation: OperationID) -> Hook? {
+        hooks.withLock { h in h[id].flatMap { $0.operation == operation ? $0 : nil } }
+    }
+
+    func hooks(of operation: OperationID) -> [Hook] {
+        hooks.withLock { $0.values.filter { $0.operation == operation } }.sorted { $0.id < $1.id }
+    }
+
+    func remove(_ id: String, engine: QueueEngine) {
+        if let h = hooks.withLock({ $0.removeValue(forKey: id) }) { engine.removeObserver(h.token) }
     }
 }

@@ -83,6 +83,7 @@ struct WorkerRoutes {
     }
 
     func heartbeat(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         let b = try Body(req, allowed: ["leaseToken"])
         let t = try token(b)
@@ -94,6 +95,7 @@ struct WorkerRoutes {
     }
 
     func progress(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "completed", "total"])
         let t = try token(b)
@@ -110,6 +112,7 @@ struct WorkerRoutes {
     }
 
     func finish(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "result", "error"])
         let t = try token(b)

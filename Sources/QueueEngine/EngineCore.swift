@@ -96,7 +96,9 @@ final class EngineCore: @unchecked Sendable {
 
     func record(_ op: OpRecord) {
         ticket &+= 1
-        if wantsRecords { outRecords.append(.operation(op.snapshot())) }
+        // Operations of a deleted queue are gone from the store with it; a queue created
+        // later under the same name must not inherit them at the next restore.
+        if wantsRecords && !op.queue.deleted { outRecords.append(.operation(op.snapshot())) }
     }
 
     func record(_ q: QueueRecord) {
@@ -109,7 +111,7 @@ final class EngineCore: @unchecked Sendable {
                             key: key, old: old, new: new, state: op.state)
         nextSeq += 1
         outEvents.append(e)
-        if wantsRecords { outRecords.append(.event(e)) }
+        if wantsRecords && !op.queue.deleted { outRecords.append(.event(e)) }
     }
 
     /// Moves an operation to `state`, keeping counts and emitting one event per boolean key
@@ -181,6 +183,7 @@ final class EngineCore: @unchecked Sendable {
 
     /// Hands a run to the kind, with its timeout armed.
     func beginRun(_ op: OpRecord, resume: Bool) {
+        op.inBackoff = false
         effects.append(.start(op.kind, context(op, resume: resume)))
         if let t = op.options.timeout {
             let left = t - Double(op.executedNanos) / 1e9
@@ -203,6 +206,7 @@ final class EngineCore: @unchecked Sendable {
             }
             emit(op, .attempt, .int(old), .int(op.attempt))
             record(op)
+            op.inBackoff = true
             effects.append(.retry(op.operationID, token: op.runToken, seconds: retry.delay(beforeAttempt: op.attempt)))
             return
         }
@@ -248,11 +252,12 @@ final class EngineCore: @unchecked Sendable {
     }
 
     /// The common end of every operation: finished, edges released, dependents woken.
-    func finishOp(_ op: OpRecord) {
+    func finishOp(_ op: OpRecord, cancelled: Bool? = nil) {
         op.finishedAt = now
         op.runToken &+= 1
         op.heapKey = 0
-        move(op, to: .finished)
+        op.inBackoff = false
+        move(op, to: .finished, cancelled: cancelled)
         let q = op.queue
         q.unfinished -= 1
         unfinishedTotal -= 1
@@ -280,7 +285,11 @@ final class EngineCore: @unchecked Sendable {
         case .finished:
             return false
         case .executing:
-            if !op.isCancelled {
+            if op.inBackoff {
+                // Between attempts nothing runs: it finishes cancelled at once.
+                move(op, to: .executing, cancelled: true)
+                completeOp(op, .failed(type: "cancelled", detail: "cancelled between attempts"))
+            } else if !op.isCancelled {
                 move(op, to: .executing, cancelled: true)
                 record(op)
                 effects.append(.cancel(op.kind, context(op, resume: false)))
@@ -290,7 +299,6 @@ final class EngineCore: @unchecked Sendable {
                 // Paused mid-run: the kind still holds resources (a stopped process); free them.
                 effects.append(.cancel(op.kind, context(op, resume: false)))
             }
-            op.isCancelled = true
             op.outcome = .cancelled
             for depID in op.dependencyIDs {
                 if let dep = ops[depID.raw], dep.state != .finished, let i = dep.dependents.firstIndex(where: { $0 === op }) {
@@ -298,7 +306,7 @@ final class EngineCore: @unchecked Sendable {
                 }
             }
             op.unfinishedDependencies = 0
-            finishOp(op)
+            finishOp(op, cancelled: true)
         }
         return true
     }

@@ -1,4 +1,4 @@
-import Synchronization
+import Locking
 
 /// Identifies a registered observer.
 public struct ObserverToken: Hashable, Sendable {
@@ -18,7 +18,7 @@ final class ObserverHub: Sendable {
         var perOperation: [OperationID: [Entry]] = [:]
         var nextID: UInt64 = 1
     }
-    private let registry = Mutex(Registry())
+    private let registry = Lock(Registry())
 
     func add(operation: OperationID?, keys: Set<ChangeKey>?, batch: @escaping @Sendable ([ChangeEvent]) -> Void) -> ObserverToken {
         registry.withLock { r in

@@ -1,4 +1,5 @@
 import Dispatch
+import Locking
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -20,11 +21,11 @@ public struct EngineConfiguration: Sendable {
 
 /// Operation queues with `NSOperation`/`OperationQueue` semantics.
 ///
-/// The hot API is synchronous under one `Mutex`, so it can be called from libmicrohttpd's
+/// The hot API is synchronous under one lock, so it can be called from libmicrohttpd's
 /// threads. Each call applies the pure transitions under the lock and then, after releasing
 /// it, starts/stops kinds, hands records to the store and reports changes to observers.
 public final class QueueEngine: Sendable {
-    let state: Mutex<EngineCore>
+    let state: Lock<EngineCore>
     let observers: ObserverHub
     /// The store that makes changes durable.
     public let store: any OperationStore
@@ -41,7 +42,7 @@ public final class QueueEngine: Sendable {
         let core = EngineCore(clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
                               maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
         self.kinds = all
-        self.state = Mutex(core)
+        self.state = Lock(core)
         self.observers = ObserverHub()
         self.store = store
         self.configuration = configuration
@@ -332,8 +333,10 @@ public final class QueueEngine: Sendable {
                 deps.append(b)
                 req.dependencies.append(b.operationID)
             }
+            let implicitBarrier = barrier ? nil : q.barrier?.id
             let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier)
             core.nextID += 1
+            op.implicitBarrier = implicitBarrier
             core.ops[op.id] = op
             q.ops.append(op)
             q.counts[OperationState.pending.index] += 1
@@ -474,6 +477,13 @@ public final class QueueEngine: Sendable {
                 throw .alreadyStarted(id.description)
             }
             var newDeps: [OpRecord]? = nil
+            var dependencies = dependencies
+            // An operation added after a barrier keeps waiting for it, whatever else it names.
+            if var list = dependencies, let b = op.implicitBarrier, let barrier = core.ops[b], barrier.state != .finished,
+               !list.contains(OperationID(raw: b)) {
+                list.append(OperationID(raw: b))
+                dependencies = list
+            }
             if let dependencies {
                 var list: [OpRecord] = []
                 for d in dependencies {
@@ -549,7 +559,7 @@ public final class QueueEngine: Sendable {
 
     private func retryFired(_ id: OperationID, token: UInt32) {
         try? mutate { core throws(EngineError) in
-            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing else { return }
+            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing, !op.isCancelled else { return }
             op.runStartedAt = core.now.nanoseconds
             core.beginRun(op, resume: false)
         }

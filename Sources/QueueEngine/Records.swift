@@ -37,6 +37,10 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     /// Waiting for `notBefore`.
     var waitingForTime = false
     var kindState: JSONValue?
+    /// Waiting out a retry backoff: executing, but no run is active.
+    var inBackoff = false
+    /// The barrier this operation was made to wait for when it was added.
+    var implicitBarrier: UInt64?
 
     init(id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool) {
         self.id = id
@@ -178,12 +182,13 @@ struct OpTable {
 
     subscript(id: UInt64) -> OpRecord? {
         get {
-            guard id >= base else { return nil }
-            let i = Int(truncatingIfNeeded: id &- base)
-            return i < slots.count ? slots[i] : nil
+            guard id >= base, id &- base < UInt64(slots.count) else { return nil }
+            return slots[Int(truncatingIfNeeded: id &- base)]
         }
         set {
             guard id >= base else { return }
+            // Only ids the engine handed out are stored, so they are near the end.
+            guard id &- base <= UInt64(slots.count) + (1 << 32) else { return }
             let i = Int(truncatingIfNeeded: id &- base)
             if i >= slots.count {
                 guard newValue != nil else { return }

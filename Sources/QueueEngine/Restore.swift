@@ -67,6 +67,10 @@ extension QueueEngine {
                     }
                     switch op.kind.recover(op.snapshot()) {
                     case .resume:
+                        // Never paused: it has executed since it started (downtime included).
+                        if op.executedNanos == 0, let started = op.startedAt {
+                            op.executedNanos = max(0, core.now.nanoseconds - started.nanoseconds)
+                        }
                         core.beginRun(op, resume: true)
                     case .retry:
                         let old = op.attempt

@@ -3,7 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Synchronization
+import Locking
 
 /// A server-assigned operation id. Internally a number that only grows, so ids sort in
 /// creation order; outside it is the opaque, URL-safe string `op-` + 16 hex digits.
@@ -186,7 +186,12 @@ public struct Timestamp: Comparable, Hashable, Sendable {
         let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
         let days = era * 146_097 + doe - 719_468
         let secs = days * 86400 + h * 3600 + mi * 60 + s - offset
-        nanoseconds = secs * 1_000_000_000 + frac
+        // Int64 nanoseconds cover the years 1678-2261; anything outside is refused.
+        let (ns, overflow) = secs.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else { return nil }
+        let (total, overflow2) = ns.addingReportingOverflow(frac)
+        guard !overflow2 else { return nil }
+        nanoseconds = total
     }
 }
 
@@ -207,8 +212,8 @@ public struct SystemClock: EngineClock {
 
 /// A clock that moves only when told to.
 public final class ManualClock: EngineClock {
-    private let current: Mutex<Int64>
-    public init(_ start: Timestamp = Timestamp(nanoseconds: 1_795_000_000_000_000_000)) { current = Mutex(start.nanoseconds) }
+    private let current: Lock<Int64>
+    public init(_ start: Timestamp = Timestamp(nanoseconds: 1_795_000_000_000_000_000)) { current = Lock(start.nanoseconds) }
     public func now() -> Timestamp { Timestamp(nanoseconds: current.withLock { $0 }) }
     public func advance(seconds: Double) { current.withLock { $0 += Int64(seconds * 1e9) } }
 }

@@ -1,6 +1,6 @@
 import Dispatch
 import QueueEngine
-import Synchronization
+import Locking
 
 /// `delay` `{"seconds": S}`: a timer (the seeds' NSTimer example). Cancel stops it at once;
 /// pause keeps the time left (the engine counts executed time), resume runs only the rest.
@@ -9,7 +9,7 @@ public final class DelayKind: OperationKind {
     public static let maxSeconds = 31.0 * 86400
     /// The live timer generation per operation; a timer that fires with another generation
     /// was cancelled or paused and does nothing.
-    private let live = Mutex<(next: UInt64, byOperation: [OperationID: UInt64])>((1, [:]))
+    private let live = Lock<(next: UInt64, byOperation: [OperationID: UInt64])>((1, [:]))
     private let queue = DispatchQueue(label: "opqd.delay", attributes: .concurrent)
 
     public init() {}
@@ -56,6 +56,10 @@ public final class DelayKind: OperationKind {
     private func stop(_ id: OperationID) -> Bool {
         live.withLock { $0.byOperation.removeValue(forKey: id) != nil }
     }
+
+    /// After a restart a timer resumes with its time left (wall-clock time counts, so one that
+    /// should have fired while the server was down fires at once).
+    public func recover(_ operation: OperationSnapshot) -> Recovery { .resume }
 
     public func cancel(_ context: ExecutionContext) {
         _ = stop(context.operation)

@@ -1,6 +1,6 @@
 import Dispatch
 import QueueEngine
-import Synchronization
+import Locking
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -52,7 +52,7 @@ public final class ExternalKind: OperationKind {
     }
 
     public static let defaultLease = 30.0
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let clock: any EngineClock
 
     public init(clock: any EngineClock = SystemClock()) { self.clock = clock }

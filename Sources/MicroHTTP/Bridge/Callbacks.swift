@@ -7,31 +7,44 @@ import Glibc
 /// They live at type scope in a non-main file on purpose: a closure that Swift 6 considers
 /// main-actor isolated gets an isolation check that traps when MHD calls it on its own threads.
 enum Callbacks {
+    /// MHD_OPTION_NOTIFY_CONNECTION: creates the connection's context when it opens and releases it
+    /// when it closes, finishing a request that MHD never reported as completed.
+    static let connectionChanged: MHD_NotifyConnectionCallback = { cls, _, socketContext, code in
+        guard let cls, let socketContext else { return }
+        if code == .CONNECTION_NOTIFY_STARTED {
+            socketContext.pointee = UnsafeMutableRawPointer(ConnectionState.allocate())
+            return
+        }
+        guard let raw = socketContext.pointee else { return }
+        socketContext.pointee = nil
+        let context = raw.assumingMemoryBound(to: ConnectionState.self)
+        Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue().finishRequest(context)
+        ConnectionState.free(context)
+    }
+
     /// MHD_OPTION_URI_LOG_CALLBACK: called once per request, before the headers, with the request
-    /// target as sent. Its result becomes the request's `con_cls`: the per-request context,
-    /// retained here and released in `requestCompleted`.
+    /// target as sent (the only place MHD shows the path before percent-decoding it). Its result
+    /// becomes the request's `con_cls`: the connection's context (not retained: it lives as long
+    /// as the connection).
     static let requestStarted: @convention(c) (
         UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?
-    ) -> UnsafeMutableRawPointer? = { cls, uri, _ in
-        let server = Unmanaged<ServerCore>.fromOpaque(cls!).takeUnretainedValue()
+    ) -> UnsafeMutableRawPointer? = { cls, uri, connection in
+        guard let cls, let connection, let raw = CMicroHTTPD_connection_socket_context(connection) else { return nil }
+        let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+        let context = raw.assumingMemoryBound(to: ConnectionState.self)
+        server.finishRequest(context)  // not expected: the previous request completed
+        context.pointee.beginRequest(path: uri.map(rawPath) ?? "/")
         server.inFlight.add(1, ordering: .relaxed)
-        return Unmanaged.passRetained(RequestContext(path: uri.map(rawPath) ?? "/")).toOpaque()
+        return raw
     }
 
     /// MHD_OPTION_NOTIFY_COMPLETED: the request is over (answered, failed, client gone or daemon
-    /// stopping). Releases the per-request context and tells its responder or stream.
+    /// stopping). Tells its responder or stream.
     static let requestCompleted: MHD_RequestCompletedCallback = { cls, _, contextSlot, _ in
         guard let cls, let contextSlot, let raw = contextSlot.pointee else { return }
         contextSlot.pointee = nil
-        let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
-        let context = Unmanaged<RequestContext>.fromOpaque(raw).takeRetainedValue()
-        server.inFlight.subtract(1, ordering: .releasing)
-        let responder = context.responder
-        let stream = context.stream
-        if responder == nil && stream == nil { return }
-        responder?.requestEnded()
-        stream?.finish(connectionGone: true)
-        server.unregister(responder: responder, stream: stream)
+        Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+            .finishRequest(raw.assumingMemoryBound(to: ConnectionState.self))
     }
 
     /// The access handler: MHD calls it once the headers are in, once per body chunk, and a final
@@ -40,14 +53,13 @@ enum Callbacks {
         cls, connection, url, method, _, uploadData, uploadDataSize, contextSlot in
         guard let cls, let connection, let uploadDataSize, let contextSlot else { return .NO }
         let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
-        let context: RequestContext
-        if let raw = contextSlot.pointee {
-            context = Unmanaged<RequestContext>.fromOpaque(raw).takeUnretainedValue()
-        } else {
-            // Not expected (the URI log callback always runs first), but keep the invariant.
+        guard let raw = contextSlot.pointee ?? CMicroHTTPD_connection_socket_context(connection) else { return .NO }
+        contextSlot.pointee = raw
+        let context = raw.assumingMemoryBound(to: ConnectionState.self)
+        if !context.pointee.requestOpen {
+            // Not expected (the URI log callback runs first), but keep the invariant.
+            context.pointee.beginRequest(path: url.map { String(cString: $0) } ?? "/")
             server.inFlight.add(1, ordering: .relaxed)
-            context = RequestContext(path: url.map { String(cString: $0) } ?? "/")
-            contextSlot.pointee = Unmanaged.passRetained(context).toOpaque()
         }
         return server.handle(
             context, connection: connection, method: method, uploadData: uploadData,
@@ -113,6 +125,16 @@ private func string(from bytes: UnsafePointer<CChar>, count: Int) -> String {
     String(decoding: UnsafeRawBufferPointer(start: bytes, count: count), as: UTF8.self)
 }
 
+/// The method as a Swift string; the common ones without decoding.
+private func methodName(_ method: UnsafePointer<CChar>) -> String {
+    switch (method[0], method[1]) {
+    case (0x47, 0x45) where method[2] == 0x54 && method[3] == 0: return "GET"
+    case (0x50, 0x4F) where method[2] == 0x53 && method[3] == 0x54 && method[4] == 0: return "POST"
+    case (0x50, 0x55) where method[2] == 0x54 && method[3] == 0: return "PUT"
+    default: return String(cString: method)
+    }
+}
+
 /// The request target up to the query string, as sent.
 private func rawPath(_ uri: UnsafePointer<CChar>) -> String {
     var length = 0
@@ -123,54 +145,64 @@ private func rawPath(_ uri: UnsafePointer<CChar>) -> String {
 // MARK: - Request handling (server threads)
 
 extension ServerCore {
+    /// Ends the connection's current request, if one is open: tells its responder or stream.
+    func finishRequest(_ context: ConnectionContext) {
+        guard context.pointee.requestOpen else { return }
+        context.pointee.requestOpen = false
+        inFlight.subtract(1, ordering: .releasing)
+        let responder = context.pointee.responder.take()
+        let stream = context.pointee.stream.take()
+        context.pointee.headers = [:]
+        context.pointee.body = []
+        if responder == nil && stream == nil { return }
+        responder?.requestEnded()
+        stream?.finish(connectionGone: true)
+        unregister(responder: responder, stream: stream)
+    }
+
     func handle(
-        _ context: RequestContext, connection: OpaquePointer, method: UnsafePointer<CChar>?,
+        _ context: ConnectionContext, connection: OpaquePointer, method: UnsafePointer<CChar>?,
         uploadData: UnsafePointer<CChar>?, uploadDataSize: UnsafeMutablePointer<Int>
     ) -> MHD_Result {
-        switch context.phase {
+        switch context.pointee.phase {
         case .headers:
-            context.phase = .body
-            let count = MHD_get_connection_values_n(connection, .HEADER_KIND, nil, nil)
-            if count > 0 {
-                context.headers.reserveCapacity(Int(count))
-                withUnsafeMutablePointer(to: &context.headers) { headers in
-                    _ = MHD_get_connection_values_n(connection, .HEADER_KIND, Callbacks.collectHeader, headers)
-                }
-            }
-            if let declared = context.headers["content-length"], let length = Int(declared), length > 0 {
+            context.pointee.phase = .body
+            let headers = Self.values(of: .HEADER_KIND, on: connection, iterator: Callbacks.collectHeader)
+            if let declared = headers["content-length"], let length = Int(declared), length > 0 {
                 if length > maxBodyBytes {
                     // Answering before the body is read makes MHD skip it and close the connection;
                     // with `Expect: 100-continue` the client never sends it.
-                    context.phase = .done
+                    context.pointee.phase = .done
                     return queue(.payloadTooLarge(bodyBytes: length, limit: maxBodyBytes), on: connection)
                 }
-                context.body.reserveCapacity(length)
+                context.pointee.body.reserveCapacity(length)
             }
+            context.pointee.headers = headers
             return .YES
 
         case .body:
             let size = uploadDataSize.pointee
             if size > 0 {
                 // A body chunk; MHD cannot queue a response now, only consume the data.
-                context.received += size
-                if !context.tooLarge {
-                    if context.received > maxBodyBytes {
-                        context.tooLarge = true
-                        context.body = []
+                uploadDataSize.pointee = 0
+                context.pointee.received += size
+                if !context.pointee.tooLarge {
+                    if context.pointee.received > maxBodyBytes {
+                        context.pointee.tooLarge = true
+                        context.pointee.body = []
                     } else if let uploadData {
-                        context.body.append(contentsOf: UnsafeRawBufferPointer(start: uploadData, count: size))
+                        context.pointee.body.append(contentsOf: UnsafeRawBufferPointer(start: uploadData, count: size))
                     }
                 }
-                uploadDataSize.pointee = 0
-                if context.received > discardLimit {
+                if context.pointee.received > discardLimit {
                     log("warning", "dropping a connection whose request body passed \(discardLimit) bytes")
                     return .NO
                 }
                 return .YES
             }
-            context.phase = .done
-            if context.tooLarge {
-                return queue(.payloadTooLarge(bodyBytes: context.received, limit: maxBodyBytes), on: connection)
+            context.pointee.phase = .done
+            if context.pointee.tooLarge {
+                return queue(.payloadTooLarge(bodyBytes: context.pointee.received, limit: maxBodyBytes), on: connection)
             }
             return runHandler(context, connection: connection, method: method)
 
@@ -184,23 +216,32 @@ extension ServerCore {
         }
     }
 
-    private func runHandler(
-        _ context: RequestContext, connection: OpaquePointer, method: UnsafePointer<CChar>?
-    ) -> MHD_Result {
-        var query: [String: String] = [:]
-        withUnsafeMutablePointer(to: &query) { query in
-            _ = MHD_get_connection_values_n(connection, .GET_ARGUMENT_KIND, Callbacks.collectArgument, query)
+    /// Header fields or query arguments as a dictionary, sized once (growing a dictionary goes
+    /// through unspecialized standard-library code, measurably slower per request).
+    private static func values(
+        of kind: MHD_ValueKind, on connection: OpaquePointer, iterator: MHD_KeyValueIteratorN
+    ) -> [String: String] {
+        let count = MHD_get_connection_values_n(connection, kind, nil, nil)
+        guard count > 0 else { return [:] }
+        var values = [String: String](minimumCapacity: Int(count))
+        withUnsafeMutablePointer(to: &values) { values in
+            _ = MHD_get_connection_values_n(connection, kind, iterator, values)
         }
-        let body = context.body
-        context.body = []
+        return values
+    }
+
+    private func runHandler(
+        _ context: ConnectionContext, connection: OpaquePointer, method: UnsafePointer<CChar>?
+    ) -> MHD_Result {
         let request = HTTPRequest(
             id: lastRequestID.add(1, ordering: .relaxed).newValue,
-            method: method.map { String(cString: $0) } ?? "GET",
-            path: context.path,
-            query: query,
-            headers: context.headers,
-            body: body
+            method: method.map(methodName) ?? "GET",
+            path: context.pointee.path,
+            query: Self.values(of: .GET_ARGUMENT_KIND, on: connection, iterator: Callbacks.collectArgument),
+            headers: context.pointee.headers,
+            body: context.pointee.body
         )
+        context.pointee.body = []
         let result: HTTPHandlerResult
         do {
             result = try handler(request)
@@ -213,8 +254,8 @@ extension ServerCore {
             return queue(response, on: connection)
         case .deferred(let body):
             let responder = HTTPResponder(connection: MHDConnection(raw: connection))
-            context.responder = responder
-            context.phase = .waiting
+            context.pointee.responder = responder
+            context.pointee.phase = .waiting
             let accepted = register(responder)
             body(responder)
             if !accepted { responder.respond(.shuttingDown) }
@@ -224,11 +265,11 @@ extension ServerCore {
         }
     }
 
-    private func answerOrSuspend(_ context: RequestContext, connection: OpaquePointer) -> MHD_Result {
-        guard let responder = context.responder else { return .NO }
+    private func answerOrSuspend(_ context: ConnectionContext, connection: OpaquePointer) -> MHD_Result {
+        guard let responder = context.pointee.responder else { return .NO }
         switch responder.takeResponseOrSuspend() {
         case .response(let response):
-            context.phase = .done
+            context.pointee.phase = .done
             return queue(response, on: connection)
         case .suspended:
             return .YES
@@ -238,7 +279,7 @@ extension ServerCore {
     }
 
     private func startStream(
-        _ context: RequestContext, connection: OpaquePointer, status: Int, headers: [(String, String)],
+        _ context: ConnectionContext, connection: OpaquePointer, status: Int, headers: [(String, String)],
         start: @Sendable (HTTPStream) -> Void
     ) -> MHD_Result {
         let stream = HTTPStream(connection: MHDConnection(raw: connection))
@@ -259,8 +300,8 @@ extension ServerCore {
             log("error", "could not queue a streamed response with status \(status)")
             return .NO
         }
-        context.stream = stream
-        context.phase = .done
+        context.pointee.stream = stream
+        context.pointee.phase = .done
         let accepted = register(stream)
         start(stream)
         if !accepted { stream.close() }

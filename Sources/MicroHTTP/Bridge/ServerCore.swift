@@ -1,5 +1,6 @@
 internal import CMicroHTTPD
 import Glibc
+import Locking
 import Synchronization
 
 /// The server behind `HTTPServer`: owns the MHD daemon and everything its callbacks reach.
@@ -34,10 +35,10 @@ final class ServerCore: Sendable {
     let lastRequestID = Atomic<UInt64>(0)
     /// Requests whose line has been parsed and that have not completed yet.
     let inFlight = Atomic<Int>(0)
-    let lifecycle = Mutex<Lifecycle>(.idle)
-    let registry = Mutex<Registry>(Registry())
+    let lifecycle = Lock<Lifecycle>(.idle)
+    let registry = Lock<Registry>(Registry())
     /// Messages MHD logged while `start()` runs, to explain a failure.
-    let startupMessages = Mutex<[String]?>(nil)
+    let startupMessages = Lock<[String]?>(nil)
 
     init(
         configuration: HTTPServerConfiguration,
@@ -83,6 +84,8 @@ final class ServerCore: Sendable {
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
+                    option(.NOTIFY_CONNECTION, unsafeBitCast(Callbacks.connectionChanged, to: Int.self),
+                           pointer: context),
                     option(.URI_LOG_CALLBACK, unsafeBitCast(Callbacks.requestStarted, to: Int.self),
                            pointer: context),
                     option(.NOTIFY_COMPLETED, unsafeBitCast(Callbacks.requestCompleted, to: Int.self),

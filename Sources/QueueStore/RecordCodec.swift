@@ -1,0 +1,271 @@
+import QueueEngine
+
+/// A row that cannot be turned back into a value: the file is damaged or was edited by hand.
+struct DecodeFailure: Error {
+    let detail: String
+}
+
+/// Binds snapshots and events to the writer's statements, straight from their fields.
+/// Every text and JSON column of a row is written into one reused buffer and bound without a
+/// copy (`TextRow`): no Foundation, no intermediate `String`, no allocation per column.
+struct RecordBinder {
+    private var row = TextRow()
+
+    mutating func write(_ s: OperationSnapshot, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        st.bind(1, s.id.raw)
+        row.add(2, s.queue)
+        if let name = s.name { row.add(3, name) } else { st.bindNull(3) }
+        row.add(4, s.kind)
+        addJSON(s.spec, 5, st)
+        st.bind(6, s.queuePriority.rawValue)
+        row.add(7, s.state.rawValue)
+        if let o = s.outcome { row.add(8, o.rawValue) } else { st.bindNull(8) }
+        st.bind(9, s.isCancelled)
+        row.add(10) { out in
+            out.append(UInt8(ascii: "["))
+            for (i, d) in s.dependencies.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONWriter.integer(d.raw, to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        }
+        if let p = s.progress { st.bind(11, p.completed); st.bind(12, p.total) } else { st.bindNull(11); st.bindNull(12) }
+        st.bind(13, s.attempt)
+        addJSON(s.result, 14, st)
+        addJSON(s.error, 15, st)
+        st.bind(16, s.createdAt.nanoseconds)
+        bindTime(s.startedAt, 17, st)
+        bindTime(s.finishedAt, 18, st)
+        st.bind(19, s.revision)
+        if let t = s.options.timeout { st.bind(20, t) } else { st.bindNull(20) }
+        if let r = s.options.retry {
+            row.add(21) { out in
+                out.append(contentsOf: #"{"maxAttempts":"#.utf8)
+                JSONWriter.integer(r.maxAttempts, to: &out)
+                out.append(contentsOf: #","backoff":"#.utf8)
+                JSONWriter.number(r.backoff, to: &out)
+                out.append(contentsOf: #","multiplier":"#.utf8)
+                JSONWriter.number(r.multiplier, to: &out)
+                out.append(UInt8(ascii: "}"))
+            }
+        } else {
+            st.bindNull(21)
+        }
+        bindTime(s.options.notBefore, 22, st)
+        st.bind(23, s.executedSeconds)
+        addJSON(s.kindState, 24, st)
+        try st.run(binding: row)
+    }
+
+    mutating func write(_ q: QueueSnapshot, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        row.add(1, q.name)
+        st.bind(2, q.maxConcurrentOperationCount)
+        st.bind(3, q.effectiveMaxConcurrentOperationCount)
+        st.bind(4, q.isSuspended)
+        st.bind(5, q.revision)
+        st.bind(6, q.createdAt.nanoseconds)
+        try st.run(binding: row)
+    }
+
+    mutating func write(_ e: ChangeEvent, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        st.bind(1, e.seq)
+        st.bind(2, e.time.nanoseconds)
+        row.add(3, e.queue)
+        st.bind(4, e.operation.raw)
+        row.add(5, e.key.rawValue)
+        addChange(e.old, 6, st)
+        addChange(e.new, 7, st)
+        row.add(8, e.state.rawValue)
+        try st.run(binding: row)
+    }
+
+    mutating func write(_ r: IdempotencyRecord, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        row.add(1, r.scope)
+        row.add(2, r.bodyHash)
+        st.bind(3, r.status)
+        row.add(4) { out in
+            out.append(UInt8(ascii: "["))
+            for (i, (name, value)) in r.headers.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                out.append(UInt8(ascii: "["))
+                JSONWriter.string(name, to: &out)
+                out.append(UInt8(ascii: ","))
+                JSONWriter.string(value, to: &out)
+                out.append(UInt8(ascii: "]"))
+            }
+            out.append(UInt8(ascii: "]"))
+        }
+        st.bind(5, blob: r.body)
+        st.bind(6, r.createdAt.nanoseconds)
+        try st.run(binding: row)
+    }
+
+    private mutating func addJSON(_ v: JSONValue?, _ i: Int32, _ st: SQLiteStatement) {
+        guard let v else { st.bindNull(i); return }
+        row.add(i) { v.write(to: &$0) }
+    }
+
+    private func bindTime(_ t: Timestamp?, _ i: Int32, _ st: SQLiteStatement) {
+        if let t { st.bind(i, t.nanoseconds) } else { st.bindNull(i) }
+    }
+
+    /// `none` is NULL; the other cases have distinct JSON types, so reading needs no tag:
+    /// boolean, integer, string (a priority name), object (`{"completed","total"}`).
+    private mutating func addChange(_ v: ChangeValue, _ i: Int32, _ st: SQLiteStatement) {
+        switch v {
+        case .none: st.bindNull(i)
+        case let .bool(b): row.add(i, b ? "true" : "false")
+        case let .int(n): row.add(i) { JSONWriter.integer(n, to: &$0) }
+        case let .priority(p): row.add(i) { JSONWriter.string(p.name, to: &$0) }
+        case let .progress(p):
+            row.add(i) { out in
+                out.append(contentsOf: #"{"completed":"#.utf8)
+                JSONWriter.number(p.completed, to: &out)
+                out.append(contentsOf: #","total":"#.utf8)
+                JSONWriter.number(p.total, to: &out)
+                out.append(UInt8(ascii: "}"))
+            }
+        }
+    }
+}
+
+/// Reads rows back into values. Every failure names the row and column.
+enum RecordDecoder {
+    static func operation(_ st: SQLiteStatement) throws(DecodeFailure) -> OperationSnapshot {
+        let raw = st.uint64(0)
+        func fail(_ column: String, _ why: String) -> DecodeFailure {
+            DecodeFailure(detail: "operations row \(OperationID(raw: raw)): column \(column) \(why)")
+        }
+        guard let queue = st.text(1) else { throw fail("queue", "is NULL") }
+        guard let kind = st.text(3) else { throw fail("kind", "is NULL") }
+        guard let priority = QueuePriority(rawValue: st.int(5)) else { throw fail("priority", "is not a priority") }
+        guard let stateText = st.text(6), let state = OperationState(rawValue: stateText) else { throw fail("state", "is not a state") }
+        var outcome: OperationOutcome?
+        if let o = st.text(7) {
+            guard let v = OperationOutcome(rawValue: o) else { throw fail("outcome", "is not an outcome") }
+            outcome = v
+        }
+        guard let deps = st.withBytes(9, { parseIDList($0) }), let dependencies = deps else { throw fail("dependencies", "is not a list of ids") }
+        let progress = st.isNull(10) ? nil : OperationProgress(completed: st.double(10), total: st.double(11))
+        var retry: RetryPolicy?
+        if let r = try json(st, 20, fail("retry", "is not JSON")) {
+            guard case let .number(m)? = r["maxAttempts"], case let .number(b)? = r["backoff"], case let .number(x)? = r["multiplier"] else {
+                throw fail("retry", "lacks maxAttempts, backoff or multiplier")
+            }
+            retry = RetryPolicy(maxAttempts: Int(m), backoff: b, multiplier: x)
+        }
+        let options = OperationOptions(timeout: st.isNull(19) ? nil : st.double(19), retry: retry, notBefore: time(st, 21))
+        return OperationSnapshot(
+            id: OperationID(raw: raw), queue: queue, name: st.text(2), kind: kind,
+            spec: try json(st, 4, fail("spec", "is not JSON")),
+            state: state, outcome: outcome, isCancelled: st.int64(8) != 0, queuePriority: priority,
+            dependencies: dependencies, progress: progress, attempt: st.int(12),
+            result: try json(st, 13, fail("result", "is not JSON")),
+            error: try json(st, 14, fail("error", "is not JSON")),
+            createdAt: Timestamp(nanoseconds: st.int64(15)), startedAt: time(st, 16), finishedAt: time(st, 17),
+            revision: st.uint64(18), options: options, executedSeconds: st.double(22),
+            kindState: try json(st, 23, fail("kind_state", "is not JSON")))
+    }
+
+    /// Counts and `operationCount` are not stored (they change with every operation); the
+    /// loader fills them in from the operations.
+    static func queue(_ st: SQLiteStatement) throws(DecodeFailure) -> QueueSnapshot {
+        guard let name = st.text(0) else { throw DecodeFailure(detail: "queues row with a NULL name") }
+        var counts: [OperationState: Int] = [:]
+        for s in OperationState.allCases { counts[s] = 0 }
+        return QueueSnapshot(
+            name: name, maxConcurrentOperationCount: st.int(1), effectiveMaxConcurrentOperationCount: st.int(2),
+            isSuspended: st.int64(3) != 0, operationCount: 0, counts: counts, revision: st.uint64(4),
+            createdAt: Timestamp(nanoseconds: st.int64(5)))
+    }
+
+    static func event(_ st: SQLiteStatement) throws(DecodeFailure) -> ChangeEvent {
+        let seq = st.uint64(0)
+        func fail(_ column: String) -> DecodeFailure { DecodeFailure(detail: "events row \(seq): column \(column) is not valid") }
+        guard let queue = st.text(2) else { throw fail("queue") }
+        guard let k = st.text(4), let key = ChangeKey(rawValue: k) else { throw fail("key") }
+        guard let old = changeColumn(st, 5) else { throw fail("old") }
+        guard let new = changeColumn(st, 6) else { throw fail("new") }
+        guard let s = st.text(7), let state = OperationState(rawValue: s) else { throw fail("state") }
+        return ChangeEvent(seq: seq, time: Timestamp(nanoseconds: st.int64(1)), queue: queue, operation: OperationID(raw: st.uint64(3)),
+                           key: key, old: old, new: new, state: state)
+    }
+
+    static func idempotency(_ st: SQLiteStatement) throws(DecodeFailure) -> IdempotencyRecord {
+        guard let scope = st.text(0) else { throw DecodeFailure(detail: "idempotency row with a NULL scope") }
+        func fail() -> DecodeFailure { DecodeFailure(detail: "idempotency row \(scope): column headers is not valid") }
+        var headers: [(String, String)] = []
+        guard let h = try json(st, 3, fail()), case let .array(pairs) = h else { throw fail() }
+        for p in pairs {
+            guard case let .array(nv) = p, nv.count == 2, case let .string(n) = nv[0], case let .string(v) = nv[1] else { throw fail() }
+            headers.append((n, v))
+        }
+        return IdempotencyRecord(scope: scope, bodyHash: st.text(1) ?? "", status: st.int(2), headers: headers,
+                                 body: st.bytes(4) ?? [], createdAt: Timestamp(nanoseconds: st.int64(5)))
+    }
+
+    private static func time(_ st: SQLiteStatement, _ i: Int32) -> Timestamp? {
+        st.isNull(i) ? nil : Timestamp(nanoseconds: st.int64(i))
+    }
+
+    private static func json(_ st: SQLiteStatement, _ i: Int32, _ failure: @autoclosure () -> DecodeFailure) throws(DecodeFailure) -> JSONValue? {
+        guard let bytes = st.bytes(i) else { return nil }
+        do { return try JSONValue.parse(bytes) } catch { throw failure() }
+    }
+
+    /// `[1,22,333]` (ids as exact integers: JSON numbers are doubles, ids are 64-bit).
+    static func parseIDList(_ b: UnsafeRawBufferPointer) -> [OperationID]? {
+        var out: [OperationID] = []
+        var i = 0
+        func skip() { while i < b.count, b[i] == 0x20 { i += 1 } }
+        skip()
+        guard i < b.count, b[i] == UInt8(ascii: "[") else { return nil }
+        i += 1; skip()
+        if i < b.count, b[i] == UInt8(ascii: "]") { return out }
+        while true {
+            skip()
+            var v: UInt64 = 0
+            let start = i
+            while i < b.count, b[i] >= 48, b[i] <= 57 {
+                let (m, o1) = v.multipliedReportingOverflow(by: 10)
+                let (a, o2) = m.addingReportingOverflow(UInt64(b[i] - 48))
+                if o1 || o2 { return nil }
+                v = a; i += 1
+            }
+            if i == start { return nil }
+            out.append(OperationID(raw: v))
+            skip()
+            guard i < b.count else { return nil }
+            if b[i] == UInt8(ascii: ",") { i += 1; continue }
+            if b[i] == UInt8(ascii: "]") { return out }
+            return nil
+        }
+    }
+
+    private static func changeColumn(_ st: SQLiteStatement, _ i: Int32) -> ChangeValue? {
+        if st.isNull(i) { return ChangeValue.none }
+        return st.withBytes(i) { change($0) } ?? nil
+    }
+
+    /// The JSON of a `ChangeValue` (see `RecordBinder.bindChange`).
+    static func change(_ b: UnsafeRawBufferPointer) -> ChangeValue? {
+        guard let first = b.first else { return nil }
+        switch first {
+        case UInt8(ascii: "t"): return .bool(true)
+        case UInt8(ascii: "f"): return .bool(false)
+        case UInt8(ascii: "\""):
+            guard b.count >= 2 else { return nil }
+            let name = String(decoding: UnsafeRawBufferPointer(rebasing: b[1..<(b.count - 1)]), as: UTF8.self)
+            return QueuePriority(name: name).map { .priority($0) }
+        case UInt8(ascii: "{"):
+            guard let v = try? JSONValue.parse(Array(b)), case let .number(c)? = v["completed"], case let .number(t)? = v["total"] else { return nil }
+            return .progress(OperationProgress(completed: c, total: t))
+        default:
+            return Int(String(decoding: b, as: UTF8.self)).map { .int($0) }
+        }
+    }
+}

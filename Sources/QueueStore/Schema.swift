@@ -1,0 +1,130 @@
+/// The store's tables, and how older files are brought up to date.
+///
+/// `PRAGMA user_version` holds the schema version and `PRAGMA application_id` marks the file
+/// as opqd's, so a file of another program, or of a newer opqd, is refused instead of being
+/// written over. Version N+1 is reached from N by `migrations[N]`, inside one transaction.
+enum Schema {
+    /// `opqd` in ASCII.
+    static let applicationID: Int64 = 0x6F70_7164
+    /// The version this build writes.
+    static var version: Int { migrations.count }
+
+    static let migrations: [String] = [
+        // 0 -> 1: the first schema.
+        """
+        CREATE TABLE queues (
+            name           TEXT PRIMARY KEY NOT NULL,
+            max_concurrent INTEGER NOT NULL,   -- as configured: positive or -1
+            effective_max  INTEGER NOT NULL,   -- the limit in force when written
+            is_suspended   INTEGER NOT NULL,
+            revision       INTEGER NOT NULL,
+            created_at     INTEGER NOT NULL    -- ns since the Unix epoch
+        ) WITHOUT ROWID;
+
+        CREATE TABLE operations (
+            id                 INTEGER PRIMARY KEY,  -- OperationID.raw
+            queue              TEXT NOT NULL,
+            name               TEXT,
+            kind               TEXT NOT NULL,
+            spec               TEXT,                 -- JSON; NULL = absent, 'null' = JSON null
+            priority           INTEGER NOT NULL,     -- QueuePriority.rawValue (-8 ... 8)
+            state              TEXT NOT NULL,        -- pending, ready, executing, paused, finished
+            outcome            TEXT,
+            is_cancelled       INTEGER NOT NULL,
+            dependencies       TEXT NOT NULL,        -- JSON array of ids, e.g. [3,7]
+            progress_completed REAL,
+            progress_total     REAL,
+            attempt            INTEGER NOT NULL,
+            result             TEXT,                 -- JSON
+            error              TEXT,                 -- JSON
+            created_at         INTEGER NOT NULL,
+            started_at         INTEGER,
+            finished_at        INTEGER,
+            revision           INTEGER NOT NULL,
+            timeout            REAL,                 -- options.timeout, seconds
+            retry              TEXT,                 -- options.retry as {"maxAttempts","backoff","multiplier"}
+            not_before         INTEGER,              -- options.notBefore, ns
+            executed_seconds   REAL NOT NULL,
+            kind_state         TEXT                  -- JSON
+        );
+        CREATE INDEX operations_by_queue ON operations(queue);
+        CREATE INDEX operations_finished ON operations(finished_at) WHERE state = 'finished';
+
+        CREATE TABLE events (
+            seq       INTEGER PRIMARY KEY,
+            time      INTEGER NOT NULL,
+            queue     TEXT NOT NULL,
+            operation INTEGER NOT NULL,
+            key       TEXT NOT NULL,
+            old       TEXT,        -- JSON; NULL = ChangeValue.none
+            new       TEXT,
+            state     TEXT NOT NULL
+        );
+        CREATE INDEX events_by_operation ON events(operation);
+
+        CREATE TABLE idempotency (
+            scope      TEXT PRIMARY KEY NOT NULL,
+            body_hash  TEXT NOT NULL,
+            status     INTEGER NOT NULL,
+            headers    TEXT NOT NULL,   -- JSON [[name, value], ...]
+            body       BLOB NOT NULL,
+            created_at INTEGER NOT NULL
+        );
+        CREATE INDEX idempotency_by_time ON idempotency(created_at);
+
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY NOT NULL,
+            value
+        ) WITHOUT ROWID;
+        """,
+    ]
+
+    static let operationColumns = """
+        id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
+        progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
+        revision, timeout, retry, not_before, executed_seconds, kind_state
+        """
+    static let eventColumns = "seq, time, queue, operation, key, old, new, state"
+    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
+    static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
+
+    static func placeholders(_ n: Int) -> String { (1...n).map { "?\($0)" }.joined(separator: ", ") }
+
+    // An upsert updates the row in place; OR REPLACE would delete and re-insert it (and its
+    // index entries), which also needs a statement journal.
+    static let upsertOperation = """
+        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(24))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
+        """
+
+    /// `a = excluded.a, b = excluded.b, ...` for every column but the first (the key).
+    static func updateAll(_ columns: String) -> String {
+        columns.split(separator: ",").dropFirst().map { $0.trimmingCharacters() }.map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
+    }
+    static let upsertQueue = "INSERT OR REPLACE INTO queues (\(queueColumns)) VALUES (\(placeholders(6)))"
+    // Plain INSERT: OR REPLACE costs a statement journal per row (about a microsecond).
+    static let insertEvent = "INSERT INTO events (\(eventColumns)) VALUES (\(placeholders(8)))"
+    /// For the rare batch that repeats a seq (an engine that was not restored): the newer wins.
+    static let replaceEvent = "INSERT OR REPLACE INTO events (\(eventColumns)) VALUES (\(placeholders(8)))"
+    static let upsertIdempotency = "INSERT OR REPLACE INTO idempotency (\(idempotencyColumns)) VALUES (\(placeholders(6)))"
+    static let setLastSeq = "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_seq', ?1)"
+    // Events go first, while the operations still say which ones belong to the queue.
+    static let deleteQueueEvents = "DELETE FROM events WHERE operation IN (SELECT id FROM operations WHERE queue = ?1)"
+    static let deleteQueueOperations = "DELETE FROM operations WHERE queue = ?1"
+    static let deleteQueue = "DELETE FROM queues WHERE name = ?1"
+    // The literal `state = 'finished'` lets SQLite use the partial index.
+    static let selectPurgeable = "SELECT id FROM operations WHERE state = 'finished' AND finished_at < ?1 ORDER BY finished_at LIMIT ?2"
+    static let deleteOperationEvents = "DELETE FROM events WHERE operation = ?1"
+    static let deleteOperation = "DELETE FROM operations WHERE id = ?1"
+    /// The newest seq ever written: kept in `meta` because purging events may delete it.
+    static let lastSeq = """
+        SELECT max(coalesce((SELECT value FROM meta WHERE key = 'last_seq'), 0), coalesce((SELECT max(seq) FROM events), 0))
+        """
+    static let deleteOldIdempotency = "DELETE FROM idempotency WHERE created_at < ?1"
+}
+
+extension Substring {
+    /// Without surrounding spaces and newlines.
+    func trimmingCharacters() -> String {
+        String(drop { $0 == " " || $0 == "\n" }.reversed().drop { $0 == " " || $0 == "\n" }.reversed())
+    }
+}

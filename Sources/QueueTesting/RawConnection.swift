@@ -1,0 +1,204 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A failure of the test HTTP client: connect, send, receive, timeout or a malformed answer.
+public struct TestClientError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// A blocking TCP connection to 127.0.0.1 with send and receive timeouts, so a hung server
+/// fails a test instead of hanging it. Used from one thread at a time (see `onThread`).
+public final class RawConnection {
+    public let fd: Int32
+    private var buffer: [UInt8] = []
+    private var isClosed = false
+
+    public init(port: Int, timeout: Double = 10) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestClientError("socket() failed: errno \(errno)") }
+        var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard result == 0 else {
+            let e = errno
+            Glibc.close(fd)
+            throw TestClientError("connect() to 127.0.0.1:\(port) failed: errno \(e)")
+        }
+    }
+
+    /// Takes over an already connected socket (the accepting side of `WebhookReceiver`).
+    init(adopting fd: Int32, timeout: Double) {
+        self.fd = fd
+        var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close() }
+
+    public func close() {
+        if !isClosed {
+            isClosed = true
+            Glibc.close(fd)
+        }
+    }
+
+    /// Sends everything; false if the peer closed or reset (never SIGPIPE).
+    @discardableResult
+    public func send(_ bytes: [UInt8]) -> Bool {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, bytes.count - sent, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 {
+                if n < 0 && errno == EINTR { continue }
+                return false
+            }
+            sent += n
+        }
+        return true
+    }
+
+    @discardableResult
+    public func send(_ text: String) -> Bool { send(Array(text.utf8)) }
+
+    /// True when bytes (or EOF) can be read within `milliseconds`.
+    public func isReadable(milliseconds: Int32) -> Bool {
+        if !buffer.isEmpty { return true }
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&p, 1, milliseconds) > 0
+    }
+
+    /// Receives more bytes into the buffer; false at EOF (or reset). Throws on timeout.
+    private func fill() throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
+            if n == 0 { return false }
+            if n < 0 {
+                let e = errno
+                if e == EINTR { continue }
+                if e == ECONNRESET { return false }
+                if e == EAGAIN || e == EWOULDBLOCK { throw TestClientError("timed out waiting for the server's answer") }
+                throw TestClientError("recv failed: errno \(e)")
+            }
+            buffer.append(contentsOf: chunk[0..<n])
+            return true
+        }
+    }
+
+    public func readLine() throws -> String {
+        var searched = 0
+        while true {
+            if let index = buffer[searched...].firstIndex(of: 0x0A) {
+                var line = Array(buffer[..<index])
+                buffer.removeFirst(index + 1)
+                if line.last == 0x0D { line.removeLast() }
+                return String(decoding: line, as: UTF8.self)
+            }
+            searched = buffer.count
+            guard try fill() else { throw TestClientError("connection closed while reading a line") }
+        }
+    }
+
+    public func readBytes(_ count: Int) throws -> [UInt8] {
+        while buffer.count < count {
+            guard try fill() else { throw TestClientError("connection closed after \(buffer.count) of \(count) bytes") }
+        }
+        let bytes = Array(buffer[..<count])
+        buffer.removeFirst(count)
+        return bytes
+    }
+
+    /// Everything until the peer closes.
+    public func readToEOF() throws -> [UInt8] {
+        while try fill() {}
+        defer { buffer = [] }
+        return buffer
+    }
+
+    /// The status line and headers of the next response (skipping `100 Continue`).
+    public func readHead() throws -> (status: Int, headers: [(String, String)]) {
+        while true {
+            let statusLine = try readLine()
+            let parts = statusLine.split(separator: " ", maxSplits: 2)
+            guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let status = Int(parts[1]) else {
+                throw TestClientError("bad status line: \(statusLine.debugDescription)")
+            }
+            var headers: [(String, String)] = []
+            while true {
+                let line = try readLine()
+                if line.isEmpty { break }
+                guard let colon = line.firstIndex(of: ":") else { throw TestClientError("bad header line: \(line.debugDescription)") }
+                headers.append((String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+            }
+            if status == 100 { continue }
+            return (status, headers)
+        }
+    }
+
+    /// One chunk of a chunked body; nil at the last (zero) chunk, after its trailer.
+    public func readChunk() throws -> [UInt8]? {
+        let sizeLine = try readLine()
+        guard let size = Int(sizeLine.split(separator: ";").first.map(String.init)?.trimmingCharacters(in: .whitespaces) ?? "", radix: 16) else {
+            throw TestClientError("bad chunk size line: \(sizeLine.debugDescription)")
+        }
+        if size == 0 {
+            while try !readLine().isEmpty {}
+            return nil
+        }
+        let chunk = try readBytes(size)
+        guard try readLine().isEmpty else { throw TestClientError("chunk not followed by CRLF") }
+        return chunk
+    }
+
+    /// A whole response: body by Content-Length, chunked, or until EOF.
+    public func readResponse(requestMethod: String) throws -> TestResponse {
+        let (status, headers) = try readHead()
+        let h = TestHeaders(headers)
+        var body: [UInt8] = []
+        if requestMethod == "HEAD" || status == 204 || status == 304 || (100..<200).contains(status) {
+        } else if h["transfer-encoding"]?.lowercased().contains("chunked") == true {
+            while let chunk = try readChunk() { body += chunk }
+        } else if let length = h["content-length"].flatMap({ Int($0) }) {
+            body = try readBytes(length)
+        } else {
+            body = try readToEOF()
+        }
+        return TestResponse(status: status, headers: h, body: body)
+    }
+
+    /// Request bytes for HTTP/1.1 with `Connection: close`.
+    public static func head(_ method: String, _ path: String, headers: [String: String], contentLength: Int?) -> String {
+        var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        for (name, value) in headers.sorted(by: { $0.key < $1.key }) { head += "\(name): \(value)\r\n" }
+        if let contentLength { head += "Content-Length: \(contentLength)\r\n" }
+        head += "\r\n"
+        return head
+    }
+}
+
+/// Runs blocking work on its own thread, so blocking sockets never tie up the cooperative pool
+/// (long polls would otherwise starve other tests running in parallel).
+public func onThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+        let thread = Thread {
+            do { continuation.resume(returning: try work()) } catch { continuation.resume(throwing: error) }
+        }
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+}

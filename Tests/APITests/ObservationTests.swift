@@ -1,0 +1,248 @@
+import Foundation
+import QueueTesting
+import Testing
+
+@Suite("Observation and service endpoints")
+struct ObservationTests {
+    @Test("the event feed pages by after and limit, oldest first")
+    func eventFeedPages() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q")
+            let id = try await server.addDelay("q", seconds: 0)
+            #expect(try await server.waitForState(id, "finished"))
+            let all = try await server.request("GET", "/v1/events?after=0")
+            #expect(all.status == 200)
+            let events = all.objects("events")
+            #expect(events.count >= 3, "\(all.text)")
+            let seqs = events.compactMap { $0["seq"] as? Int }
+            #expect(seqs == Array(1...events.count), "seqs \(seqs)")
+            #expect(all.int("next") == seqs.last)
+            for e in events {
+                #expect(e["operation"] as? String == id)
+                #expect(e["queue"] as? String == "q")
+                #expect(e["key"] is String && e["state"] is String && e.keys.contains("new") && e.keys.contains("old"))
+                let time = e["time"] as? String ?? ""
+                #expect(time.range(of: #"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$"#, options: .regularExpression) != nil, "time \(time)")
+            }
+            let page = try await server.request("GET", "/v1/events?after=1&limit=2")
+            #expect(page.status == 200)
+            #expect(page.objects("events").compactMap { $0["seq"] as? Int } == [2, 3])
+            #expect(page.int("next") == 3)
+            let end = try await server.request("GET", "/v1/events?after=\(seqs.last!)")
+            #expect(end.objects("events").isEmpty)
+            #expect(end.int("next") == seqs.last)
+        }
+    }
+
+    @Test("the event feed long poll answers as soon as an event arrives")
+    func eventFeedLongPoll() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let last = try await server.lastSeq()
+            let start = Date()
+            async let poll = server.request("GET", "/v1/events?after=\(last)&wait=10")
+            try await Task.sleep(nanoseconds: 300_000_000)
+            let id = try await server.addDelay("q")
+            let r = try await poll
+            let took = elapsed(since: start)
+            #expect(r.status == 200)
+            #expect(took >= 0.25, "answered after \(took) s, before any event existed: \(r.text)")
+            #expect(took < 3, "answered after \(took) s")
+            let events = r.objects("events")
+            #expect(!events.isEmpty)
+            #expect(events.first?["operation"] as? String == id)
+            #expect(events.compactMap { $0["seq"] as? Int }.allSatisfy { $0 > last })
+        }
+    }
+
+    @Test("the event feed long poll answers empty at its wait")
+    func eventFeedLongPollTimesOut() async throws {
+        try await withLiveServer { server in
+            let start = Date()
+            let r = try await server.request("GET", "/v1/events?after=0&wait=0.3")
+            let took = elapsed(since: start)
+            #expect(r.status == 200)
+            #expect(r.objects("events").isEmpty)
+            #expect(took >= 0.25 && took < 3, "answered after \(took) s")
+        }
+    }
+
+    @Test("the SSE stream sends events whose id lines equal their seqs")
+    func eventStream() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q")
+            let id = try await server.addDelay("q", seconds: 0)
+            #expect(try await server.waitForState(id, "finished"))
+            let expected = try await server.request("GET", "/v1/events?after=0").objects("events").count
+            #expect(expected >= 3)
+            let (head, events) = try await server.readEventStream("/v1/events/stream?after=0", count: expected, timeout: 2)
+            #expect(head.status == 200)
+            #expect(head.mediaType == "text/event-stream")
+            #expect(events.count == expected, "\(events)")
+            for (i, e) in events.enumerated() {
+                #expect(e.id == String(i + 1))
+                #expect(e.id == (e.object["seq"] as? Int).map(String.init), "\(e)")
+                #expect(e.object["operation"] as? String == id)
+            }
+            let from2 = try await server.readEventStream("/v1/events/stream?after=2", count: 1, timeout: 2)
+            #expect(from2.events.first?.id == "3")
+            // A reconnecting EventSource resumes from Last-Event-ID.
+            let resumed = try await server.readEventStream("/v1/events/stream", count: 1, timeout: 2, headers: ["Last-Event-ID": "1"])
+            #expect(resumed.events.first?.id == "2")
+        }
+    }
+
+    @Test("the SSE stream delivers live events as they happen")
+    func eventStreamLive() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            async let stream = server.readEventStream("/v1/events/stream", count: 1, timeout: 5)
+            try await Task.sleep(nanoseconds: 200_000_000)
+            let start = Date()
+            let id = try await server.addDelay("q")
+            let (head, events) = try await stream
+            #expect(head.status == 200)
+            #expect(elapsed(since: start) < 2)
+            let first = try #require(events.first)
+            #expect(first.object["operation"] as? String == id)
+            #expect(first.id == (first.object["seq"] as? Int).map(String.init))
+        }
+    }
+
+    @Test("many open long polls neither block other requests nor miss the event that ends them")
+    func manyLongPolls() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let polls = (0..<16).map { _ in Task { try await server.request("GET", "/v1/events?after=0&wait=10") } }
+            let waits = (0..<4).map { _ in Task { try await server.request("GET", "/v1/queues/q/wait?timeout=10") } }
+            try await Task.sleep(nanoseconds: 300_000_000)
+            let quick = Date()
+            #expect(try await server.request("GET", "/healthz").status == 200)
+            #expect(elapsed(since: quick) < 2, "a plain request waited behind the long polls")
+            let start = Date()
+            let id = try await server.addDelay("q", seconds: 0)
+            for poll in polls {
+                let r = try await poll.value
+                #expect(r.objects("events").first?["operation"] as? String == id, "\(r)")
+            }
+            #expect(elapsed(since: start) < 2)
+            _ = try await server.request("POST", "/v1/queues/q/resume").expecting(200)
+            for wait in waits {
+                let r = try await wait.value
+                #expect(r.bool("idle") == true, "\(r)")
+            }
+            #expect(elapsed(since: start) < 3)
+        }
+    }
+
+    @Test("shutting down answers open long polls with 503 and ends open streams promptly")
+    func shutdownEndsWaiters() async throws {
+        let start = Date()
+        let (poll, stream) = try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            _ = try await server.addDelay("q")
+            let poll = Task { try await server.request("GET", "/v1/queues/q/wait?timeout=30") }
+            let stream = Task { try await server.readEventStream("/v1/events/stream?after=0", count: 1000, timeout: 20) }
+            try await Task.sleep(nanoseconds: 300_000_000)
+            return (poll, stream)
+        }
+        let shutdownTook = elapsed(since: start)
+        #expect(shutdownTook < 5, "shutdown took \(shutdownTook) s with a long poll and a stream open")
+        // A long poll still open at shutdown is answered 503 problem+json (openapi.yaml: "while the
+        // server starts or stops, any route may answer 503"), so the client retries elsewhere.
+        let answered = try await poll.value
+        expectProblem(answered, 503)
+        let (head, events) = try await stream.value
+        #expect(head.status == 200)
+        #expect(events.count == 1, "the backlog event arrived before the stream ended")
+        #expect(elapsed(since: start) < 8, "the stream did not end at shutdown")
+    }
+
+    @Test("a webhook receives each change of its operation as event JSON")
+    func webhook() async throws {
+        let receiver = try WebhookReceiver()
+        defer { receiver.close() }
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let id = try await server.addDelay("q", seconds: 0.05)
+            let other = try await server.addDelay("q", seconds: 0.05)
+            let r = try await server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"\#(receiver.url)"}"#)
+            #expect(r.status == 201, "\(r)")
+            #expect(r.headers["Location"] != nil)
+            #expect(r.string("url") == receiver.url)
+            _ = try await server.request("POST", "/v1/queues/q/resume").expecting(200)
+            #expect(try await server.waitForState(id, "finished"))
+            #expect(try await server.waitForState(other, "finished"))
+            let arrived = await receiver.waitFor(timeout: 5) { requests in
+                requests.contains { $0.object["key"] as? String == "isFinished" && $0.object["new"] as? Bool == true }
+            }
+            #expect(arrived, "got: \(receiver.requests.map(\.text))")
+            let hooks = receiver.requests
+            #expect(hooks.allSatisfy { $0.method == "POST" && $0.path == "/hook" })
+            #expect(hooks.allSatisfy { $0.object["operation"] as? String == id }, "only its own operation: \(hooks.map(\.text))")
+            #expect(hooks.allSatisfy { $0.headers["content-type"]?.hasPrefix("application/json") == true })
+            #expect(hooks.contains { $0.object["key"] as? String == "isExecuting" && $0.object["new"] as? Bool == true })
+            // Each is a feed event: the same seq and content as the feed has.
+            let feed = try await server.request("GET", "/v1/operations/\(id)/events").objects("events")
+            let feedSeqs = Set(feed.compactMap { $0["seq"] as? Int })
+            #expect(hooks.allSatisfy { ($0.object["seq"] as? Int).map(feedSeqs.contains) == true })
+        }
+    }
+
+    @Test("a webhook with keys receives only those keys")
+    func webhookKeys() async throws {
+        let receiver = try WebhookReceiver()
+        defer { receiver.close() }
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let id = try await server.addDelay("q", seconds: 0.02)
+            let r = try await server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"\#(receiver.url)","keys":["isFinished"]}"#)
+            #expect(r.status == 201, "\(r)")
+            _ = try await server.request("POST", "/v1/queues/q/resume").expecting(200)
+            #expect(try await server.waitForState(id, "finished"))
+            #expect(await receiver.waitFor { !$0.isEmpty })
+            try await Task.sleep(nanoseconds: 200_000_000)
+            #expect(receiver.requests.map { $0.object["key"] as? String } == ["isFinished"], "\(receiver.requests.map(\.text))")
+        }
+    }
+
+    @Test("healthz and readyz answer 200")
+    func health() async throws {
+        try await withLiveServer { server in
+            let h = try await server.request("GET", "/healthz")
+            #expect(h.status == 200)
+            #expect(h.string("status") == "ok")
+            let r = try await server.request("GET", "/readyz")
+            #expect(r.status == 200)
+            #expect(r.string("status") == "ready")
+        }
+    }
+
+    @Test("metrics are Prometheus text with operations by queue and state")
+    func metrics() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("metered")
+            let id = try await server.addDelay("metered", seconds: 0)
+            #expect(try await server.waitForState(id, "finished"))
+            let r = try await server.request("GET", "/metrics")
+            #expect(r.status == 200)
+            #expect(r.mediaType == "text/plain")
+            #expect(r.text.contains("opqd_operations"))
+            #expect(r.text.contains("# TYPE"))
+            let lines = r.text.split(separator: "\n").map(String.init)
+            #expect(lines.contains(#"opqd_operations{queue="metered",state="finished"} 1"#), "\(r.text)")
+            #expect(lines.contains(#"opqd_operations{queue="metered",state="executing"} 0"#), "\(r.text)")
+            #expect(lines.contains { $0.hasPrefix("opqd_http_requests_total") }, "\(r.text)")
+        }
+    }
+
+    @Test("the OpenAPI document is served")
+    func openAPI() async throws {
+        try await withLiveServer { server in
+            let r = try await server.request("GET", "/openapi.yaml")
+            #expect(r.status == 200)
+            #expect(r.text.hasPrefix("openapi:") || r.text.contains("\nopenapi:"))
+            #expect(r.text.contains("/v1/queues"))
+        }
+    }
+}

@@ -1,0 +1,141 @@
+import Foundation
+import QueueEngine
+@testable import QueueStore
+import Testing
+
+/// Writes `bytes` over the file at `offset`.
+func overwrite(_ path: String, at offset: UInt64, with bytes: [UInt8]) throws {
+    let handle = try #require(FileHandle(forUpdatingAtPath: path))
+    try handle.seek(toOffset: offset)
+    handle.write(Data(bytes))
+    try handle.close()
+}
+
+/// A store with a few hundred operations, closed (WAL checkpointed into the main file).
+func makeStore(in dir: TemporaryDirectory, operations: Int = 300) throws {
+    let store = try SQLiteStore(directory: dir.path)
+    store.append([.queue(queueSnapshot("q"))], upTo: 1)
+    for i in 1...operations {
+        var op = operationSnapshot(UInt64(i))
+        op.spec = .string(String(repeating: "x", count: 200))
+        store.append([.operation(op), .event(event(UInt64(i), UInt64(i)))], upTo: UInt64(i + 1))
+    }
+    #expect(waitDurable(store, UInt64(operations + 1)))
+    store.close()
+}
+
+/// Opens the store expecting a `StoreError`; returns it.
+func openFailure(_ dir: String) -> StoreError? {
+    do {
+        let s = try SQLiteStore(directory: dir)
+        s.close()
+        return nil
+    } catch {
+        return error
+    }
+}
+
+@Suite struct OpenFailureTests {
+    @Test func garbageOverTheHeaderIsRefusedNamingTheFile() throws {
+        try withTemporaryDirectory { dir in
+            try makeStore(in: dir)
+            try overwrite(dir.database, at: 0, with: Array("this is not a database at all, sorry!!".utf8) + [UInt8](repeating: 0xA5, count: 200))
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .notADatabase)
+            #expect(error.path == dir.database)
+            #expect(error.description.contains(dir.database))
+            // Nothing was written over it.
+            let head = try #require(FileManager.default.contents(atPath: dir.database))
+            #expect(head.starts(with: Array("this is not a database".utf8)))
+        }
+    }
+
+    @Test func aFileThatIsNotADatabaseIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            #expect(FileManager.default.createFile(atPath: dir.database, contents: Data(repeating: 0x42, count: 10_000)))
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .notADatabase)
+            #expect(error.description.contains(dir.database))
+        }
+    }
+
+    @Test func aDamagedPageFailsTheCheck() throws {
+        try withTemporaryDirectory { dir in
+            try makeStore(in: dir, operations: 2000)
+            let size = try #require(try FileManager.default.attributesOfItem(atPath: dir.database)[.size] as? UInt64)
+            #expect(size > 40 * 4096)
+            // Scribble over the middle pages, keeping the header (page 1) intact.
+            for page in stride(from: UInt64(2), to: size / 4096, by: 3) {
+                try overwrite(dir.database, at: page * 4096, with: [UInt8](repeating: 0x0D, count: 64))
+            }
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .corrupt)
+            #expect(error.description.contains(dir.database))
+        }
+    }
+
+    @Test func aNewerSchemaIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            try makeStore(in: dir, operations: 1)
+            let conn = try SQLiteConnection(path: dir.database, create: false)
+            try conn.execute("PRAGMA user_version = 99")
+            conn.close()
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .newerSchema(found: 99, supported: 1))
+            #expect(error.description.contains("99"))
+        }
+    }
+
+    @Test func anotherProgramsDatabaseIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            let conn = try SQLiteConnection(path: dir.database, create: true)
+            try conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO customers VALUES (1, 'x')")
+            conn.close()
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .foreignDatabase)
+        }
+    }
+
+    @Test func aDirectoryPathThatIsAFileIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            let path = dir.file("plain-file")
+            #expect(FileManager.default.createFile(atPath: path, contents: Data("x".utf8)))
+            let error = try #require(openFailure(path))
+            #expect(error.reason == .notADirectory)
+            #expect(error.description.contains(path))
+            let below = try #require(openFailure(path + "/sub"))
+            #expect(below.reason == .cannotCreateDirectory)
+        }
+    }
+
+    @Test(.enabled(if: getuid() != 0, "root reads and writes files whatever their mode"))
+    func anUnreadableFileIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            try makeStore(in: dir, operations: 1)
+            chmod(dir.database, 0)
+            defer { chmod(dir.database, 0o644) }
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .cannotOpen)
+            #expect(error.description.contains(dir.database))
+        }
+    }
+
+    @Test func aStoreInUseIsRefused() throws {
+        try withTemporaryDirectory { dir in
+            let store = try SQLiteStore(directory: dir.path)
+            let error = try #require(openFailure(dir.path))
+            #expect(error.reason == .inUse)
+            store.close()
+            let again = try SQLiteStore(directory: dir.path)
+            again.close()
+        }
+    }
+
+    @Test func anEmptyFileBecomesAStore() throws {
+        try withTemporaryDirectory { dir in
+            #expect(FileManager.default.createFile(atPath: dir.database, contents: Data()))
+            let store = try SQLiteStore(directory: dir.path)
+            store.close()
+        }
+    }
+}

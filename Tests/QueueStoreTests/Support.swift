@@ -1,0 +1,111 @@
+import Dispatch
+import Foundation
+import QueueEngine
+import QueueStore
+import Locking
+import Testing
+
+/// A value behind a lock, shareable with `@Sendable` callbacks. An `NSLock` (a pthread
+/// mutex), not `Lock`, which ThreadSanitizer cannot see through on Linux.
+final class Locked<Value: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: Value
+    init(_ value: Value) { stored = value }
+    var value: Value { withLock { $0 } }
+    @discardableResult
+    func withLock<T>(_ body: (inout Value) -> T) -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return body(&stored)
+    }
+}
+
+/// A fresh directory under the system's temporary directory, removed by `remove()`.
+struct TemporaryDirectory {
+    let path: String
+
+    init() {
+        var template = Array((NSTemporaryDirectory() + "opqd-store-test-XXXXXX").utf8CString)
+        path = String(cString: mkdtemp(&template)!)
+    }
+
+    /// A path inside the directory.
+    func file(_ name: String) -> String { path + "/" + name }
+
+    var database: String { file("opqd.sqlite") }
+
+    func remove() { try? FileManager.default.removeItem(atPath: path) }
+}
+
+/// Runs `body` with a fresh temporary directory, removed afterwards.
+func withTemporaryDirectory<T>(_ body: (TemporaryDirectory) throws -> T) rethrows -> T {
+    let dir = TemporaryDirectory()
+    defer { dir.remove() }
+    return try body(dir)
+}
+
+/// Blocks until `ticket` is durable or `timeout` seconds pass; true when it became durable.
+@discardableResult
+func waitDurable(_ store: SQLiteStore, _ ticket: UInt64, timeout: Double = 10) -> Bool {
+    let done = DispatchSemaphore(value: 0)
+    store.whenDurable(ticket) { done.signal() }
+    return done.wait(timeout: .now() + timeout) == .success
+}
+
+/// Blocks until everything the engine did so far is durable.
+@discardableResult
+func waitDurable(_ engine: QueueEngine, timeout: Double = 10) -> Bool {
+    let done = DispatchSemaphore(value: 0)
+    engine.whenDurable { done.signal() }
+    return done.wait(timeout: .now() + timeout) == .success
+}
+
+/// A fixed point in time for fixtures.
+let t0 = Timestamp(nanoseconds: 1_795_000_000_123_456_789)
+
+func queueSnapshot(_ name: String, max: Int = -1, effective: Int = 4, suspended: Bool = false, revision: UInt64 = 1,
+                   createdAt: Timestamp = t0) -> QueueSnapshot {
+    QueueSnapshot(name: name, maxConcurrentOperationCount: max, effectiveMaxConcurrentOperationCount: effective,
+                  isSuspended: suspended, operationCount: 0, counts: [:], revision: revision, createdAt: createdAt)
+}
+
+func operationSnapshot(_ raw: UInt64, queue: String = "q", state: OperationState = .ready) -> OperationSnapshot {
+    OperationSnapshot(
+        id: OperationID(raw: raw), queue: queue, name: nil, kind: "delay", spec: .object([("seconds", .number(1))]),
+        state: state, outcome: nil, isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil,
+        attempt: 0, result: nil, error: nil, createdAt: t0, startedAt: nil, finishedAt: nil, revision: 1, options: OperationOptions())
+}
+
+func event(_ seq: UInt64, _ op: UInt64, queue: String = "q", key: ChangeKey = .isReady, old: ChangeValue = .none,
+           new: ChangeValue = .bool(true), state: OperationState = .ready) -> ChangeEvent {
+    ChangeEvent(seq: seq, time: t0.adding(seconds: Double(seq)), queue: queue, operation: OperationID(raw: op),
+                key: key, old: old, new: new, state: state)
+}
+
+/// A kind whose work ends only when the test says so.
+final class ManualKind: OperationKind {
+    private let log = Locked<[(String, ExecutionContext)]>([])
+    func start(_ context: ExecutionContext) { log.withLock { $0.append(("start", context)) } }
+    func cancel(_ context: ExecutionContext) { log.withLock { $0.append(("cancel", context)) } }
+    func pause(_ context: ExecutionContext) { log.withLock { $0.append(("pause", context)) } }
+
+    func starts(of id: OperationID) -> [ExecutionContext] {
+        log.value.filter { $0.0 == "start" && $0.1.operation == id }.map(\.1)
+    }
+
+    /// Ends the latest run of `id`.
+    func finish(_ id: OperationID, _ completion: Completion = .succeeded(.null)) {
+        guard let context = starts(of: id).last else {
+            Issue.record("finish(\(id)): never started")
+            return
+        }
+        context.finish(completion)
+    }
+}
+
+/// A semaphore with a timeout in seconds.
+final class DispatchSemaphoreBox: Sendable {
+    private let semaphore = DispatchSemaphore(value: 0)
+    func signal() { semaphore.signal() }
+    func wait(seconds: Double) -> Bool { semaphore.wait(timeout: .now() + seconds) == .success }
+}
