@@ -48,13 +48,14 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqd-bench",
-            dependencies: ["QueueEngine", "QueueKinds", "QueueAPI"]
+            dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore"]
         ),
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking"]),
         .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking"]),
-        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking"]),
+        // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
+        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd"]),
     ]
 )

@@ -25,7 +25,8 @@ scripts/embed-openapi.sh --check
 
 step "schemathesis against a live server"
 log=$(mktemp)
-.build/debug/opqd --port 0 --log-level warning >"$log" 2>&1 &
+data=$(mktemp -d)
+.build/debug/opqd --port 0 --data "$data" --log-level warning >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
@@ -34,6 +35,7 @@ scripts/schemathesis.sh "$base"
 curl -fsS "$base/healthz" >/dev/null || { echo "server stopped answering after schemathesis"; cat "$log"; exit 1; }
 kill -TERM $pid; wait $pid || { echo "opqd did not exit 0 on SIGTERM"; exit 1; }
 trap - EXIT
+rm -rf "$data" "$log"
 
 step "swift test under ThreadSanitizer"
 set +e

@@ -2,10 +2,11 @@
 public enum HTTPHandlerResult: Sendable {
     /// Answer now.
     case response(HTTPResponse)
-    /// Answer later without holding a server thread: the connection is suspended and the closure
-    /// receives the responder (it runs on the server thread, so it must not block; calling
-    /// `respond` from inside it is fine). Whoever keeps the responder must eventually answer,
-    /// e.g. at a deadline, because a suspended connection does not notice its client leaving.
+    /// Answer later without holding a server thread. The closure runs at once on the server thread
+    /// (it must not block) and receives the responder; unless it has answered by the time it
+    /// returns, the connection is suspended (`MHD_suspend_connection`) until `respond` is called,
+    /// from any thread. A suspended connection does not notice its client leaving, so whoever
+    /// keeps the responder must answer eventually, e.g. at a deadline.
     case deferred(@Sendable (HTTPResponder) -> Void)
     /// A body of unknown length (chunked on HTTP/1.1), e.g. Server-Sent Events. `start` runs on
     /// the server thread right after the headers are queued and must not block.

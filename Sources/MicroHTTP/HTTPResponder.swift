@@ -17,6 +17,8 @@ public final class HTTPResponder: Sendable {
         var suspended = false
         /// Nil once the request has ended.
         var connection: MHDConnection?
+        /// Answered by its owner even during shutdown (see `answerBeforeShutdown`).
+        var keepThroughShutdown = false
     }
 
     enum Outcome {
@@ -45,6 +47,15 @@ public final class HTTPResponder: Sendable {
             }
         }
     }
+
+    /// Marks this request as one whose answer is on its way (e.g. waiting for a commit): at
+    /// shutdown it is waited for, up to the deadline, instead of being answered 503. Long polls
+    /// do not call this, so shutdown answers them at once.
+    public func answerBeforeShutdown() {
+        state.withLock { $0.keepThroughShutdown = true }
+    }
+
+    var keepsThroughShutdown: Bool { state.withLock { $0.keepThroughShutdown } }
 
     /// True once `respond` was called, or once the request ended without an answer
     /// (client gone, server stopped).

@@ -2,12 +2,15 @@
 /// fully received request.
 ///
 /// The handler runs on a server thread and must not block it: long polls use
-/// `HTTPHandlerResult.deferred`, event streams `HTTPHandlerResult.stream`.
+/// `HTTPHandlerResult.deferred`, event streams `HTTPHandlerResult.stream`. Once started it runs
+/// until `shutdown`, even if this object is released.
 public final class HTTPServer: Sendable {
     let core: ServerCore
 
     /// Creates a server; nothing listens until `start()`. `log` receives the server's own
-    /// messages (`level` is `"error"`, `"warning"` or `"info"`) from any thread.
+    /// messages from any thread; `level` is a swift-log level name: `"error"` (a handler threw, a
+    /// response could not be queued), `"warning"`, `"notice"` (libmicrohttpd's messages, mostly
+    /// about misbehaving clients) or `"info"` (started, stopped).
     public init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,

@@ -24,6 +24,7 @@ public final class OpqdApplication: Sendable {
     let idempotency: IdempotencyCache
     let webhooks: Webhooks
     let external: ExternalKind
+    let kindsConfiguration: KindsConfiguration
     /// The durable store, or nil with `--store memory`.
     let sqlite: SQLiteStore?
     let logger: Logger
@@ -38,9 +39,11 @@ public final class OpqdApplication: Sendable {
             : nil
         self.sqlite = sqlite
         let recovered = try sqlite?.load()
+        let kindsConfiguration = KindsConfiguration(allowCommands: configuration.allowCommands)
+        self.kindsConfiguration = kindsConfiguration
         let external = ExternalKind()
         self.external = external
-        var kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands))
+        var kinds = standardKinds(kindsConfiguration)
         kinds["external"] = external
         self.engine = QueueEngine(
             kinds: kinds, store: sqlite ?? InMemoryStore(),

@@ -1,4 +1,5 @@
 import QueueEngine
+import QueueStore
 import Locking
 
 /// Prometheus counters fed by the engine's observer and the request dispatcher.
@@ -38,7 +39,7 @@ final class Metrics: Sendable {
         }
     }
 
-    func render(engine: QueueEngine, lastSeq: UInt64) -> [UInt8] {
+    func render(engine: QueueEngine, lastSeq: UInt64, store: StoreStats? = nil) -> [UInt8] {
         var s = "# HELP opqd_operations Operations by queue and state.\n# TYPE opqd_operations gauge\n"
         for (queue, counts) in engine.stateCounts() {
             for st in OperationState.allCases {
@@ -62,6 +63,12 @@ final class Metrics: Sendable {
         s += "# HELP opqd_http_requests_total HTTP requests answered, by status.\n# TYPE opqd_http_requests_total counter\n"
         for (code, n) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
             s += "opqd_http_requests_total{code=\"\(code)\"} \(n)\n"
+        }
+        if let st = store {
+            s += "# HELP opqd_store_commits_total SQLite transactions committed (group commits).\n# TYPE opqd_store_commits_total counter\nopqd_store_commits_total \(st.commits)\n"
+            s += "# HELP opqd_store_records_total Records made durable.\n# TYPE opqd_store_records_total counter\nopqd_store_records_total \(st.records)\n"
+            s += "# HELP opqd_store_largest_commit Most records in one commit.\n# TYPE opqd_store_largest_commit gauge\nopqd_store_largest_commit \(st.largestCommit)\n"
+            s += "# HELP opqd_store_failures_total Commits that failed and were retried.\n# TYPE opqd_store_failures_total counter\nopqd_store_failures_total \(st.failures)\n"
         }
         s += "# HELP opqd_event_sequence The newest change's sequence number.\n# TYPE opqd_event_sequence gauge\nopqd_event_sequence \(lastSeq)\n"
         return Array(s.utf8)

@@ -20,8 +20,13 @@ info:
       `title`, `status` and `detail`; `type` is `https://opqd.dev/problems/<slug>`.
     * Request bodies refuse unknown fields (422 naming the field) and repeated fields
       (422); malformed JSON or a missing required body is 400; a wrong type or a value
-      out of range is 422. Query parameters are checked the same way on the routes that
-      list them as `Refuses unknown query parameters` (an unknown one is 422).
+      out of range is 422. Every `/v1` route refuses a query parameter it does not list
+      (422 naming it); the service routes (`/healthz`, `/readyz`, `/metrics`,
+      `/openapi.yaml`) ignore query parameters.
+    * A 2xx answer to a create or a change is sent only once the change is durable (with
+      the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
+      fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
+      registrations (`/v1/operations/{id}/observers`) are kept in memory only.
     * Times are RFC 3339 UTC strings with millisecond precision
       (`2026-11-22T10:00:00.125Z`); durations are seconds (numbers).
     * Optional fields of responses are omitted when they have no value (never `null`),
@@ -37,10 +42,12 @@ info:
     * There is no authentication in this build (API.md's 401 for a configured bearer
       token is not implemented: no token option exists yet).
     * While the server starts or stops, any route may answer 503 (problem+json).
-
-    Not described here yet: the worker routes of API.md for kind `external`
-    (`POST /v1/queues/{name}/claim`, `POST /v1/operations/{id}/heartbeat`,
-    `POST /v1/operations/{id}/progress`, `POST /v1/operations/{id}/finish`).
+    * Kind `command` is off unless the server was started with `--allow-command PATH`
+      (repeatable; `OPQD_ALLOW_COMMANDS` takes a colon-separated list): an operation whose
+      `spec.argv[0]` is not exactly one of the allowed executables is refused with 422
+      naming `spec.argv[0]`. With it allowed, a real process runs.
+    * Operations of kind `external` are driven by workers with the `workers` routes:
+      claim (a long poll that hands out a lease), heartbeat, progress, finish.
   license:
     name: Proprietary
     identifier: LicenseRef-Proprietary
@@ -51,6 +58,7 @@ tags:
   - name: queues
   - name: operations
   - name: observation
+  - name: workers
   - name: service
 
 paths:
@@ -93,7 +101,8 @@ paths:
                     const: ready
                   store:
                     type: string
-                    description: The store in use (`memory` in this build).
+                    enum: [sqlite, memory]
+                    description: The store in use (`--store`; default `sqlite`).
         '503':
           $ref: '#/components/responses/ServiceUnavailable'
 
@@ -104,7 +113,9 @@ paths:
       summary: Prometheus metrics
       description: |
         Prometheus text exposition format 0.0.4: operations by queue and state, state
-        transitions, operation durations, HTTP requests by status.
+        transitions, operation durations, HTTP requests by status, the newest event's
+        sequence number and, with the SQLite store, its commits (`opqd_store_*`).
+        Query parameters are ignored.
       responses:
         '200':
           description: The metrics.
@@ -200,6 +211,10 @@ paths:
               operationId: listOperations
               parameters:
                 name: '$response.body#/name'
+            Claim:
+              operationId: claimOperation
+              parameters:
+                name: '$response.body#/name'
         '400':
           $ref: '#/components/responses/BadRequest'
         '409':
@@ -256,6 +271,8 @@ paths:
           $ref: '#/components/responses/NotModified'
         '404':
           $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
     patch:
       operationId: updateQueue
       tags: [queues]
@@ -459,8 +476,8 @@ paths:
       description: |
         Only `kind` (and `spec` where the kind needs one) is required. Dependencies may
         name operations of other queues. A dependency id that is not an operation id, or
-        names no operation, is 404. Kind `command` is refused with 422 unless the server
-        allows its executable (none by default).
+        names no operation, is 404. Kind `command` is refused with 403 unless the server
+        allows its executable with `--allow-command` (none by default).
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -474,6 +491,8 @@ paths:
           $ref: '#/components/responses/OperationCreated'
         '400':
           $ref: '#/components/responses/BadRequest'
+        '403':
+          $ref: '#/components/responses/Forbidden'
         '404':
           $ref: '#/components/responses/NotFound'
         '409':
@@ -524,6 +543,81 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+  /v1/queues/{name}/claim:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    post:
+      operationId: claimOperation
+      tags: [workers]
+      summary: Claim a started external operation (long poll)
+      description: |
+        Hands one started, unclaimed operation of kind `external` of this queue to the
+        worker, with a lease: the worker then heartbeats before `lease.expiresAt`, reports
+        progress and finishes it with the lease's token. Operations are handed out in the
+        order they started. Without `wait` (or with 0) answers at once: 204 when none is
+        claimable; with `wait`, a long poll that answers as soon as one is, or 204 after
+        `wait` seconds. A lease that runs out fails the attempt (`lease-expired`); while
+        `retry.maxAttempts` allows, the operation is offered again with `attempt + 1`, else
+        it finishes `failed`. The body is optional (empty body = `{}`).
+      parameters:
+        - name: wait
+          in: query
+          required: false
+          description: Seconds to long-poll when nothing is claimable, 0 to 300 (default 0).
+          schema:
+            type: number
+            minimum: 0
+            maximum: 300
+            default: 0
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/ClaimRequest'
+      responses:
+        '200':
+          description: Claimed.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Claim'
+          links:
+            GetOperation:
+              operationId: getOperation
+              parameters:
+                id: '$response.body#/operation/id'
+            Heartbeat:
+              operationId: heartbeat
+              parameters:
+                id: '$response.body#/operation/id'
+              requestBody:
+                leaseToken: '$response.body#/lease/token'
+            ReportProgress:
+              operationId: reportProgress
+              parameters:
+                id: '$response.body#/operation/id'
+              requestBody:
+                leaseToken: '$response.body#/lease/token'
+            Finish:
+              operationId: finishOperation
+              parameters:
+                id: '$response.body#/operation/id'
+              requestBody:
+                leaseToken: '$response.body#/lease/token'
+        '204':
+          description: Nothing was claimable (within `wait`).
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
+
   /v1/operations/{id}:
     parameters:
       - $ref: '#/components/parameters/OperationIdPath'
@@ -547,6 +641,8 @@ paths:
           $ref: '#/components/responses/NotModified'
         '404':
           $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
     patch:
       operationId: updateOperation
       tags: [operations]
@@ -691,6 +787,118 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+  /v1/operations/{id}/heartbeat:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+    post:
+      operationId: heartbeat
+      tags: [workers]
+      summary: Extend a lease
+      description: |
+        Extends the lease by its length (`spec.lease`, default 30 s) from now. The answer
+        tells the worker whether the operation was cancelled (stop and finish it) or
+        paused (hold). 409 (`lease-conflict`) when the operation is not leased (the lease
+        expired, the operation finished, or it is not an `external` one) or the token is
+        not the current lease's.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/LeaseRequest'
+      responses:
+        '200':
+          description: The lease, extended.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Heartbeat'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/operations/{id}/progress:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+    post:
+      operationId: reportProgress
+      tags: [workers]
+      summary: Report progress
+      description: |
+        Sets the operation's `progress` (a `progress` change event). `total` 0 (the
+        default) means unknown; when `total` is positive, `completed` must not exceed it
+        (422). 409 (`lease-conflict`) as for heartbeat.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/ProgressReport'
+      responses:
+        '200':
+          description: The operation's status after the report.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Operation'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/operations/{id}/finish:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+    post:
+      operationId: finishOperation
+      tags: [workers]
+      summary: Finish a leased operation
+      description: |
+        `{"leaseToken", "result"}` succeeds it with `result`; `{"leaseToken", "error"}`
+        fails the attempt (an object with a string `type` becomes the error's `type`, its
+        `detail` and `data` are kept; anything else is reported as type `worker-error`
+        with the value as `data`); with neither it succeeds with result `null`. A failed
+        attempt is retried while `retry.maxAttempts` allows (the answer then shows the
+        operation executing with `attempt + 1`). 409 `already-finished` when the operation
+        has already finished; 409 `lease-conflict` when the lease is not (or no longer)
+        this worker's.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/FinishRequest'
+      responses:
+        '200':
+          description: The operation's status after it.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Operation'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
   /v1/operations/{id}/observers:
     parameters:
       - $ref: '#/components/parameters/OperationIdPath'
@@ -717,6 +925,17 @@ paths:
             application/json:
               schema:
                 $ref: '#/components/schemas/Webhook'
+          links:
+            GetObserver:
+              operationId: getObserver
+              parameters:
+                id: '$response.body#/operation'
+                observer: '$response.body#/id'
+            RemoveObserver:
+              operationId: removeObserver
+              parameters:
+                id: '$response.body#/operation'
+                observer: '$response.body#/id'
         '400':
           $ref: '#/components/responses/BadRequest'
         '404':
@@ -725,6 +944,92 @@ paths:
           $ref: '#/components/responses/Conflict'
         '413':
           $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    get:
+      operationId: listObservers
+      tags: [observation]
+      summary: The operation's webhooks
+      description: Sorted by id. Refuses unknown query parameters.
+      responses:
+        '200':
+          description: The webhooks.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [observers]
+                properties:
+                  observers:
+                    type: array
+                    items:
+                      $ref: '#/components/schemas/Webhook'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/operations/{id}/observers/{observer}:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+      - name: observer
+        in: path
+        required: true
+        description: The webhook's id (from its creation). One that is not a webhook of this operation is 404.
+        schema:
+          $ref: '#/components/schemas/WebhookId'
+    get:
+      operationId: getObserver
+      tags: [observation]
+      summary: One webhook
+      description: Refuses unknown query parameters.
+      responses:
+        '200':
+          description: The webhook.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Webhook'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    delete:
+      operationId: removeObserver
+      tags: [observation]
+      summary: Remove a webhook
+      description: No more changes are POSTed to its URL. Refuses unknown query parameters.
+      responses:
+        '204':
+          description: Removed.
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/workers:
+    get:
+      operationId: listWorkers
+      tags: [workers]
+      summary: Workers holding leases
+      description: |
+        Every worker that holds at least one live lease, sorted by name, with its leases
+        (oldest first). Refuses unknown query parameters.
+      responses:
+        '200':
+          description: The workers.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [workers]
+                properties:
+                  workers:
+                    type: array
+                    items:
+                      $ref: '#/components/schemas/Worker'
         '422':
           $ref: '#/components/responses/Unprocessable'
 
@@ -865,7 +1170,7 @@ components:
       description: Changes whenever the resource's `revision` does.
       schema:
         type: string
-        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9]+)"$'
+        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+)"$'
     Location:
       required: true
       description: Path of the created resource.
@@ -950,6 +1255,14 @@ components:
           operationId: addObserver
           parameters:
             id: '$response.body#/id'
+        ListObservers:
+          operationId: listObservers
+          parameters:
+            id: '$response.body#/id'
+        ClaimFromQueue:
+          operationId: claimOperation
+          parameters:
+            name: '$response.body#/queue'
     OperationAfterAction:
       description: The operation's status after the action.
       headers:
@@ -976,13 +1289,21 @@ components:
         application/problem+json:
           schema:
             $ref: '#/components/schemas/Problem'
+    Forbidden:
+      description: A `command` operation whose executable (`spec.argv[0]`) the server does not allow (`command-not-allowed`).
+      content:
+        application/problem+json:
+          schema:
+            $ref: '#/components/schemas/Problem'
     Conflict:
       description: |
         Duplicate queue name (`queue-exists`), queue with unfinished operations
         (`queue-not-idle`), transition not allowed now (`invalid-transition`), operation
         already started (`already-started`), dependency cycle (`dependency-cycle`),
-        operation already finished (`conflict`), or a request with the same
-        `Idempotency-Key` still in progress (`idempotency-in-progress`).
+        webhook on an operation that has already finished (`conflict`), a request with the
+        same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
+        that is not (or no longer) the caller's (`lease-conflict`), or finishing an
+        operation that has already finished (`already-finished`).
       content:
         application/problem+json:
           schema:
@@ -1002,8 +1323,9 @@ components:
     Unprocessable:
       description: |
         Wrong type, unknown or repeated field, value out of range, unknown query
-        parameter, unavailable kind, or an `Idempotency-Key` reused with another body
-        (`invalid-field`); `detail` names the field and what is allowed.
+        parameter, a `command` executable the server does not allow, or an
+        `Idempotency-Key` reused with another body (`invalid-field`); `detail` names the
+        field and what is allowed.
       content:
         application/problem+json:
           schema:
@@ -1048,6 +1370,18 @@ components:
       type: string
       format: date-time
       description: RFC 3339 UTC time with millisecond precision, e.g. `2026-11-22T10:00:00.125Z`.
+
+    NotBefore:
+      type: string
+      description: |
+        An RFC 3339 time (`Z` or a `±hh:mm` offset, optional fraction) before which the
+        operation does not start; until then it is `pending`. The server keeps times as
+        64-bit nanoseconds since 1970: a time before 1677-09-21T00:12:43.145224192Z or after
+        2262-04-11T23:47:16.854775807Z is refused with 422. The pattern admits the years
+        1678 to 2261, which are accepted whatever the offset.
+      pattern: '^(167[89]|16[89][0-9]|1[7-9][0-9]{2}|2[01][0-9]{2}|22[0-5][0-9]|226[01])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$'
+      examples:
+        - '2026-11-22T10:00:00Z'
 
     QueueName:
       type: string
@@ -1254,7 +1588,7 @@ components:
             Attempts and backoff for failed attempts. Without it, an operation has one attempt,
             except `external`, which defaults to `{"maxAttempts": 3, "backoff": 0, "multiplier": 1}`.
         notBefore:
-          $ref: '#/components/schemas/Timestamp'
+          $ref: '#/components/schemas/NotBefore'
       allOf:
         - if:
             required: [kind]
@@ -1391,13 +1725,17 @@ components:
     ExternalSpec:
       type: object
       additionalProperties: false
-      description: Kind `external`, done by a worker outside the server.
+      description: |
+        Kind `external`, done by a worker outside the server. Once started it can be
+        claimed from its queue (`POST /v1/queues/{name}/claim`); cancel finishes it at
+        once; pause is seen by the worker as `isPaused` in its heartbeat answer.
       properties:
         lease:
           type: number
           minimum: 1
           maximum: 86400
-          description: Seconds a worker's lease lasts before it must heartbeat.
+          default: 30
+          description: Seconds a lease lasts; each heartbeat extends it by as much from then.
 
     OperationUpdate:
       type: object
@@ -1436,7 +1774,13 @@ components:
         detail:
           type: string
         data:
-          description: Kind-specific details.
+          description: Kind-specific details (for `external`, what the worker reported).
+        attempt:
+          type: integer
+          minimum: 1
+          description: |
+            Present while a failed attempt is being retried: the attempt that failed
+            with this error.
 
     Operation:
       type: object
@@ -1593,9 +1937,10 @@ components:
       properties:
         url:
           type: string
+          format: uri
           maxLength: 2048
           pattern: '^(https://[\s\S]|http://[\s\S]{2})'
-          description: An `http://` or `https://` URL (at most 2048 UTF-8 bytes).
+          description: An `http://` or `https://` URL (at most 2048 UTF-8 bytes); one that is not a valid URL is 422.
         keys:
           type: array
           items:
@@ -1608,8 +1953,7 @@ components:
       required: [id, operation, url, keys]
       properties:
         id:
-          type: string
-          pattern: '^wh-[0-9]+$'
+          $ref: '#/components/schemas/WebhookId'
         operation:
           $ref: '#/components/schemas/OperationId'
         url:
@@ -1619,5 +1963,138 @@ components:
           items:
             $ref: '#/components/schemas/ChangeKey'
           description: The keys observed, sorted.
+
+    WebhookId:
+      type: string
+      pattern: '^wh-[0-9]+$'
+      description: Server-assigned webhook id.
+
+    ClaimRequest:
+      type: object
+      additionalProperties: false
+      properties:
+        worker:
+          type: string
+          maxLength: 128
+          description: |
+            The worker's name, shown in the lease and by `GET /v1/workers` (at most 128
+            UTF-8 bytes). Default `worker-<X-Forwarded-For>`, or `worker-anonymous`.
+
+    Lease:
+      type: object
+      additionalProperties: false
+      required: [token, expiresAt, worker]
+      properties:
+        token:
+          type: string
+          minLength: 1
+          description: Give it as `leaseToken` to heartbeat, progress and finish.
+        expiresAt:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: Heartbeat before this, or the attempt fails with `lease-expired`.
+        worker:
+          type: string
+
+    Claim:
+      type: object
+      additionalProperties: false
+      required: [operation, lease]
+      properties:
+        operation:
+          $ref: '#/components/schemas/Operation'
+        lease:
+          $ref: '#/components/schemas/Lease'
+
+    LeaseRequest:
+      type: object
+      additionalProperties: false
+      required: [leaseToken]
+      properties:
+        leaseToken:
+          type: string
+          maxLength: 128
+          description: The `lease.token` of the claim.
+
+    Heartbeat:
+      type: object
+      additionalProperties: false
+      required: [operation, lease, isCancelled, isPaused]
+      properties:
+        operation:
+          $ref: '#/components/schemas/Operation'
+        lease:
+          $ref: '#/components/schemas/Lease'
+        isCancelled:
+          type: boolean
+          description: The operation was cancelled; the worker should stop and finish it.
+        isPaused:
+          type: boolean
+          description: The operation is paused; the worker should hold until it is not.
+
+    ProgressReport:
+      type: object
+      additionalProperties: false
+      required: [leaseToken, completed]
+      properties:
+        leaseToken:
+          type: string
+          maxLength: 128
+        completed:
+          type: number
+          minimum: 0
+          maximum: 1000000000000000
+          description: Units done; at most `total` when `total` is positive (else 422).
+        total:
+          type: number
+          minimum: 0
+          maximum: 1000000000000000
+          default: 0
+          description: Units in all; 0 means unknown.
+
+    FinishRequest:
+      type: object
+      additionalProperties: false
+      required: [leaseToken]
+      description: At most one of `result` and `error` (both is 422).
+      properties:
+        leaseToken:
+          type: string
+          maxLength: 128
+        result:
+          description: The operation's result (any JSON value).
+        error:
+          description: |
+            Fails the attempt: `{"type": "...", "detail"?: "...", "data"?: ...}`, or any
+            other value (reported as type `worker-error` with the value as `data`).
+      not:
+        required: [result, error]
+
+    Worker:
+      type: object
+      additionalProperties: false
+      required: [worker, since, leases]
+      properties:
+        worker:
+          type: string
+        since:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: When its oldest live lease was handed out.
+        leases:
+          type: array
+          items:
+            type: object
+            additionalProperties: false
+            required: [operation, queue, since, expiresAt]
+            properties:
+              operation:
+                $ref: '#/components/schemas/OperationId'
+              queue:
+                $ref: '#/components/schemas/QueueName'
+              since:
+                $ref: '#/components/schemas/Timestamp'
+              expiresAt:
+                $ref: '#/components/schemas/Timestamp'
 
 """#

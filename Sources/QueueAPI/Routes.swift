@@ -1,6 +1,7 @@
 import Dispatch
 import MicroHTTP
 import QueueEngine
+import QueueKinds
 import QueueStore
 
 let jsonType = ("Content-Type", "application/json; charset=utf-8")
@@ -19,7 +20,7 @@ struct Routes {
         r.add("GET", "/readyz") { _, _ in readyz() }
         r.add("GET", "/metrics") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                                   body: app.metrics.render(engine: engine, lastSeq: app.events.lastSeq)))
+                                   body: app.metrics.render(engine: engine, lastSeq: app.events.lastSeq, store: app.sqlite?.stats)))
         }
         r.add("GET", "/openapi.yaml") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
@@ -41,7 +42,11 @@ struct Routes {
         r.add("POST", "/v1/operations/{id}/cancel") { req, p in
             let q = try Query(req, allowed: ["cascade"])
             let cascade = try q.bool("cascade") ?? false
-            return try opAction(req, p[0], query: ["cascade"]) { id throws(EngineError) in try engine.cancel(id, cascade: cascade) }
+            return try opAction(req, p[0], query: ["cascade"]) { id throws(EngineError) in
+                _ = try engine.cancel(id, cascade: cascade)
+                // Kinds that stop at once (external, delay) have finished by now: answer that.
+                return try engine.operation(id)
+            }
         }
         r.add("POST", "/v1/operations/{id}/pause") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.pause(id) } }
         r.add("POST", "/v1/operations/{id}/resume") { req, p in try opAction(req, p[0]) { id throws(EngineError) in try engine.resume(id) } }
@@ -88,7 +93,11 @@ struct Routes {
     /// Answers a change only once it is durable.
     func ack(_ response: HTTPResponse) -> HTTPHandlerResult {
         guard engine.store.wantsRecords else { return .response(response) }
-        return .deferred { responder in engine.whenDurable { responder.respond(response) } }
+        return .deferred { responder in
+            // The change is made: at shutdown this answer is waited for, never replaced by a 503.
+            responder.answerBeforeShutdown()
+            engine.whenDurable { responder.respond(response) }
+        }
     }
 
     func noBody(_ req: HTTPRequest) throws(Problem) {
@@ -152,6 +161,7 @@ struct Routes {
             let record = IdempotencyRecord(scope: scope, bodyHash: IdempotencyCache.hash(req.body), status: response.status,
                                            headers: response.headers, body: response.body, createdAt: SystemClock().now())
             return .deferred { responder in
+                responder.answerBeforeShutdown()
                 engine.whenDurable { store.saveIdempotency(record) { responder.respond(response) } }
             }
         }
@@ -239,7 +249,7 @@ struct Routes {
                 return
             }
             guard let token else { return }
-            DispatchQueue.global().asyncAfter(deadline: .now() + timeout) {
+            EngineTimers.queue.asyncAfter(deadline: .now() + timeout) {
                 if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
             }
         }
@@ -260,6 +270,13 @@ struct Routes {
         guard let kindValue = b["kind"] else { throw Problem.invalid("kind", "is required: one of delay, http, command, external") }
         guard case let .string(kind) = kindValue, ["delay", "http", "command", "external"].contains(kind) else {
             throw Problem.invalid("kind", "must be one of delay, http, command, external; got \(kindValue.text)")
+        }
+        if kind == "command", case let .string(exe)? = b["spec"]?["argv"].flatMap({ v -> JSONValue? in
+            if case let .array(items) = v { return items.first } else { return nil }
+        }), !CommandKind.isAllowed(exe, in: app.kindsConfiguration) {
+            let allowed = app.configuration.allowCommands
+            throw Problem(403, "command-not-allowed", "Forbidden",
+                          "spec.argv[0]: executable '\(exe)' is not allowed on this server; allowed: \(allowed.isEmpty ? "none (start opqd with --allow-command PATH)" : allowed.joined(separator: ", "))")
         }
         var request = OperationRequest(kind: kind)
         request.name = try b.string("name", maxLength: 256)
@@ -368,6 +385,7 @@ struct Routes {
     }
 
     func addWebhook(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         let b = try Body(req, allowed: ["url", "keys"])
         guard let url = try b.string("url", maxLength: 2048) else { throw Problem.invalid("url", "is required: an http or https URL") }
@@ -432,7 +450,7 @@ struct Routes {
         if wait == 0 || log.lastSeq > after { return .response(answer()) }
         return .deferred { responder in
             guard let token = log.wait(after: after, { responder.respond(answer()) }) else { return }
-            DispatchQueue.global().asyncAfter(deadline: .now() + wait) {
+            EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
                 log.cancelWait(token)
                 responder.respond(answer())
             }

@@ -8,6 +8,55 @@ import QueueEngine
 import Locking
 import Synchronization
 
+/// Sends one webhook's events in order, one request at a time, without blocking a thread:
+/// the next POST starts from the completion of the previous one.
+final class Delivery: Sendable {
+    struct State: Sendable {
+        var pending: [ChangeEvent] = []
+        var sending = false
+    }
+    let session: URLSession
+    let target: URL
+    let logger: Logger
+    let id: String
+    private let state = Lock(State())
+
+    init(session: URLSession, target: URL, logger: Logger, id: String) {
+        self.session = session; self.target = target; self.logger = logger; self.id = id
+    }
+
+    func enqueue(_ event: ChangeEvent) {
+        let start: ChangeEvent? = state.withLock { s in
+            if s.sending { s.pending.append(event); return nil }
+            s.sending = true
+            return event
+        }
+        if let start { send(start, attempt: 1) }
+    }
+
+    private func send(_ event: ChangeEvent, attempt: Int) {
+        var request = URLRequest(url: target)
+        request.httpMethod = "POST"
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        request.httpBody = Data(event.json)
+        session.dataTask(with: request) { [self] _, response, _ in
+            let ok = (response as? HTTPURLResponse).map { (200..<300).contains($0.statusCode) } ?? false
+            if !ok && attempt == 1 {
+                EngineTimers.queue.asyncAfter(deadline: .now() + 1) { self.send(event, attempt: 2) }
+                return
+            }
+            if !ok {
+                logger.warning("webhook delivery failed", metadata: ["webhook": "\(id)", "url": "\(target)", "seq": "\(event.seq)"])
+            }
+            let next: ChangeEvent? = state.withLock { s in
+                if s.pending.isEmpty { s.sending = false; return nil }
+                return s.pending.removeFirst()
+            }
+            if let next { send(next, attempt: 1) }
+        }.resume()
+    }
+}
+
 /// `POST /v1/operations/{id}/observers`: each matching change is POSTed to a URL as the
 /// event JSON, in order, one delivery at a time per webhook, with one retry.
 final class Webhooks: Sendable {
@@ -38,27 +87,8 @@ final class Webhooks: Sendable {
         let queue = DispatchQueue(label: "opqd.webhook.\(n)")
         let (session, logger) = (self.session, self.logger)
         guard let target = URL(string: url) else { return id }
-        let token = engine.observe(operation, keys: keys) { event in
-            let body = Data(event.json)
-            queue.async {
-                for attempt in 1...2 {
-                    var request = URLRequest(url: target)
-                    request.httpMethod = "POST"
-                    request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-                    request.httpBody = body
-                    let done = DispatchSemaphore(value: 0)
-                    let ok = Atomic<Bool>(false)
-                    session.dataTask(with: request) { _, response, _ in
-                        if let h = response as? HTTPURLResponse, (200..<300).contains(h.statusCode) { ok.store(true, ordering: .relaxed) }
-                        done.signal()
-                    }.resume()
-                    done.wait()
-                    if ok.load(ordering: .relaxed) { return }
-                    if attempt == 1 { Thread.sleep(forTimeInterval: 1) }
-                }
-                logger.warning("webhook delivery failed", metadata: ["webhook": "\(id)", "url": "\(url)", "seq": "\(event.seq)"])
-            }
-        }
+        let delivery = Delivery(session: session, target: target, logger: logger, id: id)
+        let token = engine.observe(operation, keys: keys) { event in delivery.enqueue(event) }
         hooks.withLock { $0[id] = Hook(id: id, operation: operation, url: url, keys: keys, token: token) }
         return id
     }

@@ -50,16 +50,18 @@ struct WorkerRoutes {
         _ = try engine.queue(named: queue)
         let external = self.external
         let (lease, _) = external.claim(queue: queue, worker: worker, wait: nil)
-        if let lease { return .response(leaseAnswer(lease, flags: false)) }
+        if let lease { return ack(leaseAnswer(lease, flags: false)) }
         if wait == 0 { return .response(HTTPResponse(status: 204)) }
         let answer = self.leaseAnswer
+        let engine = self.engine
         return .deferred { responder in
+            // The lease is saved with the operation: answer once that is durable.
             let (lease, waiter) = external.claim(queue: queue, worker: worker) { lease in
-                responder.respond(answer(lease, false))
+                engine.whenDurable { responder.respond(answer(lease, false)) }
             }
-            if let lease { responder.respond(answer(lease, false)); return }
+            if let lease { engine.whenDurable { responder.respond(answer(lease, false)) }; return }
             guard let waiter else { return }
-            DispatchQueue.global().asyncAfter(deadline: .now() + wait) {
+            EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }
         }
@@ -90,7 +92,7 @@ struct WorkerRoutes {
         _ = try engine.revision(of: id)
         do {
             let lease = try external.heartbeat(id, token: t)
-            return .response(leaseAnswer(lease, flags: true))
+            return ack(leaseAnswer(lease, flags: true))
         } catch { throw leaseProblem(error) }
     }
 

@@ -217,3 +217,14 @@ public final class ManualClock: EngineClock {
     public func now() -> Timestamp { Timestamp(nanoseconds: current.withLock { $0 }) }
     public func advance(seconds: Double) { current.withLock { $0 += Int64(seconds * 1e9) } }
 }
+
+import Dispatch
+
+/// The one queue every opqd timer fires on (timeouts, retries, long-poll deadlines, leases).
+///
+/// A serial queue of its own rather than `DispatchQueue.global()`: work that blocks pool
+/// threads (a slow webhook target, a test's Foundation queue) must never delay a deadline.
+/// Timer callbacks only flip state and hand off, so one thread is plenty.
+public enum EngineTimers {
+    public static let queue = DispatchQueue(label: "opqd.timers")
+}

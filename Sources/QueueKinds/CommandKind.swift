@@ -50,7 +50,7 @@ public final class CommandKind: OperationKind {
     /// Whether `path` may be run as `argv[0]` on this server: an exact match with one of
     /// `allowCommands` (no symlink resolution, no `PATH` lookup).
     public static func isAllowed(_ path: String, in config: KindsConfiguration) -> Bool {
-        path.hasPrefix("/") && config.allowCommands.contains(path)
+        path.utf8.first == UInt8(ascii: "/") && config.allowCommands.contains(path)
     }
 
     // MARK: - spec
@@ -179,7 +179,7 @@ struct CommandSpec: Sendable {
             guard !s.utf8.contains(0) else { throw .invalidArgument(field: "spec.argv[\(i)]", detail: "must not contain NUL") }
             argv.append(s)
         }
-        guard argv[0].hasPrefix("/") else {
+        guard argv[0].utf8.first == UInt8(ascii: "/") else {
             throw .invalidArgument(field: "spec.argv[0]", detail: "must be an absolute path (no PATH lookup); got \(JSONValue.string(argv[0]).text)")
         }
 
@@ -201,7 +201,7 @@ struct CommandSpec: Sendable {
 
         cwd = nil
         if let c = spec["cwd"] {
-            guard case let .string(path) = c, path.hasPrefix("/"), !path.utf8.contains(0) else {
+            guard case let .string(path) = c, path.utf8.first == UInt8(ascii: "/"), !path.utf8.contains(0) else {
                 throw .invalidArgument(field: "spec.cwd", detail: "must be an absolute path of an existing directory; got \(c.text)")
             }
             cwd = path
@@ -264,7 +264,7 @@ final class CommandRun: Sendable {
             s.runningSince = .now()
             return (s.timerGeneration, s.timeLeft)
         }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, left) * 1e9))) { [weak self] in
+        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, left) * 1e9))) { [weak self] in
             guard let self else { return }
             let due = self.state.withLock { $0.timerGeneration == generation && !$0.paused }
             if due { self.stop(.timeout) }
@@ -282,7 +282,7 @@ final class CommandRun: Sendable {
             return true
         }
         guard first else { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(CommandKind.killGrace * 1e9))) { [self] in
+        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(CommandKind.killGrace * 1e9))) { [self] in
             state.withLock { signalGroup(&$0, SIGKILL) }
         }
     }

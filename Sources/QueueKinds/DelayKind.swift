@@ -10,7 +10,7 @@ public final class DelayKind: OperationKind {
     /// The live timer generation per operation; a timer that fires with another generation
     /// was cancelled or paused and does nothing.
     private let live = Lock<(next: UInt64, byOperation: [OperationID: UInt64])>((1, [:]))
-    private let queue = DispatchQueue(label: "opqd.delay", attributes: .concurrent)
+    private let queue = EngineTimers.queue
 
     public init() {}
 

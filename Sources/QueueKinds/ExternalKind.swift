@@ -215,7 +215,7 @@ public final class ExternalKind: OperationKind {
     private func arm(_ lease: Lease) {
         save(lease)
         let delay = max(0, Double(lease.expiresAt.nanoseconds - clock.now().nanoseconds) / 1e9) + 0.005
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(delay * 1e9))) { [self] in expire(lease.operation, token: lease.token) }
+        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay * 1e9))) { [self] in expire(lease.operation, token: lease.token) }
     }
 
     private func save(_ lease: Lease) {

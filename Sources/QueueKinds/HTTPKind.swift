@@ -97,7 +97,7 @@ public final class HTTPKind: OperationKind {
         delegate.register(task.taskIdentifier, exchange)
         exchange.onEnd = { [weak self] in self?.forget($0) }
         // Weak: an exchange that ended is not kept alive (with its body) until the deadline.
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(spec.timeout * 1e9))) { [weak self, weak exchange] in
+        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(spec.timeout * 1e9))) { [weak self, weak exchange] in
             guard let exchange, exchange.claim() else { return }
             self?.forget(exchange)
             exchange.abort()

@@ -1,10 +1,15 @@
 // opqd-bench: a small dispatcher of benchmark subcommands.
 //
 //   opqd-bench engine [--quick]      engine vs Foundation.OperationQueue (EngineBench.swift)
+//   opqd-bench http [--quick]        scripts/bench-http.sh: bare libmicrohttpd vs opqd (HTTPBench.swift)
+//   opqd-bench store [--quick]       durable creates/s over HTTP, restart time (StoreBench.swift)
+//   opqd-bench workers [--quick]     external jobs/s with claim/finish workers (WorkersBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
 //   opqd-bench engine-run engine|foundation flat|chain|fanin|chain-suspended|fanin-suspended N
+// and by `store` to build a big data dir in a child process:
+//   opqd-bench store-build DIR N
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -18,6 +23,19 @@ subcommands:
   engine [--quick]   engine vs Foundation.OperationQueue: throughput (flat, chain, fan-in),
                      memory per queued operation, and linearity; last line is one JSON object.
                      --quick divides every size by 10 (smoke tests).
+  http [--quick]     scripts/bench-http.sh: a bare C libmicrohttpd server vs opqd (GET, 304, POST
+                     create with sqlite sync full and with --store memory), with wrk.
+  store [--quick] [--duration S] [--restart-ops N] [--skip-http] [--skip-restart]
+                     durable creates/s over HTTP (--sync full, --sync normal, --store memory side by
+                     side, 50 and 256 connections, acknowledged creates checked live and after
+                     kill -9), and restart time of a store holding 1,000,000 operations.
+                     --quick: 2 s runs, 100,000 operations.
+  workers [--workers 8] [--jobs N] [--max-concurrent 64] [--stores memory,normal,full] [--quick]
+                     external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
+                     finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
+
+Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
+127.0.0.1 with fresh temporary data dirs, and stops it.
 """
 
 var args = Array(CommandLine.arguments.dropFirst())
@@ -29,6 +47,14 @@ case "engine-mem":
     exit(EngineBench.memChild(args))
 case "engine-run":
     exit(EngineBench.runChild(args))
+case "http":
+    exit(HTTPBench.main(args))
+case "store":
+    exit(StoreBench.main(args))
+case "store-build":
+    exit(StoreBench.buildChild(args))
+case "workers":
+    exit(WorkersBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

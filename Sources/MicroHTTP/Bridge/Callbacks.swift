@@ -2,7 +2,7 @@ internal import CMicroHTTPD
 import Glibc
 
 /// libmicrohttpd's callbacks. They are C function pointers that capture nothing; each receives the
-/// `ServerCore` (or a per-request / per-stream object) as an unmanaged context pointer.
+/// `ServerCore`, the connection's `ConnectionState` or an `HTTPStream` as a context pointer.
 ///
 /// They live at type scope in a non-main file on purpose: a closure that Swift 6 considers
 /// main-actor isolated gets an isolation check that traps when MHD calls it on its own threads.
@@ -175,7 +175,8 @@ extension ServerCore {
                     context.pointee.phase = .done
                     return queue(.payloadTooLarge(bodyBytes: length, limit: maxBodyBytes), on: connection)
                 }
-                context.pointee.body.reserveCapacity(length)
+                // Capped: a declared length is a promise, not memory we owe before the bytes arrive.
+                context.pointee.body.reserveCapacity(min(length, 64 * 1024))
             }
             context.pointee.headers = headers
             return .YES
@@ -256,8 +257,10 @@ extension ServerCore {
             let responder = HTTPResponder(connection: MHDConnection(raw: connection))
             context.pointee.responder = responder
             context.pointee.phase = .waiting
-            let accepted = register(responder)
             body(responder)
+            // An answer already on its way (a change waiting for its commit) is registered even
+            // while stopping, so shutdown waits for it instead of answering 503.
+            let accepted = register(responder, force: responder.keepsThroughShutdown)
             if !accepted { responder.respond(.shuttingDown) }
             return answerOrSuspend(context, connection: connection)
         case .stream(let status, let headers, let start):

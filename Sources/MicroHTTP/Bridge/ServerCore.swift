@@ -131,17 +131,24 @@ final class ServerCore: Sendable {
             }
             // Resumes every suspended connection: MHD_stop_daemon panics on a suspended one.
             // `stopping` keeps new deferred requests and streams from suspending from now on.
-            for responder in responders { responder.respond(.shuttingDown) }
+            for responder in responders where !responder.keepsThroughShutdown { responder.respond(.shuttingDown) }
             for stream in streams { stream.close() }
 
             // Idle keep-alive connections stay open until they time out, so "in flight" is counted
             // per request; either count reaching zero means nothing is left to finish.
             let clock = ContinuousClock()
             let deadline = clock.now.advanced(by: timeout)
-            while inFlight.load(ordering: .acquiring) > 0,
-                CMicroHTTPD_daemon_current_connections(daemon.raw) > 0,
-                clock.now < deadline
-            {
+            // (MHD does not count suspended connections, so only our own count tells whether an
+            // answer waiting for a commit is still out.)
+            while inFlight.load(ordering: .acquiring) > 0, clock.now < deadline {
+                usleep(2_000)
+            }
+            // Whatever is still pending at the deadline is answered now, and given a moment to go
+            // out: MHD_stop_daemon aborts the process if it meets a suspended connection.
+            let late = registry.withLock { Array($0.responders.values) }
+            for responder in late { responder.respond(.shuttingDown) }
+            let grace = clock.now.advanced(by: .seconds(1))
+            while !late.isEmpty, registry.withLock({ !$0.responders.isEmpty }), clock.now < grace {
                 usleep(2_000)
             }
             let unfinished = inFlight.load(ordering: .acquiring)
@@ -157,9 +164,9 @@ final class ServerCore: Sendable {
 
     // MARK: Registry
 
-    func register(_ responder: HTTPResponder) -> Bool {
+    func register(_ responder: HTTPResponder, force: Bool = false) -> Bool {
         registry.withLock { registry in
-            guard !registry.stopping else { return false }
+            guard !registry.stopping || force else { return false }
             registry.responders[ObjectIdentifier(responder)] = responder
             return true
         }
@@ -180,14 +187,15 @@ final class ServerCore: Sendable {
         }
     }
 
-    /// An MHD log line: explains a failed start, and goes to the log in any case.
+    /// An MHD log line: explains a failed start, and goes to the log in any case. Once running,
+    /// MHD mostly reports what clients did (reset connections, malformed requests): `notice`.
     func mhdLogged(_ message: String) {
         let starting = startupMessages.withLock { messages in
             guard messages != nil else { return false }
             messages!.append(message)
             return true
         }
-        log(starting ? "error" : "warning", "libmicrohttpd: \(message)")
+        log(starting ? "error" : "notice", "libmicrohttpd: \(message)")
     }
 }
 

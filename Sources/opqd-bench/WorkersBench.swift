@@ -1,0 +1,334 @@
+// `opqd-bench workers`: end-to-end throughput of `external` operations driven by workers over
+// HTTP. For each store (`--store memory`, `--sync normal`, `--sync full`) a fresh release
+// `opqd` gets a suspended queue holding N external operations; the queue is resumed and W
+// worker loops, each on its own keep-alive HTTP/1.1 connection (raw sockets), repeat
+// claim (`POST /v1/queues/q/claim?wait=1`) -> finish (`POST /v1/operations/{id}/finish`)
+// until a claim answers 204. Jobs/s is measured from the first claim to the last finish.
+// Afterwards: counts.finished must be N, every finish must have answered 200 and no
+// operation may have been handed out twice.
+import Dispatch
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum WorkersBench {
+    static let usage = "usage: opqd-bench workers [--workers 8] [--jobs N] [--max-concurrent M] [--quick]\n"
+
+    struct Mode {
+        let name: String
+        let extra: [String]
+    }
+    static let modes = [
+        Mode(name: "memory", extra: ["--store", "memory"]),
+        Mode(name: "normal", extra: ["--store", "sqlite", "--sync", "normal"]),
+        Mode(name: "full", extra: ["--store", "sqlite", "--sync", "full"]),
+    ]
+
+    /// What one worker loop saw.
+    final class WorkerLog: @unchecked Sendable {
+        var claimLatencies: [Double] = []
+        var finishLatencies: [Double] = []
+        var claimed: [String] = []
+        var finishStatus: [Int: Int] = [:]
+        var claimStatus: [Int: Int] = [:]
+        var lastFinish = 0.0
+        var error: String? = nil
+        var sample409: String? = nil
+    }
+
+    struct Outcome {
+        var jobsPerSecond = 0.0
+        var wall = 0.0
+        var claimP50 = 0.0, claimP99 = 0.0, claimMax = 0.0
+        var finishP50 = 0.0, finishP99 = 0.0
+        var finishedOK = 0
+        var finishConflicts = 0
+        var otherFinish: [Int: Int] = [:]
+        var otherClaim: [Int: Int] = [:]
+        var doubleHandouts = 0
+        var queueFinished = -1
+        var queueUnfinished = -1
+        var precreateSeconds = 0.0
+        var problems: [String] = []
+    }
+
+    static func main(_ args: [String]) -> Int32 {
+        var workers = 8, jobs: Int? = nil, quick = false, maxConcurrent = 64
+        var only: [String]? = nil
+        var i = 0
+        while i < args.count {
+            switch args[i] {
+            case "--quick": quick = true
+            case "--workers" where i + 1 < args.count: i += 1; workers = max(1, Int(args[i]) ?? 8)
+            case "--jobs" where i + 1 < args.count: i += 1; jobs = max(1, Int(args[i]) ?? 50_000)
+            case "--max-concurrent" where i + 1 < args.count: i += 1; maxConcurrent = max(1, Int(args[i]) ?? 64)
+            case "--stores" where i + 1 < args.count: i += 1; only = args[i].split(separator: ",").map(String.init)
+            default:
+                eprint("opqd-bench workers: unknown option '\(args[i])'\n" + usage)
+                return 2
+            }
+            i += 1
+        }
+        let n = jobs ?? (quick ? 10_000 : 50_000)
+        print("opqd-bench workers\(quick ? " --quick" : ""): \(workers) workers, \(BenchSupport.grouped(Double(n))) external jobs per store,"
+            + " queue maxConcurrentOperationCount \(maxConcurrent)")
+        print("each worker: own keep-alive HTTP/1.1 connection; claim?wait=1 -> finish {leaseToken, result}; until claim answers 204")
+        print(BenchSupport.machineLine())
+        print("opqd: \(BenchSupport.opqdBinary())")
+        var results: [(String, Outcome)] = []
+        for m in modes where only == nil || only!.contains(m.name) {
+            eprint("workers: store \(m.name)...\n")
+            results.append((m.name, run(mode: m, workers: workers, jobs: n, maxConcurrent: maxConcurrent, timeLimit: quick ? 60 : 180)))
+        }
+
+        print("")
+        let header = [("store", 8), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
+                      ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13)]
+        print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store") }.joined(separator: " "))
+        for (name, o) in results {
+            let cells = [
+                BenchSupport.pad(name, 8), BenchSupport.pad(BenchSupport.grouped(o.jobsPerSecond), 9, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.wall, 2), 8, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.claimP50, 2) + "ms", 10, right: true), BenchSupport.pad(BenchSupport.fmt(o.claimP99, 2) + "ms", 10, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.claimMax, 1) + "ms", 10, right: true), BenchSupport.pad(BenchSupport.fmt(o.finishP99, 2) + "ms", 11, right: true),
+                BenchSupport.pad(String(o.queueFinished), 9, right: true), BenchSupport.pad(String(o.finishedOK), 8, right: true),
+                BenchSupport.pad(String(o.finishConflicts), 8, right: true), BenchSupport.pad(String(o.doubleHandouts), 7, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.precreateSeconds, 2), 13, right: true),
+            ]
+            print(cells.joined(separator: " "))
+        }
+        print("(jobs/s = finishes answered 200 / time from the first claim to the last finish; 'finished' = counts.finished of the queue;")
+        print(" 'double' = operations handed out by more than one claim; claim latencies exclude the final 204 long polls)")
+        var failures: [String] = []
+        for (name, o) in results { for p in o.problems { failures.append("\(name): \(p)") } }
+        if let full = results.first(where: { $0.0 == "full" })?.1 {
+            print("target: >= 10,000 jobs/s with \(workers) workers (sync full): \(full.jobsPerSecond >= 10_000 ? "MET" : "NOT MET")")
+        }
+        if !failures.isEmpty {
+            print("")
+            print("PROBLEMS:")
+            for f in failures { print("  !! \(f)") }
+        }
+        var summary: [(String, Any)] = []
+        for (name, o) in results { summary.append(("jobs_per_s_\(name)", Int(o.jobsPerSecond.rounded()))) }
+        for (name, o) in results {
+            summary.append(("claim_p50_ms_\(name)", BenchSupport.round3(o.claimP50)))
+            summary.append(("claim_p99_ms_\(name)", BenchSupport.round3(o.claimP99)))
+            summary.append(("finish_p99_ms_\(name)", BenchSupport.round3(o.finishP99)))
+            summary.append(("finished_\(name)", o.queueFinished))
+        }
+        summary.append(("double_handouts", results.reduce(0) { $0 + $1.1.doubleHandouts }))
+        summary.append(("finish_409", results.reduce(0) { $0 + $1.1.finishConflicts }))
+        summary.append(("workers", workers))
+        summary.append(("jobs", n))
+        summary.append(("max_concurrent", maxConcurrent))
+        summary.append(("quick", quick))
+        summary.append(("load_average_end", BenchSupport.loadAverage()))
+        summary.append(("ok", failures.isEmpty))
+        print(BenchSupport.jsonLine(summary))
+        return failures.isEmpty ? 0 : 1
+    }
+
+    static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, timeLimit: Double) -> Outcome {
+        var o = Outcome()
+        let server: OpqdServer
+        do { server = try OpqdServer(label: "workers-\(mode.name)", extra: mode.extra) } catch {
+            o.problems.append("cannot start opqd: \(error)")
+            return o
+        }
+        defer { server.stop() }
+        let q = "q"
+        do {
+            try server.createQueue(q, suspended: true, maxConcurrent: maxConcurrent)
+            let t0 = BenchSupport.now()
+            let bad = try precreate(server: server, queue: q, count: n, connections: 32)
+            o.precreateSeconds = BenchSupport.now() - t0
+            if !bad.isEmpty { o.problems.append("pre-create answered non-201: \(bad)") }
+            let held = BenchSupport.int(try server.queue(q)["operationCount"]) ?? -1
+            if held != n { o.problems.append("after pre-creating \(n), operationCount is \(held)") }
+        } catch {
+            o.problems.append("setup: \(error)")
+            return o
+        }
+
+        // Workers, each connected before the clock starts.
+        let logs = (0..<workers).map { _ in WorkerLog() }
+        let ready = DispatchSemaphore(value: 0)
+        let go = DispatchSemaphore(value: 0)
+        let group = DispatchGroup()
+        let startBox = Locked<Double>(0)
+        let port = server.port
+        let deadline = Locked<Double>(0)
+        for w in 0..<workers {
+            let log = logs[w]
+            group.enter()
+            let t = Thread {
+                defer { group.leave() }
+                let conn: HTTPConnection
+                do { conn = try HTTPConnection(port: port) } catch {
+                    log.error = "\(error)"; ready.signal(); return
+                }
+                defer { conn.close() }
+                ready.signal()
+                go.wait()
+                let claimBody = Array("{\"worker\":\"bench-\(w)\"}".utf8)
+                let limit = deadline.withLock { $0 }
+                log.claimLatencies.reserveCapacity(n / workers * 2)
+                log.finishLatencies.reserveCapacity(n / workers * 2)
+                do {
+                    while true {
+                        let c0 = BenchSupport.now()
+                        if c0 > limit { log.error = "time limit reached"; break }
+                        let r = try conn.request("POST", "/v1/queues/q/claim?wait=1", body: claimBody)
+                        let c1 = BenchSupport.now()
+                        log.claimStatus[r.status, default: 0] += 1
+                        if r.status == 204 { break }
+                        guard r.status == 200 else {
+                            if (log.claimStatus.filter { $0.key != 200 && $0.key != 204 }.values.reduce(0, +)) > 100 { log.error = "too many failed claims"; break }
+                            continue
+                        }
+                        log.claimLatencies.append(c1 - c0)
+                        guard let id = scan(r.body, "\"id\":\""), let token = scan(r.body, "\"token\":\"") else {
+                            log.error = "cannot parse claim answer: \(r.text.prefix(300))"; break
+                        }
+                        log.claimed.append(id)
+                        let body = Array("{\"leaseToken\":\"\(token)\",\"result\":{\"ok\":true}}".utf8)
+                        let f = try conn.request("POST", "/v1/operations/\(id)/finish", body: body)
+                        let f1 = BenchSupport.now()
+                        log.finishLatencies.append(f1 - c1)
+                        log.finishStatus[f.status, default: 0] += 1
+                        if f.status == 409 && log.sample409 == nil { log.sample409 = "\(id): \(f.text.prefix(300))" }
+                        log.lastFinish = f1
+                    }
+                } catch {
+                    log.error = "\(error)"
+                }
+            }
+            t.stackSize = 1 << 20
+            t.start()
+        }
+        for _ in 0..<workers { ready.wait() }
+        do {
+            let r = try server.request("POST", "/v1/queues/\(q)/resume")
+            guard r.status == 200 else { throw BenchError("resume: HTTP \(r.status) \(r.text)") }
+        } catch {
+            o.problems.append("\(error)")
+        }
+        let start = BenchSupport.now()
+        startBox.withLock { $0 = start }
+        deadline.withLock { $0 = start + timeLimit }
+        for _ in 0..<workers { go.signal() }
+        if group.wait(timeout: .now() + timeLimit + 30) == .timedOut {
+            o.problems.append("workers did not stop within \(Int(timeLimit + 30)) s")
+        }
+        let end = logs.map(\.lastFinish).max() ?? start
+        o.wall = max(0, end - start)
+
+        let claims = logs.flatMap(\.claimLatencies).sorted()
+        let finishes = logs.flatMap(\.finishLatencies).sorted()
+        o.claimP50 = BenchSupport.percentile(claims, 0.50) * 1000
+        o.claimP99 = BenchSupport.percentile(claims, 0.99) * 1000
+        o.claimMax = (claims.last ?? 0) * 1000
+        o.finishP50 = BenchSupport.percentile(finishes, 0.50) * 1000
+        o.finishP99 = BenchSupport.percentile(finishes, 0.99) * 1000
+        var finishStatus: [Int: Int] = [:], claimStatus: [Int: Int] = [:]
+        for l in logs {
+            for (k, v) in l.finishStatus { finishStatus[k, default: 0] += v }
+            for (k, v) in l.claimStatus { claimStatus[k, default: 0] += v }
+            if let e = l.error { o.problems.append("worker: \(e)") }
+            if let s = l.sample409 { o.problems.append("finish answered 409, e.g. \(s)") }
+        }
+        o.finishedOK = finishStatus[200] ?? 0
+        o.finishConflicts = finishStatus[409] ?? 0
+        o.otherFinish = finishStatus.filter { $0.key != 200 && $0.key != 409 }
+        o.otherClaim = claimStatus.filter { $0.key != 200 && $0.key != 204 }
+        o.jobsPerSecond = o.wall > 0 ? Double(o.finishedOK) / o.wall : 0
+        var seen: [String: Int] = [:]
+        for l in logs { for id in l.claimed { seen[id, default: 0] += 1 } }
+        o.doubleHandouts = seen.values.filter { $0 > 1 }.count
+        if o.doubleHandouts > 0 {
+            let ex = seen.filter { $0.value > 1 }.prefix(3).map { "\($0.key) x\($0.value)" }
+            o.problems.append("DOUBLE HAND-OUT: \(o.doubleHandouts) operations claimed more than once, e.g. \(ex)")
+        }
+        if !o.otherFinish.isEmpty { o.problems.append("finish answered \(o.otherFinish) (status: count)") }
+        if !o.otherClaim.isEmpty { o.problems.append("claim answered \(o.otherClaim) (status: count)") }
+        if o.finishConflicts > 0 { o.problems.append("\(o.finishConflicts) finishes answered 409") }
+        if let j = try? server.queue(q) {
+            o.queueUnfinished = BenchSupport.int(j["operationCount"]) ?? -1
+            o.queueFinished = BenchSupport.int((j["counts"] as? [String: Any])?["finished"]) ?? -1
+        }
+        if o.queueFinished != n || o.queueUnfinished != 0 {
+            o.problems.append("queue shows \(o.queueFinished) finished and \(o.queueUnfinished) unfinished; expected \(n) and 0")
+        }
+        if o.finishedOK != n { o.problems.append("\(o.finishedOK) finishes answered 200; expected \(n)") }
+        return o
+    }
+
+    /// The JSON string value after `prefix` (no escapes expected: ids and tokens are URL-safe).
+    static func scan(_ bytes: [UInt8], _ prefix: String) -> String? {
+        let p = Array(prefix.utf8)
+        guard bytes.count > p.count else { return nil }
+        var i = 0
+        outer: while i + p.count <= bytes.count {
+            for j in 0..<p.count where bytes[i + j] != p[j] { i += 1; continue outer }
+            let s = i + p.count
+            var e = s
+            while e < bytes.count && bytes[e] != UInt8(ascii: "\"") { e += 1 }
+            return e < bytes.count ? String(decoding: bytes[s..<e], as: UTF8.self) : nil
+        }
+        return nil
+    }
+
+    /// `count` external operations, over `connections` keep-alive connections; returns the
+    /// non-201 answers (status: count).
+    static func precreate(server: OpqdServer, queue: String, count: Int, connections: Int) throws -> [Int: Int] {
+        let bad = Locked<[Int: Int]>([:])
+        let errors = Locked<[String]>([])
+        let group = DispatchGroup()
+        let port = server.port
+        let body = Array("{\"kind\":\"external\",\"spec\":{\"lease\":60}}".utf8)
+        let box = AtomicBox()
+        for _ in 0..<min(connections, count) {
+            group.enter()
+            let t = Thread {
+                defer { group.leave() }
+                do {
+                    let c = try HTTPConnection(port: port)
+                    defer { c.close() }
+                    while box.take() < count {
+                        let r = try c.request("POST", "/v1/queues/\(queue)/operations", body: body)
+                        if r.status != 201 { bad.withLock { $0[r.status, default: 0] += 1 } }
+                    }
+                } catch {
+                    errors.withLock { $0.append("\(error)") }
+                }
+            }
+            t.stackSize = 1 << 20
+            t.start()
+        }
+        if group.wait(timeout: .now() + 600) == .timedOut { throw BenchError("pre-create did not finish in 600 s") }
+        if let e = errors.withLock({ $0.first }) { throw BenchError("pre-create: \(e)") }
+        return bad.withLock { $0 }
+    }
+}
+
+/// A shared counter handed to threads.
+final class AtomicBox: Sendable {
+    private let value = Atomic<Int>(0)
+    init() {}
+    /// Returns the value before incrementing.
+    func take() -> Int { value.wrappingAdd(1, ordering: .relaxed).oldValue }
+}
+
+/// A value behind a lock, shareable with threads.
+final class Locked<T>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: T
+    init(_ v: T) { value = v }
+    func withLock<R>(_ body: (inout T) -> R) -> R {
+        lock.lock(); defer { lock.unlock() }
+        return body(&value)
+    }
+}
