@@ -1,10 +1,12 @@
 import QueueEngine
+import Synchronization
 import QueueStore
 import Locking
 
 /// Prometheus counters fed by the engine's observer and the request dispatcher.
 final class Metrics: Sendable {
-    private let requests = Lock<[Int: UInt64]>([:])
+    /// Requests by status code (100...599), counted without a lock: every request passes here.
+    private let requests = (0..<500).map { _ in Counter() }
     private let transitions = Lock<[String: UInt64]>([:])
     /// Start times of executing operations, for the duration histogram.
     private let running = Lock<[UInt64: Timestamp]>([:])
@@ -12,7 +14,8 @@ final class Metrics: Sendable {
     private let durations = Lock<(counts: [UInt64], sum: Double, count: UInt64)>(([UInt64](repeating: 0, count: 12), 0, 0))
 
     func countRequest(status: Int) {
-        requests.withLock { $0[status, default: 0] += 1 }
+        guard (100...599).contains(status) else { return }
+        requests[status - 100].value.add(1, ordering: .relaxed)
     }
 
     func observe(_ events: [ChangeEvent]) {
@@ -61,8 +64,9 @@ final class Metrics: Sendable {
         s += "opqd_operation_duration_seconds_bucket{le=\"+Inf\"} \(d.count)\n"
         s += "opqd_operation_duration_seconds_sum \(d.sum)\nopqd_operation_duration_seconds_count \(d.count)\n"
         s += "# HELP opqd_http_requests_total HTTP requests answered, by status.\n# TYPE opqd_http_requests_total counter\n"
-        for (code, n) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
-            s += "opqd_http_requests_total{code=\"\(code)\"} \(n)\n"
+        for (i, counter) in requests.enumerated() {
+            let n = counter.value.load(ordering: .relaxed)
+            if n > 0 { s += "opqd_http_requests_total{code=\"\(i + 100)\"} \(n)\n" }
         }
         if let st = store {
             s += "# HELP opqd_store_commits_total SQLite transactions committed (group commits).\n# TYPE opqd_store_commits_total counter\nopqd_store_commits_total \(st.commits)\n"
@@ -85,4 +89,9 @@ extension ChangeValue {
         case .int: return "int"
         }
     }
+}
+
+/// One lock-free counter.
+final class Counter: Sendable {
+    let value = Atomic<UInt64>(0)
 }
