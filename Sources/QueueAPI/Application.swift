@@ -167,7 +167,23 @@ final class AtomicLazyRouter: @unchecked Sendable {
 }
 
 extension OpqdApplication {
+    /// Compares the bearer token in constant time.
+    static func authorized(_ request: HTTPRequest, token: String) -> Bool {
+        guard let header = request.header("authorization"), header.hasPrefix("Bearer ") else { return false }
+        let given = Array(header.utf8.dropFirst(7)), want = Array(token.utf8)
+        guard given.count == want.count else { return false }
+        var diff: UInt8 = 0
+        for (a, b) in zip(given, want) { diff |= a ^ b }
+        return diff == 0
+    }
+
     func dispatch(_ request: HTTPRequest, router: Router) -> HTTPHandlerResult {
+        if let token = configuration.token, request.path.hasPrefix("/v1/"), !Self.authorized(request, token: token) {
+            metrics.countRequest(status: 401)
+            return .response(Problem(401, "unauthorized", "Unauthorized",
+                                     "this server needs an Authorization: Bearer <token> header on /v1 requests",
+                                     headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")]).response)
+        }
         let result: HTTPHandlerResult
         switch router.match(method: request.method, path: request.path) {
         case let .found(handler, params):

@@ -21,6 +21,8 @@ public struct OpqdConfiguration: Sendable {
     public var store = "sqlite"
     /// SQLite's synchronous level: `full` (fsync at every commit) or `normal`.
     public var sync = "full"
+    /// When set, every `/v1` request needs `Authorization: Bearer <token>`.
+    public var token: String? = nil
     /// Executables `command` operations may run.
     public var allowCommands: [String] = []
 
@@ -59,6 +61,10 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--sync", env: "OPQD_SYNC", help: "full (default: fsync every commit) or normal (WAL; a power loss may lose the last commits)") { c, v in
             guard v == "full" || v == "normal" else { throw ConfigurationError("--sync must be full or normal; got '\(v)'") }
             c.sync = v
+        },
+        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every /v1 request (default: none)") { c, v in
+            guard !v.isEmpty else { throw ConfigurationError("--token must not be empty") }
+            c.token = v
         },
         Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in c.threads = try int(v, "--threads", 1...256) },
         Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in c.maxBody = try int(v, "--max-body", 1024...(1 << 30)) },

@@ -27,6 +27,10 @@ info:
       the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
       fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
       registrations (`/v1/operations/{id}/observers`) are kept in memory only.
+    * When the server is started with `--token` (`OPQD_TOKEN`), every `/v1` request
+      needs `Authorization: Bearer <token>`; without it the answer is 401
+      `application/problem+json` (`unauthorized`) with `WWW-Authenticate: Bearer`, and
+      nothing changes. The service routes stay open. Without `--token` no header is needed.
     * Times are RFC 3339 UTC strings with millisecond precision
       (`2026-11-22T10:00:00.125Z`); durations are seconds (numbers).
     * Optional fields of responses are omitted when they have no value (never `null`),
@@ -1127,7 +1131,15 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+security:
+  - {}
+  - bearerAuth: []
 components:
+  securitySchemes:
+    bearerAuth:
+      type: http
+      scheme: bearer
+      description: Only when the server runs with `--token`; see the description above.
   parameters:
     QueueName:
       name: name
