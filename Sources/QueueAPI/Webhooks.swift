@@ -84,7 +84,6 @@ final class Webhooks: Sendable {
     func register(engine: QueueEngine, operation: OperationID, url: String, keys: Set<ChangeKey>?) -> String {
         let n = counter.add(1, ordering: .relaxed).newValue
         let id = "wh-\(n)"
-        let queue = DispatchQueue(label: "opqd.webhook.\(n)")
         let (session, logger) = (self.session, self.logger)
         guard let target = URL(string: url) else { return id }
         let delivery = Delivery(session: session, target: target, logger: logger, id: id)

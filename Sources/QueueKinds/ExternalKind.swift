@@ -21,6 +21,8 @@ public final class ExternalKind: OperationKind {
         public let queue: String
         public let operation: OperationID
         let seconds: Double
+        /// The operation was cancelled: the lease only tells its worker so, until it expires.
+        public var cancelled = false
         /// The run this lease belongs to.
         public let context: ExecutionContext
     }
@@ -89,7 +91,15 @@ public final class ExternalKind: OperationKind {
     }
 
     public func cancel(_ context: ExecutionContext) {
-        remove(context.operation)
+        // A claimed operation keeps its lease as a tombstone until it would have expired, so
+        // the worker's next heartbeat is answered (with isCancelled) instead of refused.
+        let leased = state.withLock { s -> Bool in
+            guard var l = s.leases[context.operation] else { return false }
+            l.cancelled = true
+            s.leases[context.operation] = l
+            return true
+        }
+        if !leased { remove(context.operation) }
         context.finish(.failed(type: "cancelled", detail: "cancelled"))
     }
 
@@ -140,10 +150,12 @@ public final class ExternalKind: OperationKind {
         let lease: Lease = try state.withLock { s throws(LeaseError) in
             guard var l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
             guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            if l.cancelled { return l }
             l.expiresAt = now.adding(seconds: l.seconds)
             s.leases[id] = l
             return l
         }
+        if lease.cancelled { return lease }
         save(lease)
         arm(lease)
         return lease
@@ -154,6 +166,7 @@ public final class ExternalKind: OperationKind {
         try state.withLock { s throws(LeaseError) in
             guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
             guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            if l.cancelled { throw .notLeased("operation \(id) was cancelled") }
             return l
         }
     }
@@ -163,6 +176,7 @@ public final class ExternalKind: OperationKind {
         let lease: Lease = try state.withLock { s throws(LeaseError) in
             guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
             guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
+            if l.cancelled { throw .notLeased("operation \(id) was cancelled") }
             s.leases[id] = nil
             return l
         }
@@ -170,7 +184,7 @@ public final class ExternalKind: OperationKind {
     }
 
     /// Every live lease, for `GET /v1/workers`.
-    public var leases: [Lease] { state.withLock { Array($0.leases.values) } }
+    public var leases: [Lease] { state.withLock { $0.leases.values.filter { !$0.cancelled } } }
 
     // MARK: - internals
 

@@ -18,7 +18,7 @@ public final class RawConnection {
 
     public init(port: Int, timeout: Double = 10) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw TestClientError("socket() failed: errno \(errno)") }
+        guard fd >= 0 else { isClosed = true; throw TestClientError("socket() failed: errno \(errno)") }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -35,6 +35,10 @@ public final class RawConnection {
         }
         guard result == 0 else {
             let e = errno
+            // A class whose init throws still runs deinit: mark it closed so the descriptor is
+            // not closed twice (the second close could hit a server's reused descriptor; it
+            // did, and libmicrohttpd aborted when its listen socket vanished).
+            isClosed = true
             Glibc.close(fd)
             throw TestClientError("connect() to 127.0.0.1:\(port) failed: errno \(e)")
         }
