@@ -107,9 +107,9 @@ final class EventLog: Sendable {
     }
 
     /// The kept events of one operation, oldest first.
-    func events(of op: OperationID) -> [[UInt8]] {
+    func events(of op: OperationID) -> [(seq: UInt64, json: [UInt8])] {
         state.withLock { s in
-            (s.byOperation[op.raw] ?? []).compactMap { entry(s, seq: $0)?.json }
+            (s.byOperation[op.raw] ?? []).compactMap { seq in entry(s, seq: seq).map { (seq, $0.json) } }
         }
     }
 

@@ -377,9 +377,17 @@ struct Routes {
         _ = try Query(req, allowed: [])
         let id = try operationID(idText)
         _ = try engine.revision(of: id)
+        // The in-memory ring keeps only the newest events of the whole server; the store keeps
+        // every event of the operation (until retention), so its history comes from there, with
+        // the ring adding what is not committed yet.
+        let ring = app.events.events(of: id)
         var o = JSONOut()
         o.open(); o.key("events"); o.openArray()
-        for e in app.events.events(of: id) { o.raw(e) }
+        var lastStored: UInt64 = 0
+        if let store = app.sqlite {
+            for e in store.events(of: id) { o.raw(e.json); lastStored = e.seq }
+        }
+        for e in ring where e.seq > lastStored { o.raw(e.json) }
         o.closeArray(); o.close()
         return .response(json(200, o.bytes))
     }

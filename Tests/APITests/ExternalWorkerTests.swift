@@ -107,3 +107,27 @@ struct ExternalWorkerTests {
         }
     }
 }
+
+@Suite("Operation history")
+struct OperationHistoryTests {
+    @Test("an operation's own events stay complete after the server-wide ring has moved on")
+    func historyOutlivesTheRing() async throws {
+        try await withLiveServer({ $0.eventCapacity = 16 }) { server in
+            _ = try await server.createQueue("q", suspended: true)
+            let first = try #require(try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id"))
+            for _ in 0..<40 {
+                _ = try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201)
+            }
+            _ = try await server.request("POST", "/v1/operations/\(first)/cancel").expecting(200)
+            let events = try await server.request("GET", "/v1/operations/\(first)/events").expecting(200).objects("events")
+            let keys = events.map { $0["key"] as? String ?? "?" }
+            #expect(events.first?["old"] is NSNull, "the creation event is kept: \(keys)")
+            #expect(keys.contains("isFinished"), "the newest change is there too: \(keys)")
+            let seqs = events.compactMap { ($0["seq"] as? NSNumber)?.intValue }
+            #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count, "in order, once each: \(seqs)")
+            // The server-wide feed has really moved on past the creation event.
+            let feed = try await server.request("GET", "/v1/events?after=0")
+            #expect(feed.status == 410)
+        }
+    }
+}

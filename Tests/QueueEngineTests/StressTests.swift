@@ -215,7 +215,9 @@ extension Engine {
             #expect(finishedTwice.isEmpty, "\(Array(finishedTwice.prefix(10)))")
             #expect(startedEarly.isEmpty, "\(Array(startedEarly.prefix(10)))")
             #expect(ids.count > threads * actionsPerThread * 4 / 10, "about 45% of the actions add")
-            #expect(check.pausedMidRun > 0, "the run paused some executing operations")
+            // How many pauses land on a running operation depends on thread timing (some runs
+            // get none), so it is reported below rather than asserted; PauseResumeTests covers
+            // pausing an executing operation deterministically.
 
             let summary = counts.value.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
             print("stress\(isThreadSanitizerActive ? " (under TSan)" : ""): \(threads * actionsPerThread) actions (\(summary)) in \(Int(actionsMillis)) ms, drained after \(Int(totalMillis)) ms; \(check.events) events, peaks \(check.peak), \(check.pausedMidRun) paused mid-run, \(kind.starts.value) kind starts, \(kind.resumes.value) resumed starts")
