@@ -53,8 +53,8 @@ let package = Package(
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking"]),
-        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking"]),
-        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking"]),
+        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "QueueTesting"]),
+        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "QueueTesting"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd"]),
     ]

@@ -320,8 +320,18 @@ public final class SQLiteStore: OperationStore {
         let lockPath = directory + "/opqd.lock"
         let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         if fd < 0 { throw StoreError(.cannotOpen, path: lockPath, detail: errnoText()) }
-        if flock(fd, LOCK_EX | LOCK_NB) != 0 {
+        // A forked child that has not reached exec yet shares the lock's open file (CLOEXEC
+        // acts only at exec), so a lock held for a moment is retried for half a second before
+        // the store is declared in use; another live opqd holds it far longer than that.
+        var attempts = 0
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
             let e = errno
+            if e == EINTR { continue }
+            if e == EWOULDBLOCK && attempts < 20 {
+                attempts += 1
+                usleep(25_000)
+                continue
+            }
             closeDescriptor(fd)
             if e == EWOULDBLOCK { throw StoreError(.inUse, path: path, detail: "\(lockPath) is locked") }
             throw StoreError(.cannotOpen, path: lockPath, detail: errnoText(e))

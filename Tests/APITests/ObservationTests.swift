@@ -47,7 +47,7 @@ struct ObservationTests {
             let took = elapsed(since: start)
             #expect(r.status == 200)
             #expect(took >= 0.25, "answered after \(took) s, before any event existed: \(r.text)")
-            #expect(took < 3, "answered after \(took) s")
+            #expect(took < 5, "answered after \(took) s")
             let events = r.objects("events")
             #expect(!events.isEmpty)
             #expect(events.first?["operation"] as? String == id)
@@ -63,7 +63,7 @@ struct ObservationTests {
             let took = elapsed(since: start)
             #expect(r.status == 200)
             #expect(r.objects("events").isEmpty)
-            #expect(took >= 0.25 && took < 3, "answered after \(took) s")
+            #expect(took >= 0.25 && took < 5, "answered after \(took) s")
         }
     }
 
@@ -102,7 +102,7 @@ struct ObservationTests {
             let id = try await server.addDelay("q")
             let (head, events) = try await stream
             #expect(head.status == 200)
-            #expect(elapsed(since: start) < 2)
+            #expect(elapsed(since: start) < 4, "the stream's read gives up at 5 s")
             let first = try #require(events.first)
             #expect(first.object["operation"] as? String == id)
             #expect(first.id == (first.object["seq"] as? Int).map(String.init))
@@ -118,20 +118,20 @@ struct ObservationTests {
             try await Task.sleep(nanoseconds: 300_000_000)
             let quick = Date()
             #expect(try await server.request("GET", "/healthz").status == 200)
-            #expect(elapsed(since: quick) < 2, "a plain request waited behind the long polls")
+            #expect(elapsed(since: quick) < 4, "a plain request waited behind the long polls (they wait 10 s)")
             let start = Date()
             let id = try await server.addDelay("q", seconds: 0)
             for poll in polls {
                 let r = try await poll.value
                 #expect(r.objects("events").first?["operation"] as? String == id, "\(r)")
             }
-            #expect(elapsed(since: start) < 2)
+            #expect(elapsed(since: start) < 5, "the polls wait 10 s")
             _ = try await server.request("POST", "/v1/queues/q/resume").expecting(200)
             for wait in waits {
                 let r = try await wait.value
                 #expect(r.bool("idle") == true, "\(r)")
             }
-            #expect(elapsed(since: start) < 3)
+            #expect(elapsed(since: start) < 7, "the waits time out at 10 s")
         }
     }
 

