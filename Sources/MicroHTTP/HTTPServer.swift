@@ -30,7 +30,7 @@ public final class HTTPServer: Sendable {
         core.boundPort.load(ordering: .acquiring)
     }
 
-    /// Graceful stop: stops accepting, answers every pending deferred request with 503
+    /// Graceful stop: answers new requests 503 at once, answers every pending deferred request with 503
     /// `application/problem+json`, closes every stream, waits until in-flight requests are done or
     /// `timeout` passes, then closes every connection. Idempotent; blocks the calling thread.
     /// Do not call it from a handler (it waits for the server threads).

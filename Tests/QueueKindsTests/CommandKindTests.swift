@@ -142,7 +142,12 @@ extension KindsTests {
             let id = try h.add("command", argv(args[0], args[1], args[2]))
             let pid = try #require(child(running: args))
             try h.engine.pause(id)
-            #expect(waitUntil { procStat(pid)?.state == "T" })
+            // Known flake (about 1 run in 8 of the parallel suite, never alone): the child is not
+            // seen stopped. Logged and given a second look before failing; see the stop's note.
+            if !waitUntil(timeout: 3, { procStat(pid)?.state == "T" }) {
+                print("cancelWhilePaused: child \(pid) not stopped after 3 s: \(String(describing: procStat(pid)))")
+            }
+            #expect(waitUntil(timeout: 5) { procStat(pid)?.state == "T" })
             try h.engine.cancel(id)
             #expect(try h.engine.operation(id).outcome == .cancelled)
             #expect(waitUntil(timeout: 1) { procStat(pid) == nil }, "the stopped child was killed and reaped")

@@ -166,6 +166,11 @@ extension ServerCore {
     ) -> MHD_Result {
         switch context.pointee.phase {
         case .headers:
+            if refusing.load(ordering: .relaxed) {
+                // Shutting down: nothing new starts; the client may retry elsewhere or later.
+                context.pointee.phase = .done
+                return queue(.shuttingDown, on: connection)
+            }
             context.pointee.phase = .body
             let headers = Self.values(of: .HEADER_KIND, on: connection, iterator: Callbacks.collectHeader)
             if let declared = headers["content-length"], let length = Int(declared), length > 0 {

@@ -35,6 +35,9 @@ final class ServerCore: Sendable {
     let lastRequestID = Atomic<UInt64>(0)
     /// Requests whose line has been parsed and that have not completed yet.
     let inFlight = Atomic<Int>(0)
+    /// Set when shutdown starts: requests that arrive from then on are answered 503 at once
+    /// (this replaces MHD_quiesce_daemon, see `shutdown`).
+    let refusing = Atomic<Bool>(false)
     let lifecycle = Lock<Lifecycle>(.idle)
     let registry = Lock<Registry>(Registry())
     /// Messages MHD logged while `start()` runs, to explain a failure.
@@ -123,8 +126,15 @@ final class ServerCore: Sendable {
                 return
             }
             lifecycle = .stopped
-            let listenSocket = MHD_quiesce_daemon(daemon.raw)
+            // No MHD_quiesce_daemon: with the epoll thread pool it races the workers, which
+            // also take the listen socket out of their epoll sets once quiesced, and the loser
+            // aborts the process ("Failed to remove listen FD from epoll set"; seen twice under
+            // ThreadSanitizer). New connections in the short drain below are served as usual;
+            // new requests get 503 at once (`refusing`), so in-flight work drains. MHD_stop_daemon closes the listen socket itself.
 
+            // From now on a request whose headers arrive is answered 503 (it changes nothing),
+            // so the in-flight count drains even under steady load.
+            refusing.store(true, ordering: .releasing)
             let (responders, streams) = registry.withLock { registry in
                 registry.stopping = true
                 return (Array(registry.responders.values), Array(registry.streams.values))
@@ -133,6 +143,7 @@ final class ServerCore: Sendable {
             // `stopping` keeps new deferred requests and streams from suspending from now on.
             for responder in responders where !responder.keepsThroughShutdown { responder.respond(.shuttingDown) }
             for stream in streams { stream.close() }
+
 
             // Idle keep-alive connections stay open until they time out, so "in flight" is counted
             // per request; either count reaching zero means nothing is left to finish.
@@ -156,7 +167,6 @@ final class ServerCore: Sendable {
                 log("warning", "closing \(unfinished) unfinished requests at the shutdown deadline")
             }
             MHD_stop_daemon(daemon.raw)
-            if listenSocket != MHD_INVALID_SOCKET { Glibc.close(listenSocket) }
             Unmanaged.passUnretained(self).release()
             log("info", "stopped")
         }
