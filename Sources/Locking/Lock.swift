@@ -11,9 +11,9 @@ import Darwin
 /// ThreadSanitizer cannot see it, so the suite under `--sanitize=thread` reported false races
 /// on everything it guards (checked with a 10-line program on this toolchain). TSan
 /// intercepts pthread mutexes; uncontended, both cost about the same.
-public final class Lock<Value>: @unchecked Sendable {  // `value` is only touched under `mutex`
+public final class Lock<Value>: @unchecked Sendable {  // `stored` is only touched under `mutex`
     @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    @usableFromInline var value: Value
+    @usableFromInline var stored: Value
 
     public init(_ value: sending Value) {
         mutex = .allocate(capacity: 1)
@@ -26,7 +26,7 @@ public final class Lock<Value>: @unchecked Sendable {  // `value` is only touche
         pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
         pthread_mutex_init(mutex, &attributes)
         pthread_mutexattr_destroy(&attributes)
-        self.value = value
+        self.stored = value
     }
 
     deinit {
@@ -35,10 +35,14 @@ public final class Lock<Value>: @unchecked Sendable {  // `value` is only touche
     }
 
     /// Runs `body` with exclusive access to the value.
-    @inlinable @inline(__always)
+    @inlinable @inline(__always) @discardableResult
     public func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
-        return try body(&value)
+        return try body(&stored)
     }
+
+    /// A copy of the value, read under the lock.
+    @inlinable
+    public var value: Value { withLock { $0 } }
 }

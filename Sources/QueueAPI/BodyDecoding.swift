@@ -121,3 +121,9 @@ func parsePriority(_ v: JSONValue?) throws(Problem) -> QueuePriority? {
     }
     return p
 }
+
+/// An operation id from a path; one that is not an id names no operation (404).
+func parseOperationID(_ text: String) throws(Problem) -> OperationID {
+    guard let id = OperationID(text) else { throw Problem.notFound("no operation with id '\(text)'") }
+    return id
+}

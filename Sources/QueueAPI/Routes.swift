@@ -54,7 +54,7 @@ struct Routes {
         r.add("POST", "/v1/operations/{id}/observers") { req, p in try addWebhook(req, p[0]) }
         r.add("GET", "/v1/operations/{id}/observers") { req, p in
             _ = try Query(req, allowed: [])
-            let id = try operationID(p[0])
+            let id = try parseOperationID(p[0])
             _ = try engine.revision(of: id)
             var o = JSONOut()
             o.open(); o.key("observers"); o.openArray()
@@ -64,7 +64,7 @@ struct Routes {
         }
         r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in
             _ = try Query(req, allowed: [])
-            let id = try operationID(p[0])
+            let id = try parseOperationID(p[0])
             guard let h = app.webhooks.hook(p[1], of: id) else { throw Problem.notFound("no observer '\(p[1])' on operation \(p[0])") }
             var o = JSONOut()
             webhookJSON(h, to: &o)
@@ -72,7 +72,7 @@ struct Routes {
         }
         r.add("DELETE", "/v1/operations/{id}/observers/{observer}") { req, p in
             _ = try Query(req, allowed: [])
-            let id = try operationID(p[0])
+            let id = try parseOperationID(p[0])
             guard app.webhooks.hook(p[1], of: id) != nil else { throw Problem.notFound("no observer '\(p[1])' on operation \(p[0])") }
             app.webhooks.remove(p[1], engine: engine)
             return .response(HTTPResponse(status: 204))
@@ -106,10 +106,6 @@ struct Routes {
         _ = try Body(req, allowed: [], emptyIsObject: true)
     }
 
-    func operationID(_ s: String) throws(Problem) -> OperationID {
-        guard let id = OperationID(s) else { throw Problem.notFound("no operation with id '\(s)'") }
-        return id
-    }
 
     func etagMatches(_ req: HTTPRequest, _ etag: String) -> Bool {
         guard let inm = req.header("if-none-match") else { return false }
@@ -346,7 +342,7 @@ struct Routes {
 
     func getOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         if req.header("if-none-match") != nil {
             let etag = Self.operationETag(try engine.revision(of: id))
             if etagMatches(req, etag) { return notModified(etag) }
@@ -357,7 +353,7 @@ struct Routes {
 
     func patchOperation(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["queuePriority", "dependencies"])
         let priority = try parsePriority(b["queuePriority"])
         let deps = try parseDependencies(b["dependencies"])
@@ -367,7 +363,7 @@ struct Routes {
 
     func opAction(_ req: HTTPRequest, _ idText: String, query: [String] = [], _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: query)
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         try noBody(req)
         let op = try action(id)
         return ack(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
@@ -375,7 +371,7 @@ struct Routes {
 
     func operationEvents(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         _ = try engine.revision(of: id)
         // The in-memory ring keeps only the newest events of the whole server; the store keeps
         // every event of the operation (until retention), so its history comes from there, with
@@ -394,7 +390,7 @@ struct Routes {
 
     func addWebhook(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["url", "keys"])
         guard let url = try b.string("url", maxLength: 2048) else { throw Problem.invalid("url", "is required: an http or https URL") }
         guard url.hasPrefix("http://") || url.hasPrefix("https://"), url.count > 8 else {

@@ -72,10 +72,6 @@ struct WorkerRoutes {
         return t
     }
 
-    func operationID(_ s: String) throws(Problem) -> OperationID {
-        guard let id = OperationID(s) else { throw Problem.notFound("no operation with id '\(s)'") }
-        return id
-    }
 
     func leaseProblem(_ e: ExternalKind.LeaseError) -> Problem {
         switch e {
@@ -86,7 +82,7 @@ struct WorkerRoutes {
 
     func heartbeat(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken"])
         let t = try token(b)
         _ = try engine.revision(of: id)
@@ -98,7 +94,7 @@ struct WorkerRoutes {
 
     func progress(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "completed", "total"])
         let t = try token(b)
         guard let completed = try b.number("completed", in: 0...1e15, what: "a number from 0") else {
@@ -115,7 +111,7 @@ struct WorkerRoutes {
 
     func finish(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try operationID(idText)
+        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "result", "error"])
         let t = try token(b)
         let completion: Completion

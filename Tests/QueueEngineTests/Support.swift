@@ -11,23 +11,8 @@ import Darwin
 
 // MARK: - small shared state
 
-/// A value behind a lock, shareable between threads and `@Sendable` closures.
-///
-/// An `NSLock` (a pthread mutex), not `Lock`: ThreadSanitizer understands
-/// pthread mutexes, but on Linux it cannot see the hand-over inside a contended `Mutex`
-/// (a priority-inheritance futex, done by the kernel) and reports false races.
-final class Locked<Value: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var stored: Value
-    init(_ value: Value) { stored = value }
-    var value: Value { withLock { $0 } }
-    @discardableResult
-    func withLock<T>(_ body: (inout Value) -> T) -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return body(&stored)
-    }
-}
+/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
+typealias Locked = Lock
 
 /// True when the test binary runs under ThreadSanitizer (`--sanitize=thread`), which makes
 /// everything several times slower: the stress test then does fewer actions.

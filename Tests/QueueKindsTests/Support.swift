@@ -17,13 +17,8 @@ import Glibc
 // MARK: - small shared state
 
 /// A value behind a `Mutex`, shareable between threads and `@Sendable` closures.
-final class Locked<Value: Sendable>: Sendable {
-    private let mutex: Lock<Value>
-    init(_ value: Value) { mutex = Lock(value) }
-    var value: Value { mutex.withLock { $0 } }
-    @discardableResult
-    func withLock<T: Sendable>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
-}
+/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
+typealias Locked = Lock
 
 /// Polls `condition` every millisecond until it holds or `timeout` seconds have passed.
 @discardableResult

@@ -5,20 +5,8 @@ import QueueStore
 import Locking
 import Testing
 
-/// A value behind a lock, shareable with `@Sendable` callbacks. An `NSLock` (a pthread
-/// mutex), not `Lock`, which ThreadSanitizer cannot see through on Linux.
-final class Locked<Value: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var stored: Value
-    init(_ value: Value) { stored = value }
-    var value: Value { withLock { $0 } }
-    @discardableResult
-    func withLock<T>(_ body: (inout Value) -> T) -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return body(&stored)
-    }
-}
+/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
+typealias Locked = Lock
 
 /// A fresh directory under the system's temporary directory, removed by `remove()`.
 struct TemporaryDirectory {
