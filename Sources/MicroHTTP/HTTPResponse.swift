@@ -37,7 +37,13 @@ extension HTTPResponse {
     static func payloadTooLarge(bodyBytes: Int, limit: Int) -> HTTPResponse {
         .problem(
             status: 413, type: "https://opqd.dev/problems/payload-too-large", title: "Payload Too Large",
-            detail: "request body is \(bodyBytes) bytes; the limit is \(limit) bytes")
+            detail: "request body is \(bodyBytes) bytes; the limit is \(limit) bytes (--max-body)")
+    }
+
+    static func headersTooLarge(bytes: Int, limit: Int) -> HTTPResponse {
+        .problem(
+            status: 431, type: "https://opqd.dev/problems/headers-too-large", title: "Request Header Fields Too Large",
+            detail: "the request line and header fields are \(bytes) bytes; the limit (--max-header-bytes) is \(limit) bytes")
     }
 
     static let internalError = HTTPResponse.problem(

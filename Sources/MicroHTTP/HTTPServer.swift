@@ -10,13 +10,15 @@ public final class HTTPServer: Sendable {
     /// Creates a server; nothing listens until `start()`. `log` receives the server's own
     /// messages from any thread; `level` is a swift-log level name: `"error"` (a handler threw, a
     /// response could not be queued), `"warning"`, `"notice"` (libmicrohttpd's messages, mostly
-    /// about misbehaving clients) or `"info"` (started, stopped).
+    /// about misbehaving clients) or `"info"` (started, stopped). `responseObserver` is told the
+    /// status of every answer as it leaves (deferred ones when they are answered), e.g. for metrics.
     public init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
-        log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in }
+        log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in },
+        responseObserver: (@Sendable (_ status: Int) -> Void)? = nil
     ) {
-        core = ServerCore(configuration: configuration, handler: handler, log: log)
+        core = ServerCore(configuration: configuration, handler: handler, log: log, responseObserver: responseObserver)
     }
 
     /// Binds and starts serving. Throws `HTTPServerError` (e.g. when the port is in use, the host

@@ -10,6 +10,8 @@ public struct HTTPServerConfiguration: Sendable {
     public var threads: Int = ProcessInfo.processInfo.activeProcessorCount
     /// Largest accepted request body; larger ones are answered 413.
     public var maxBodyBytes: Int = 1 << 20
+    /// Largest request line plus header fields; larger requests are answered 431.
+    public var maxHeaderBytes: Int = 16384
     /// Seconds after which an idle (keep-alive) connection is closed.
     public var connectionTimeout: Int = 30
     /// Maximum number of simultaneous connections.
@@ -25,8 +27,10 @@ public struct HTTPServerConfiguration: Sendable {
         maxBodyBytes: Int = 1 << 20,
         connectionTimeout: Int = 30,
         connectionLimit: Int = 4096,
-        listenBacklog: Int = 1024
+        listenBacklog: Int = 1024,
+        maxHeaderBytes: Int = 16384
     ) {
+        self.maxHeaderBytes = maxHeaderBytes
         self.host = host
         self.port = port
         self.threads = threads

@@ -17,6 +17,8 @@ public final class HTTPStream: Sendable {
         /// Nil once the response is over.
         var connection: MHDConnection?
         var closeCallbacks: [@Sendable () -> Void] = []
+        /// Asked for more bytes when the buffer has been sent (see `onDrained`).
+        var refill: (@Sendable () -> Void)?
     }
 
     let state: Lock<State>
@@ -36,6 +38,38 @@ public final class HTTPStream: Sendable {
                 connection.resume()
             }
         }
+    }
+
+    /// Appends `bytes` unless the unsent backlog would then pass `maxBacklog` bytes: then the
+    /// stream is closed instead (the client still gets what was buffered, then the end) and the
+    /// result is false. This is how a client that does not read costs bounded memory.
+    @discardableResult
+    public func send(_ bytes: [UInt8], maxBacklog: Int) -> Bool {
+        let over: Bool = state.withLock { state in
+            guard !state.closed else { return false }
+            if state.buffer.count - state.offset + bytes.count > maxBacklog { return true }
+            state.buffer.append(contentsOf: bytes)
+            if state.suspended, let connection = state.connection {
+                state.suspended = false
+                connection.resume()
+            }
+            return false
+        }
+        if over { close() }
+        return !over
+    }
+
+    /// Bytes given to `send` that the client has not been sent yet.
+    public var backlog: Int {
+        state.withLock { $0.buffer.count - $0.offset }
+    }
+
+    /// Registers `refill`, called (on a server thread, outside the stream's lock) whenever
+    /// everything buffered has been sent: it may `send` more. A producer with a large backlog
+    /// (an event stream from an old cursor) hands it over piece by piece this way, as fast as the
+    /// client reads, instead of buffering all of it.
+    public func onDrained(_ refill: @escaping @Sendable () -> Void) {
+        state.withLock { $0.refill = refill }
     }
 
     /// Ends the body once the buffered bytes are sent; `onClose` callbacks run now.
@@ -64,6 +98,7 @@ public final class HTTPStream: Sendable {
     func finish(connectionGone: Bool) {
         let callbacks: [@Sendable () -> Void] = state.withLock { state in
             if connectionGone {
+                state.refill = nil
                 state.connection = nil
                 state.suspended = false
                 state.buffer = []
@@ -86,25 +121,38 @@ public final class HTTPStream: Sendable {
     /// Returns the byte count, or -1 at the end of the body, or 0 after suspending the connection
     /// when there is nothing to send yet (returning 0 without suspending makes MHD spin).
     func read(into destination: UnsafeMutableRawPointer, capacity: Int) -> Int {
-        state.withLock { state in
-            let available = state.buffer.count - state.offset
-            if available > 0 {
-                let count = min(available, capacity)
-                let offset = state.offset
-                state.buffer.withUnsafeBytes { source in
-                    destination.copyMemory(from: source.baseAddress! + offset, byteCount: count)
+        var refilled = false
+        while true {
+            var refill: (@Sendable () -> Void)?
+            let result: Int? = state.withLock { state in
+                let available = state.buffer.count - state.offset
+                if available > 0 {
+                    let count = min(available, capacity)
+                    let offset = state.offset
+                    state.buffer.withUnsafeBytes { source in
+                        guard let base = source.baseAddress else { return }
+                        destination.copyMemory(from: base + offset, byteCount: count)
+                    }
+                    state.offset += count
+                    if state.offset == state.buffer.count {
+                        state.buffer.removeAll(keepingCapacity: state.buffer.capacity <= 64 * 1024)
+                        state.offset = 0
+                    }
+                    return count
                 }
-                state.offset += count
-                if state.offset == state.buffer.count {
-                    state.buffer.removeAll(keepingCapacity: state.buffer.capacity <= 64 * 1024)
-                    state.offset = 0
+                guard !state.closed, let connection = state.connection else { return -1 }
+                if !refilled, let f = state.refill {
+                    refill = f
+                    return nil
                 }
-                return count
+                state.suspended = true
+                connection.suspend()
+                return 0
             }
-            guard !state.closed, let connection = state.connection else { return -1 }
-            state.suspended = true
-            connection.suspend()
-            return 0
+            if let result { return result }
+            // Outside the lock: the producer calls `send`, which takes it.
+            refilled = true
+            refill?()
         }
     }
 }

@@ -34,11 +34,16 @@ public final class OpqdApplication: Sendable {
     init(configuration: OpqdConfiguration, logger: Logger) throws {
         self.configuration = configuration
         self.logger = logger
+        let limits = configuration.limits
         let sqlite: SQLiteStore? = configuration.store == "sqlite"
             ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
             : nil
         self.sqlite = sqlite
-        let recovered = try sqlite?.load()
+        var recovered = try sqlite?.load()
+        if let sqlite, var r = recovered {
+            r.poisoned = Self.countUncleanStops(sqlite, r, logger: logger)
+            recovered = r
+        }
         let kindsConfiguration = KindsConfiguration(allowCommands: configuration.allowCommands)
         self.kindsConfiguration = kindsConfiguration
         let external = ExternalKind()
@@ -47,37 +52,49 @@ public final class OpqdApplication: Sendable {
         kinds["external"] = external
         self.engine = QueueEngine(
             kinds: kinds, store: sqlite ?? InMemoryStore(),
-            configuration: EngineConfiguration(defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent))
+            configuration: EngineConfiguration(
+                defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
+                maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
+                maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies))
         let kept = sqlite?.recentEvents(limit: configuration.eventCapacity) ?? []
-        self.events = EventLog(capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? ((recovered?.lastSeq ?? 0) + 1)) - 1)
+        self.events = EventLog(capacity: configuration.eventCapacity,
+                               startingAfter: (kept.first?.seq ?? ((recovered?.lastSeq ?? 0) + 1)) - 1,
+                               maxBacklog: limits.sseBacklog)
         events.append(kept)
         self.metrics = Metrics()
-        self.idempotency = IdempotencyCache(capacity: 100_000)
-        self.webhooks = Webhooks(logger: logger)
-        var router = Router()
-        // The server needs the router, the router's handlers need self: late-bound box.
-        let box = RouterBox()
+        self.idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
+        self.webhooks = Webhooks(logger: logger, transport: FoundationWebhookTransport(), store: sqlite,
+                                 limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
         let serverConfig = HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,
             maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
-            connectionLimit: configuration.connectionLimit, listenBacklog: 1024)
+            connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes)
+        // The router is complete before the server exists; its handlers reach the application
+        // through `box`, filled in below, before anything listens.
+        let box = RouterBox()
         let log = logger
+        let metrics = self.metrics
         self.server = HTTPServer(configuration: serverConfig, handler: { request in
             box.handle(request)
         }, log: { level, message in
             log.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
+        }, responseObserver: { status in
+            metrics.countRequest(status: status)
         })
+        var router = Router()
         Routes(app: self).register(in: &router)
         WorkerRoutes(app: self).register(in: &router)
         box.set(router: router, app: self)
-        let (events, metrics) = (self.events, self.metrics)
-        _ = engine.observeAll { batch in
+        let (events, webhooks) = (self.events, self.webhooks)
+        _ = engine.observeAll { batch in metrics.observe(batch) }
+        // Clients are shown only committed changes: a seq once shown always names the same event.
+        engine.observeDurable { batch in
             events.append(batch)
-            metrics.observe(batch)
+            webhooks.deliver(batch)
         }
         if let sqlite {
             idempotency.preload(sqlite.loadIdempotency().map {
-                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body))
+                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
             })
         }
         if let recovered {
@@ -85,10 +102,33 @@ public final class OpqdApplication: Sendable {
             logger.info("store recovered", metadata: [
                 "path": "\(sqlite?.path ?? "")", "queues": "\(recovered.queues.count)",
                 "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
+                "poisoned": "\(recovered.poisoned.count)",
             ])
         }
     }
 
+    /// Poison operations (API.md "Crashes"): counts, per operation, the unclean stops in a row
+    /// it was executing during, durably before anything runs again. A clean stop (`shutdown`)
+    /// leaves a marker and clears the counts. Returns those that reached 3.
+    static func countUncleanStops(_ store: SQLiteStore, _ recovered: RecoveredState, logger: Logger) -> Set<OperationID> {
+        let clean = store.meta(prefix: "clean_stop").contains { $0.key == "clean_stop" && $0.value == "1" }
+        var counts: [String: Int] = [:]
+        for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
+        var writes: [(key: String, value: String?)] = [("clean_stop", nil)]
+        var poisoned: Set<OperationID> = []
+        if !clean {
+            for op in recovered.operations where op.state == .executing {
+                let key = "crashes:\(op.id)"
+                let n = min((counts[key] ?? 0) + 1, 1_000)
+                writes.append((key, String(n)))
+                if n >= 3 { poisoned.insert(op.id) }
+            }
+            if !writes.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(writes.count - 1)"]) }
+        }
+        let committed = DispatchSemaphore(value: 0)
+        if store.setMeta(writes, then: { committed.signal() }) { committed.wait() }
+        return poisoned
+    }
     /// The bound port (after `start`).
     public var port: Int { server.port }
 
@@ -97,11 +137,19 @@ public final class OpqdApplication: Sendable {
         try server.start()
         let purge = DispatchSource.makeTimerSource(queue: .global())
         purge.schedule(deadline: .now() + 5, repeating: 5)
-        let (engine, retain, sqlite) = (self.engine, configuration.retain, self.sqlite)
+        let (engine, retain, sqlite, webhooks) = (self.engine, configuration.retain, self.sqlite, self.webhooks)
         purge.setEventHandler {
             // Small batches, so neither the engine's lock nor the writer is held for long.
             let cutoff = SystemClock().now().adding(seconds: -retain)
-            while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
+            var purged = 0
+            while true {
+                let n = engine.purgeFinished(before: cutoff, limit: 1000)
+                purged += n
+                if n < 1000 { break }
+            }
+            if purged > 0 && webhooks.count > 0 {
+                webhooks.removeOrphans { id in (try? engine.revision(of: id)) != nil }
+            }
             if let sqlite {
                 while sqlite.purge(finishedBefore: cutoff, limit: 1000) == 1000 {}
                 _ = sqlite.purgeIdempotency(before: cutoff)
@@ -113,6 +161,9 @@ public final class OpqdApplication: Sendable {
         heartbeat.setEventHandler { [events] in events.heartbeat() }
         heartbeat.resume()
         timers.set([purge, heartbeat])
+        if configuration.token == nil && !Self.isLoopback(configuration.host) {
+            logger.warning("listening on a non-loopback address without a token: anyone who can reach \(configuration.host):\(port) can create, cancel and delete queues and operations, and run what --allow-command allows; set --token (OPQD_TOKEN)")
+        }
         logger.info("opqd serving", metadata: ["host": "\(configuration.host)", "port": "\(port)", "threads": "\(configuration.threads)"])
     }
 
@@ -124,7 +175,12 @@ public final class OpqdApplication: Sendable {
         timers.cancelAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
-        sqlite?.close()
+        if let sqlite {
+            // A clean stop: operations executing now were not part of a crash.
+            sqlite.deleteMeta(prefix: "crashes:")
+            sqlite.setMeta([("clean_stop", "1")])
+            sqlite.close()
+        }
         logger.info("opqd stopped")
     }
 }
@@ -167,26 +223,78 @@ final class AtomicLazyRouter: @unchecked Sendable {
 }
 
 extension OpqdApplication {
-    /// Compares the bearer token in constant time.
-    static func authorized(_ request: HTTPRequest, token: String) -> Bool {
-        guard let header = request.header("authorization"), header.hasPrefix("Bearer ") else { return false }
-        let given = Array(header.utf8.dropFirst(7)), want = Array(token.utf8)
-        guard given.count == want.count else { return false }
-        var diff: UInt8 = 0
-        for (a, b) in zip(given, want) { diff |= a ^ b }
+    static func isLoopback(_ host: String) -> Bool {
+        host.hasPrefix("127.") || host == "localhost" || host == "::1"
+    }
+
+    /// The credentials a request presents, compared in constant time.
+    enum Credential { case none, full, read }
+
+    func credential(_ request: HTTPRequest) -> Credential {
+        guard let token = configuration.token else { return .full }
+        guard let presented = Self.bearer(request) else { return .none }
+        // Both comparisons always run, so the time taken says nothing about which matched.
+        let full = Self.constantTimeEquals(presented, Array(token.utf8))
+        let read = configuration.readToken.map { Self.constantTimeEquals(presented, Array($0.utf8)) } ?? false
+        return full ? .full : read ? .read : .none
+    }
+
+    /// The token of `Authorization: Bearer <token>` (scheme case-insensitive, RFC 7235).
+    static func bearer(_ request: HTTPRequest) -> ArraySlice<UInt8>? {
+        guard let header = request.header("authorization") else { return nil }
+        let bytes = Array(header.utf8)
+        guard bytes.count > 7 else { return nil }
+        let scheme = bytes[0..<6].map { $0 | 0x20 }
+        guard scheme == Array("bearer".utf8), bytes[6] == 0x20 else { return nil }
+        var token = bytes[7...]
+        while token.first == 0x20 { token = token.dropFirst() }
+        while token.last == 0x20 || token.last == 0x09 { token = token.dropLast() }
+        return token.isEmpty ? nil : token
+    }
+
+    /// True when equal; the time depends only on the length of `expected`.
+    static func constantTimeEquals(_ given: ArraySlice<UInt8>, _ expected: [UInt8]) -> Bool {
+        var diff = UInt(bitPattern: given.count ^ expected.count)
+        let base = given.startIndex
+        for i in 0..<expected.count {
+            let g: UInt8 = i < given.count ? given[base + i] : 0
+            diff |= UInt(g ^ expected[i])
+        }
         return diff == 0
     }
 
+    static let unauthorized = Problem(
+        401, "unauthorized", "Unauthorized",
+        "this server needs an Authorization: Bearer <token> header (only GET /healthz and GET /readyz are open)",
+        headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")])
+
     func dispatch(_ request: HTTPRequest, router: Router) -> HTTPHandlerResult {
-        if let token = configuration.token, request.path.hasPrefix("/v1/"), !Self.authorized(request, token: token) {
-            metrics.countRequest(status: 401)
-            return .response(Problem(401, "unauthorized", "Unauthorized",
-                                     "this server needs an Authorization: Bearer <token> header on /v1 requests",
-                                     headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")]).response)
+        // `x/v1/queues`, `*`, `http://host/...`: the router must never guess what was meant.
+        guard request.path.utf8.first == UInt8(ascii: "/") else {
+            return .response(Problem(400, "bad-request-target", "Bad Request",
+                                     "the request target must be an absolute path such as /v1/queues").response)
+        }
+        let match = router.match(method: request.method, path: request.path)
+        // Decided on the route that matched: unknown paths and other methods need a token too,
+        // so nothing about the API is told to a caller without one.
+        let access: RouteAccess
+        if case let .found(_, _, a) = match { access = a } else { access = .read }
+        if access != .open {
+            switch credential(request) {
+            case .none:
+                return .response(Self.unauthorized.response)
+            case .read where access == .write || !(request.method == "GET" || request.method == "HEAD"):
+                if case .found = match {
+                    return .response(Problem(403, "read-only-token", "Forbidden",
+                                             "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token").response)
+                }
+            case .read, .full:
+                break
+            }
         }
         let result: HTTPHandlerResult
-        switch router.match(method: request.method, path: request.path) {
-        case let .found(handler, params):
+        switch match {
+        case let .found(handler, params, _):
             do {
                 result = try handler(request, params)
             } catch let p as Problem {
@@ -195,7 +303,7 @@ extension OpqdApplication {
                 result = .response(e.problem.response)
             } catch {
                 logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
-                result = .response(Problem(500, "internal", "Internal Server Error", "the server failed to handle this request (request \(request.id))").response)
+                result = .response(Problem(500, "internal-error", "Internal Server Error", "the server failed to handle this request (request \(request.id))").response)
             }
         case let .methodNotAllowed(allowed):
             result = .response(Problem(405, "method-not-allowed", "Method Not Allowed",
@@ -204,7 +312,6 @@ extension OpqdApplication {
         case .notFound:
             result = .response(Problem.notFound("no route for \(request.path)").response)
         }
-        if case let .response(r) = result { metrics.countRequest(status: r.status) } else { metrics.countRequest(status: 200) }
         if logger.logLevel <= .debug {
             logger.debug("request", metadata: ["request.id": "\(request.id)", "method": "\(request.method)", "path": "\(request.path)"])
         }

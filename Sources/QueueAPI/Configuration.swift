@@ -4,8 +4,7 @@ import Logging
 public struct OpqdConfiguration: Sendable {
     public var host = "127.0.0.1"
     public var port = 8080
-    /// Where the embedded store lives. The SQLite store is not in this build yet: nothing
-    /// is written there and nothing survives a restart (see README).
+    /// Where the embedded store (`opqd.sqlite`) lives.
     public var data = "./opqd-data"
     public var threads = 2
     public var maxBody = 1 << 20
@@ -21,8 +20,37 @@ public struct OpqdConfiguration: Sendable {
     public var store = "sqlite"
     /// SQLite's synchronous level: `full` (fsync at every commit) or `normal`.
     public var sync = "full"
-    /// When set, every `/v1` request needs `Authorization: Bearer <token>`.
+    /// When set, every request but `/healthz`, `/readyz` needs `Authorization: Bearer <token>`.
     public var token: String? = nil
+    /// When set (with `token`), this token may make GET/HEAD requests only.
+    public var readToken: String? = nil
+    /// Every bound on what a client can make the server hold.
+    public var limits = Limits()
+
+    /// Bounds on memory and work a client can cause; each refusal is a problem+json naming it.
+    public struct Limits: Sendable {
+        /// Request line plus header fields, bytes (431 past it).
+        public var headerBytes = 16_384
+        public var queues = 10_000
+        public var unfinished = 1_000_000
+        public var unfinishedPerQueue = 100_000
+        /// Dependencies of one operation, a barrier's included.
+        public var dependencies = 1_000
+        public var observersPerOperation = 16
+        public var observersPerQueue = 256
+        public var observers = 10_000
+        public var idempotencyKeys = 100_000
+        public var idempotencyBytes = 64 << 20
+        /// JSON bytes of a result or error reported by a worker or a kind.
+        public var resultBytes = 65_536
+        /// Concurrently running `command` children; more wait for a slot.
+        public var commands = 16
+        /// Bytes of one list answer; `next` carries on.
+        public var pageBytes = 1 << 20
+        /// Bytes an SSE client may fall behind before it is cut off.
+        public var sseBacklog = 1 << 20
+        public init() {}
+    }
     /// Executables `command` operations may run.
     public var allowCommands: [String] = []
 
@@ -62,9 +90,53 @@ public struct OpqdConfiguration: Sendable {
             guard v == "full" || v == "normal" else { throw ConfigurationError("--sync must be full or normal; got '\(v)'") }
             c.sync = v
         },
-        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every /v1 request (default: none)") { c, v in
+        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every request but /healthz and /readyz (default: none)") { c, v in
             guard !v.isEmpty else { throw ConfigurationError("--token must not be empty") }
             c.token = v
+        },
+        Option(flag: "--read-token", env: "OPQD_READ_TOKEN", help: "a second token that may only read (GET/HEAD, incl. /metrics and the stream); needs --token (default: none)") { c, v in
+            guard !v.isEmpty else { throw ConfigurationError("--read-token must not be empty") }
+            c.readToken = v
+        },
+        Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
+            c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))
+        },
+        Option(flag: "--max-queues", env: "OPQD_MAX_QUEUES", help: "most queues (default 10000); more get 429") { c, v in c.limits.queues = try int(v, "--max-queues", 1...10_000_000) },
+        Option(flag: "--max-unfinished", env: "OPQD_MAX_UNFINISHED", help: "most unfinished operations in all queues (default 1000000); more get 429") { c, v in
+            c.limits.unfinished = try int(v, "--max-unfinished", 1...100_000_000)
+        },
+        Option(flag: "--max-unfinished-per-queue", env: "OPQD_MAX_UNFINISHED_PER_QUEUE", help: "most unfinished operations in one queue (default 100000); more get 429") { c, v in
+            c.limits.unfinishedPerQueue = try int(v, "--max-unfinished-per-queue", 1...100_000_000)
+        },
+        Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
+            c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
+        },
+        Option(flag: "--max-observers-per-operation", env: "OPQD_MAX_OBSERVERS_PER_OPERATION", help: "webhook observers of one operation (default 16)") { c, v in
+            c.limits.observersPerOperation = try int(v, "--max-observers-per-operation", 1...100_000)
+        },
+        Option(flag: "--max-observers-per-queue", env: "OPQD_MAX_OBSERVERS_PER_QUEUE", help: "webhook observers on one queue's operations (default 256)") { c, v in
+            c.limits.observersPerQueue = try int(v, "--max-observers-per-queue", 1...1_000_000)
+        },
+        Option(flag: "--max-observers", env: "OPQD_MAX_OBSERVERS", help: "webhook observers in all (default 10000)") { c, v in
+            c.limits.observers = try int(v, "--max-observers", 1...10_000_000)
+        },
+        Option(flag: "--max-idempotency-keys", env: "OPQD_MAX_IDEMPOTENCY_KEYS", help: "Idempotency-Key answers kept (default 100000); a new key past it gets 429") { c, v in
+            c.limits.idempotencyKeys = try int(v, "--max-idempotency-keys", 1...100_000_000)
+        },
+        Option(flag: "--max-idempotency-bytes", env: "OPQD_MAX_IDEMPOTENCY_BYTES", help: "bytes of kept Idempotency-Key answers (default 67108864)") { c, v in
+            c.limits.idempotencyBytes = try int(v, "--max-idempotency-bytes", 4096...(1 << 40))
+        },
+        Option(flag: "--max-result-bytes", env: "OPQD_MAX_RESULT_BYTES", help: "JSON bytes of a result or error a worker or kind reports (default 65536)") { c, v in
+            c.limits.resultBytes = try int(v, "--max-result-bytes", 256...(64 << 20))
+        },
+        Option(flag: "--max-commands", env: "OPQD_MAX_COMMANDS", help: "command children running at once (default 16); more wait for a slot") { c, v in
+            c.limits.commands = try int(v, "--max-commands", 1...4096)
+        },
+        Option(flag: "--max-page-bytes", env: "OPQD_MAX_PAGE_BYTES", help: "bytes of one list answer (default 1048576); next carries on") { c, v in
+            c.limits.pageBytes = try int(v, "--max-page-bytes", 4096...(1 << 30))
+        },
+        Option(flag: "--sse-max-backlog", env: "OPQD_SSE_MAX_BACKLOG", help: "bytes an event-stream client may fall behind before it is cut off (default 1048576)") { c, v in
+            c.limits.sseBacklog = try int(v, "--sse-max-backlog", 4096...(1 << 30))
         },
         Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in c.threads = try int(v, "--threads", 1...256) },
         Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in c.maxBody = try int(v, "--max-body", 1024...(1 << 30)) },
@@ -116,8 +188,15 @@ public struct OpqdConfiguration: Sendable {
                 guard i < arguments.count else { throw ConfigurationError("\(name) needs a value") }
                 value = arguments[i]
             }
-            try o.apply(&c, value!)
+            guard let given = value else { throw ConfigurationError("\(name) needs a value") }
+            try o.apply(&c, given)
             i += 1
+        }
+        if c.readToken != nil && c.token == nil {
+            throw ConfigurationError("--read-token needs --token as well (a read-only token alone would leave writes open)")
+        }
+        if let r = c.readToken, r == c.token {
+            throw ConfigurationError("--read-token must differ from --token")
         }
         return c
     }
@@ -133,7 +212,7 @@ public struct OpqdConfiguration: Sendable {
 
         """
         for o in options {
-            s += "  \(o.flag.padding(toLength: 26, withPad: " ", startingAt: 0)) \(o.env.padding(toLength: 28, withPad: " ", startingAt: 0)) \(o.help)\n"
+            s += "  \(o.flag.padding(toLength: 30, withPad: " ", startingAt: 0)) \(o.env.padding(toLength: 34, withPad: " ", startingAt: 0)) \(o.help)\n"
         }
         s += "  --help                                                  this text\n"
         return s

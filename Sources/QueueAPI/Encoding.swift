@@ -12,6 +12,12 @@ struct JSONOut {
     mutating func close() { bytes.append(UInt8(ascii: "}")); needsComma = true }
     mutating func openArray() { comma(); bytes.append(UInt8(ascii: "[")); needsComma = false }
     mutating func closeArray() { bytes.append(UInt8(ascii: "]")); needsComma = true }
+    /// Drops everything written after `count` bytes (an element that did not fit a budget);
+    /// the next element then follows a comma.
+    mutating func truncate(to count: Int) {
+        bytes.removeSubrange(min(count, bytes.count)...)
+        needsComma = true
+    }
     mutating func comma() { if needsComma { bytes.append(UInt8(ascii: ",")) }; needsComma = true }
 
     mutating func key(_ k: StaticString) {

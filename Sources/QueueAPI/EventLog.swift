@@ -16,6 +16,14 @@ final class EventLog: Sendable {
         let after: UInt64
         let fire: @Sendable () -> Void
     }
+    /// An SSE client: `cursor` is the last seq handed to its stream. While `live`, new events are
+    /// pushed to it as they come (bounded by `maxBacklog`); otherwise it is still replaying older
+    /// events, which its stream pulls from the ring as the client reads (`refill`).
+    struct Subscriber: Sendable {
+        let stream: HTTPStream
+        var cursor: UInt64
+        var live: Bool
+    }
     struct State: Sendable {
         var ring: [Entry] = []
         var head = 0          // index of the oldest entry when the ring is full
@@ -24,14 +32,19 @@ final class EventLog: Sendable {
         /// Seqs per operation, for `/v1/operations/{id}/events`.
         var byOperation: [UInt64: [UInt64]] = [:]
         var waiters: [Waiter] = []
-        var streams: [UInt64: HTTPStream] = [:]
+        var streams: [UInt64: Subscriber] = [:]
         var nextID: UInt64 = 1
     }
+    /// Bytes an SSE client may fall behind before it is cut off.
+    let maxBacklog: Int
+    /// Bytes of older events handed to a replaying stream at a time.
+    static let refillBytes = 64 * 1024
     let capacity: Int
     private let state = Lock(State())
 
-    init(capacity: Int, startingAfter seq: UInt64 = 0) {
+    init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20) {
         self.capacity = max(16, capacity)
+        self.maxBacklog = max(4096, maxBacklog)
         state.withLock { $0.lastSeq = seq; $0.firstSeq = seq + 1 }
     }
 
@@ -62,10 +75,19 @@ final class EventLog: Sendable {
             }
             if s.ring.count < capacity, let first = s.ring.first { s.firstSeq = first.seq }
             if !s.streams.isEmpty {
-                // Streams get batches in seq order: sent under the lock (send only buffers).
+                // Live streams get batches in seq order: sent under the lock (send only buffers).
+                // A replaying stream pulls them from the ring when it gets there.
                 var chunk: [UInt8] = []
                 for e in encoded { Self.sse(e, to: &chunk) }
-                for st in s.streams.values { st.send(chunk) }
+                var cut: [UInt64] = []
+                for (id, sub) in s.streams where sub.live {
+                    if sub.stream.send(chunk, maxBacklog: maxBacklog) {
+                        s.streams[id]?.cursor = s.lastSeq
+                    } else {
+                        cut.append(id)
+                    }
+                }
+                for id in cut { s.streams[id] = nil }
             }
             if s.waiters.isEmpty { return [] }
             let ready = s.waiters.filter { $0.after < s.lastSeq }
@@ -93,16 +115,19 @@ final class EventLog: Sendable {
     enum Page { case events([[UInt8]], last: UInt64), gone(oldest: UInt64) }
 
     /// Events with seq > `after`, at most `limit`.
-    func page(after: UInt64, limit: Int) -> Page {
+    func page(after: UInt64, limit: Int, maxBytes: Int = .max) -> Page {
         state.withLock { s in
-            if after + 1 < s.firstSeq { return .gone(oldest: s.firstSeq) }
+            if after < s.firstSeq - 1 { return .gone(oldest: s.firstSeq) }
             var out: [[UInt8]] = []
-            var seq = after + 1
-            while seq <= s.lastSeq && out.count < limit, let e = entry(s, seq: seq) {
+            var bytes = 0
+            var seq = after
+            // `seq < lastSeq` before `seq + 1`: a cursor at UInt64.max never overflows.
+            while seq < s.lastSeq && out.count < limit && bytes < maxBytes, let e = entry(s, seq: seq + 1) {
                 out.append(e.json)
+                bytes += e.json.count + 1
                 seq += 1
             }
-            return .events(out, last: seq - 1 < after ? after : seq - 1)
+            return .events(out, last: seq)
         }
     }
 
@@ -131,35 +156,60 @@ final class EventLog: Sendable {
         state.withLock { s in s.waiters.removeAll { $0.id == token } }
     }
 
-    /// Subscribes an SSE stream: sends the backlog after `after`, then every new event.
+    /// Subscribes an SSE stream from `after`: older events are pulled from the ring as the
+    /// client reads, new ones pushed once it has caught up. False when `after` is older than what
+    /// is kept (the caller answers 410).
     func subscribe(_ stream: HTTPStream, after: UInt64) -> Bool {
-        let result: (UInt64, [UInt8])? = state.withLock { s in
-            if after + 1 < s.firstSeq && s.lastSeq > 0 { return nil }
-            var chunk: [UInt8] = Array("retry: 2000\n\n".utf8)
-            var seq = after + 1
-            while seq <= s.lastSeq, let e = entry(s, seq: seq) { Self.sse(e, to: &chunk); seq += 1 }
+        let id: UInt64? = state.withLock { s in
+            if after < s.firstSeq - 1 && s.lastSeq > 0 { return nil }
             let id = s.nextID
             s.nextID += 1
-            // Registered under the same lock as the backlog read, so nothing falls between.
-            s.streams[id] = stream
-            // Sent under the lock too: a batch appended meanwhile must come after the backlog.
-            stream.send(chunk)
-            return (id, chunk)
+            s.streams[id] = Subscriber(stream: stream, cursor: min(after, s.lastSeq), live: false)
+            stream.send(Array("retry: 2000\n\n".utf8))
+            fill(&s, id)
+            return id
         }
-        guard let (id, _) = result else { return false }
+        guard let id else { return false }
+        stream.onDrained { [weak self] in
+            guard let self else { return }
+            self.state.withLock { s in self.fill(&s, id) }
+        }
         stream.onClose { [weak self] in self?.state.withLock { _ = $0.streams.removeValue(forKey: id) } }
         return true
     }
 
+    /// Hands a replaying stream its next piece of older events, or marks it live when it has
+    /// caught up. Called under the lock, so nothing appended meanwhile falls between.
+    private func fill(_ s: inout State, _ id: UInt64) {
+        guard var sub = s.streams[id], !sub.live else { return }
+        if sub.cursor < s.firstSeq - 1 {
+            // Overtaken by the ring: what it needs next is gone. Closing ends the stream after the
+            // last whole event; the client reconnects with Last-Event-ID and gets a 410.
+            s.streams[id] = nil
+            sub.stream.close()
+            return
+        }
+        var chunk: [UInt8] = []
+        var seq = sub.cursor
+        while seq < s.lastSeq && chunk.count < Self.refillBytes, let e = entry(s, seq: seq + 1) {
+            Self.sse(e, to: &chunk)
+            seq += 1
+        }
+        sub.cursor = seq
+        sub.live = seq >= s.lastSeq
+        s.streams[id] = sub
+        if !chunk.isEmpty { sub.stream.send(chunk) }
+    }
+
     /// Closes every stream (server stop).
     func closeStreams() {
-        let streams = state.withLock { s in let v = Array(s.streams.values); s.streams = [:]; return v }
+        let streams = state.withLock { s in let v = s.streams.values.map(\.stream); s.streams = [:]; return v }
         for s in streams { s.close() }
     }
 
     /// Sends an SSE comment to every stream so dead clients are noticed.
     func heartbeat() {
-        let streams = state.withLock { Array($0.streams.values) }
-        for s in streams { s.send(Array(": keep-alive\n\n".utf8)) }
+        let streams = state.withLock { $0.streams.values.map(\.stream) }
+        for s in streams { s.send(Array(": keep-alive\n\n".utf8), maxBacklog: maxBacklog) }
     }
 }

@@ -55,8 +55,8 @@ extension EngineError {
         case let .invalidArgument(field, detail): return .invalid(field, detail)
         case let .unknownKind(kind):
             return .invalid("kind", "unknown kind '\(kind)'; allowed: delay, http, command, external")
-        case let .limitReached(detail):
-            return Problem(429, "limit-reached", "Too many", detail, headers: [("Retry-After", "5")])
+        case let .limitReached(detail, limit):
+            return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
         }
     }
 }

@@ -8,28 +8,42 @@ struct Params {
 
 typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerResult
 
+/// Who may call a route when tokens are configured (API.md "Who may call").
+enum RouteAccess: Sendable {
+    /// No token needed: liveness, readiness, the dashboard's static page.
+    case open
+    /// The read token is enough (GET/HEAD).
+    case read
+    /// Only the full token.
+    case write
+}
+
 /// A small table router: `/v1/queues/{name}` style patterns, 404 for unknown paths and
 /// 405 with `Allow` for a known path with another method.
 struct Router: Sendable {
     struct Route: Sendable {
         let method: String
         let segments: [String?]  // nil = parameter
+        let access: RouteAccess
         let handler: RouteHandler
     }
     private(set) var routes: [Route] = []
 
-    mutating func add(_ method: String, _ pattern: String, _ handler: @escaping RouteHandler) {
+    /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else.
+    mutating func add(_ method: String, _ pattern: String, access: RouteAccess? = nil, _ handler: @escaping RouteHandler) {
         let segs = pattern.split(separator: "/").map { s -> String? in s.hasPrefix("{") ? nil : String(s) }
-        routes.append(Route(method: method, segments: segs, handler: handler))
+        routes.append(Route(method: method, segments: segs, access: access ?? (method == "GET" ? .read : .write), handler: handler))
     }
 
     enum Match {
-        case found(RouteHandler, Params)
+        case found(RouteHandler, Params, RouteAccess)
         case methodNotAllowed([String])
         case notFound
     }
 
+    /// Matches an absolute path (the caller refuses anything else before routing).
     func match(method: String, path: String) -> Match {
+        guard path.utf8.first == UInt8(ascii: "/") else { return .notFound }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         // A trailing slash or empty segment never matches.
         var allowed: [String] = []
@@ -46,7 +60,7 @@ struct Router: Sendable {
             }
             guard ok else { continue }
             if r.method == method || (method == "HEAD" && r.method == "GET") {
-                return .found(r.handler, Params(values: params))
+                return .found(r.handler, Params(values: params), r.access)
             }
             if !allowed.contains(r.method) { allowed.append(r.method) }
         }

@@ -16,8 +16,8 @@ struct Routes {
     var engine: QueueEngine { app.engine }
 
     func register(in r: inout Router) {
-        r.add("GET", "/healthz") { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
-        r.add("GET", "/readyz") { _, _ in readyz() }
+        r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        r.add("GET", "/readyz", access: .open) { _, _ in readyz() }
         r.add("GET", "/metrics") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
                                    body: app.metrics.render(engine: engine, lastSeq: app.events.lastSeq, store: app.sqlite?.stats)))
@@ -74,8 +74,11 @@ struct Routes {
             _ = try Query(req, allowed: [])
             let id = try parseOperationID(p[0])
             guard app.webhooks.hook(p[1], of: id) != nil else { throw Problem.notFound("no observer '\(p[1])' on operation \(p[0])") }
-            app.webhooks.remove(p[1], engine: engine)
-            return .response(HTTPResponse(status: 204))
+            let webhooks = app.webhooks
+            return .deferred { responder in
+                responder.answerBeforeShutdown()
+                webhooks.remove(p[1]) { responder.respond(HTTPResponse(status: 204)) }
+            }
         }
         r.add("GET", "/v1/events") { req, _ in try eventFeed(req) }
         r.add("GET", "/v1/events/stream") { req, _ in try eventStream(req) }
@@ -131,7 +134,9 @@ struct Routes {
             throw Problem.invalid("Idempotency-Key", "must be 1 to 255 characters")
         }
         let scope = req.path + "\u{0}" + key
-        switch app.idempotency.begin(scope, body: req.body) {
+        switch app.idempotency.begin(scope, body: req.body, now: SystemClock().now(), retain: app.configuration.retain) {
+        case let .full(problem):
+            throw problem
         case let .replay(response):
             var r = response
             r.headers.append(("Idempotent-Replayed", "true"))
@@ -330,12 +335,24 @@ struct Routes {
             after = id
         }
         let page = try engine.operations(in: queue, state: state, after: after, limit: limit)
-        var o = JSONOut(capacity: 512 * page.operations.count + 64)
+        var o = JSONOut(capacity: min(512 * page.operations.count + 64, app.configuration.limits.pageBytes))
         o.open(); o.key("operations"); o.openArray()
-        for op in page.operations { op.write(to: &o) }
+        // The byte budget (--max-page-bytes): an operation's result may be large, so a page
+        // ends early and `next` carries on from the last operation it holds.
+        var next = page.next
+        let budget = app.configuration.limits.pageBytes
+        for (i, op) in page.operations.enumerated() {
+            let before = o.bytes.count
+            op.write(to: &o)
+            if o.bytes.count > budget && i > 0 {
+                o.truncate(to: before)
+                next = page.operations[i - 1].id
+                break
+            }
+        }
         o.closeArray()
         o.key("next")
-        if let n = page.next { o.string(n.description) } else { o.null() }
+        if let n = next { o.string(n.description) } else { o.null() }
         o.close()
         return .response(json(200, o.bytes))
     }
@@ -410,11 +427,18 @@ struct Routes {
         }
         let op = try engine.operation(id)
         if op.isFinished { throw Problem.conflict("operation \(id) has finished; it will report no more changes") }
-        let hookID = app.webhooks.register(engine: engine, operation: id, url: url, keys: keys)
-        guard let hook = app.webhooks.hook(hookID, of: id) else { throw Problem.invalid("url", "is not a valid URL") }
+        let hook = try app.webhooks.register(operation: id, queue: op.queue, url: url, keys: keys)
         var o = JSONOut()
         webhookJSON(hook, to: &o)
-        return .response(json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hookID)")]))
+        let response = json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hook.id)")])
+        // Answered once the registration is committed, like every other 2xx change.
+        guard app.sqlite != nil else { return .response(response) }
+        let webhooks = app.webhooks, hookID = hook.id
+        return .deferred { responder in
+            responder.answerBeforeShutdown()
+            // Registered already (so no event falls between); durable once this runs.
+            webhooks.whenCommitted(hookID) { responder.respond(response) }
+        }
     }
 
     func webhookJSON(_ h: Webhooks.Hook, to o: inout JSONOut) {
@@ -436,8 +460,9 @@ struct Routes {
         let limit = try q.int("limit", in: 1...10_000) ?? 1000
         let wait = try q.seconds("wait", max: 300) ?? 0
         let log = app.events
+        let maxBytes = app.configuration.limits.pageBytes
         @Sendable func answer() -> HTTPResponse {
-            switch log.page(after: after, limit: limit) {
+            switch log.page(after: after, limit: limit, maxBytes: maxBytes) {
             case let .gone(oldest):
                 return Problem(410, "cursor-expired", "Gone",
                                "events after \(after) are no longer kept; the oldest kept event is \(oldest); restart from after=\(oldest - 1)").response
@@ -467,7 +492,8 @@ struct Routes {
         if q.values["after"] == nil, let last = req.header("last-event-id"), let n = UInt64(last) { start = n }
         let after = start
         let log = app.events
-        if after + 1 < log.oldestKept && log.lastSeq > 0 {
+        // `oldestKept` is at least 1; `after + 1` would overflow for a client-given UInt64.max.
+        if after < log.oldestKept - 1 && log.lastSeq > 0 {
             throw Problem(410, "cursor-expired", "Gone", "events after \(after) are no longer kept; the oldest kept event is \(log.oldestKept)")
         }
         return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]) { stream in

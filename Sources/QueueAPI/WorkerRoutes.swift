@@ -115,6 +115,16 @@ struct WorkerRoutes {
         let b = try Body(req, allowed: ["leaseToken", "result", "error"])
         let t = try token(b)
         let completion: Completion
+        let maxResult = app.configuration.limits.resultBytes
+        for field in ["result", "error"] {
+            if let v = b[field] {
+                let size = v.bytes.count
+                if size > maxResult {
+                    throw Problem(422, "result-too-large", "Result too large",
+                                  "\(field): \(size) bytes of JSON; the limit (--max-result-bytes) is \(maxResult) bytes")
+                }
+            }
+        }
         switch (b["result"], b["error"]) {
         case (.some, .some): throw Problem.invalid("error", "give either result or error, not both")
         case let (.some(result), nil): completion = .succeeded(result)

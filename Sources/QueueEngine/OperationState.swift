@@ -34,7 +34,9 @@ public enum EngineError: Error, Sendable, Equatable {
     case alreadyStarted(String)
     case invalidArgument(field: String, detail: String)
     case unknownKind(String)
-    case limitReached(String)
+    /// A configured bound was reached; `limit` is its slug (`too-many-queues`,
+    /// `too-many-operations`, `too-many-dependencies`). Nothing changed.
+    case limitReached(String, limit: String = "limit-reached")
 }
 
 /// What a move does beyond changing the state.

@@ -12,10 +12,17 @@ public struct EngineConfiguration: Sendable {
     /// Unfinished operations across all queues; more are refused with `limitReached`.
     public var maxUnfinishedOperations: Int
     public var maxQueues: Int
-    public init(defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000) {
+    /// Unfinished operations in one queue.
+    public var maxUnfinishedPerQueue: Int
+    /// Dependencies of one operation, a barrier's (every unfinished operation of its queue) included.
+    public var maxDependencies: Int
+    public init(defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
+                maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000) {
         self.defaultMaxConcurrentOperationCount = defaultMaxConcurrentOperationCount
         self.maxUnfinishedOperations = maxUnfinishedOperations
         self.maxQueues = maxQueues
+        self.maxUnfinishedPerQueue = maxUnfinishedPerQueue
+        self.maxDependencies = maxDependencies
     }
 }
 
@@ -27,6 +34,7 @@ public struct EngineConfiguration: Sendable {
 public final class QueueEngine: Sendable {
     let state: Lock<EngineCore>
     let observers: ObserverHub
+    let durable = DurablePublisher()
     /// The store that makes changes durable.
     public let store: any OperationStore
     public let configuration: EngineConfiguration
@@ -127,7 +135,14 @@ public final class QueueEngine: Sendable {
         while let b = batch {
             if !b.records.isEmpty || store.wantsRecords { store.append(b.records, upTo: b.ticket) }
             ticketCounter.store(b.ticket, ordering: .releasing)
-            if !b.events.isEmpty { observers.deliver(b.events) }
+            if !b.events.isEmpty {
+                if durable.hasObservers {
+                    durable.enqueue(ticket: b.ticket, b.events)
+                    let (durable, ticket) = (self.durable, b.ticket)
+                    store.whenDurable(ticket) { durable.release(upTo: ticket) }
+                }
+                observers.deliver(b.events)
+            }
             batch = state.withLock { $0.takeOutbox() }
         }
     }
@@ -152,7 +167,7 @@ public final class QueueEngine: Sendable {
         try Self.validateMax(maxConcurrentOperationCount)
         return try mutate { core throws(EngineError) in
             guard core.queues[name] == nil else { throw .queueExists(name) }
-            guard core.queues.count < configuration.maxQueues else { throw .limitReached("at most \(configuration.maxQueues) queues") }
+            guard core.queues.count < configuration.maxQueues else { throw .limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues") }
             let q = QueueRecord(name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now)
             core.queues[name] = q
             core.record(q)
@@ -317,7 +332,18 @@ public final class QueueEngine: Sendable {
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
             guard core.unfinishedTotal < core.maxUnfinished else {
-                throw .limitReached("at most \(core.maxUnfinished) unfinished operations")
+                throw .limitReached("at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished)", limit: "too-many-operations")
+            }
+            guard q.unfinished < configuration.maxUnfinishedPerQueue else {
+                throw .limitReached("at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue)",
+                                    limit: "too-many-operations")
+            }
+            guard request.dependencies.count <= configuration.maxDependencies else {
+                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(request.dependencies.count)")
+            }
+            if barrier && q.unfinished > configuration.maxDependencies {
+                throw .limitReached("a barrier depends on every unfinished operation of its queue: '\(q.name)' has \(q.unfinished), more than the \(configuration.maxDependencies) dependencies one operation may have (--max-dependencies)",
+                                    limit: "too-many-dependencies")
             }
             var deps: [OpRecord] = []
             deps.reserveCapacity(request.dependencies.count)
@@ -484,6 +510,9 @@ public final class QueueEngine: Sendable {
                 list.append(OperationID(raw: b))
                 dependencies = list
             }
+            if let dependencies, dependencies.count > configuration.maxDependencies + 1 {
+                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(dependencies.count)")
+            }
             if let dependencies {
                 var list: [OpRecord] = []
                 for d in dependencies {
@@ -603,6 +632,14 @@ public final class QueueEngine: Sendable {
     /// operation's `isFinished` change has been reported.
     public func observe(_ id: OperationID, keys: Set<ChangeKey>? = nil, _ callback: @escaping @Sendable (ChangeEvent) -> Void) -> ObserverToken {
         observers.add(operation: id, keys: keys, batch: { events in events.forEach(callback) })
+    }
+
+    /// Registers an observer for every change once it is durable: called with batches in `seq`
+    /// order, only after the store has committed them (at once with a store that keeps nothing).
+    /// This is what anything a client sees (feed, stream, webhooks) hangs off: a change shown
+    /// can never be taken back by a crash. Register before changes are made.
+    public func observeDurable(_ callback: @escaping @Sendable ([ChangeEvent]) -> Void) {
+        _ = durable.add(callback)
     }
 
     /// Removes an observer.

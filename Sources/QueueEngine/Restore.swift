@@ -65,6 +65,13 @@ extension QueueEngine {
                         core.completeOp(op, .failed(type: "cancelled", detail: "cancelled before a restart"))
                         continue
                     }
+                    if recovered.poisoned.contains(OperationID(raw: op.id)) {
+                        // Whatever retries it has left: it may be what kills the server.
+                        core.completeOp(op, .failed(type: "crashed-server",
+                                                    detail: "the server stopped uncleanly 3 times in a row while this operation was executing; it is not run again"))
+                        core.record(op)
+                        continue
+                    }
                     switch op.kind.recover(op.snapshot()) {
                     case .resume:
                         // Never paused: it has executed since it started (downtime included).

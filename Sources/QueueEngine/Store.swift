@@ -105,6 +105,9 @@ public struct RecoveredState: Sendable {
     public var operations: [OperationSnapshot]
     /// The newest event's seq; the next change gets `lastSeq + 1`.
     public var lastSeq: UInt64
+    /// Operations that were executing during too many unclean stops in a row: they finish
+    /// `failed` with `crashed-server` instead of running again (API.md "Crashes").
+    public var poisoned: Set<OperationID> = []
     public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0) {
         self.queues = queues; self.operations = operations; self.lastSeq = lastSeq
     }

@@ -196,6 +196,26 @@ public final class SQLiteStore: OperationStore {
         return (try? reader.withLock { r throws(SQLiteFailure) in try r.oldestSeq() }) ?? next
     }
 
+    // MARK: - meta: small durable settings of the layers above
+
+    /// Sets (nil: deletes) `meta` rows in the next group commit; `done` runs once committed,
+    /// never if the store is closing (then the result is false).
+    @discardableResult
+    public func setMeta(_ pairs: [(key: String, value: String?)], then done: (@Sendable () -> Void)? = nil) -> Bool {
+        writer.submit(.meta(pairs, done: done))
+    }
+
+    /// Deletes every `meta` row whose key starts with `prefix`, in the next group commit.
+    @discardableResult
+    public func deleteMeta(prefix: String, then done: (@Sendable () -> Void)? = nil) -> Bool {
+        writer.submit(.deleteMetaPrefix(prefix, done: done))
+    }
+
+    /// The `meta` rows whose key starts with `prefix`, ordered by key (text values only).
+    public func meta(prefix: String) -> [(key: String, value: String)] {
+        (try? reader.withLock { r throws(SQLiteFailure) in try r.meta(prefix: prefix) }) ?? []
+    }
+
     // MARK: - idempotency
 
     /// Saves the first answer to an `Idempotency-Key` request in the next group commit;
@@ -448,6 +468,18 @@ final class StoreReader {
         defer { minSeq.reset() }
         guard try minSeq.step(), !minSeq.isNull(0) else { return nil }
         return minSeq.uint64(0)
+    }
+
+    func meta(prefix: String) throws(SQLiteFailure) -> [(key: String, value: String)] {
+        try ensureOpen()
+        let st = try connection.prepare("SELECT key, value FROM meta WHERE substr(key, 1, length(?1)) = ?1 ORDER BY key")
+        defer { st.finalize() }
+        st.bind(1, text: prefix)
+        var out: [(key: String, value: String)] = []
+        while try st.step() {
+            if let k = st.text(0), let v = st.text(1) { out.append((k, v)) }
+        }
+        return out
     }
 
     func idempotency() throws(SQLiteFailure) -> [IdempotencyRecord] {

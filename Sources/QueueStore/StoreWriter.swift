@@ -13,6 +13,11 @@ enum WriteJob: Sendable {
     case idempotency(IdempotencyRecord, done: (@Sendable () -> Void)?)
     case purge(cutoff: Timestamp, limit: Int, reply: Reply)
     case purgeIdempotency(before: Timestamp, reply: Reply)
+    /// Sets (or, with nil, deletes) rows of the `meta` table: durable settings of the API layer
+    /// such as webhook observers and crash counters.
+    case meta([(key: String, value: String?)], done: (@Sendable () -> Void)?)
+    /// Deletes every `meta` row whose key starts with the prefix.
+    case deleteMetaPrefix(String, done: (@Sendable () -> Void)?)
 }
 
 /// A count handed back from the writer thread to a caller blocked on it.
@@ -74,6 +79,7 @@ final class StoreWriter: @unchecked Sendable {
     private let upsertOperation, upsertQueue, insertEvent, replaceEvent, upsertIdempotency, setLastSeq: SQLiteStatement
     private let deleteQueueEvents, deleteQueueOperations, deleteQueue: SQLiteStatement
     private let selectPurgeable, deleteOperationEvents, deleteOperation, deleteOldIdempotency: SQLiteStatement
+    private let upsertMeta, deleteMeta, deleteMetaPrefix: SQLiteStatement
     private var binder = RecordBinder()
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
@@ -101,6 +107,10 @@ final class StoreWriter: @unchecked Sendable {
         deleteOperationEvents = try connection.prepare(Schema.deleteOperationEvents)
         deleteOperation = try connection.prepare(Schema.deleteOperation)
         deleteOldIdempotency = try connection.prepare(Schema.deleteOldIdempotency)
+        upsertMeta = try connection.prepare("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
+        deleteMeta = try connection.prepare("DELETE FROM meta WHERE key = ?1")
+        // substr rather than LIKE: keys may hold `%` and `_`.
+        deleteMetaPrefix = try connection.prepare("DELETE FROM meta WHERE substr(key, 1, length(?1)) = ?1")
     }
 
     // MARK: - callers
@@ -298,6 +308,23 @@ final class StoreWriter: @unchecked Sendable {
                     if let done { out.callbacks.append(done) }
                 case let .purge(cutoff, limit, reply):
                     out.replies.append((reply, try purge(cutoff: cutoff, limit: limit)))
+                case let .meta(pairs, done):
+                    for (key, value) in pairs {
+                        if let value {
+                            upsertMeta.bind(1, text: key)
+                            upsertMeta.bind(2, text: value)
+                            try upsertMeta.run()
+                        } else {
+                            deleteMeta.bind(1, text: key)
+                            try deleteMeta.run()
+                        }
+                    }
+                    out.records += pairs.count
+                    if let done { out.callbacks.append(done) }
+                case let .deleteMetaPrefix(prefix, done):
+                    deleteMetaPrefix.bind(1, text: prefix)
+                    try deleteMetaPrefix.run()
+                    if let done { out.callbacks.append(done) }
                 case let .purgeIdempotency(before, reply):
                     deleteOldIdempotency.bind(1, before.nanoseconds)
                     try deleteOldIdempotency.run()

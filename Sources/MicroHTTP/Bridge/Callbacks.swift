@@ -33,7 +33,7 @@ enum Callbacks {
         let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
         let context = raw.assumingMemoryBound(to: ConnectionState.self)
         server.finishRequest(context)  // not expected: the previous request completed
-        context.pointee.beginRequest(path: uri.map(rawPath) ?? "/")
+        context.pointee.beginRequest(path: uri.map(rawPath) ?? "/", targetBytes: uri.map { strlen($0) } ?? 0)
         server.inFlight.add(1, ordering: .relaxed)
         return raw
     }
@@ -58,7 +58,7 @@ enum Callbacks {
         let context = raw.assumingMemoryBound(to: ConnectionState.self)
         if !context.pointee.requestOpen {
             // Not expected (the URI log callback runs first), but keep the invariant.
-            context.pointee.beginRequest(path: url.map { String(cString: $0) } ?? "/")
+            context.pointee.beginRequest(path: url.map { String(cString: $0) } ?? "/", targetBytes: url.map { strlen($0) } ?? 0)
             server.inFlight.add(1, ordering: .relaxed)
         }
         return server.handle(
@@ -173,6 +173,14 @@ extension ServerCore {
             }
             context.pointee.phase = .body
             let headers = Self.values(of: .HEADER_KIND, on: connection, iterator: Callbacks.collectHeader)
+            // The request line and header fields as sent (": " and CRLF per field): over the
+            // limit is 431, before the body is read.
+            var headerBytes = context.pointee.targetBytes + 16
+            for (name, value) in headers { headerBytes &+= name.utf8.count &+ value.utf8.count &+ 4 }
+            if headerBytes > maxHeaderBytes {
+                context.pointee.phase = .done
+                return queue(.headersTooLarge(bytes: headerBytes, limit: maxHeaderBytes), on: connection)
+            }
             if let declared = headers["content-length"], let length = Int(declared), length > 0 {
                 if length > maxBodyBytes {
                     // Answering before the body is read makes MHD skip it and close the connection;
@@ -310,6 +318,7 @@ extension ServerCore {
         }
         context.pointee.stream = stream
         context.pointee.phase = .done
+        responseObserver?(status)
         let accepted = register(stream)
         start(stream)
         if !accepted { stream.close() }
@@ -332,6 +341,7 @@ extension ServerCore {
         if !response.headers.isEmpty { addHeaders(response.headers, to: mhdResponse) }
         let queued = MHD_queue_response(connection, statusCode(response.status), mhdResponse)
         MHD_destroy_response(mhdResponse)
+        if queued == .YES { responseObserver?(response.status) }
         if queued != .YES { log("error", "could not queue a response with status \(response.status)") }
         return queued
     }

@@ -28,6 +28,8 @@ struct ConnectionState {
     var phase = Phase.headers
     /// The path as sent (from the raw request target), without the query string.
     var path = ""
+    /// Bytes of the whole request target (path and query), for the header-size limit.
+    var targetBytes = 0
     var headers: [String: String] = [:]
     var body: [UInt8] = []
     /// Body bytes received so far, including any discarded after the limit was passed.
@@ -47,10 +49,11 @@ struct ConnectionState {
         context.deallocate()
     }
 
-    mutating func beginRequest(path: String) {
+    mutating func beginRequest(path: String, targetBytes: Int) {
         requestOpen = true
         phase = .headers
         self.path = path
+        self.targetBytes = targetBytes
         received = 0
         tooLarge = false
     }

@@ -26,6 +26,9 @@ final class ServerCore: Sendable {
     let handler: HTTPHandler
     let log: @Sendable (String, String) -> Void
     let maxBodyBytes: Int
+    let maxHeaderBytes: Int
+    /// Told the status of every answer that leaves (complete responses and stream heads).
+    let responseObserver: (@Sendable (Int) -> Void)?
     /// After the limit we keep reading (and discarding) a chunked body this far so the client
     /// can get its 413 (MHD cannot queue a response while body data is being delivered); past
     /// it the connection is dropped.
@@ -46,11 +49,14 @@ final class ServerCore: Sendable {
     init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
-        log: @escaping @Sendable (String, String) -> Void
+        log: @escaping @Sendable (String, String) -> Void,
+        responseObserver: (@Sendable (Int) -> Void)? = nil
     ) {
         self.configuration = configuration
         self.handler = handler
         self.log = log
+        self.responseObserver = responseObserver
+        maxHeaderBytes = max(256, configuration.maxHeaderBytes)
         maxBodyBytes = max(0, configuration.maxBodyBytes)
         discardLimit = maxBodyBytes + 16 << 20
     }
@@ -84,6 +90,9 @@ final class ServerCore: Sendable {
                     option(.THREAD_POOL_SIZE, max(1, config.threads)),
                     option(.CONNECTION_TIMEOUT, max(0, config.connectionTimeout)),
                     option(.CONNECTION_LIMIT, max(1, config.connectionLimit)),
+                    // MHD answers an HTML 431 itself when the header fields do not fit its
+                    // per-connection pool; sized so our own limit (a problem+json 431) comes first.
+                    option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, max(256, config.maxHeaderBytes) * 2 + 16 * 1024)),
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
