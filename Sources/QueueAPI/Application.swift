@@ -123,7 +123,7 @@ public final class OpqdApplication: Sendable {
                 writes.append((key, String(n)))
                 if n >= 3 { poisoned.insert(op.id) }
             }
-            if !writes.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(writes.count - 1)"]) }
+            if writes.count > 1 { logger.warning("the last stop was not clean", metadata: ["executing": "\(writes.count - 1)"]) }
         }
         let committed = DispatchSemaphore(value: 0)
         if store.setMeta(writes, then: { committed.signal() }) { committed.wait() }

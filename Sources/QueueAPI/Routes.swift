@@ -184,11 +184,28 @@ struct Routes {
     }
 
     func listQueues(_ req: HTTPRequest) throws -> HTTPHandlerResult {
-        _ = try Query(req, allowed: [])
+        let q = try Query(req, allowed: ["after", "limit"])
+        let after = q.values["after"]
+        let limit = try q.int("limit", in: 1...100_000) ?? 100_000
+        let budget = app.configuration.limits.pageBytes
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("queues"); o.openArray()
-        for q in engine.queues() { q.write(to: &o) }
-        o.closeArray(); o.close()
+        // Sorted by name; a page ends at `limit` or the byte budget, and `next` carries on.
+        var count = 0
+        var next: String? = nil
+        var lastName: String? = nil
+        for queue in engine.queues() where after.map({ queue.name > $0 }) ?? true {
+            if count == limit { next = lastName; break }
+            let before = o.bytes.count
+            queue.write(to: &o)
+            if count > 0 && o.bytes.count > budget { o.truncate(to: before); next = lastName; break }
+            lastName = queue.name
+            count += 1
+        }
+        o.closeArray()
+        o.key("next")
+        if let next { o.string(next) } else { o.null() }
+        o.close()
         return .response(json(200, o.bytes))
     }
 
@@ -387,21 +404,33 @@ struct Routes {
     }
 
     func operationEvents(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
-        _ = try Query(req, allowed: [])
+        let q = try Query(req, allowed: ["after", "limit"])
         let id = try parseOperationID(idText)
+        let after = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        let limit = try q.int("limit", in: 1...10_000) ?? 1000
         _ = try engine.revision(of: id)
-        // The in-memory ring keeps only the newest events of the whole server; the store keeps
-        // every event of the operation (until retention), so its history comes from there, with
-        // the ring adding what is not committed yet.
-        let ring = app.events.events(of: id)
-        var o = JSONOut()
-        o.open(); o.key("events"); o.openArray()
-        var lastStored: UInt64 = 0
+        // Committed events only, like the feed: from the store (which keeps every event of the
+        // operation until retention), else from the in-memory ring.
+        let list: [(seq: UInt64, json: [UInt8])]
         if let store = app.sqlite {
-            for e in store.events(of: id) { o.raw(e.json); lastStored = e.seq }
+            list = store.events(of: id, after: after, limit: limit + 1).map { ($0.seq, $0.json) }
+        } else {
+            list = Array(app.events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit + 1))
         }
-        for e in ring where e.seq > lastStored { o.raw(e.json) }
-        o.closeArray(); o.close()
+        let budget = app.configuration.limits.pageBytes
+        var o = JSONOut(capacity: 4096)
+        o.open(); o.key("events"); o.openArray()
+        var last: UInt64? = nil
+        var more = list.count > limit
+        for (i, e) in list.prefix(limit).enumerated() {
+            if i > 0 && o.bytes.count + e.json.count > budget { more = true; break }
+            o.raw(e.json)
+            last = e.seq
+        }
+        o.closeArray()
+        o.key("next")
+        if more, let last { o.int(last) } else { o.null() }
+        o.close()
         return .response(json(200, o.bytes))
     }
 

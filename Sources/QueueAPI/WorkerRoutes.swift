@@ -46,7 +46,7 @@ struct WorkerRoutes {
         let q = try Query(req, allowed: ["wait"])
         let wait = try q.seconds("wait", max: 300) ?? 0
         let b = try Body(req, allowed: ["worker"], emptyIsObject: true)
-        let worker = try b.string("worker", maxLength: 128) ?? "worker-\(req.header("x-forwarded-for") ?? "anonymous")"
+        let worker = try b.string("worker", maxLength: 128) ?? "worker-\(req.header("x-forwarded-for").map { String($0.prefix(64)) } ?? "anonymous")"
         _ = try engine.queue(named: queue)
         let external = self.external
         let (lease, _) = external.claim(queue: queue, worker: worker, wait: nil)
@@ -149,15 +149,22 @@ struct WorkerRoutes {
     func ack(_ r: HTTPResponse) -> HTTPHandlerResult { Routes(app: app).ack(r) }
 
     func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
-        _ = try Query(req, allowed: [])
+        let q = try Query(req, allowed: ["after"])
+        let after = q.values["after"]
         var byWorker: [String: [ExternalKind.Lease]] = [:]
-        for l in external.leases { byWorker[l.worker, default: []].append(l) }
+        for l in external.leases where after.map({ l.worker > $0 }) ?? true { byWorker[l.worker, default: []].append(l) }
+        let budget = app.configuration.limits.pageBytes
         var o = JSONOut()
         o.open(); o.key("workers"); o.openArray()
+        var next: String? = nil, last: String? = nil
         for (worker, leases) in byWorker.sorted(by: { $0.key < $1.key }) {
+            // A page ends at the byte budget; `next` (a worker name) carries on.
+            if last != nil && o.bytes.count > budget { next = last; break }
+            last = worker
+            guard let since = leases.map(\.since).min() else { continue }
             o.open()
             o.key("worker"); o.string(worker)
-            o.key("since"); o.time(leases.map(\.since).min()!)
+            o.key("since"); o.time(since)
             o.key("leases"); o.openArray()
             for l in leases.sorted(by: { $0.since < $1.since }) {
                 o.open()
@@ -170,7 +177,10 @@ struct WorkerRoutes {
             o.closeArray()
             o.close()
         }
-        o.closeArray(); o.close()
+        o.closeArray()
+        o.key("next")
+        if let next { o.string(next) } else { o.null() }
+        o.close()
         return .response(json(200, o.bytes))
     }
 }

@@ -184,9 +184,9 @@ public final class SQLiteStore: OperationStore {
         return (try? reader.withLock { r throws(SQLiteFailure) in try r.recentEvents(limit: limit) }) ?? []
     }
 
-    /// Every kept event of one operation, oldest first.
-    public func events(of id: OperationID) -> [ChangeEvent] {
-        (try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id) }) ?? []
+    /// Kept events of one operation with seq > `after`, oldest first, at most `limit`.
+    public func events(of id: OperationID, after: UInt64 = 0, limit: Int = .max) -> [ChangeEvent] {
+        (try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
     }
 
     /// The seq of the oldest kept event; one past the newest when none is kept. Clients that
@@ -428,7 +428,7 @@ final class StoreReader {
         connection.setBusyTimeout(milliseconds: 5000)
         try connection.execute("PRAGMA query_only = 1; PRAGMA cache_size = -8192")
         recent = try connection.prepare("SELECT \(Schema.eventColumns) FROM events ORDER BY seq DESC LIMIT ?1")
-        byOperation = try connection.prepare("SELECT \(Schema.eventColumns) FROM events WHERE operation = ?1 ORDER BY seq")
+        byOperation = try connection.prepare("SELECT \(Schema.eventColumns) FROM events WHERE operation = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
         minSeq = try connection.prepare("SELECT min(seq) FROM events")
     }
 
@@ -457,9 +457,11 @@ final class StoreReader {
         return try rows(recent, RecordDecoder.event).reversed()
     }
 
-    func events(of id: OperationID) throws(SQLiteFailure) -> [ChangeEvent] {
+    func events(of id: OperationID, after: UInt64, limit: Int) throws(SQLiteFailure) -> [ChangeEvent] {
         try ensureOpen()
         byOperation.bind(1, id.raw)
+        byOperation.bind(2, Int64(clamping: after))
+        byOperation.bind(3, Int64(clamping: limit))
         return try rows(byOperation, RecordDecoder.event)
     }
 
