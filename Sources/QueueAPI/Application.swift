@@ -44,7 +44,7 @@ public final class OpqdApplication: Sendable {
             r.poisoned = Self.countUncleanStops(sqlite, r, logger: logger)
             recovered = r
         }
-        let kindsConfiguration = KindsConfiguration(allowCommands: configuration.allowCommands)
+        let kindsConfiguration = KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands)
         self.kindsConfiguration = kindsConfiguration
         let external = ExternalKind()
         self.external = external
@@ -147,7 +147,7 @@ public final class OpqdApplication: Sendable {
                 purged += n
                 if n < 1000 { break }
             }
-            if purged > 0 && webhooks.count > 0 {
+            if webhooks.count > 0 {
                 webhooks.removeOrphans { id in (try? engine.revision(of: id)) != nil }
             }
             if let sqlite {

@@ -41,10 +41,13 @@ public final class CommandKind: OperationKind {
 
     private let configuration: KindsConfiguration
     private let runs = Lock<[OperationID: CommandRun]>([:])
+    /// `configuration.maxCommands` children at once; the others wait for a slot.
+    private let slots: ProcessSlots
 
     /// A kind that may run the executables `configuration.allowCommands` lists.
     public init(_ configuration: KindsConfiguration) {
         self.configuration = configuration
+        self.slots = ProcessSlots(limit: configuration.maxCommands)
     }
 
     /// Whether `path` may be run as `argv[0]` on this server: an exact match with one of
@@ -81,21 +84,28 @@ public final class CommandKind: OperationKind {
             let run = runs.withLock { $0[context.operation] }
             if let run, run.attempt == context.attempt, run.resume() { return }
         }
+        slots.run(context.operation, attempt: context.attempt) { [self] in
+            if !launch(context) { slots.release() }
+        }
+    }
+
+    /// Spawns the child in a slot; false when nothing was started (the slot is free again).
+    private func launch(_ context: ExecutionContext) -> Bool {
         let spec: CommandSpec
         do { spec = try CommandSpec(context.spec) } catch {
             context.finish(.failed(type: "invalid-spec", detail: HTTPKind.describe(error)))
-            return
+            return false
         }
         guard Self.isAllowed(spec.argv[0], in: configuration) else {
             context.finish(.failed(type: "spawn-failed", detail: "executable \(spec.argv[0]) is no longer allowed on this server"))
-            return
+            return false
         }
         let pid: pid_t
         let out: Int32, err: Int32
         switch Spawn.run(spec) {
         case let .failure(message):
             context.finish(.failed(type: "spawn-failed", detail: message))
-            return
+            return false
         case let .success(p, o, e):
             (pid, out, err) = (p, o, e)
         }
@@ -112,7 +122,9 @@ public final class CommandKind: OperationKind {
             self?.runs.withLock { map in
                 if map[context.operation] === run { map[context.operation] = nil }
             }
+            self?.slots.release()
         }
+        return true
     }
 
     /// SIGTERM to the process group, SIGKILL after ``killGrace``; reports once the child is gone.
@@ -120,6 +132,8 @@ public final class CommandKind: OperationKind {
         let run = runs.withLock { $0[context.operation] }
         if let run, run.attempt == context.attempt {
             run.stop(.cancelled)
+        } else if slots.withdraw(context.operation, attempt: context.attempt) {
+            context.finish(.failed(type: "cancelled", detail: "cancelled while waiting for a process slot (--max-commands)"))
         } else {
             context.finish(.failed(type: "cancelled", detail: "no process was running"))
         }
@@ -128,7 +142,12 @@ public final class CommandKind: OperationKind {
     /// SIGSTOP to the process group.
     public func pause(_ context: ExecutionContext) {
         let run = runs.withLock { $0[context.operation] }
-        if let run, run.attempt == context.attempt { run.pause() }
+        if let run, run.attempt == context.attempt {
+            run.pause()
+        } else {
+            // Waiting for a slot: leave the line; resume starts it again (and waits again).
+            _ = slots.withdraw(context.operation, attempt: context.attempt)
+        }
     }
 
     /// After a restart the children of the previous server process are orphans still running:

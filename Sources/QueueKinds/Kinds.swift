@@ -28,5 +28,10 @@ public struct KindsConfiguration: Sendable {
     /// `argv[0]` must equal one of them exactly; symlinks are not resolved on either side, so
     /// allowing `/usr/bin/python3` does not allow `/usr/bin/python3.11` or the other way round.
     public var allowCommands: [String] = []
-    public init(allowCommands: [String] = []) { self.allowCommands = allowCommands }
+    /// `command` children running at once; more wait for a slot.
+    public var maxCommands: Int = 16
+    public init(allowCommands: [String] = [], maxCommands: Int = 16) {
+        self.allowCommands = allowCommands
+        self.maxCommands = maxCommands
+    }
 }

@@ -41,8 +41,8 @@ struct Harness {
     let engine: QueueEngine
     let queue = "q"
 
-    init(allow: [String] = []) throws {
-        engine = QueueEngine(kinds: standardKinds(KindsConfiguration(allowCommands: allow)))
+    init(allow: [String] = [], maxCommands: Int = 16) throws {
+        engine = QueueEngine(kinds: standardKinds(KindsConfiguration(allowCommands: allow, maxCommands: maxCommands)))
         try engine.createQueue(name: queue, maxConcurrentOperationCount: 8)
     }
 
