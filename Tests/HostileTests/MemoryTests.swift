@@ -12,10 +12,17 @@ import Glibc
 struct MemoryTests {
     static func mib(_ kib: Int) -> String { String(format: "%.1f MiB", Double(kib) / 1024) }
 
-    @Test("10k distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies")
+    /// Flood sizes. The defaults keep the target under 90 s against the debug binary on 2 cores
+    /// (a 100 KiB create costs ~7 ms there); HOSTILE_FLOOD_KEYS=10000 HOSTILE_SSE_EVENTS=100000
+    /// give the full-size floods (e.g. with OPQD_TEST_BINARY=.build/release/opqd).
+    static func knob(_ name: String, _ value: Int) -> Int {
+        ProcessInfo.processInfo.environment[name].flatMap { Int($0) }.map { max(1, $0) } ?? value
+    }
+
+    @Test("thousands (HOSTILE_FLOOD_KEYS, default 5000) of distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies")
     func idempotencyFlood() async throws {
         let server = try Opqd(["--sync", "normal"])
-        let total = 10_000
+        let total = Self.knob("HOSTILE_FLOOD_KEYS", 5000)
         let padding = 100 << 10
         _ = try await blocking { try server.request("POST", "/v1/queues", json: #"{"name":"m","isSuspended":true}"#).expecting(201) }
         let before = server.memory()
@@ -40,8 +47,8 @@ struct MemoryTests {
                 statuses.withLock { $0[-1, default: 0] += 1 }
             }
             // Stop early rather than take the machine's memory: bodies kept would be ~1 GB.
-            if i % 500 == 0, server.memory().rss - before.rss > 512 << 10 {
-                aborted.withLock { $0 = "RSS grew by more than 512 MiB after \(i) requests" }
+            if i % 500 == 0, server.memory().rss - before.rss > 384 << 10 {
+                aborted.withLock { $0 = "RSS grew by more than 384 MiB after \(i) requests" }
             }
         }
         let seconds = Date().timeIntervalSince(started)
@@ -51,8 +58,8 @@ struct MemoryTests {
         print("Memory idempotency flood: \(total) keys x 100 KiB in \(String(format: "%.1f", seconds)) s; answers \(counts.sorted { $0.key < $1.key }); "
             + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)) (growth \(Self.mib(growth))), VmHWM \(Self.mib(after.hwm)); bodies would be \(Self.mib(total * padding / 1024))")
         if let why = aborted.withLock({ $0 }) { Issue.record("stopped the flood: \(why)") }
-        #expect(counts[201] == total / 2, "succeeding creates: \(counts)")
-        #expect(growth < 128 << 10, "VmRSS grew by \(Self.mib(growth)) for \(total) idempotency keys; the bodies alone are \(Self.mib(total * padding / 1024))")
+        #expect(counts[201] == (total + 1) / 2, "succeeding creates: \(counts)")
+        #expect(growth < 96 << 10, "VmRSS grew by \(Self.mib(growth)) for \(total) idempotency keys; the bodies alone are \(Self.mib(total * padding / 1024))")
         // Replays still answer the first answer.
         try await blocking {
             let json = #"{"kind":"delay","spec":{"seconds":1}}"#
@@ -110,7 +117,8 @@ struct MemoryTests {
         var all: [UInt8] = []
         var closed = false
         let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline, all.count < 16 << 20 {
+        // More than the backlog bound plus both sockets' buffers means it was not cut off.
+        while Date() < deadline, all.count < 8 << 20 {
             let (bytes, eof) = c.readAvailable(milliseconds: 200, limit: 4 << 20)
             all += bytes
             if eof { closed = true; break }
@@ -139,7 +147,7 @@ struct MemoryTests {
         return nil
     }
 
-    @Test("SSE clients on after=0 that never read while 100k events are produced are cut off after a whole event, and cost bounded memory")
+    @Test("SSE clients on after=0 that never read while 100k events (HOSTILE_SSE_EVENTS) are produced are cut off after a whole event, and cost bounded memory")
     func sseClientsThatNeverRead() async throws {
         let backlog = 256 << 10
         let server = try Opqd(["--sync", "normal", "--sse-max-backlog", "\(backlog)"])
@@ -149,7 +157,8 @@ struct MemoryTests {
         let early = try await blocking { try (0..<5).map { _ in try Self.silentSubscriber(server) } }
         let m0 = server.memory()
         let started = Date()
-        let last = try await Self.produceEvents(server, queue: "e", target: 100_000)
+        let events = Self.knob("HOSTILE_SSE_EVENTS", 100_000)
+        let last = try await Self.produceEvents(server, queue: "e", target: events)
         let produced = Date().timeIntervalSince(started)
         let m1 = server.memory()
         // Late subscribers from an old cursor: the whole history is behind them.
@@ -161,7 +170,7 @@ struct MemoryTests {
         }
         let m2 = server.memory()
         let results = await withTaskGroup(of: (Int, Bool, Bool).self) { group in
-            for c in early + late { group.addTask { (try? await onThread { Self.drain(c.connection, seconds: 10) }) ?? (0, false, false) } }
+            for c in early + late { group.addTask { (try? await onThread { Self.drain(c.connection, seconds: 6) }) ?? (0, false, false) } }
             var out: [(Int, Bool, Bool)] = []
             for await r in group { out.append(r) }
             return out
@@ -172,7 +181,7 @@ struct MemoryTests {
         print("Memory SSE: \(last) events produced in \(String(format: "%.1f", produced)) s; VmRSS \(Self.mib(m0.rss)) before, \(Self.mib(m1.rss)) after producing "
             + "(5 silent clients), \(Self.mib(m2.rss)) with 20 more silent clients from after=0 (growth \(Self.mib(m2.rss - m1.rss))); VmHWM \(Self.mib(server.memory().hwm)); "
             + "\(closed)/\(results.count) cut off, \(whole) ending on a whole event, at most \(maxBytes) bytes delivered to one")
-        #expect(last >= 100_000, "only \(last) events were produced")
+        #expect(last >= events, "only \(last) of \(events) events were produced")
         #expect(closed == results.count, "\(results.count - closed) silent clients were not cut off")
         #expect(whole == results.count, "\(results.count - whole) silent clients were cut mid-event")
         #expect(m2.rss - m1.rss < (20 * backlog + (48 << 20)) >> 10, "20 silent subscribers from after=0 cost \(Self.mib(m2.rss - m1.rss))")
