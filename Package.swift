@@ -57,5 +57,7 @@ let package = Package(
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "QueueTesting"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd"]),
+        // Hostile clients and targets against the real `opqd` binary (a child process on a real port).
+        .testTarget(name: "HostileTests", dependencies: ["QueueTesting", "Locking", "opqd"]),
     ]
 )

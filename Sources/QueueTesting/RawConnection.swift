@@ -16,9 +16,15 @@ public final class RawConnection {
     private var buffer: [UInt8] = []
     private var isClosed = false
 
-    public init(port: Int, timeout: Double = 10) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    /// `receiveBufferBytes` sets `SO_RCVBUF` before connecting (a small window makes a client
+    /// that does not read fill the server's buffers quickly).
+    public init(port: Int, timeout: Double = 10, receiveBufferBytes: Int? = nil) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { isClosed = true; throw TestClientError("socket() failed: errno \(errno)") }
+        if let receiveBufferBytes {
+            var size = Int32(clamping: receiveBufferBytes)
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -125,6 +131,28 @@ public final class RawConnection {
         let bytes = Array(buffer[..<count])
         buffer.removeFirst(count)
         return bytes
+    }
+
+    /// Whatever arrives within `milliseconds` (at most `limit` bytes), plus what was buffered;
+    /// `eof` is true when the peer closed (or reset). Never throws on a timeout.
+    public func readAvailable(milliseconds: Int32, limit: Int = 1 << 20) -> (bytes: [UInt8], eof: Bool) {
+        var eof = false
+        let deadline = Date().addingTimeInterval(Double(milliseconds) / 1000)
+        while buffer.count < limit {
+            let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&p, 1, left)
+            if ready < 0 && errno == EINTR { continue }
+            if ready <= 0 { break }
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, Int32(MSG_DONTWAIT)) }
+            if n > 0 { buffer.append(contentsOf: chunk[0..<n]); continue }
+            if n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) { continue }
+            eof = true
+            break
+        }
+        defer { buffer = [] }
+        return (buffer, eof)
     }
 
     /// Everything until the peer closes.

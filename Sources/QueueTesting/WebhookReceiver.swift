@@ -120,7 +120,7 @@ public final class WebhookReceiver: Sendable {
 
 extension RawConnection {
     /// Wraps an accepted socket.
-    convenience init(acceptedFD fd: Int32, timeout: Double) {
+    public convenience init(acceptedFD fd: Int32, timeout: Double) {
         self.init(adopting: fd, timeout: timeout)
     }
 }
