@@ -46,6 +46,10 @@ extension HTTPResponse {
             detail: "the request line and header fields are \(bytes) bytes; the limit (--max-header-bytes) is \(limit) bytes")
     }
 
+    static let badFraming = HTTPResponse.problem(
+        status: 400, type: "https://opqd.dev/problems/bad-framing", title: "Bad Request",
+        detail: "Content-Length must be one decimal number and may not come with Transfer-Encoding", extraHeaders: [("Connection", "close")])
+
     static let internalError = HTTPResponse.problem(
         status: 500, type: "https://opqd.dev/problems/internal-error", title: "Internal Server Error",
         detail: "the server failed to handle the request")

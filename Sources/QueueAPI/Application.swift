@@ -284,10 +284,8 @@ extension OpqdApplication {
             case .none:
                 return .response(Self.unauthorized.response)
             case .read where access == .write || !(request.method == "GET" || request.method == "HEAD"):
-                if case .found = match {
-                    return .response(Problem(403, "read-only-token", "Forbidden",
-                                             "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token").response)
-                }
+                return .response(Problem(403, "read-only-token", "Forbidden",
+                                         "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token").response)
             case .read, .full:
                 break
             }

@@ -99,10 +99,13 @@ struct Query {
 }
 
 /// Parses the operation ids of a `dependencies` array.
-func parseDependencies(_ v: JSONValue?, field: String = "dependencies") throws(Problem) -> [OperationID]? {
+func parseDependencies(_ v: JSONValue?, field: String = "dependencies", limit: Int = 200_000) throws(Problem) -> [OperationID]? {
     guard let v else { return nil }
     guard case let .array(items) = v else { throw Problem.invalid(field, "must be an array of operation ids; got \(v.typeName)") }
-    guard items.count <= 200_000 else { throw Problem.invalid(field, "at most 200000 dependencies") }
+    guard items.count <= limit else {
+        throw Problem(422, "too-many-dependencies", "Too many dependencies",
+                      "\(field): at most \(limit) dependencies per operation (--max-dependencies); got \(items.count)")
+    }
     var ids: [OperationID] = []
     ids.reserveCapacity(items.count)
     for (i, item) in items.enumerated() {

@@ -122,7 +122,8 @@ final class EventLog: Sendable {
             var bytes = 0
             var seq = after
             // `seq < lastSeq` before `seq + 1`: a cursor at UInt64.max never overflows.
-            while seq < s.lastSeq && out.count < limit && bytes < maxBytes, let e = entry(s, seq: seq + 1) {
+            while seq < s.lastSeq && out.count < limit, let e = entry(s, seq: seq + 1) {
+                if !out.isEmpty && bytes + e.json.count + 1 > maxBytes { break }
                 out.append(e.json)
                 bytes += e.json.count + 1
                 seq += 1

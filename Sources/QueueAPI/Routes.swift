@@ -187,7 +187,7 @@ struct Routes {
         let q = try Query(req, allowed: ["after", "limit"])
         let after = q.values["after"]
         let limit = try q.int("limit", in: 1...100_000) ?? 100_000
-        let budget = app.configuration.limits.pageBytes
+        let budget = app.configuration.limits.pageBytes - 160
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("queues"); o.openArray()
         // Sorted by name; a page ends at `limit` or the byte budget, and `next` carries on.
@@ -299,7 +299,7 @@ struct Routes {
         var request = OperationRequest(kind: kind)
         request.name = try b.string("name", maxLength: 256)
         request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
-        request.dependencies = try parseDependencies(b["dependencies"]) ?? []
+        request.dependencies = try parseDependencies(b["dependencies"], limit: app.configuration.limits.dependencies) ?? []
         request.spec = b["spec"]
         request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
         if let r = b["retry"] {
@@ -357,7 +357,8 @@ struct Routes {
         // The byte budget (--max-page-bytes): an operation's result may be large, so a page
         // ends early and `next` carries on from the last operation it holds.
         var next = page.next
-        let budget = app.configuration.limits.pageBytes
+        // Room kept for the closing brackets and `next`.
+        let budget = app.configuration.limits.pageBytes - 160
         for (i, op) in page.operations.enumerated() {
             let before = o.bytes.count
             op.write(to: &o)
@@ -390,7 +391,7 @@ struct Routes {
         let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["queuePriority", "dependencies"])
         let priority = try parsePriority(b["queuePriority"])
-        let deps = try parseDependencies(b["dependencies"])
+        let deps = try parseDependencies(b["dependencies"], limit: app.configuration.limits.dependencies)
         let op = try engine.update(id, queuePriority: priority, dependencies: deps)
         return ack(json(200, op.json, [("ETag", Self.operationETag(op.revision))]))
     }
@@ -417,7 +418,7 @@ struct Routes {
         } else {
             list = Array(app.events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit + 1))
         }
-        let budget = app.configuration.limits.pageBytes
+        let budget = app.configuration.limits.pageBytes - 160
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("events"); o.openArray()
         var last: UInt64? = nil
@@ -489,7 +490,7 @@ struct Routes {
         let limit = try q.int("limit", in: 1...10_000) ?? 1000
         let wait = try q.seconds("wait", max: 300) ?? 0
         let log = app.events
-        let maxBytes = app.configuration.limits.pageBytes
+        let maxBytes = app.configuration.limits.pageBytes - 160
         @Sendable func answer() -> HTTPResponse {
             switch log.page(after: after, limit: limit, maxBytes: maxBytes) {
             case let .gone(oldest):

@@ -153,7 +153,7 @@ struct WorkerRoutes {
         let after = q.values["after"]
         var byWorker: [String: [ExternalKind.Lease]] = [:]
         for l in external.leases where after.map({ l.worker > $0 }) ?? true { byWorker[l.worker, default: []].append(l) }
-        let budget = app.configuration.limits.pageBytes
+        let budget = app.configuration.limits.pageBytes - 160
         var o = JSONOut()
         o.open(); o.key("workers"); o.openArray()
         var next: String? = nil, last: String? = nil

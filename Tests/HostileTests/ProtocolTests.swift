@@ -42,14 +42,16 @@ struct ProtocolTests {
             }
             let huge = "GET /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Huge: " + String(repeating: "h", count: 1 << 20) + "\r\n\r\n"
             switch server.raw(huge) {
-            case let .success(r): expectProblem(r, 431, slug: "headers-too-large", "a 1 MiB header")
+            // Past libmicrohttpd's per-connection pool (10x the limit), MHD 0.9.75 answers 431 itself
+            // with its own HTML body before any callback of ours runs: the status is all we control.
+            case let .success(r): #expect(r.status == 431, "a 1 MiB header: \(r.status) \(r.text.prefix(200))")
             case let .failure(e): Issue.record("a 1 MiB header: no answer (\(e)); expected 431")
             }
             server.expectAlive("oversized heads")
         }
     }
 
-    @Test("a body over --max-body answers 413 body-too-large, declared or chunked, before it is read, and creates nothing")
+    @Test("a body over --max-body answers 413 payload-too-large, declared or chunked, before it is read, and creates nothing")
     func bodyOverTheLimit() async throws {
         let server = try Opqd(["--max-body", "4096"])
         try await blocking {
@@ -59,13 +61,13 @@ struct ProtocolTests {
             #expect(try server.request("POST", "/v1/queues", json: exact).status == 201, "a body of exactly --max-body")
             // One byte over, declared.
             let over = #"{"name":"over"}"# + String(repeating: " ", count: 4097 - #"{"name":"over"}"#.utf8.count)
-            expectProblem(try server.request("POST", "/v1/queues", json: over), 413, slug: "body-too-large", "4097 declared bytes")
+            expectProblem(try server.request("POST", "/v1/queues", json: over), 413, slug: "payload-too-large", "4097 declared bytes")
             // 10 MiB declared, nothing sent: the answer comes before the body.
             let c = try RawConnection(port: server.port, timeout: 3)
             c.send("POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n")
             do {
                 let r = try c.readResponse(requestMethod: "POST")
-                expectProblem(r, 413, slug: "body-too-large", "10 MiB declared, not sent")
+                expectProblem(r, 413, slug: "payload-too-large", "10 MiB declared, not sent")
             } catch { Issue.record("10 MiB declared: no 413 before the body was sent (\(error))") }
             c.close()
             // Chunked, over the limit in several chunks.
@@ -75,7 +77,7 @@ struct ProtocolTests {
             for _ in 0..<5 { chunked += "3e8\r\n\(piece)\r\n" }
             chunked += "0\r\n\r\n"
             switch server.raw(chunked) {
-            case let .success(r): expectProblem(r, 413, slug: "body-too-large", "5015 chunked bytes")
+            case let .success(r): expectProblem(r, 413, slug: "payload-too-large", "5015 chunked bytes")
             case let .failure(e): Issue.record("chunked over the limit: no answer (\(e))")
             }
             // Chunked within the limit: fine.

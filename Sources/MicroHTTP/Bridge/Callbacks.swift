@@ -181,7 +181,15 @@ extension ServerCore {
                 context.pointee.phase = .done
                 return queue(.headersTooLarge(bytes: headerBytes, limit: maxHeaderBytes), on: connection)
             }
-            if let declared = headers["content-length"], let length = Int(declared), length > 0 {
+            // A Content-Length that is not one plain number (repeated, signed, hex, overflowing),
+            // or one next to Transfer-Encoding, is how requests get smuggled past proxies: refuse.
+            if let declared = headers["content-length"],
+               declared.isEmpty || declared.utf8.count > 19 || !declared.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 })
+                || headers["transfer-encoding"] != nil {
+                context.pointee.phase = .done
+                return queue(.badFraming, on: connection)
+            }
+            if let declared = headers["content-length"], case let length = Int(declared) ?? Int.max, length > 0 {
                 if length > maxBodyBytes {
                     // Answering before the body is read makes MHD skip it and close the connection;
                     // with `Expect: 100-continue` the client never sends it.

@@ -91,8 +91,10 @@ final class ServerCore: Sendable {
                     option(.CONNECTION_TIMEOUT, max(0, config.connectionTimeout)),
                     option(.CONNECTION_LIMIT, max(1, config.connectionLimit)),
                     // MHD answers an HTML 431 itself when the header fields do not fit its
-                    // per-connection pool; sized so our own limit (a problem+json 431) comes first.
-                    option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, max(256, config.maxHeaderBytes) * 2 + 16 * 1024)),
+                    // per-connection pool; sized so our own limit (a problem+json 431) comes first,
+                    // also for many tiny header lines (MHD keeps ~50 bytes of bookkeeping for each).
+                    // Large pools are mmap'ed by MHD: pages a connection never touches cost nothing.
+                    option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, min(max(256, config.maxHeaderBytes), 1 << 20) * 10 + 32 * 1024)),
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
