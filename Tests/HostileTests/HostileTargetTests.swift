@@ -77,7 +77,7 @@ struct HostileTargetTests {
                 }
                 let type = Self.errorType(r)
                 let text = r?.text ?? ""
-                #expect(!text.contains("root:x:0"), "\(path): /etc/passwd leaked into the result")
+                #expect(text.contains("root:x:0") == false, "\(path): /etc/passwd leaked into the result")
                 switch path {
                 case "/relative":
                     #expect(r?.string("outcome") == "succeeded", "a relative redirect to /ok: \(text.prefix(300))")
@@ -179,7 +179,8 @@ struct HostileTargetTests {
                     Issue.record("\(path): not finished within 15 s: \(r?.text.prefix(300) ?? "no answer")")
                     continue
                 }
-                #expect(!(r?.text ?? "").contains("root:x:0"), "\(path): /etc/passwd leaked")
+                let text = r?.text ?? ""
+                #expect(text.contains("root:x:0") == false, "\(path): /etc/passwd leaked")
                 if r?.string("outcome") == "failed" {
                     #expect(Self.errorType(r).map(Self.errorTypes.contains) == true, "\(path): error \(r?.text.prefix(300) ?? "")")
                 }
