@@ -24,18 +24,31 @@ python3 -m openapi_spec_validator openapi.yaml
 scripts/embed-openapi.sh --check
 
 step "schemathesis against a live server"
-log=$(mktemp)
-data=$(mktemp -d)
-.build/debug/opqd --port 0 --data "$data" --log-level warning >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
-base=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
-scripts/schemathesis.sh "$base"
-curl -fsS "$base/healthz" >/dev/null || { echo "server stopped answering after schemathesis"; cat "$log"; exit 1; }
-kill -TERM $pid; wait $pid || { echo "opqd did not exit 0 on SIGTERM"; exit 1; }
-trap - EXIT
-rm -rf "$data" "$log"
+# Two runs, each on a fresh throwaway server: without a token (every check, stateful phase
+# included), then with --token so `ignored_auth` probes every operation without and with a
+# wrong token. Together under ~4 minutes.
+run_schemathesis() {  # run_schemathesis NAME [opqd options...]; env for schemathesis.sh set by the caller
+    local name="$1"; shift
+    local log data pid base
+    log=$(mktemp); data=$(mktemp -d)
+    .build/debug/opqd --port 0 --data "$data" --log-level warning "$@" >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
+    base=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
+    local rc=0
+    scripts/schemathesis.sh "$base" || rc=$?
+    if ! curl -fsS "$base/healthz" >/dev/null; then echo "$name: server stopped answering after schemathesis"; cat "$log"; rc=1; fi
+    kill -TERM $pid 2>/dev/null || true
+    if ! wait $pid; then echo "$name: opqd did not exit 0 on SIGTERM"; rc=1; fi
+    rm -rf "$data" "$log"
+    return $rc
+}
+st_token="schemathesis-$RANDOM$RANDOM"
+st_failed=0
+run_schemathesis "schemathesis" || st_failed=1
+ST_TOKEN="$st_token" ST_MAX_TIME="${ST_TOKEN_MAX_TIME:-75}" ST_MAX_EXAMPLES="${ST_TOKEN_MAX_EXAMPLES:-10}" \
+    run_schemathesis "schemathesis with a token" --token "$st_token" || st_failed=1
+[ "$st_failed" -eq 0 ] || { echo "schemathesis failed"; exit 1; }
 
 step "swift test under ThreadSanitizer"
 set +e

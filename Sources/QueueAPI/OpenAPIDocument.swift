@@ -27,10 +27,19 @@ info:
       the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
       fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
       registrations (`/v1/operations/{id}/observers`) are kept in memory only.
-    * When the server is started with `--token` (`OPQD_TOKEN`), every `/v1` request
-      needs `Authorization: Bearer <token>`; without it the answer is 401
-      `application/problem+json` (`unauthorized`) with `WWW-Authenticate: Bearer`, and
-      nothing changes. The service routes stay open. Without `--token` no header is needed.
+    * When the server is started with `--token` (`OPQD_TOKEN`), every request on every
+      path and method needs `Authorization: Bearer <token>` (`/metrics`, `/openapi.yaml`,
+      the feed, the stream and unknown paths included; 404 and 405 come only after
+      authentication); without it the answer is 401 `application/problem+json`
+      (`unauthorized`) with `WWW-Authenticate: Bearer realm="opqd"`, and nothing changes.
+      Only `GET /healthz` and `GET /readyz` stay open. With `--read-token`
+      (`OPQD_READ_TOKEN`) also set, that token may make `GET`/`HEAD` requests and gets 403
+      (`read-only-token`) on any other method. The decision is made on the route that
+      matched, never on a prefix of the raw path. Without `--token` no header is needed.
+    * A request target that is not an absolute path (`x/v1/queues`, `*`,
+      `http://host/v1/queues`) gets 400 (`bad-request-target`), with or without a token.
+    * A request line plus headers over `--max-header-bytes` (default 16384) gets 431
+      (`headers-too-large`).
     * Times are RFC 3339 UTC strings with millisecond precision
       (`2026-11-22T10:00:00.125Z`); durations are seconds (numbers).
     * Optional fields of responses are omitted when they have no value (never `null`),
@@ -43,8 +52,6 @@ info:
       like `GET` on every `GET` route. An unknown path gets 404.
     * Status answers carry an `ETag`; `GET /v1/operations/{id}` and
       `GET /v1/queues/{name}` answer 304 to a matching `If-None-Match`.
-    * There is no authentication in this build (API.md's 401 for a configured bearer
-      token is not implemented: no token option exists yet).
     * While the server starts or stops, any route may answer 503 (problem+json).
     * Kind `command` is off unless the server was started with `--allow-command PATH`
       (repeatable; `OPQD_ALLOW_COMMANDS` takes a colon-separated list): an operation whose
@@ -69,10 +76,13 @@ paths:
   /healthz:
     get:
       operationId: healthz
+      security: []
       tags: [service]
       summary: Liveness
       description: 200 as soon as the server serves. Query parameters are ignored.
       responses:
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The server is alive.
           content:
@@ -88,10 +98,13 @@ paths:
   /readyz:
     get:
       operationId: readyz
+      security: []
       tags: [service]
       summary: Readiness
       description: 200 while the store is open and the server accepts work; 503 while it shuts down.
       responses:
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: Ready to accept work.
           content:
@@ -121,6 +134,12 @@ paths:
         sequence number and, with the SQLite store, its commits (`opqd_store_*`).
         Query parameters are ignored.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The metrics.
           content:
@@ -134,6 +153,12 @@ paths:
       tags: [service]
       summary: This document
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The OpenAPI document of the running server.
           content:
@@ -161,6 +186,12 @@ paths:
             schema:
               $ref: '#/components/schemas/QueueCreate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '201':
           description: Created. A replayed `Idempotency-Key` answers the first response again.
           headers:
@@ -235,6 +266,12 @@ paths:
       summary: List all queues
       description: Every queue with its counts, sorted by name. Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The queues.
           content:
@@ -262,6 +299,12 @@ paths:
       parameters:
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The queue.
           headers:
@@ -289,6 +332,12 @@ paths:
             schema:
               $ref: '#/components/schemas/QueueUpdate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The queue after the change.
           headers:
@@ -321,6 +370,14 @@ paths:
           schema:
             $ref: '#/components/schemas/QueryBool'
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '204':
           description: Deleted.
         '404':
@@ -343,6 +400,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/QueueAfterAction'
         '400':
@@ -365,6 +428,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/QueueAfterAction'
         '400':
@@ -390,6 +459,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/QueueAfterAction'
         '400':
@@ -422,6 +497,12 @@ paths:
             maximum: 3600
             default: 30
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: Idle, or timed out.
           content:
@@ -455,6 +536,12 @@ paths:
             schema:
               $ref: '#/components/schemas/BarrierCreate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '201':
           $ref: '#/components/responses/OperationCreated'
         '400':
@@ -491,6 +578,10 @@ paths:
             schema:
               $ref: '#/components/schemas/OperationCreate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '201':
           $ref: '#/components/responses/OperationCreated'
         '400':
@@ -536,6 +627,12 @@ paths:
           schema:
             $ref: '#/components/schemas/OperationId'
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: One page.
           content:
@@ -580,6 +677,12 @@ paths:
             schema:
               $ref: '#/components/schemas/ClaimRequest'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: Claimed.
           content:
@@ -632,6 +735,12 @@ paths:
       parameters:
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The status.
           headers:
@@ -663,6 +772,12 @@ paths:
             schema:
               $ref: '#/components/schemas/OperationUpdate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/OperationAfterAction'
         '400':
@@ -698,6 +813,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/OperationAfterAction'
         '400':
@@ -725,6 +846,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/OperationAfterAction'
         '400':
@@ -751,6 +878,12 @@ paths:
       requestBody:
         $ref: '#/components/requestBodies/NoBody'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           $ref: '#/components/responses/OperationAfterAction'
         '400':
@@ -773,6 +906,12 @@ paths:
       summary: The operation's own change history
       description: Oldest first (those still kept in the server's event window). Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The events.
           content:
@@ -811,6 +950,12 @@ paths:
             schema:
               $ref: '#/components/schemas/LeaseRequest'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The lease, extended.
           content:
@@ -846,6 +991,12 @@ paths:
             schema:
               $ref: '#/components/schemas/ProgressReport'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The operation's status after the report.
           content:
@@ -886,6 +1037,12 @@ paths:
             schema:
               $ref: '#/components/schemas/FinishRequest'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The operation's status after it.
           content:
@@ -920,6 +1077,14 @@ paths:
             schema:
               $ref: '#/components/schemas/WebhookCreate'
       responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '201':
           description: Registered.
           headers:
@@ -956,6 +1121,12 @@ paths:
       summary: The operation's webhooks
       description: Sorted by id. Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The webhooks.
           content:
@@ -989,6 +1160,12 @@ paths:
       summary: One webhook
       description: Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The webhook.
           content:
@@ -1005,6 +1182,14 @@ paths:
       summary: Remove a webhook
       description: No more changes are POSTed to its URL. Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '204':
           description: Removed.
         '404':
@@ -1021,6 +1206,12 @@ paths:
         Every worker that holds at least one live lease, sorted by name, with its leases
         (oldest first). Refuses unknown query parameters.
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The workers.
           content:
@@ -1076,6 +1267,12 @@ paths:
             maximum: 300
             default: 0
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: A page of the feed.
           content:
@@ -1116,6 +1313,12 @@ paths:
           schema:
             type: string
       responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The stream.
           headers:
@@ -1125,7 +1328,7 @@ paths:
           content:
             text/event-stream:
               schema:
-                type: string
+                $ref: '#/components/schemas/ChangeEventMessage'
         '410':
           $ref: '#/components/responses/Gone'
         '422':
@@ -1139,7 +1342,9 @@ components:
     bearerAuth:
       type: http
       scheme: bearer
-      description: Only when the server runs with `--token`; see the description above.
+      description: |
+        Only when the server runs with `--token` (and optionally `--read-token` for
+        `GET`/`HEAD`); see the description above. Tokens are compared in constant time.
   parameters:
     QueueName:
       name: name
@@ -1290,7 +1495,10 @@ components:
         ETag:
           $ref: '#/components/headers/ETag'
     BadRequest:
-      description: Malformed JSON, or a required body is missing.
+      description: |
+        Malformed JSON, or a required body is missing (`malformed-request`); a request target
+        that is not an absolute path, e.g. `x/v1/queues`, `*` or `http://host/v1/queues`
+        (`bad-request-target`); a malformed request (lengths, chunk sizes).
       content:
         application/problem+json:
           schema:
@@ -1302,7 +1510,10 @@ components:
           schema:
             $ref: '#/components/schemas/Problem'
     Forbidden:
-      description: A `command` operation whose executable (`spec.argv[0]`) the server does not allow (`command-not-allowed`).
+      description: |
+        A `command` operation whose executable (`spec.argv[0]`) the server does not allow
+        (`command-not-allowed`), or a read-only token (`--read-token`) on a request other
+        than `GET`/`HEAD` (`read-only-token`); nothing changed.
       content:
         application/problem+json:
           schema:
@@ -1343,10 +1554,42 @@ components:
           schema:
             $ref: '#/components/schemas/Problem'
     TooMany:
-      description: A configured limit (queues, unfinished operations) is reached (`limit-reached`).
+      description: |
+        A configured limit is reached; nothing changed: queues (`too-many-queues`,
+        `--max-queues`), unfinished operations per queue or in total
+        (`too-many-operations`), a barrier that would need more dependencies than
+        `--max-dependencies` (`too-many-dependencies`), webhook observers per operation,
+        queue or in total (`too-many-observers`), kept idempotency keys by count or bytes
+        (`too-many-idempotency-keys`). `detail` names the limit and its value.
       headers:
         Retry-After:
           $ref: '#/components/headers/RetryAfter'
+      content:
+        application/problem+json:
+          schema:
+            $ref: '#/components/schemas/Problem'
+    Unauthorized:
+      description: |
+        The server runs with `--token` and the request has no `Authorization: Bearer`
+        header with the token (or the read-only token) (`unauthorized`); nothing changed.
+      headers:
+        WWW-Authenticate:
+          description: '`Bearer realm="opqd"`'
+          schema:
+            type: string
+            pattern: '^Bearer'
+      content:
+        application/problem+json:
+          schema:
+            $ref: '#/components/schemas/Problem'
+    ReadOnlyToken:
+      description: A read-only token (`--read-token`) on a request other than `GET`/`HEAD` (`read-only-token`); nothing changed.
+      content:
+        application/problem+json:
+          schema:
+            $ref: '#/components/schemas/Problem'
+    HeadersTooLarge:
+      description: The request line and headers together exceed `--max-header-bytes` (default 16384) (`headers-too-large`).
       content:
         application/problem+json:
           schema:
@@ -1927,6 +2170,29 @@ components:
           allOf:
             - $ref: '#/components/schemas/OperationState'
           description: The operation's state after the change.
+
+    ChangeEventMessage:
+      type: object
+      description: |
+        One Server-Sent Event of `GET /v1/events/stream`, as an SSE client parses it
+        (fields `event`, `id`, `data`; the leading `retry: 2000` block and `: keep-alive`
+        comments carry no data and are not events). `id` is the event's `seq`, `data` its
+        JSON exactly as `GET /v1/events` lists it.
+      required: [event, id, data]
+      properties:
+        event:
+          const: change
+        id:
+          type: string
+          pattern: '^[1-9][0-9]{0,18}$'
+        retry:
+          type: integer
+          minimum: 0
+        data:
+          type: string
+          contentMediaType: application/json
+          contentSchema:
+            $ref: '#/components/schemas/Event'
 
     EventPage:
       type: object

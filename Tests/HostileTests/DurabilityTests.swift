@@ -16,7 +16,7 @@ struct DurabilityTests {
 
         func run(port: Int, target: String, seconds: Double) {
             defer { ended.withLock { $0 = true } }
-            guard let c = try? RawConnection(port: port, timeout: 2) else { return }
+            guard let c = try? RawConnection(port: port, timeout: 10) else { return }
             defer { c.close() }
             c.send("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             guard let (status, headers) = try? c.readHead(), status == 200 else { return }
@@ -76,53 +76,62 @@ struct DurabilityTests {
         return out
     }
 
-    @Test("every event an SSE client saw before kill -9 is in the feed after the restart, byte for byte")
+    @Test("every event an SSE client saw before kill -9 is in the feed after the restart, byte for byte (3 kill cycles)")
     func sseEventsSurviveKillNine() async throws {
         let server = try Opqd()
-        let reader = StreamReader()
-        let stop = Lock(false)
-        let seenBeforeKill: [(id: String, data: String)] = try await blocking {
-            _ = try server.request("POST", "/v1/queues", json: #"{"name":"d","maxConcurrentOperationCount":8}"#).expecting(201)
-            let port = server.port
-            Thread { reader.run(port: port, target: "/v1/events/stream?after=0", seconds: 20) }.start()
-            // Writers keep changing things while the reader follows the stream.
-            for w in 0..<3 {
-                Thread {
-                    let client = KeepAlive(port: port)
-                    defer { client.close() }
-                    var n = 0
-                    while !stop.withLock({ $0 }) {
-                        let kind = n % 3 == 0 ? #"{"kind":"delay","spec":{"seconds":0.02},"name":"w\#(w)-\#(n)"}"# : #"{"kind":"delay","spec":{"seconds":0},"queuePriority":"high"}"#
-                        if (try? client.request("POST", "/v1/queues/d/operations", body: Array(kind.utf8))) == nil { usleep(20_000) }
-                        n += 1
-                    }
-                }.start()
-            }
-            let enough = waitUntil(15, every: 0.005) { reader.seen.withLock { $0.count } >= 300 }
-            // kill -9 while events are flowing.
-            server.killNine()
-            let seen = reader.seen.withLock { $0 }
-            stop.withLock { $0 = true }
-            #expect(enough, "the stream showed only \(seen.count) events in 15 s")
-            return seen
-        }
         try await blocking {
-            _ = waitUntil(3) { reader.ended.withLock { $0 } }
-            try server.restart()
-            let feed = try Self.feed(server)
-            var missing: [String] = []
-            var different: [String] = []
-            for event in seenBeforeKill {
-                guard let seq = Int(event.id) else { Issue.record("an SSE id that is not a seq: \(event.id)"); continue }
-                guard let stored = feed[seq] else { missing.append(event.id); continue }
-                if stored != Array(event.data.utf8) {
-                    different.append("seq \(seq): stream \(event.data) / feed \(String(decoding: stored, as: UTF8.self))")
+            _ = try server.request("POST", "/v1/queues", json: #"{"name":"d","maxConcurrentOperationCount":8}"#).expecting(201)
+        }
+        var seenInAll = 0
+        for cycle in 0..<3 {
+            let reader = StreamReader()
+            let stop = Lock(false)
+            let seenBeforeKill: [(id: String, data: String)] = try await blocking {
+                let port = server.port
+                let start = try Self.feed(server).keys.max() ?? 0
+                Thread { reader.run(port: port, target: "/v1/events/stream?after=\(start)", seconds: 20) }.start()
+                // Writers keep changing things while the reader follows the stream.
+                for w in 0..<4 {
+                    Thread {
+                        let client = KeepAlive(port: port)
+                        defer { client.close() }
+                        var n = 0
+                        while !stop.withLock({ $0 }) {
+                            let kind = n % 3 == 0 ? #"{"kind":"delay","spec":{"seconds":0.02},"name":"w\#(w)-\#(n)"}"# : #"{"kind":"delay","spec":{"seconds":0},"queuePriority":"high"}"#
+                            if (try? client.request("POST", "/v1/queues/d/operations", body: Array(kind.utf8))) == nil { usleep(20_000) }
+                            n += 1
+                        }
+                    }.start()
                 }
+                let target = 200 + Int.random(in: 0..<200)
+                let enough = waitUntil(15, every: 0.002) { reader.seen.withLock { $0.count } >= target }
+                // kill -9 while events are flowing.
+                server.killNine()
+                let seen = reader.seen.withLock { $0 }
+                stop.withLock { $0 = true }
+                #expect(enough, "cycle \(cycle): the stream showed only \(seen.count) events in 15 s (it stalled or ended: \(reader.ended.withLock { $0 } ? "ended" : "silent"))")
+                return seen
             }
-            print("Durability SSE: \(seenBeforeKill.count) events seen on the stream before kill -9 (last id \(seenBeforeKill.last?.id ?? "-")); feed after restart holds \(feed.count); missing \(missing.count), different \(different.count)")
-            #expect(missing.isEmpty, "\(missing.count) events seen on the stream are not in the feed after the restart: \(missing.prefix(10))")
-            #expect(different.isEmpty, "\(different.count) seqs name other content after the restart:\n\(different.prefix(5).joined(separator: "\n"))")
-            server.expectAlive("the restart")
+            seenInAll += seenBeforeKill.count
+            try await blocking {
+                _ = waitUntil(3) { reader.ended.withLock { $0 } }
+                usleep(100_000)  // the writers notice the stop
+                try server.restart()
+                let feed = try Self.feed(server)
+                var missing: [String] = []
+                var different: [String] = []
+                for event in seenBeforeKill {
+                    guard let seq = Int(event.id) else { Issue.record("an SSE id that is not a seq: \(event.id)"); continue }
+                    guard let stored = feed[seq] else { missing.append(event.id); continue }
+                    if stored != Array(event.data.utf8) {
+                        different.append("seq \(seq): stream \(event.data) / feed \(String(decoding: stored, as: UTF8.self))")
+                    }
+                }
+                print("Durability SSE cycle \(cycle): \(seenBeforeKill.count) events seen on the stream before kill -9 (last id \(seenBeforeKill.last?.id ?? "-")); feed after restart holds \(feed.count); missing \(missing.count), different \(different.count)")
+                #expect(missing.isEmpty, "cycle \(cycle): \(missing.count) events seen on the stream are not in the feed after the restart: \(missing.prefix(10))")
+                #expect(different.isEmpty, "cycle \(cycle): \(different.count) seqs name other content after the restart:\n\(different.prefix(5).joined(separator: "\n"))")
+                server.expectAlive("the restart")
+            }
         }
     }
 
@@ -157,7 +166,8 @@ struct DurabilityTests {
                 try server.restart()
                 let after = try server.request("GET", "/v1/operations/\(id)")
                 if stop < 3 {
-                    #expect(!(after.string("state") == "finished" && Self.errorType(after) == "crashed-server"),
+                    let poisoned = after.string("state") == "finished" && Self.errorType(after) == "crashed-server"
+                    #expect(poisoned == false,
                             "after \(stop) unclean stop(s) the operation already failed as crashed-server: \(after.text)")
                     #expect(after.string("state") != "finished", "after \(stop) unclean stop(s): \(after.text)")
                 }

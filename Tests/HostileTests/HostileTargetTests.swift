@@ -77,7 +77,7 @@ struct HostileTargetTests {
                 }
                 let type = Self.errorType(r)
                 let text = r?.text ?? ""
-                #expect(!text.contains("root:x:0"), "\(path): /etc/passwd leaked into the result")
+                #expect(text.contains("root:x:0") == false, "\(path): /etc/passwd leaked into the result")
                 switch path {
                 case "/relative":
                     #expect(r?.string("outcome") == "succeeded", "a relative redirect to /ok: \(text.prefix(300))")
@@ -130,7 +130,7 @@ struct HostileTargetTests {
                 #expect((r?.body.count ?? 0) < 1 << 20, "\(path): a status of \(r?.body.count ?? 0) bytes (the body should be size-capped)")
             }
             #expect(after.hwm - before.rss < 128 << 10, "endless bodies raised VmHWM by \((after.hwm - before.rss) / 1024) MiB")
-            #expect(after.rss - before.rss < 64 << 10, "endless bodies left VmRSS \((after.rss - before.rss) / 1024) MiB higher")
+            #expect(after.rss - before.rss < 96 << 10, "endless bodies left VmRSS \((after.rss - before.rss) / 1024) MiB higher")
         }
     }
 
@@ -179,7 +179,8 @@ struct HostileTargetTests {
                     Issue.record("\(path): not finished within 15 s: \(r?.text.prefix(300) ?? "no answer")")
                     continue
                 }
-                #expect(!(r?.text ?? "").contains("root:x:0"), "\(path): /etc/passwd leaked")
+                let text = r?.text ?? ""
+                #expect(text.contains("root:x:0") == false, "\(path): /etc/passwd leaked")
                 if r?.string("outcome") == "failed" {
                     #expect(Self.errorType(r).map(Self.errorTypes.contains) == true, "\(path): error \(r?.text.prefix(300) ?? "")")
                 }

@@ -19,7 +19,7 @@ struct KillerTests {
                 let (bytes, _) = c.readAvailable(milliseconds: 400)
                 c.close()
                 let text = String(decoding: bytes, as: UTF8.self)
-                #expect(!text.contains(" 500 "), "Last-Event-ID \(value.debugDescription): \(text.prefix(300))")
+                #expect(text.contains(" 500 ") == false, "Last-Event-ID \(value.debugDescription): \(text.prefix(300))")
                 server.expectAlive("Last-Event-ID: \(value)")
             }
             // The same through the query.
@@ -77,7 +77,7 @@ struct KillerTests {
             }
             server.expectAlive("the redirect to //[::1]/")
             #expect(finished && last?.string("state") == "finished", "the operation should finish within 20 s: \(last.map(\.description) ?? "no answer")")
-            #expect(!target.requests.isEmpty, "the target was never asked")
+            #expect(target.requests.isEmpty == false, "the target was never asked")
             // Restarting after an unclean stop must not run into the same trap.
             server.killNine()
             try server.restart()

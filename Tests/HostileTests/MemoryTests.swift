@@ -19,10 +19,10 @@ struct MemoryTests {
         ProcessInfo.processInfo.environment[name].flatMap { Int($0) }.map { max(1, $0) } ?? value
     }
 
-    @Test("thousands (HOSTILE_FLOOD_KEYS, default 5000) of distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies")
+    @Test("thousands (HOSTILE_FLOOD_KEYS, default 3000) of distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies")
     func idempotencyFlood() async throws {
         let server = try Opqd(["--sync", "normal"])
-        let total = Self.knob("HOSTILE_FLOOD_KEYS", 5000)
+        let total = Self.knob("HOSTILE_FLOOD_KEYS", 3000)
         let padding = 100 << 10
         _ = try await blocking { try server.request("POST", "/v1/queues", json: #"{"name":"m","isSuspended":true}"#).expecting(201) }
         let before = server.memory()
