@@ -264,7 +264,7 @@ final class CommandRun: Sendable {
             s.runningSince = .now()
             return (s.timerGeneration, s.timeLeft)
         }
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, left) * 1e9))) { [weak self] in
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: left)) { [weak self] in
             guard let self else { return }
             let due = self.state.withLock { $0.timerGeneration == generation && !$0.paused }
             if due { self.stop(.timeout) }
@@ -282,7 +282,7 @@ final class CommandRun: Sendable {
             return true
         }
         guard first else { return }
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(CommandKind.killGrace * 1e9))) { [self] in
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: CommandKind.killGrace)) { [self] in
             state.withLock { signalGroup(&$0, SIGKILL) }
         }
     }
@@ -448,8 +448,10 @@ struct ProcessIdentity: Equatable {
     }
 
     init?(json: JSONValue) {
+        // Saved by this kind, but read back from the store: any number may come back.
         guard case let .number(p)? = json["pid"], case let .number(s)? = json["startTicks"],
-              case let .string(b)? = json["bootId"], p > 0, p < Double(Int32.max) else { return nil }
+              case let .string(b)? = json["bootId"], p > 0, p < Double(Int32.max),
+              s >= 0, s < 18_446_744_073_709_551_616.0 else { return nil }
         pid = pid_t(p)
         startTicks = UInt64(s)
         boot = b
