@@ -450,7 +450,9 @@ struct ProcessIdentity: Equatable {
     init?(json: JSONValue) {
         // Saved by this kind, but read back from the store: any number may come back.
         guard case let .number(p)? = json["pid"], case let .number(s)? = json["startTicks"],
-              case let .string(b)? = json["bootId"], p > 0, p < Double(Int32.max),
+              // pid >= 2 and whole: pid_t(0.5) is 0 and recover's kill(-pid) of 0 or -1 would
+              // signal our own process group or every process.
+              case let .string(b)? = json["bootId"], p >= 2, p < Double(Int32.max), p == p.rounded(),
               s >= 0, s < 18_446_744_073_709_551_616.0 else { return nil }
         pid = pid_t(p)
         startTicks = UInt64(s)
