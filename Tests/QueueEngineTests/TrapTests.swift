@@ -111,3 +111,28 @@ extension OperationSnapshot {
     /// Something that reads every field, as the API's encoder would.
     fileprivate var json: String { "\(id) \(createdAt.rfc3339) \(startedAt?.rfc3339 ?? "-") \(revision) \(executedSeconds)" }
 }
+
+extension Engine {
+    @Suite("Restore memory")
+    struct RestoreSpanTests {
+        @Test("restoring one operation with a high id allocates one table slot, not one per purged id")
+        func highFirstID() throws {
+            let engine = QueueEngine(kinds: ["manual": ManualKind()], clock: ManualClock())
+            let q = QueueSnapshot(name: "q", maxConcurrentOperationCount: -1, effectiveMaxConcurrentOperationCount: 4,
+                                  isSuspended: false, operationCount: 0, counts: [:], revision: 1, createdAt: Timestamp(nanoseconds: 0))
+            // 10^8 operations were created and purged before the restart (the store keeps one).
+            let id = OperationID(raw: 100_000_000)
+            let op = OperationSnapshot(id: id, queue: "q", name: nil, kind: "manual", spec: nil, state: .paused, outcome: nil,
+                                       isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil, attempt: 0,
+                                       result: nil, error: nil, createdAt: Timestamp(nanoseconds: 0), startedAt: nil,
+                                       finishedAt: nil, revision: 1, options: OperationOptions())
+            engine.restore(RecoveredState(queues: [q], operations: [op], lastSeq: 5))
+            #expect(try engine.operation(id).state == .paused)
+            #expect(engine.tableSpan == 1)
+            let next = try engine.addOperationID(to: "q", OperationRequest(kind: "manual"))
+            #expect(next.raw == id.raw + 1)
+            #expect(try engine.operation(next).state != .finished)
+            #expect(engine.tableSpan == 2)
+        }
+    }
+}
