@@ -40,23 +40,21 @@ public final class HTTPStream: Sendable {
         }
     }
 
-    /// Appends `bytes` unless the unsent backlog would then pass `maxBacklog` bytes: then the
-    /// stream is closed instead (the client still gets what was buffered, then the end) and the
-    /// result is false. This is how a client that does not read costs bounded memory.
-    @discardableResult
+    /// Appends `bytes` unless the unsent backlog would then pass `maxBacklog` bytes; false then
+    /// (nothing appended). The caller should `close()` it — outside any lock that its `onClose`
+    /// callbacks take — so the client gets what was buffered, then the end. This is how a client
+    /// that does not read costs bounded memory.
     public func send(_ bytes: [UInt8], maxBacklog: Int) -> Bool {
-        let over: Bool = state.withLock { state in
-            guard !state.closed else { return false }
-            if state.buffer.count - state.offset + bytes.count > maxBacklog { return true }
+        state.withLock { state in
+            guard !state.closed else { return true }
+            if state.buffer.count - state.offset + bytes.count > maxBacklog { return false }
             state.buffer.append(contentsOf: bytes)
             if state.suspended, let connection = state.connection {
                 state.suspended = false
                 connection.resume()
             }
-            return false
+            return true
         }
-        if over { close() }
-        return !over
     }
 
     /// Bytes given to `send` that the client has not been sent yet.

@@ -56,6 +56,8 @@ final class EventLog: Sendable {
     /// Appends a batch from the engine (in seq order) and wakes whoever waits.
     func append(_ events: [ChangeEvent]) {
         let encoded = events.map { Entry(seq: $0.seq, operation: $0.operation.raw, json: $0.json) }
+        // Streams cut off are closed after the lock is released: their close callbacks take it.
+        var cutOff: [HTTPStream] = []
         let fire: [@Sendable () -> Void] = state.withLock { s in
             for e in encoded {
                 if s.ring.count < capacity {
@@ -87,13 +89,14 @@ final class EventLog: Sendable {
                         cut.append(id)
                     }
                 }
-                for id in cut { s.streams[id] = nil }
+                for id in cut { cutOff.append(contentsOf: s.streams.removeValue(forKey: id).map { [$0.stream] } ?? []) }
             }
             if s.waiters.isEmpty { return [] }
             let ready = s.waiters.filter { $0.after < s.lastSeq }
             s.waiters.removeAll { $0.after < s.lastSeq }
             return ready.map(\.fire)
         }
+        for st in cutOff { st.close() }
         for f in fire { f() }
     }
 
@@ -166,29 +169,31 @@ final class EventLog: Sendable {
             let id = s.nextID
             s.nextID += 1
             s.streams[id] = Subscriber(stream: stream, cursor: min(after, s.lastSeq), live: false)
-            stream.send(Array("retry: 2000\n\n".utf8))
-            fill(&s, id)
             return id
         }
         guard let id else { return false }
+        // Registered before the first bytes: each time the client has read everything, the
+        // next piece of older events is handed over, until it has caught up and goes live.
         stream.onDrained { [weak self] in
             guard let self else { return }
-            self.state.withLock { s in self.fill(&s, id) }
+            let overtaken = self.state.withLock { s in self.fill(&s, id) }
+            overtaken?.close()
         }
         stream.onClose { [weak self] in self?.state.withLock { _ = $0.streams.removeValue(forKey: id) } }
+        stream.send(Array("retry: 2000\n\n".utf8))
         return true
     }
 
     /// Hands a replaying stream its next piece of older events, or marks it live when it has
-    /// caught up. Called under the lock, so nothing appended meanwhile falls between.
-    private func fill(_ s: inout State, _ id: UInt64) {
-        guard var sub = s.streams[id], !sub.live else { return }
+    /// caught up. Called under the lock, so nothing appended meanwhile falls between. Returns the
+    /// stream when the ring has overtaken it: the caller closes it once the lock is released.
+    private func fill(_ s: inout State, _ id: UInt64) -> HTTPStream? {
+        guard var sub = s.streams[id], !sub.live else { return nil }
         if sub.cursor < s.firstSeq - 1 {
-            // Overtaken by the ring: what it needs next is gone. Closing ends the stream after the
-            // last whole event; the client reconnects with Last-Event-ID and gets a 410.
+            // What it needs next is gone. Closing ends the stream after the last whole event; the
+            // client reconnects with Last-Event-ID and gets a 410.
             s.streams[id] = nil
-            sub.stream.close()
-            return
+            return sub.stream
         }
         var chunk: [UInt8] = []
         var seq = sub.cursor
@@ -200,6 +205,7 @@ final class EventLog: Sendable {
         sub.live = seq >= s.lastSeq
         s.streams[id] = sub
         if !chunk.isEmpty { sub.stream.send(chunk) }
+        return nil
     }
 
     /// Closes every stream (server stop).
@@ -211,6 +217,6 @@ final class EventLog: Sendable {
     /// Sends an SSE comment to every stream so dead clients are noticed.
     func heartbeat() {
         let streams = state.withLock { $0.streams.values.map(\.stream) }
-        for s in streams { s.send(Array(": keep-alive\n\n".utf8), maxBacklog: maxBacklog) }
+        for s in streams where !s.send(Array(": keep-alive\n\n".utf8), maxBacklog: maxBacklog) { s.close() }
     }
 }

@@ -218,7 +218,7 @@ final class EngineCore: @unchecked Sendable {
         guard op.state == .pending, op.unfinishedDependencies == 0 else { return }
         if let nb = op.options.notBefore, nb > now, !op.waitingForTime {
             op.waitingForTime = true
-            effects.append(.wake(op.operationID, seconds: (nb.nanoseconds - now.nanoseconds).asSeconds))
+            effects.append(.wake(op.operationID, seconds: nb.nanoseconds.saturatingSubtract(now.nanoseconds).asSeconds))
             return
         }
         if op.waitingForTime { return }
@@ -229,7 +229,7 @@ final class EngineCore: @unchecked Sendable {
     }
 
     func completeOp(_ op: OpRecord, _ completion: Completion) {
-        op.executedNanos += now.nanoseconds - op.runStartedAt
+        op.executedNanos = op.executedNanos.saturatingAdd(now.nanoseconds.saturatingSubtract(op.runStartedAt))
         op.queue.executing -= 1
         if op.isCancelled {
             op.outcome = .cancelled

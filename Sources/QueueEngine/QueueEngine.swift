@@ -114,7 +114,7 @@ public final class QueueEngine: Sendable {
         case let .retry(id, token, seconds):
             after(seconds) { [self] in retryFired(id, token: token) }
         case let .wake(id, seconds):
-            EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, seconds) * 1e9) + 1_000_000)) { [self] in
+            EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: seconds) + .milliseconds(1)) { [self] in
                 try? mutate { core throws(EngineError) in
                     guard let op = core.ops[id.raw], op.waitingForTime else { return }
                     op.waitingForTime = false
@@ -125,7 +125,7 @@ public final class QueueEngine: Sendable {
     }
 
     private func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(min(seconds, 1e9) * 1e9)), execute: body)
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: seconds), execute: body)
     }
 
     /// Hands the outbox to the store and the observers, in `seq` order, until it is empty.
@@ -456,7 +456,7 @@ public final class QueueEngine: Sendable {
             core.move(op, to: next)
             if wasExecuting {
                 op.queue.executing -= 1
-                op.executedNanos += core.now.nanoseconds - op.runStartedAt
+                op.executedNanos = op.executedNanos.saturatingAdd(core.now.nanoseconds.saturatingSubtract(op.runStartedAt))
                 op.resumeOnStart = true
                 core.effects.append(.pause(op.kind, core.context(op, resume: false)))
                 core.dirty.append(op.queue)

@@ -179,6 +179,8 @@ struct OpTable {
     private var slots: ContiguousArray<OpRecord?> = []
     private var base: UInt64 = 1
     private(set) var count = 0
+    /// Slots allocated (ids from the oldest kept one to the newest).
+    var span: Int { slots.count }
 
     subscript(id: UInt64) -> OpRecord? {
         get {
@@ -186,6 +188,9 @@ struct OpTable {
             return slots[Int(truncatingIfNeeded: id &- base)]
         }
         set {
+            // An empty table starts at the first id stored: a restart after millions of purged
+            // operations must not allocate a slot for each of them.
+            if slots.isEmpty, newValue != nil, id > base { base = id }
             guard id >= base else { return }
             // Only ids the engine handed out are stored, so they are near the end.
             guard id &- base <= UInt64(slots.count) + (1 << 32) else { return }

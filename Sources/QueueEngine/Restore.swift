@@ -5,15 +5,17 @@ extension QueueEngine {
     /// event sequence continues after `lastSeq`.
     public func restore(_ recovered: RecoveredState) {
         try? mutate { core throws(EngineError) in
-            core.nextSeq = max(core.nextSeq, recovered.lastSeq + 1)
+            // Saturating: a damaged store's seq must not trap (a sane one is far below 2^62).
+            core.nextSeq = max(core.nextSeq, min(recovered.lastSeq, UInt64.max >> 2) + 1)
             for qs in recovered.queues {
                 let q = QueueRecord(name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt)
-                q.revision = qs.revision + 1
+                q.revision = min(qs.revision, UInt64.max >> 2) + 1
                 core.queues[qs.name] = q
             }
             var restored: [OpRecord] = []
             for s in recovered.operations.sorted(by: { $0.id < $1.id }) {
-                guard let q = core.queues[s.queue] else { continue }
+                // Ids the engine could never have handed out (its ready heap keeps 60 bits).
+                guard s.id.raw > 0, s.id.raw <= QueueRecord.idMask, let q = core.queues[s.queue] else { continue }
                 let kind = core.kinds[s.kind] ?? ImmediateKind()
                 let req = OperationRequest(kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
                                            spec: s.spec, options: s.options)
@@ -27,8 +29,8 @@ extension QueueEngine {
                 op.error = s.error
                 op.startedAt = s.startedAt
                 op.finishedAt = s.finishedAt
-                op.revision = s.revision + 1
-                op.executedNanos = Int64(s.executedSeconds * 1e9)
+                op.revision = min(s.revision, UInt64.max >> 2) + 1
+                op.executedNanos = max(0, Timestamp.clampedNanoseconds(s.executedSeconds))
                 op.kindState = s.kindState
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
@@ -76,12 +78,12 @@ extension QueueEngine {
                     case .resume:
                         // Never paused: it has executed since it started (downtime included).
                         if op.executedNanos == 0, let started = op.startedAt {
-                            op.executedNanos = max(0, core.now.nanoseconds - started.nanoseconds)
+                            op.executedNanos = max(0, core.now.nanoseconds.saturatingSubtract(started.nanoseconds))
                         }
                         core.beginRun(op, resume: true)
                     case .retry:
                         let old = op.attempt
-                        op.attempt += 1
+                        op.attempt = op.attempt == Int.max ? op.attempt : op.attempt + 1
                         op.runToken &+= 1
                         op.executedNanos = 0
                         core.emit(op, .attempt, .int(old), .int(op.attempt))

@@ -97,10 +97,22 @@ public struct OperationProgress: Sendable, Equatable {
 public struct Timestamp: Comparable, Hashable, Sendable {
     public var nanoseconds: Int64
     public init(nanoseconds: Int64) { self.nanoseconds = nanoseconds }
-    public init(seconds: Double) { nanoseconds = Int64(seconds * 1e9) }
+    /// Saturates at the ends of the Int64 range; NaN is 0.
+    public init(seconds: Double) { nanoseconds = Self.clampedNanoseconds(seconds) }
     public var seconds: Double { Double(nanoseconds) / 1e9 }
     public static func < (a: Timestamp, b: Timestamp) -> Bool { a.nanoseconds < b.nanoseconds }
-    public func adding(seconds s: Double) -> Timestamp { Timestamp(nanoseconds: nanoseconds + Int64(s * 1e9)) }
+    /// Saturates instead of overflowing (a huge or non-finite `s` from a client or a damaged
+    /// record must not trap).
+    public func adding(seconds s: Double) -> Timestamp {
+        let ns = s * 1e9
+        // A delta beyond the Int64 range takes any time to that end (NaN adds nothing).
+        if ns >= 9_223_372_036_854_775_808.0 { return Timestamp(nanoseconds: .max) }
+        if ns <= -9_223_372_036_854_775_808.0 { return Timestamp(nanoseconds: .min) }
+        return Timestamp(nanoseconds: nanoseconds.saturatingAdd(Int64(saturating: ns)))
+    }
+
+    /// `seconds * 1e9` as Int64: NaN is 0, out of range saturates.
+    public static func clampedNanoseconds(_ seconds: Double) -> Int64 { Int64(saturating: seconds * 1e9) }
 
     /// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T10:00:00.125Z`.
     public var rfc3339: String {
@@ -112,8 +124,11 @@ public struct Timestamp: Comparable, Hashable, Sendable {
 
     /// Appends the RFC 3339 form without allocating a String.
     public func writeRFC3339(to out: inout [UInt8]) {
-        let ms = nanoseconds >= 0 ? nanoseconds / 1_000_000 : (nanoseconds - 999_999) / 1_000_000
-        var days = ms >= 0 ? ms / 86_400_000 : (ms - 86_399_999) / 86_400_000
+        // Floor divisions that cannot overflow (`nanoseconds - 999_999` would at Int64.min).
+        var ms = nanoseconds / 1_000_000
+        if nanoseconds % 1_000_000 < 0 { ms -= 1 }
+        var days = ms / 86_400_000
+        if ms % 86_400_000 < 0 { days -= 1 }
         let msOfDay = ms - days * 86_400_000
         // Civil-from-days (Howard Hinnant).
         days += 719_468
@@ -215,7 +230,30 @@ public final class ManualClock: EngineClock {
     private let current: Lock<Int64>
     public init(_ start: Timestamp = Timestamp(nanoseconds: 1_795_000_000_000_000_000)) { current = Lock(start.nanoseconds) }
     public func now() -> Timestamp { Timestamp(nanoseconds: current.withLock { $0 }) }
-    public func advance(seconds: Double) { current.withLock { $0 += Int64(seconds * 1e9) } }
+    public func advance(seconds: Double) { current.withLock { $0 = Timestamp(nanoseconds: $0).adding(seconds: seconds).nanoseconds } }
+}
+
+extension Int64 {
+    /// `Int64(v)` that never traps: NaN is 0, out of range saturates.
+    public init(saturating v: Double) {
+        // 2^63 is exactly representable; anything >= it does not fit.
+        if v.isNaN { self = 0 }
+        else if v >= 9_223_372_036_854_775_808.0 { self = .max }
+        else if v <= -9_223_372_036_854_775_808.0 { self = .min }
+        else { self = Int64(v) }
+    }
+
+    /// `self + other`, pinned to the Int64 range instead of trapping.
+    public func saturatingAdd(_ other: Int64) -> Int64 {
+        let (r, o) = addingReportingOverflow(other)
+        return o ? (other > 0 ? .max : .min) : r
+    }
+
+    /// `self - other`, pinned to the Int64 range instead of trapping.
+    public func saturatingSubtract(_ other: Int64) -> Int64 {
+        let (r, o) = subtractingReportingOverflow(other)
+        return o ? (other < 0 ? .max : .min) : r
+    }
 }
 
 import Dispatch
@@ -227,4 +265,20 @@ import Dispatch
 /// Timer callbacks only flip state and hand off, so one thread is plenty.
 public enum EngineTimers {
     public static let queue = DispatchQueue(label: "opqd.timers")
+
+    /// The longest delay a timer is armed for (about 31 years): longer ones never fire in
+    /// practice, and the cap keeps the nanosecond count far from Int overflow.
+    public static let maxDelaySeconds = 1e9
+
+    /// `seconds` as a `DispatchTimeInterval`, never trapping: NaN and negatives are 0,
+    /// anything over ``maxDelaySeconds`` (infinity included) is capped.
+    public static func interval(seconds: Double) -> DispatchTimeInterval {
+        let s = seconds.isNaN ? 0 : Swift.min(Swift.max(0, seconds), maxDelaySeconds)
+        return .nanoseconds(Int(s * 1e9))
+    }
+
+    /// A deadline `seconds` from now (see ``interval(seconds:)``).
+    public static func deadline(after seconds: Double) -> DispatchTime {
+        .now() + interval(seconds: seconds)
+    }
 }

@@ -283,7 +283,7 @@ final class CommandRun: Sendable {
             s.runningSince = .now()
             return (s.timerGeneration, s.timeLeft)
         }
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(max(0, left) * 1e9))) { [weak self] in
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: left)) { [weak self] in
             guard let self else { return }
             let due = self.state.withLock { $0.timerGeneration == generation && !$0.paused }
             if due { self.stop(.timeout) }
@@ -301,7 +301,7 @@ final class CommandRun: Sendable {
             return true
         }
         guard first else { return }
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(CommandKind.killGrace * 1e9))) { [self] in
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: CommandKind.killGrace)) { [self] in
             state.withLock { signalGroup(&$0, SIGKILL) }
         }
     }
@@ -467,8 +467,12 @@ struct ProcessIdentity: Equatable {
     }
 
     init?(json: JSONValue) {
+        // Saved by this kind, but read back from the store: any number may come back.
         guard case let .number(p)? = json["pid"], case let .number(s)? = json["startTicks"],
-              case let .string(b)? = json["bootId"], p > 0, p < Double(Int32.max) else { return nil }
+              // pid >= 2 and whole: pid_t(0.5) is 0 and recover's kill(-pid) of 0 or -1 would
+              // signal our own process group or every process.
+              case let .string(b)? = json["bootId"], p >= 2, p < Double(Int32.max), p == p.rounded(),
+              s >= 0, s < 18_446_744_073_709_551_616.0 else { return nil }
         pid = pid_t(p)
         startTicks = UInt64(s)
         boot = b

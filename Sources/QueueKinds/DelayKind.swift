@@ -28,8 +28,10 @@ public final class DelayKind: OperationKind {
         }
     }
 
+    /// The spec's seconds, pinned to 0...maxSeconds: a spec read back from a store was not
+    /// validated again, and a timer's nanoseconds must never overflow.
     static func seconds(_ spec: JSONValue?) -> Double {
-        if case let .number(s)? = spec?["seconds"] { return s }
+        if case let .number(s)? = spec?["seconds"], s >= 0 { return min(s, maxSeconds) }
         return 0
     }
 
@@ -43,7 +45,7 @@ public final class DelayKind: OperationKind {
             l.byOperation[id] = g
             return g
         }
-        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(left * 1e9))) { [self] in
+        queue.asyncAfter(deadline: EngineTimers.deadline(after: left)) { [self] in
             let current = live.withLock { l in
                 guard l.byOperation[id] == generation else { return false }
                 l.byOperation[id] = nil

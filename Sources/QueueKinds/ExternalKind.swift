@@ -72,8 +72,10 @@ public final class ExternalKind: OperationKind {
         }
     }
 
+    /// The spec's lease, pinned to what `validate` allows (a spec read back from a store was
+    /// not validated again).
     static func leaseSeconds(_ spec: JSONValue?) -> Double {
-        if case let .number(n)? = spec?["lease"] { return n }
+        if case let .number(n)? = spec?["lease"], n >= 1 { return min(n, 86400) }
         return defaultLease
     }
 
@@ -228,8 +230,8 @@ public final class ExternalKind: OperationKind {
     /// Saves the lease with the operation and arms its expiry.
     private func arm(_ lease: Lease) {
         save(lease)
-        let delay = max(0, Double(lease.expiresAt.nanoseconds - clock.now().nanoseconds) / 1e9) + 0.005
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay * 1e9))) { [self] in expire(lease.operation, token: lease.token) }
+        let delay = Double(lease.expiresAt.nanoseconds.saturatingSubtract(clock.now().nanoseconds)) / 1e9 + 0.005
+        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: delay)) { [self] in expire(lease.operation, token: lease.token) }
     }
 
     private func save(_ lease: Lease) {
@@ -253,7 +255,8 @@ public final class ExternalKind: OperationKind {
     static func savedLease(_ ctx: ExecutionContext) -> (token: String, expiresAt: Timestamp, worker: String, since: Timestamp)? {
         guard case let .string(token)? = ctx.kindState?["token"], case let .number(exp)? = ctx.kindState?["expiresAt"],
               case let .string(worker)? = ctx.kindState?["worker"], case let .number(since)? = ctx.kindState?["since"] else { return nil }
-        return (token, Timestamp(nanoseconds: Int64(exp)), worker, Timestamp(nanoseconds: Int64(since)))
+        // Read back from the store: any number may come back (NaN, 1e300, negative).
+        return (token, Timestamp(nanoseconds: Int64(saturating: exp)), worker, Timestamp(nanoseconds: Int64(saturating: since)))
     }
 
     /// After a restart: takes back a saved lease that has not expired yet.

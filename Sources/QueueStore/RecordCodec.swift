@@ -5,6 +5,17 @@ struct DecodeFailure: Error {
     let detail: String
 }
 
+/// The largest values a sound store holds. Anything larger was not written by opqd, and
+/// would overflow the engine's `+ 1`s.
+enum RecordLimits {
+    /// Operation ids: the engine's ready heap keeps 60 bits of id.
+    static let maxID: UInt64 = (1 << 60) - 1
+    /// Sequence numbers and revisions.
+    static let maxCounter: UInt64 = 1 << 62
+    /// Attempts and `retry.maxAttempts`.
+    static let maxAttempt = 1 << 31
+}
+
 /// Binds snapshots and events to the writer's statements, straight from their fields.
 /// Every text and JSON column of a row is written into one reused buffer and bound without a
 /// copy (`TextRow`): no Foundation, no intermediate `String`, no allocation per column.
@@ -140,6 +151,9 @@ enum RecordDecoder {
         func fail(_ column: String, _ why: String) -> DecodeFailure {
             DecodeFailure(detail: "operations row \(OperationID(raw: raw)): column \(column) \(why)")
         }
+        // Values the engine could never have written are refused here, naming the row, so a
+        // damaged or hand-edited file fails the start instead of trapping in arithmetic later.
+        guard raw > 0, raw <= RecordLimits.maxID else { throw fail("id", "is not an operation id") }
         guard let queue = st.text(1) else { throw fail("queue", "is NULL") }
         guard let kind = st.text(3) else { throw fail("kind", "is NULL") }
         guard let priority = QueuePriority(rawValue: st.int(5)) else { throw fail("priority", "is not a priority") }
@@ -156,18 +170,32 @@ enum RecordDecoder {
             guard case let .number(m)? = r["maxAttempts"], case let .number(b)? = r["backoff"], case let .number(x)? = r["multiplier"] else {
                 throw fail("retry", "lacks maxAttempts, backoff or multiplier")
             }
+            guard m == m.rounded(), m >= 1, m <= Double(RecordLimits.maxAttempt) else { throw fail("retry", "has maxAttempts \(m)") }
+            guard b.isFinite, b >= 0, x.isFinite, x >= 0 else { throw fail("retry", "has backoff \(b), multiplier \(x)") }
             retry = RetryPolicy(maxAttempts: Int(m), backoff: b, multiplier: x)
         }
-        let options = OperationOptions(timeout: st.isNull(19) ? nil : st.double(19), retry: retry, notBefore: time(st, 21))
+        var timeout: Double?
+        if !st.isNull(19) {
+            let t = st.double(19)
+            guard t.isFinite, t >= 0 else { throw fail("timeout", "is \(t)") }
+            timeout = t
+        }
+        let attempt = st.int(12)
+        guard (0...RecordLimits.maxAttempt).contains(attempt) else { throw fail("attempt", "is \(attempt)") }
+        let revision = st.uint64(18)
+        guard revision <= RecordLimits.maxCounter else { throw fail("revision", "is \(revision)") }
+        let executed = st.double(22)
+        guard executed.isFinite, executed >= 0 else { throw fail("executed_seconds", "is \(executed)") }
+        let options = OperationOptions(timeout: timeout, retry: retry, notBefore: time(st, 21))
         return OperationSnapshot(
             id: OperationID(raw: raw), queue: queue, name: st.text(2), kind: kind,
             spec: try json(st, 4, fail("spec", "is not JSON")),
             state: state, outcome: outcome, isCancelled: st.int64(8) != 0, queuePriority: priority,
-            dependencies: dependencies, progress: progress, attempt: st.int(12),
+            dependencies: dependencies, progress: progress, attempt: attempt,
             result: try json(st, 13, fail("result", "is not JSON")),
             error: try json(st, 14, fail("error", "is not JSON")),
             createdAt: Timestamp(nanoseconds: st.int64(15)), startedAt: time(st, 16), finishedAt: time(st, 17),
-            revision: st.uint64(18), options: options, executedSeconds: st.double(22),
+            revision: revision, options: options, executedSeconds: executed,
             kindState: try json(st, 23, fail("kind_state", "is not JSON")))
     }
 
@@ -175,17 +203,23 @@ enum RecordDecoder {
     /// loader fills them in from the operations.
     static func queue(_ st: SQLiteStatement) throws(DecodeFailure) -> QueueSnapshot {
         guard let name = st.text(0) else { throw DecodeFailure(detail: "queues row with a NULL name") }
+        let maxConcurrent = st.int(1), revision = st.uint64(4)
+        guard maxConcurrent == -1 || (1...Int(Int32.max)).contains(maxConcurrent) else {
+            throw DecodeFailure(detail: "queues row \(name): column max_concurrent is \(maxConcurrent)")
+        }
+        guard revision <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "queues row \(name): column revision is \(revision)") }
         var counts: [OperationState: Int] = [:]
         for s in OperationState.allCases { counts[s] = 0 }
         return QueueSnapshot(
-            name: name, maxConcurrentOperationCount: st.int(1), effectiveMaxConcurrentOperationCount: st.int(2),
-            isSuspended: st.int64(3) != 0, operationCount: 0, counts: counts, revision: st.uint64(4),
+            name: name, maxConcurrentOperationCount: maxConcurrent, effectiveMaxConcurrentOperationCount: st.int(2),
+            isSuspended: st.int64(3) != 0, operationCount: 0, counts: counts, revision: revision,
             createdAt: Timestamp(nanoseconds: st.int64(5)))
     }
 
     static func event(_ st: SQLiteStatement) throws(DecodeFailure) -> ChangeEvent {
         let seq = st.uint64(0)
         func fail(_ column: String) -> DecodeFailure { DecodeFailure(detail: "events row \(seq): column \(column) is not valid") }
+        guard seq > 0, seq <= RecordLimits.maxCounter else { throw fail("seq") }
         guard let queue = st.text(2) else { throw fail("queue") }
         guard let k = st.text(4), let key = ChangeKey(rawValue: k) else { throw fail("key") }
         guard let old = changeColumn(st, 5) else { throw fail("old") }

@@ -122,8 +122,12 @@ public final class SQLiteStore: OperationStore {
             do { conn = try SQLiteConnection(path: path, create: true) } catch { throw Self.storeError(error, path, default: .cannotOpen) }
             if conn.isReadOnly { throw StoreError(.readOnly, path: path, detail: "SQLite opened it read-only") }
             try Self.prepareSchema(conn, path: path, sync: sync)
+            let lastSeq: UInt64
+            do { lastSeq = UInt64(bitPattern: try conn.integer(Schema.lastSeq)) } catch { throw Self.storeError(error, path, default: .io) }
+            guard lastSeq <= RecordLimits.maxCounter else {
+                throw StoreError(.corrupt, path: path, detail: "the last event seq \(lastSeq) is out of range")
+            }
             do {
-                let lastSeq = UInt64(bitPattern: try conn.integer(Schema.lastSeq))
                 writer = try StoreWriter(connection: conn, path: path, lastSeq: lastSeq)
                 reader = StoreLock(try StoreReader(path: path))
             } catch { throw Self.storeError(error, path, default: .io) }
@@ -379,6 +383,9 @@ public final class SQLiteStore: OperationStore {
                     throw StoreError(.foreignDatabase, path: path, detail: "application_id \(appID), user_version \(version), \(objects) schema objects")
                 }
             }
+            if version < 0 {
+                throw StoreError(.corrupt, path: path, detail: "negative user_version \(version)")
+            }
             if version > Schema.version {
                 throw StoreError(.newerSchema(found: version, supported: Schema.version), path: path, detail: "user_version \(version)")
             }
@@ -429,7 +436,7 @@ final class StoreReader {
         try connection.execute("PRAGMA query_only = 1; PRAGMA cache_size = -8192")
         recent = try connection.prepare("SELECT \(Schema.eventColumns) FROM events ORDER BY seq DESC LIMIT ?1")
         byOperation = try connection.prepare("SELECT \(Schema.eventColumns) FROM events WHERE operation = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
-        minSeq = try connection.prepare("SELECT min(seq) FROM events")
+        minSeq = try connection.prepare("SELECT min(seq) FROM events WHERE seq > 0")
     }
 
     func close() {
@@ -518,6 +525,7 @@ final class StoreReader {
             operations.append(op)
         }
         let stored = UInt64(bitPattern: try connection.integer(Schema.lastSeq))
+        guard stored <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "the last event seq \(stored) is out of range") }
         return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
     }
 }

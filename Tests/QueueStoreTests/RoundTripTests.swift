@@ -57,12 +57,13 @@ func everyKindOfOperation() -> [OperationSnapshot] {
     failed.options = OperationOptions(timeout: 0.001, retry: RetryPolicy(maxAttempts: 3, backoff: 1, multiplier: 2))
     ops.append(failed)
 
-    var cancelled = operationSnapshot((1 << 62) + 5, queue: "beta", state: .finished)
+    // Beyond 2^53 (exact integers, not doubles), within what the engine hands out (60 bits).
+    var cancelled = operationSnapshot((1 << 59) + 5, queue: "beta", state: .finished)
     cancelled.outcome = .cancelled
     cancelled.isCancelled = true
     cancelled.finishedAt = t0.adding(seconds: 7)
     cancelled.name = ""
-    cancelled.revision = UInt64(Int64.max)
+    cancelled.revision = 1 << 62  // the largest a sound store holds (RecordLimits.maxCounter)
     ops.append(cancelled)
     return ops
 }

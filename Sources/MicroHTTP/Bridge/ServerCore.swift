@@ -58,7 +58,8 @@ final class ServerCore: Sendable {
         self.responseObserver = responseObserver
         maxHeaderBytes = max(256, configuration.maxHeaderBytes)
         maxBodyBytes = max(0, configuration.maxBodyBytes)
-        discardLimit = maxBodyBytes + 16 << 20
+        // Saturating: `maxBodyBytes` near Int.max must not trap here.
+        discardLimit = maxBodyBytes.addingReportingOverflow(16 << 20).overflow ? Int.max : maxBodyBytes + 16 << 20
     }
 
     // MARK: Start and stop
