@@ -1,0 +1,1 @@
+@main enum Placeholder { static func main() {} }
