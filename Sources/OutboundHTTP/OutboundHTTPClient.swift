@@ -54,34 +54,45 @@ public final class OutboundTask: Sendable {
 
     let request: OutboundRequest
     let loop: CurlLoop
-    private let state = Lock<State>(.pending)
-    private let completion: @Sendable (Result<OutboundResponse, OutboundError>) -> Void
+    /// The state, and the completion until it is called (then nil, which also frees what it captured).
+    private let state: Lock<(State, (@Sendable (Result<OutboundResponse, OutboundError>) -> Void)?)>
     private let delivered = DispatchGroup()
 
     init(request: OutboundRequest, loop: CurlLoop,
          completion: @escaping @Sendable (Result<OutboundResponse, OutboundError>) -> Void) {
         self.request = request
         self.loop = loop
-        self.completion = completion
+        state = Lock((.pending, completion))
         delivered.enter()
     }
 
     /// True once the completion has been called or is being called.
-    var isSettled: Bool { state.withLock { $0 != .pending } }
+    var isSettled: Bool { state.withLock { $0.0 != .pending } }
+
+    /// Takes the completion when nothing has claimed it yet; returns the state before.
+    private func claim() -> (State, (@Sendable (Result<OutboundResponse, OutboundError>) -> Void)?) {
+        let me = pthread_self()
+        return state.withLock { s in
+            let before = s.0
+            guard before == .pending else { return (before, nil) }
+            let completion = s.1
+            s = (.delivering(me), nil)
+            return (before, completion)
+        }
+    }
+
+    private func settled() {
+        state.withLock { $0.0 = .done }
+        delivered.leave()
+    }
 
     /// Calls the completion unless it was already called; false when it was.
     @discardableResult
     func deliver(_ result: Result<OutboundResponse, OutboundError>) -> Bool {
-        let me = pthread_self()
-        let won = state.withLock { s -> Bool in
-            guard s == .pending else { return false }
-            s = .delivering(me)
-            return true
-        }
-        guard won else { return false }
-        completion(result)
-        state.withLock { $0 = .done }
-        delivered.leave()
+        let (before, completion) = claim()
+        guard before == .pending else { return false }
+        completion?(result)
+        settled()
         return true
     }
 
@@ -89,20 +100,14 @@ public final class OutboundTask: Sendable {
     /// on this thread, with `cancelled`; libcurl's transfer is dropped by the client's thread
     /// right after (within milliseconds). Calling it again, or after the end, does nothing.
     public func cancel() {
-        let me = pthread_self()
-        let before = state.withLock { s -> State in
-            let old = s
-            if old == .pending { s = .delivering(me) }
-            return old
-        }
+        let (before, completion) = claim()
         switch before {
         case .pending:
-            completion(.failure(OutboundError(type: "cancelled", detail: "request to \(OutboundURL.quoted(request.url)) aborted")))
-            state.withLock { $0 = .done }
-            delivered.leave()
+            completion?(.failure(OutboundError(type: "cancelled", detail: "request to \(OutboundURL.quoted(request.url)) aborted")))
+            settled()
             loop.cancel(self)
         case let .delivering(thread):
-            if pthread_equal(thread, me) == 0 { delivered.wait() }
+            if pthread_equal(thread, pthread_self()) == 0 { delivered.wait() }
         case .done:
             break
         }
