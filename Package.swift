@@ -46,7 +46,7 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking",
+                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking", "OutboundHTTP",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []

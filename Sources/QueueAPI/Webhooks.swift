@@ -1,9 +1,6 @@
 import Dispatch
-import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Logging
+import OutboundHTTP
 import QueueEngine
 import Locking
 import Synchronization
@@ -15,14 +12,14 @@ final class Delivery: Sendable {
         var pending: [ChangeEvent] = []
         var sending = false
     }
-    let session: URLSession
-    let target: URL
+    let client: OutboundHTTPClient
+    let target: String
     let logger: Logger
     let id: String
     private let state = Lock(State())
 
-    init(session: URLSession, target: URL, logger: Logger, id: String) {
-        self.session = session; self.target = target; self.logger = logger; self.id = id
+    init(client: OutboundHTTPClient, target: String, logger: Logger, id: String) {
+        self.client = client; self.target = target; self.logger = logger; self.id = id
     }
 
     func enqueue(_ event: ChangeEvent) {
@@ -35,12 +32,11 @@ final class Delivery: Sendable {
     }
 
     private func send(_ event: ChangeEvent, attempt: Int) {
-        var request = URLRequest(url: target)
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.httpBody = Data(event.json)
-        session.dataTask(with: request) { [self] _, response, _ in
-            let ok = (response as? HTTPURLResponse).map { (200..<300).contains($0.statusCode) } ?? false
+        // The answer is not used beyond its status: keep 4 KiB of it at most.
+        let request = OutboundRequest(method: "POST", url: target, headers: [("Content-Type", "application/json")],
+                                      body: event.json, timeout: 5, maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
+        client.send(request) { [self] result in
+            let ok = (try? result.get()).map { (200..<300).contains($0.status) } ?? false
             if !ok && attempt == 1 {
                 EngineTimers.queue.asyncAfter(deadline: .now() + 1) { self.send(event, attempt: 2) }
                 return
@@ -53,7 +49,7 @@ final class Delivery: Sendable {
                 return s.pending.removeFirst()
             }
             if let next { send(next, attempt: 1) }
-        }.resume()
+        }
     }
 }
 
@@ -62,7 +58,9 @@ final class Delivery: Sendable {
 final class Webhooks: Sendable {
     private let logger: Logger
     private let counter = Atomic<UInt64>(0)
-    private let session: URLSession
+    /// One client (one thread) for every webhook: failures are errors, never traps, whatever
+    /// the target answers (redirects are followed by its rules: at most 5, http/https only).
+    private let client = OutboundHTTPClient()
     /// Registered webhooks by id.
     private let hooks = Lock<[String: Hook]>([:])
 
@@ -76,17 +74,13 @@ final class Webhooks: Sendable {
 
     init(logger: Logger) {
         self.logger = logger
-        let config = URLSessionConfiguration.ephemeral
-        config.timeoutIntervalForRequest = 5
-        self.session = URLSession(configuration: config)
     }
 
     func register(engine: QueueEngine, operation: OperationID, url: String, keys: Set<ChangeKey>?) -> String {
         let n = counter.add(1, ordering: .relaxed).newValue
         let id = "wh-\(n)"
-        let (session, logger) = (self.session, self.logger)
-        guard let target = URL(string: url) else { return id }
-        let delivery = Delivery(session: session, target: target, logger: logger, id: id)
+        guard case let .success(target) = OutboundURL.check(url) else { return id }
+        let delivery = Delivery(client: client, target: target.url, logger: logger, id: id)
         let token = engine.observe(operation, keys: keys) { event in delivery.enqueue(event) }
         hooks.withLock { $0[id] = Hook(id: id, operation: operation, url: url, keys: keys, token: token) }
         return id
