@@ -86,5 +86,6 @@ public struct OutboundError: Error, Sendable, Equatable, CustomStringConvertible
         self.detail = detail
     }
 
+    /// `type: detail`.
     public var description: String { "\(type): \(detail)" }
 }
