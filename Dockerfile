@@ -2,7 +2,8 @@
 # Build stage: the Swift toolchain and the -dev packages the package links against.
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libmicrohttpd-dev=0.9.75-6 libsqlite3-dev=3.40.1-2+deb12u2 pkg-config=1.8.1-1 \
+ && apt-get install -y --no-install-recommends libmicrohttpd-dev=0.9.75-6 libsqlite3-dev=3.40.1-2+deb12u2 \
+      libcurl4-openssl-dev=7.88.1-10+deb12u15 pkg-config=1.8.1-1 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./

@@ -8,6 +8,8 @@ let package = Package(
         .executable(name: "opqd", targets: ["opqd"]),
         .executable(name: "opqd-bench", targets: ["opqd-bench"]),
         .library(name: "QueueEngine", targets: ["QueueEngine"]),
+        // Replays Fuzz/corpus/http files; a fuzzer under -sanitize=fuzzer (scripts/fuzz.sh).
+        .executable(name: "fuzz-http", targets: ["fuzz-http"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -31,13 +33,20 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // Durable store behind the engine's OperationStore protocol.
         .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite", "Locking"]),
+        // libcurl itself (apt: libcurl4-openssl-dev) plus fixed-arity wrappers of its variadic calls.
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        // Outbound HTTP client on libcurl's multi interface: redirects, caps and errors as values.
+        .target(name: "OutboundHTTP", dependencies: ["CCurl", "Locking"]),
         // What operations do.
-        .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking"]),
+        .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking", "OutboundHTTP"]),
+        // Hands control to libFuzzer's driver when linked with -sanitize=fuzzer (weak symbol).
+        .target(name: "CFuzzDriver"),
+        .executableTarget(name: "fuzz-http", dependencies: ["OutboundHTTP", "QueueKinds", "QueueEngine", "CFuzzDriver"]),
         // Routes, DTOs, error mapping.
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking",
+                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking", "OutboundHTTP",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
@@ -52,6 +61,7 @@ let package = Package(
         ),
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
+        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking"]),
         .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "QueueTesting"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "QueueTesting"]),

@@ -63,7 +63,7 @@ public final class OpqdApplication: Sendable {
         events.append(kept)
         self.metrics = Metrics()
         self.idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
-        self.webhooks = Webhooks(logger: logger, transport: FoundationWebhookTransport(), store: sqlite,
+        self.webhooks = Webhooks(logger: logger, transport: OutboundWebhookTransport(), store: sqlite,
                                  limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
         let serverConfig = HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,

@@ -1,5 +1,6 @@
 import Dispatch
 import MicroHTTP
+import OutboundHTTP
 import QueueEngine
 import QueueKinds
 import QueueStore
@@ -440,8 +441,8 @@ struct Routes {
         let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["url", "keys"])
         guard let url = try b.string("url", maxLength: 2048) else { throw Problem.invalid("url", "is required: an http or https URL") }
-        guard url.hasPrefix("http://") || url.hasPrefix("https://"), url.count > 8 else {
-            throw Problem.invalid("url", "must be an http or https URL; got '\(url)'")
+        guard url.hasPrefix("http://") || url.hasPrefix("https://"), case .success = OutboundURL.check(url) else {
+            throw Problem.invalid("url", "must be an http or https URL with a host; got '\(url)'")
         }
         var keys: Set<ChangeKey>? = nil
         if let k = b["keys"] {

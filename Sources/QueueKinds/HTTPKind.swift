@@ -1,8 +1,5 @@
-import Dispatch
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import OutboundHTTP
 import QueueEngine
 import Locking
 import Synchronization
@@ -10,57 +7,47 @@ import Synchronization
 /// `http` `{"method", "url", "headers"?, "body"?, "expectStatus"?, "timeout"?}`: one HTTP(S)
 /// request.
 ///
-/// The request is made with FoundationNetworking's `URLSession` (libcurl underneath) rather
-/// than AsyncHTTPClient: AHC pulls in SwiftNIO and its SSL stack, which adds minutes to every
-/// clean CI build, while `URLSession` ships with the toolchain. One ephemeral session (no
-/// cookies, no cache) serves every operation; its delegate streams the body so at most
-/// ``bodyCap`` bytes are kept however large the response is.
+/// The request is made with ``OutboundHTTPClient`` (libcurl's multi interface on one thread,
+/// see the OutboundHTTP target) rather than FoundationNetworking's `URLSession`, which traps
+/// on some redirects (`fatalError("Invalid URL")` for `Location: //[::1]/`), or
+/// AsyncHTTPClient, which adds SwiftNIO and minutes to every clean build. Whatever the target
+/// answers ends as a result or an error, never a crash.
 ///
-/// - Redirects are followed (the `URLSession` default), at most ``maxRedirects`` in a row and
-///   only to `http`/`https` URLs; the result describes the last response.
+/// - Redirects are followed, at most ``maxRedirects`` in a row and only to `http`/`https`
+///   URLs (see `RedirectPolicy`); the result describes the last response.
 /// - `timeout` (default 30 s) bounds the whole request including redirects and the body.
-/// - Cancel aborts the request in flight (`task.cancel()`) and reports at once. Pause aborts
-///   it without reporting; the following resume sends the request again from the start.
+/// - At most ``bodyCap`` body bytes are read (then the body is `truncated`) and at most
+///   ``maxHeaderBytes`` of headers (more is `invalid-response`).
+/// - Cancel aborts the request in flight and reports at once. Pause aborts it without
+///   reporting; the following resume sends the request again from the start.
 ///
 /// The result is `{"status", "headers", "body", "bodyEncoding", "size", "truncated"}`; `body`
 /// is the first ``bodyCap`` bytes, as text when they are UTF-8, else base64. A status outside
 /// `expectStatus` (default `["2xx"]`) fails with `http-status` and the same object as `data`.
-/// Transport failures have the types `timeout`, `connection-refused`, `dns`, `tls`, `network`
-/// and `invalid-response`.
+/// Transport failures have the types `timeout`, `connection-refused`, `dns`, `tls`, `network`,
+/// `too-many-redirects`, `redirect-refused` and `invalid-response`.
 public final class HTTPKind: OperationKind {
-    /// How many body bytes a result keeps (64 KiB).
+    /// How many body bytes a result keeps (64 KiB); reading stops there.
     public static let bodyCap = 64 * 1024
+    /// Bytes of status line and header lines accepted per response (64 KiB).
+    public static let maxHeaderBytes = 64 * 1024
     /// Seconds a request may take when the spec gives no `timeout`.
     public static let defaultTimeout = 30.0
     /// Accepted `timeout` range, in seconds.
     public static let timeoutRange = 0.1...3600.0
-    /// Redirects followed before the last response is taken as the answer.
-    public static let maxRedirects = 10
+    /// Redirects followed; one more fails with `too-many-redirects`.
+    public static let maxRedirects = RedirectPolicy.maxRedirects
     /// Accepted methods.
     public static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
-    private let delegate: HTTPSessionDelegate
-    private let session: URLSession
+    private let client: OutboundHTTPClient
     /// The request in flight per operation.
     private let inFlight = Lock<[OperationID: HTTPExchange]>([:])
 
-    /// Creates the kind with its own URLSession.
+    /// Creates the kind with its own client (one thread).
     public init() {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        configuration.urlCache = nil
-        configuration.httpCookieStorage = nil
-        configuration.httpShouldSetCookies = false
-        configuration.timeoutIntervalForResource = Self.timeoutRange.upperBound + 60
-        configuration.httpMaximumConnectionsPerHost = 64
-        delegate = HTTPSessionDelegate()
-        let delegateQueue = OperationQueue()
-        delegateQueue.name = "opqd.http"
-        delegateQueue.maxConcurrentOperationCount = 1
-        session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: delegateQueue)
+        client = OutboundHTTPClient()
     }
-
-    deinit { session.invalidateAndCancel() }
 
     // MARK: - spec
 
@@ -78,32 +65,15 @@ public final class HTTPKind: OperationKind {
             context.finish(.failed(type: "invalid-spec", detail: Self.describe(error)))
             return
         }
-        var request = URLRequest(url: spec.url)
-        request.httpMethod = spec.method
-        // The deadline is our own timer below. URLSession's is only a backstop: corelibs
-        // truncates it to whole seconds (0.3 s would time out at once).
-        request.timeoutInterval = spec.timeout.rounded(.up) + 1
-        for (name, value) in spec.headers { request.addValue(value, forHTTPHeaderField: name) }
-        if let body = spec.body {
-            request.httpBody = body
-            if spec.bodyIsJSON, !spec.headers.contains(where: { $0.0.lowercased() == "content-type" }) {
-                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-            }
-        }
-        let task = session.dataTask(with: request)
-        let exchange = HTTPExchange(context: context, spec: spec, task: task)
+        let exchange = HTTPExchange(context: context)
         let replaced = inFlight.withLock { $0.updateValue(exchange, forKey: context.operation) }
         if let replaced, replaced.claim() { replaced.abort() }
-        delegate.register(task.taskIdentifier, exchange)
-        exchange.onEnd = { [weak self] in self?.forget($0) }
-        // Weak: an exchange that ended is not kept alive (with its body) until the deadline.
-        EngineTimers.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(spec.timeout * 1e9))) { [weak self, weak exchange] in
-            guard let exchange, exchange.claim() else { return }
+        let task = client.send(spec.request) { [weak self] result in
+            guard exchange.claim() else { return }
             self?.forget(exchange)
-            exchange.abort()
-            context.finish(.failed(type: "timeout", detail: "no complete answer from \(spec.url.absoluteString) within \(HTTPSpec.format(spec.timeout)) s"))
+            context.finish(Self.completion(spec, result))
         }
-        task.resume()
+        exchange.attach(task)
     }
 
     /// Aborts the request in flight and reports `cancelled` at once.
@@ -123,25 +93,48 @@ public final class HTTPKind: OperationKind {
 
     /// Removes and returns the exchange of this run (same attempt) of the operation.
     private func take(_ context: ExecutionContext) -> HTTPExchange? {
-        let exchange = inFlight.withLock { map -> HTTPExchange? in
+        inFlight.withLock { map -> HTTPExchange? in
             guard let e = map[context.operation], e.context.attempt == context.attempt else { return nil }
             map[context.operation] = nil
             return e
         }
-        if let exchange { delegate.unregister(exchange.task.taskIdentifier) }
-        return exchange
     }
 
     private func forget(_ exchange: HTTPExchange) {
         inFlight.withLock { map in
             if map[exchange.context.operation] === exchange { map[exchange.context.operation] = nil }
         }
-        delegate.unregister(exchange.task.taskIdentifier)
     }
 
     static func describe(_ error: EngineError) -> String {
         if case let .invalidArgument(field, detail) = error { return "\(field): \(detail)" }
         return "\(error)"
+    }
+
+    /// What an operation with `spec` reports for `outcome`, the end of its request: the
+    /// result, `http-status` outside `expectStatus`, or the transport error. An invalid spec
+    /// gives `invalid-spec`. Total on any input (the fuzz target feeds it arbitrary ones).
+    public static func completion(spec: JSONValue?, outcome: Result<OutboundResponse, OutboundError>) -> Completion {
+        do {
+            return completion(try HTTPSpec(spec), outcome)
+        } catch {
+            return .failed(type: "invalid-spec", detail: describe(error))
+        }
+    }
+
+    static func completion(_ spec: HTTPSpec, _ outcome: Result<OutboundResponse, OutboundError>) -> Completion {
+        switch outcome {
+        case let .failure(error):
+            // The spec's URL was checked with the same rules, so this is a client-side refusal.
+            let type = error.type == "invalid-url" ? "invalid-spec" : error.type
+            return .failed(type: type, detail: error.detail)
+        case let .success(response):
+            let result = HTTPResult.json(response)
+            let status = response.status
+            if spec.expect.contains(where: { $0.matches(status) }) { return .succeeded(result) }
+            let expected = JSONValue.array(spec.expect.map(\.json)).text
+            return .failed(type: "http-status", detail: "status \(status) is outside expectStatus \(expected)", data: result)
+        }
     }
 }
 
@@ -159,6 +152,23 @@ enum StatusMatch: Sendable, Equatable {
         }
     }
 
+    /// Reads one `expectStatus` entry: an integral number 100-599, or `"Nxx"` with N 1-5,
+    /// judged on Unicode scalars (`"1\u{301}xx"` is 4 scalars, not a class). Nil otherwise.
+    init?(_ item: JSONValue) {
+        switch item {
+        case let .number(n):
+            guard n.isFinite, n == n.rounded(), n >= 100, n <= 599, let code = Int(exactly: n) else { return nil }
+            self = .code(code)
+        case let .string(s):
+            let scalars = Array(s.unicodeScalars)
+            guard scalars.count == 3, scalars[1] == "x", scalars[2] == "x",
+                  ("1"..."5").contains(scalars[0]) else { return nil }
+            self = .hundreds(Int(scalars[0].value) - 0x30)
+        default:
+            return nil
+        }
+    }
+
     var json: JSONValue {
         switch self {
         case let .code(c): return .number(Double(c))
@@ -170,9 +180,9 @@ enum StatusMatch: Sendable, Equatable {
 /// A checked `http` spec.
 struct HTTPSpec: Sendable {
     var method: String
-    var url: URL
+    var url: String
     var headers: [(String, String)]
-    var body: Data?
+    var body: [UInt8]?
     var bodyIsJSON: Bool
     var expect: [StatusMatch]
     var timeout: Double
@@ -199,12 +209,10 @@ struct HTTPSpec: Sendable {
         let urlRule = "an absolute http:// or https:// URL with a host"
         guard let u = spec["url"] else { throw .invalidArgument(field: "spec.url", detail: "is required: \(urlRule)") }
         guard case let .string(text) = u else { throw .invalidArgument(field: "spec.url", detail: "must be \(urlRule); got \(u.typeName)") }
-        guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
-              scheme == "http" || scheme == "https", let host = components.host, !host.isEmpty,
-              let url = components.url else {
-            throw .invalidArgument(field: "spec.url", detail: "must be \(urlRule); got \(u.text)")
+        switch OutboundURL.check(text) {
+        case let .success(parts): url = parts.url
+        case let .failure(e): throw .invalidArgument(field: "spec.url", detail: "must be \(urlRule); got \(u.text) (\(e.detail))")
         }
-        self.url = url
 
         headers = []
         if let h = spec["headers"] {
@@ -232,9 +240,9 @@ struct HTTPSpec: Sendable {
                 throw .invalidArgument(field: "spec.body", detail: "a body is not sent with \(method); use POST, PUT, PATCH, DELETE or OPTIONS")
             }
             if case let .string(s) = b {
-                body = Data(s.utf8)
+                body = Array(s.utf8)
             } else {
-                body = Data(b.bytes)
+                body = Array(b.bytes)
                 bodyIsJSON = true
             }
         }
@@ -246,14 +254,10 @@ struct HTTPSpec: Sendable {
             }
             var expect: [StatusMatch] = []
             for (i, item) in items.enumerated() {
-                switch item {
-                case let .number(n) where n == n.rounded() && n >= 100 && n <= 599:
-                    expect.append(.code(Int(n)))
-                case let .string(s) where s.count == 3 && s.hasSuffix("xx") && ("1"..."5").contains(String(s.prefix(1))):
-                    expect.append(.hundreds(Int(String(s.prefix(1)))!))
-                default:
+                guard let match = StatusMatch(item) else {
                     throw .invalidArgument(field: "spec.expectStatus[\(i)]", detail: "must be an integer from 100 to 599 or one of \"1xx\" to \"5xx\"; got \(item.text)")
                 }
+                expect.append(match)
             }
             self.expect = expect
         } else {
@@ -275,6 +279,17 @@ struct HTTPSpec: Sendable {
         return s
     }
 
+    /// The request for the client, with `Content-Type: application/json` for a JSON body
+    /// unless the spec names a Content-Type.
+    var request: OutboundRequest {
+        var headers = self.headers
+        if body != nil, bodyIsJSON, !headers.contains(where: { $0.0.lowercased() == "content-type" }) {
+            headers.append(("Content-Type", "application/json"))
+        }
+        return OutboundRequest(method: method, url: url, headers: headers, body: body, timeout: timeout,
+                               maxResponseBytes: HTTPKind.bodyCap, maxHeaderBytes: HTTPKind.maxHeaderBytes)
+    }
+
     static func format(_ d: Double) -> String { JSONValue.number(d).text }
 
     /// RFC 9110 `tchar`.
@@ -290,47 +305,15 @@ struct HTTPSpec: Sendable {
 
 // MARK: - one request
 
-/// What a result keeps of a response besides its body.
-struct ResponseHead: Sendable {
-    var status: Int
-    /// Sorted by lower-cased name.
-    var headers: [(String, String)]
-
-    init(_ response: HTTPURLResponse) {
-        status = response.statusCode
-        headers = response.allHeaderFields.map { ("\($0.key)", "\($0.value)") }
-        headers.sort { $0.0.lowercased() < $1.0.lowercased() }
-    }
-}
-
-/// One sending of an operation's request. Exactly one party ends it — the delegate (answer or
-/// transport error), the timeout timer, cancel or pause — by winning `claim()`.
+/// One sending of an operation's request. Exactly one party ends it — the client's
+/// completion, cancel or pause — by winning `claim()`.
 final class HTTPExchange: Sendable {
-    struct Received: Sendable {
-        /// Status and headers of the latest response (a redirect is replaced by its target's).
-        var head: ResponseHead?
-        var body: [UInt8] = []
-        var size = 0
-        var redirects = 0
-    }
-
     let context: ExecutionContext
-    let spec: HTTPSpec
-    let task: URLSessionDataTask
     private let ended = Atomic<Bool>(false)
-    private let received = Lock(Received())
-    private let endHook = Lock<(@Sendable (HTTPExchange) -> Void)?>(nil)
+    private let task = Lock<OutboundTask?>(nil)
 
-    init(context: ExecutionContext, spec: HTTPSpec, task: URLSessionDataTask) {
+    init(context: ExecutionContext) {
         self.context = context
-        self.spec = spec
-        self.task = task
-    }
-
-    /// Called by the delegate when it ends the exchange.
-    var onEnd: (@Sendable (HTTPExchange) -> Void)? {
-        get { endHook.withLock { $0 } }
-        set { endHook.withLock { $0 = newValue } }
     }
 
     /// True for the one caller that ends this exchange.
@@ -338,57 +321,46 @@ final class HTTPExchange: Sendable {
         ended.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
     }
 
-    var isEnded: Bool { ended.load(ordering: .acquiring) }
-
-
-    /// Stops the transfer; the delegate's completion for it will find the exchange claimed.
-    func abort() { task.cancel() }
-
-    func response(_ head: ResponseHead?) {
-        received.withLock { $0.head = head; $0.body = []; $0.size = 0 }
+    /// Records the client's task; aborts it at once when the exchange already ended.
+    func attach(_ outbound: OutboundTask) {
+        task.withLock { $0 = outbound }
+        if ended.load(ordering: .acquiring) { outbound.cancel() }
     }
 
-    func append(_ data: Data) {
-        received.withLock { r in
-            r.size += data.count
-            let room = HTTPKind.bodyCap - r.body.count
-            if room > 0 { r.body.append(contentsOf: data.prefix(room)) }
+    /// Stops the transfer; the client's completion for it will find the exchange claimed.
+    func abort() { task.withLock { $0 }?.cancel() }
+}
+
+/// The result object of a response.
+enum HTTPResult {
+    /// `{"status", "headers", "body", "bodyEncoding", "size", "truncated"}`. Header fields
+    /// are sorted by lower-cased name; repeated fields are joined with ", " under the first
+    /// spelling of the name. `size` is the bytes received, or the declared Content-Length
+    /// when the body was cut and declared longer.
+    static func json(_ response: OutboundResponse) -> JSONValue {
+        var merged: [(String, String)] = []
+        var index: [String: Int] = [:]
+        for (name, value) in response.headers {
+            let key = name.lowercased()
+            if let i = index[key] {
+                merged[i].1 += ", " + value
+            } else {
+                index[key] = merged.count
+                merged.append((name, value))
+            }
         }
-    }
-
-    /// Counts a redirect; false once too many were followed.
-    func redirect() -> Bool {
-        received.withLock { r in
-            r.redirects += 1
-            return r.redirects <= HTTPKind.maxRedirects
-        }
-    }
-
-    /// The end of the transfer as the delegate saw it, turned into the operation's completion.
-    func completion(error: (any Error)?) -> Completion {
-        let r = received.withLock { $0 }
-        if let error { return Self.failure(error, url: spec.url) }
-        guard let head = r.head else {
-            return .failed(type: "invalid-response", detail: "\(spec.url.absoluteString) gave no HTTP response")
-        }
-        let result = Self.result(head, body: r.body, size: r.size)
-        let status = head.status
-        if spec.expect.contains(where: { $0.matches(status) }) { return .succeeded(result) }
-        let expected = JSONValue.array(spec.expect.map(\.json)).text
-        return .failed(type: "http-status", detail: "status \(status) is outside expectStatus \(expected)", data: result)
-    }
-
-    static func result(_ head: ResponseHead, body: [UInt8], size: Int) -> JSONValue {
-        let headers = head.headers.map { ($0.0, JSONValue.string($0.1)) }
-        let truncated = size > body.count
-        var text: String?
+        merged.sort { $0.0.lowercased() < $1.0.lowercased() }
+        let body = response.body
+        let truncated = response.truncated
+        var size = max(response.size, body.count)
+        if truncated, let declared = response.contentLength, declared > size { size = declared }
         var kept = body[...]
         if truncated { kept = kept.dropLast(incompleteUTF8Suffix(body)) }
-        text = String(validating: kept, as: UTF8.self)
+        let text = String(validating: kept, as: UTF8.self)
         let (bodyValue, encoding): (String, String) = text.map { ($0, "utf8") } ?? (Data(body).base64EncodedString(), "base64")
         return .object([
-            ("status", .number(Double(head.status))),
-            ("headers", .object(headers)),
+            ("status", .number(Double(response.status))),
+            ("headers", .object(merged.map { ($0.0, JSONValue.string($0.1)) })),
             ("body", .string(bodyValue)),
             ("bodyEncoding", .string(encoding)),
             ("size", .number(Double(size))),
@@ -405,78 +377,5 @@ final class HTTPExchange: Sendable {
         let lead = bytes[i]
         let need = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0
         return need > continuation ? continuation + 1 : 0
-    }
-
-    /// Maps a transport error to a failure type. libcurl's TLS failures often arrive as
-    /// `URLError.unknown` with an OpenSSL message, so the message is consulted too.
-    static func failure(_ error: any Error, url: URL) -> Completion {
-        let message = (error as NSError).localizedDescription
-        let detail = "\(url.absoluteString): \(message)"
-        guard let e = error as? URLError else { return .failed(type: "network", detail: detail) }
-        switch e.code {
-        case .timedOut:
-            return .failed(type: "timeout", detail: detail)
-        case .cannotConnectToHost:
-            return .failed(type: "connection-refused", detail: detail)
-        case .cannotFindHost, .dnsLookupFailed:
-            return .failed(type: "dns", detail: detail)
-        case .secureConnectionFailed, .serverCertificateHasBadDate, .serverCertificateUntrusted,
-             .serverCertificateHasUnknownRoot, .serverCertificateNotYetValid, .clientCertificateRejected,
-             .clientCertificateRequired:
-            return .failed(type: "tls", detail: detail)
-        case .badServerResponse, .cannotParseResponse, .cannotDecodeRawData, .cannotDecodeContentData,
-             .httpTooManyRedirects, .redirectToNonExistentLocation:
-            return .failed(type: "invalid-response", detail: detail)
-        default:
-            let lower = message.lowercased()
-            if lower.contains("ssl") || lower.contains("tls") || lower.contains("certificate") {
-                return .failed(type: "tls", detail: detail)
-            }
-            return .failed(type: "network", detail: detail)
-        }
-    }
-}
-
-// MARK: - the session delegate
-
-/// Routes URLSession callbacks to the exchange of each task.
-final class HTTPSessionDelegate: NSObject, URLSessionDataDelegate, Sendable {
-    private let exchanges = Lock<[Int: HTTPExchange]>([:])
-
-    func register(_ task: Int, _ exchange: HTTPExchange) { exchanges.withLock { $0[task] = exchange } }
-    func unregister(_ task: Int) { exchanges.withLock { _ = $0.removeValue(forKey: task) } }
-    private func exchange(_ task: URLSessionTask) -> HTTPExchange? {
-        exchanges.withLock { $0[task.taskIdentifier] }
-    }
-
-    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
-                    completionHandler: @escaping (URLSession.ResponseDisposition) -> Void) {
-        guard let exchange = exchange(dataTask), !exchange.isEnded else {
-            completionHandler(.cancel)
-            return
-        }
-        exchange.response((response as? HTTPURLResponse).map(ResponseHead.init))
-        completionHandler(.allow)
-    }
-
-    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        exchange(dataTask)?.append(data)
-    }
-
-    func urlSession(_ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-                    newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void) {
-        let scheme = request.url?.scheme?.lowercased()
-        guard let exchange = exchange(task), scheme == "http" || scheme == "https", exchange.redirect() else {
-            // Not followed: the redirect response itself becomes the answer.
-            completionHandler(nil)
-            return
-        }
-        completionHandler(request)
-    }
-
-    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-        guard let exchange = exchanges.withLock({ $0.removeValue(forKey: task.taskIdentifier) }), exchange.claim() else { return }
-        exchange.onEnd?(exchange)
-        exchange.context.finish(exchange.completion(error: error))
     }
 }

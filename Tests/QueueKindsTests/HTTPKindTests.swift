@@ -66,6 +66,24 @@ extension KindsTests {
             #expect(server.count("/redirect") == 1 && server.count("/ok") == 1)
         }
 
+        /// FoundationNetworking trapped (`fatalError("Invalid URL")`) on this redirect.
+        @Test func redirectToSchemeRelativeIPv6EndsCleanly() throws {
+            let server = try TargetServer()
+            defer { server.stop() }
+            let op = try Harness().run("http", get("\(server.base)/v6", #", "timeout": 3"#))
+            #expect(op.outcome == .failed)
+            #expect(["connection-refused", "network", "timeout"].contains(op.errorType ?? ""), "\(op.error?.text ?? "")")
+        }
+
+        @Test func redirectLoopAndOtherSchemesFail() throws {
+            let server = try TargetServer()
+            defer { server.stop() }
+            let h = try Harness()
+            #expect(try h.run("http", get("\(server.base)/loop")).errorType == "too-many-redirects")
+            #expect(server.count("/loop") == HTTPKind.maxRedirects + 1)
+            #expect(try h.run("http", get("\(server.base)/to-file")).errorType == "redirect-refused")
+        }
+
         @Test func bodiesAreSentAsTextOrJSON() throws {
             let server = try TargetServer()
             defer { server.stop() }
@@ -152,6 +170,14 @@ extension KindsTests {
                 (#"{"method": "GET", "url": "http://x/", "expectStatus": [99]}"#, "spec.expectStatus[0]"),
                 (#"{"method": "GET", "url": "http://x/", "expectStatus": [200, "6xx"]}"#, "spec.expectStatus[1]"),
                 (#"{"method": "GET", "url": "http://x/", "expectStatus": []}"#, "spec.expectStatus"),
+                // Passed a Character check before, then `Int(...)!` trapped on the combining accent.
+                (#"{"method": "GET", "url": "http://x/", "expectStatus": ["1\u0301xx"]}"#, "spec.expectStatus[0]"),
+                (#"{"method": "GET", "url": "http://x/", "expectStatus": ["\u0662xx", "2XX"]}"#, "spec.expectStatus[0]"),
+                (#"{"method": "GET", "url": "http://x/", "expectStatus": [200.5]}"#, "spec.expectStatus[0]"),
+                (#"{"method": "GET", "url": "http://x/", "expectStatus": [1e300]}"#, "spec.expectStatus[0]"),
+                (#"{"method": "GET", "url": "http://x/", "expectStatus": ["2xxx"]}"#, "spec.expectStatus[0]"),
+                (#"{"method": "GET", "url": "http://x y/"}"#, "spec.url"),
+                (#"{"method": "GET", "url": "http:///"}"#, "spec.url"),
                 (#"{"method": "GET", "url": "http://x/", "timeout": 0.05}"#, "spec.timeout"),
                 (#"{"method": "GET", "url": "http://x/", "timeout": 3601}"#, "spec.timeout"),
                 (#"{"method": "GET", "url": "http://x/", "retries": 3}"#, "spec.retries"),

@@ -138,7 +138,8 @@ func openDescriptors() -> [String] {
 
 /// A tiny HTTP/1.1 server on 127.0.0.1 (raw sockets, one thread per connection,
 /// `Connection: close`). Routes: `/ok`, `/status/N`, `/slow` (2 s), `/large` (1 MiB),
-/// `/binary`, `/redirect` (→ `/ok`), `/echo` (the request body back). It counts requests by path.
+/// `/binary`, `/redirect` (→ `/ok`), `/v6` (→ `//[::1]/`), `/loop` (→ itself),
+/// `/to-file` (→ `file:///etc/passwd`), `/echo` (the request body back). It counts requests by path.
 final class TargetServer: Sendable {
     let port: UInt16
     private let listener: Int32
@@ -253,6 +254,10 @@ final class TargetServer: Sendable {
         case "/redirect":
             status = 302
             extra.append(("Location", "/ok"))
+            reply = []
+        case "/v6", "/loop", "/to-file":
+            status = path == "/loop" ? 301 : 302
+            extra.append(("Location", path == "/v6" ? "//[::1]/" : path == "/loop" ? "/loop" : "file:///etc/passwd"))
             reply = []
         case "/echo":
             reply = body

@@ -1,0 +1,249 @@
+import CCurl
+import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One task's exchange across its redirect hops. Used only on the loop thread; libcurl's
+/// callbacks reach it through an unretained pointer that is valid while its easy handle is
+/// in ``CurlLoop``'s table.
+final class Transfer {
+    let task: OutboundTask
+    let request: OutboundRequest
+    /// Monotonic nanoseconds by which the whole exchange must be done.
+    let deadline: UInt64
+    private(set) var url: String
+    private(set) var method: String
+    private(set) var headers: [(String, String)]
+    private(set) var body: [UInt8]?
+    private(set) var redirects = 0
+
+    // The current hop's response.
+    private(set) var header: HeaderBlock
+    private(set) var headerOverflow = false
+    private var received: [UInt8] = []
+    private var size = 0
+    private var truncated = false
+
+    private var slist: UnsafeMutablePointer<curl_slist>?
+    private let errorBuffer: UnsafeMutablePointer<CChar>
+
+    init(_ task: OutboundTask) {
+        self.task = task
+        request = task.request
+        url = request.url
+        method = request.method
+        headers = request.headers
+        body = request.body
+        header = HeaderBlock(limit: request.maxHeaderBytes)
+        let seconds = request.timeout.isFinite ? min(max(request.timeout, 0), 86_400 * 365) : 0
+        deadline = DispatchTime.now().uptimeNanoseconds &+ UInt64(seconds * 1e9)
+        errorBuffer = .allocate(capacity: Int(CCurl_ERROR_SIZE))
+        errorBuffer.initialize(repeating: 0, count: Int(CCurl_ERROR_SIZE))
+    }
+
+    deinit {
+        if let slist { curl_slist_free_all(slist) }
+        errorBuffer.deallocate()
+    }
+
+    /// Milliseconds left before the deadline (0 when past).
+    private var remainingMilliseconds: Int {
+        let now = DispatchTime.now().uptimeNanoseconds
+        return deadline > now ? Int((deadline - now) / 1_000_000) : 0
+    }
+
+    private func invalid(_ why: String) -> Result<UnsafeMutableRawPointer, OutboundError> {
+        .failure(OutboundError(type: "invalid-url", detail: why))
+    }
+
+    /// A configured easy handle for the current hop.
+    func makeHandle() -> Result<UnsafeMutableRawPointer, OutboundError> {
+        let remaining = remainingMilliseconds
+        guard remaining > 0 else { return .failure(timeoutError()) }
+        if case let .failure(e) = OutboundURL.check(url) { return .failure(e) }
+        guard !method.isEmpty, method.utf8.allSatisfy(Self.isTokenByte) else { return invalid("method \(OutboundURL.quoted(method)) is not an HTTP token") }
+        var list: UnsafeMutablePointer<curl_slist>?
+        var hasExpect = false
+        for (name, value) in headers {
+            guard !name.isEmpty, name.utf8.allSatisfy(Self.isTokenByte) else {
+                if let list { curl_slist_free_all(list) }
+                return invalid("header name \(OutboundURL.quoted(name)) is not an HTTP token")
+            }
+            guard !value.utf8.contains(where: { $0 == 0 || $0 == 0x0A || $0 == 0x0D }) else {
+                if let list { curl_slist_free_all(list) }
+                return invalid("header \(name) contains CR, LF or NUL")
+            }
+            if name.lowercased() == "expect" { hasExpect = true }
+            // "Name;" is libcurl's way to send a header with an empty value.
+            list = curl_slist_append(list, value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        // No `Expect: 100-continue` round trip for large bodies.
+        if !hasExpect { list = curl_slist_append(list, "Expect:") }
+        guard let easy = curl_easy_init() else {
+            if let list { curl_slist_free_all(list) }
+            return .failure(OutboundError(type: "network", detail: "libcurl could not create a handle"))
+        }
+        if let slist { curl_slist_free_all(slist) }
+        slist = list
+
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        _ = CCurl_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1)
+        _ = CCurl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0)
+        _ = CCurl_easy_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https")
+        _ = CCurl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, remaining)
+        let connect = request.connectTimeout.isFinite && request.connectTimeout > 0 ? min(request.connectTimeout * 1000, 3_600_000) : 10_000
+        _ = CCurl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, min(Int(connect), remaining)))
+        // Do not wait for a resolver thread when a transfer is dropped (cancel latency).
+        _ = CCurl_easy_setopt_long(easy, CURLOPT_QUICK_EXIT, 1)
+        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer)
+        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me)
+        _ = CCurl_easy_setopt_write_callback(easy, CURLOPT_WRITEFUNCTION, Transfer.onBody)
+        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me)
+        _ = CCurl_easy_setopt_write_callback(easy, CURLOPT_HEADERFUNCTION, Transfer.onHeader)
+        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me)
+        _ = CCurl_easy_setopt_string(easy, CURLOPT_USERAGENT, "opqd")
+        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HTTPHEADER, list)
+        if CCurl_easy_setopt_string(easy, CURLOPT_URL, url) != CURLE_OK {
+            curl_easy_cleanup(easy)
+            return invalid("libcurl refused URL \(OutboundURL.quoted(url))")
+        }
+        if let body {
+            _ = CCurl_easy_setopt_long(easy, CURLOPT_POST, 1)
+            _ = CCurl_easy_setopt_off_t(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(body.count))
+            // COPYPOSTFIELDS: libcurl keeps its own copy, so the array may go away.
+            body.withUnsafeBytes { _ = CCurl_easy_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, $0.baseAddress ?? UnsafeRawPointer(errorBuffer)) }
+            if method != "POST" { _ = CCurl_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, method) }
+        } else if method == "HEAD" {
+            _ = CCurl_easy_setopt_long(easy, CURLOPT_NOBODY, 1)
+        } else if method == "GET" {
+            _ = CCurl_easy_setopt_long(easy, CURLOPT_HTTPGET, 1)
+        } else {
+            _ = CCurl_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, method)
+        }
+        errorBuffer[0] = 0
+        header = HeaderBlock(limit: request.maxHeaderBytes)
+        headerOverflow = false
+        received = []
+        size = 0
+        truncated = false
+        return .success(easy)
+    }
+
+    /// Frees what libcurl held for the hop (the easy handle must be out of the multi handle).
+    func release(_ easy: UnsafeMutableRawPointer) {
+        curl_easy_cleanup(easy)
+        if let slist { curl_slist_free_all(slist) }
+        slist = nil
+    }
+
+    /// Moves to the next hop of a redirect.
+    func follow(_ hop: RedirectHop) {
+        redirects += 1
+        headers = RedirectPolicy.headers(headers, for: hop)
+        if !hop.keepsBody { body = nil }
+        url = hop.url
+        method = hop.method
+    }
+
+    // MARK: - callbacks (loop thread, inside curl_multi_perform)
+
+    static let onBody: curl_write_callback = { data, size, count, user in
+        guard let user else { return 0 }
+        let me = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+        let (n, overflow) = size.multipliedReportingOverflow(by: count)
+        guard !overflow else { return 0 }
+        return me.receive(UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : n))
+    }
+
+    static let onHeader: curl_write_callback = { data, size, count, user in
+        guard let user else { return 0 }
+        let me = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+        let (n, overflow) = size.multipliedReportingOverflow(by: count)
+        guard !overflow else { return 0 }
+        let line = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : n)
+        guard me.header.add(line) else {
+            me.headerOverflow = true
+            return 0  // aborts the transfer (CURLE_WRITE_ERROR)
+        }
+        return n
+    }
+
+    /// Keeps body bytes up to the cap; past it, marks the response truncated and stops reading.
+    private func receive(_ chunk: UnsafeRawBufferPointer) -> Int {
+        let cap = max(0, request.maxResponseBytes)
+        let room = cap - received.count
+        size = size.addingReportingOverflow(chunk.count).overflow ? Int.max : size + chunk.count
+        if chunk.count <= room {
+            received.append(contentsOf: chunk)
+            return chunk.count
+        }
+        received.append(contentsOf: chunk.prefix(max(0, room)))
+        truncated = true
+        return 0  // aborts the transfer (CURLE_WRITE_ERROR); the kept bytes are the answer
+    }
+
+    // MARK: - the end of a hop
+
+    func curlMessage(_ code: CURLcode) -> String {
+        if errorBuffer[0] != 0 {
+            let count = strnlen(errorBuffer, Int(CCurl_ERROR_SIZE))
+            return String(decoding: UnsafeRawBufferPointer(start: errorBuffer, count: count), as: UTF8.self)
+        }
+        return String(cString: curl_easy_strerror(code))
+    }
+
+    /// Success when the hop produced a response (a body cut at the cap counts), else the error.
+    func outcome(_ code: CURLcode, status: Int, message: String) -> Result<Void, OutboundError> {
+        let where_ = OutboundURL.quoted(url)
+        if headerOverflow {
+            return .failure(OutboundError(type: "invalid-response", detail: "\(where_): response headers exceed \(request.maxHeaderBytes) bytes"))
+        }
+        if code == CURLE_OK || (code == CURLE_WRITE_ERROR && truncated) {
+            guard (100...999).contains(status) else {
+                return .failure(OutboundError(type: "invalid-response", detail: "\(where_): no valid HTTP status"))
+            }
+            return .success(())
+        }
+        if code == CURLE_OPERATION_TIMEDOUT { return .failure(timeoutError()) }
+        return .failure(OutboundError(type: Self.errorType(code), detail: "\(where_): \(message)"))
+    }
+
+    func timeoutError() -> OutboundError {
+        OutboundError(type: "timeout", detail: "no complete answer from \(OutboundURL.quoted(request.url)) within \(request.timeout) s (last URL \(OutboundURL.quoted(url)))")
+    }
+
+    func response(status: Int, contentLength: Int?) -> OutboundResponse {
+        OutboundResponse(status: status, headers: header.fields, body: received, truncated: truncated, size: size,
+                         contentLength: contentLength, finalURL: url, redirects: redirects)
+    }
+
+    /// The error type for a libcurl result code.
+    static func errorType(_ code: CURLcode) -> String {
+        switch code {
+        case CURLE_OPERATION_TIMEDOUT: return "timeout"
+        case CURLE_COULDNT_CONNECT: return "connection-refused"
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: return "dns"
+        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_ENGINE_NOTFOUND,
+             CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_ENGINE_INITFAILED,
+             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
+             CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT, CURLE_USE_SSL_FAILED:
+            return "tls"
+        case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_HTTP2, CURLE_HTTP2_STREAM,
+             CURLE_BAD_CONTENT_ENCODING, CURLE_GOT_NOTHING, CURLE_HTTP3, CURLE_OUT_OF_MEMORY, CURLE_WRITE_ERROR:
+            return "invalid-response"
+        case CURLE_URL_MALFORMAT: return "invalid-url"
+        default: return "network"
+        }
+    }
+
+    /// RFC 9110 `tchar`.
+    static func isTokenByte(_ b: UInt8) -> Bool {
+        switch b {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return true
+        default:
+            return Array("!#$%&'*+-.^_`|~".utf8).contains(b)
+        }
+    }
+}

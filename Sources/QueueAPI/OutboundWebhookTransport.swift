@@ -1,0 +1,17 @@
+import OutboundHTTP
+
+/// Webhook POSTs through the libcurl-based outbound client: whatever a receiver answers
+/// (redirects, garbage, endless bodies) is an error value, never a trap. Redirects are
+/// followed by `RedirectPolicy` (at most 5, http/https only); 4 KiB of the answer is read.
+struct OutboundWebhookTransport: WebhookTransport {
+    /// One client (one thread running curl's multi loop) for every webhook.
+    let client = OutboundHTTPClient()
+
+    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void) {
+        let request = OutboundRequest(method: "POST", url: url, headers: headers, body: body, timeout: timeout,
+                                      maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
+        client.send(request) { result in
+            done((try? result.get()).map { (200..<300).contains($0.status) } ?? false)
+        }
+    }
+}

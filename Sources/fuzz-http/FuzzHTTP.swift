@@ -1,0 +1,104 @@
+import CFuzzDriver
+import Foundation
+import OutboundHTTP
+import QueueEngine
+import QueueKinds
+
+/// `fuzz-http`: arbitrary bytes through what handles an outbound response — the header
+/// parser, `RedirectPolicy.next`, URL checks, and the http kind's result building and
+/// `expectStatus` evaluation (`HTTPKind.completion(spec:outcome:)`). No network.
+///
+/// Input: fields separated by NUL bytes — status, Location, current URL, method, header block
+/// (lines), kind spec (JSON), body; a missing field is empty. Flags come from the first byte.
+///
+/// Built normally it replays files (`fuzz-http FILE|DIR...`, default `Fuzz/corpus/http`);
+/// built with `-sanitize=fuzzer,address` it is a libFuzzer binary (see CFuzzDriver).
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzHTTP(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
+    guard let data, size > 0 else { return 0 }
+    FuzzHTTP.one(Array(UnsafeBufferPointer(start: data, count: size)))
+    return 0
+}
+
+enum FuzzHTTP {
+    static func one(_ input: [UInt8]) {
+        let flags = input.first ?? 0
+        var fields = input.dropFirst().split(separator: 0, maxSplits: 6, omittingEmptySubsequences: false).map { Array($0) }
+        while fields.count < 7 { fields.append([]) }
+        let text = fields.map { String(decoding: $0, as: UTF8.self) }
+
+        // Status: digits as text when they parse, else the raw bytes as a (possibly huge) number.
+        var status = Int(text[0]) ?? fields[0].prefix(8).reduce(0) { ($0 << 8) | Int($1) }
+        if flags & 1 != 0 { status = [301, 302, 303, 307, 308][Int(flags >> 5) % 5] }
+        let location: String? = flags & 2 != 0 ? nil : text[1]
+        let base = text[2].isEmpty ? "http://a.example/x/y" : text[2]
+        let method = text[3].isEmpty ? "POST" : text[3]
+
+        // The redirect policy, and the URL checks it relies on.
+        let decision = RedirectPolicy.next(status: status, location: location, currentURL: base, method: method,
+                                           redirects: Int(flags >> 2) % 7)
+        if case let .follow(hop) = decision {
+            precondition(hop.url.hasPrefix("http://") || hop.url.hasPrefix("https://"), "followed to \(hop.url)")
+            precondition(hop.url.utf8.count <= OutboundURL.maxLength)
+            _ = RedirectPolicy.headers([("Authorization", "x"), ("Content-Type", "y")], for: hop)
+            if case .failure = OutboundURL.check(hop.url) { preconditionFailure("followed to an unchecked URL \(hop.url)") }
+        }
+        _ = OutboundURL.check(text[1])
+        _ = OutboundURL.resolve(text[1], against: base, errorType: "redirect-refused")
+
+        // The header parser, line by line (as libcurl hands lines over), with a byte cap.
+        var block = HeaderBlock(limit: Int(flags) * 64)
+        for line in fields[4].split(separator: 0x0A, omittingEmptySubsequences: false) {
+            if !block.add(Array(line) + [0x0A]) { break }
+            precondition(block.bytes <= block.limit)
+        }
+        _ = block.value("location")
+
+        // The kind: its spec (fuzzed JSON, or a fixed one) against a fuzzed response or error.
+        let spec = (try? JSONValue.parse(fields[5])) ?? .object([
+            ("method", .string("GET")), ("url", .string("http://a.example/")),
+            ("expectStatus", .array([.string(text[5]), .number(Double(status))])),
+        ])
+        let body = fields[6]
+        let response = OutboundResponse(status: status, headers: block.fields, body: body, truncated: flags & 0x10 != 0,
+                                        size: body.count &* Int(flags), contentLength: flags & 0x20 != 0 ? status : nil,
+                                        finalURL: base, redirects: Int(flags % 6))
+        _ = HTTPKind.completion(spec: spec, outcome: .success(response))
+        _ = HTTPKind.completion(spec: spec, outcome: .failure(OutboundError(type: text[3], detail: text[1])))
+    }
+
+    /// Runs every file under `paths` through ``one(_:)``.
+    static func replay(_ paths: [String]) -> Int32 {
+        var files: [String] = []
+        for path in paths {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+                print("fuzz-http: no such file \(path)")
+                return 1
+            }
+            if isDirectory.boolValue {
+                let names = (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []
+                files += names.sorted().map { "\(path)/\($0)" }
+            } else {
+                files.append(path)
+            }
+        }
+        for file in files {
+            guard let data = FileManager.default.contents(atPath: file) else { continue }
+            one(Array(data))
+        }
+        print("fuzz-http: replayed \(files.count) inputs without a crash")
+        return 0
+    }
+}
+
+@main enum FuzzHTTPMain {
+    static func main() {
+        var argc = CommandLine.argc
+        var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
+        let code = CFuzzDriver_run(&argc, &argv, fuzzHTTP)
+        if code >= 0 { exit(code) }
+        let paths = Array(CommandLine.arguments.dropFirst())
+        exit(FuzzHTTP.replay(paths.isEmpty ? ["Fuzz/corpus/http"] : paths))
+    }
+}
