@@ -1,3 +1,4 @@
+import Digest
 import MicroHTTP
 import QueueEngine
 import Locking
@@ -63,9 +64,9 @@ final class IdempotencyCache: Sendable {
     var count: Int { state.withLock { $0.entries.count } }
     var bytes: Int { state.withLock { $0.bytes } }
 
-    func begin(_ scope: String, body: [UInt8], now: Timestamp, retain: Double) -> Begin {
-        let hash = Self.hash(body)
-        return state.withLock { s in
+    /// `hash` is `IdempotencyCache.hash(body)` of the request.
+    func begin(_ scope: String, hash: String, now: Timestamp, retain: Double) -> Begin {
+        state.withLock { s in
             if let e = s.entries[scope] {
                 guard e.bodyHash == hash else { return .mismatch }
                 guard let r = e.response else { return .inProgress }

@@ -135,7 +135,8 @@ struct Routes {
             throw Problem.invalid("Idempotency-Key", "must be 1 to 255 characters")
         }
         let scope = req.path + "\u{0}" + key
-        switch app.idempotency.begin(scope, body: req.body, now: SystemClock().now(), retain: app.configuration.retain) {
+        let bodyHash = IdempotencyCache.hash(req.body)
+        switch app.idempotency.begin(scope, hash: bodyHash, now: SystemClock().now(), retain: app.configuration.retain) {
         case let .full(problem):
             throw problem
         case let .replay(response):
@@ -160,7 +161,7 @@ struct Routes {
             }
             app.idempotency.finish(scope, response: response)
             guard let store = app.sqlite else { return .response(response) }
-            let record = IdempotencyRecord(scope: scope, bodyHash: IdempotencyCache.hash(req.body), status: response.status,
+            let record = IdempotencyRecord(scope: scope, bodyHash: bodyHash, status: response.status,
                                            headers: response.headers, body: response.body, createdAt: SystemClock().now())
             return .deferred { responder in
                 responder.answerBeforeShutdown()
@@ -527,7 +528,7 @@ struct Routes {
         if after < log.oldestKept - 1 && log.lastSeq > 0 {
             throw Problem(410, "cursor-expired", "Gone", "events after \(after) are no longer kept; the oldest kept event is \(log.oldestKept)")
         }
-        return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]) { stream in
+        return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Connection", "close")]) { stream in
             if !log.subscribe(stream, after: after) { stream.close() }
         }
     }

@@ -1,4 +1,4 @@
-@testable import QueueAPI
+import Digest
 import Testing
 
 @Suite("SHA-256 and HMAC-SHA256 against the published test vectors")

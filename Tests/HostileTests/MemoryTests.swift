@@ -209,19 +209,15 @@ struct MemoryTests {
                     Issue.record("observer \(i): \(r.status) \(r.text.prefix(200))")
                 }
             }
-            var queueStatuses: [Int: Int] = [:]
-            for i in 0..<300 {
-                let r = try client.request("POST", "/v1/queues/w/observers", body: Array(#"{"url":"http://127.0.0.1:9/q/\#(i)"}"#.utf8))
-                queueStatuses[r.status, default: 0] += 1
-            }
             let after = server.memory()
-            print("Memory webhooks: 1000 operation observer attempts -> \(statuses.sorted { $0.key < $1.key }); 300 queue observer attempts -> \(queueStatuses.sorted { $0.key < $1.key }); "
+            // Queue-wide observers (POST /v1/queues/{name}/observers) arrive with issue 11; their
+            // cap is tested there.
+            print("Memory webhooks: 1000 operation observer attempts -> \(statuses.sorted { $0.key < $1.key }); "
                 + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)), VmHWM \(Self.mib(after.hwm))")
             #expect(statuses[201, default: 0] <= 100, "\(statuses[201, default: 0]) observers registered with --max-observers 100")
             #expect(created.values.allSatisfy { $0 <= 16 }, "an operation got more than 16 observers: \(created.values.max() ?? 0)")
-            #expect(statuses[201, default: 0] + queueStatuses[201, default: 0] <= 100, "operation + queue observers past --max-observers 100")
-            #expect((queueStatuses[429, default: 0]) > 0, "300 queue observers were never refused: \(queueStatuses)")
-            #expect(after.rss - before.rss < 32 << 10, "1300 registration attempts cost \(Self.mib(after.rss - before.rss))")
+            #expect(statuses[429, default: 0] >= 900, "the cap refused only \(statuses[429, default: 0]) of 1000")
+            #expect(after.rss - before.rss < 32 << 10, "1000 registration attempts cost \(Self.mib(after.rss - before.rss))")
             // Purging: an observer of a finished operation goes with it (cancelled operations
             // finish at once); its registrations no longer count against the total.
             server.expectAlive("the webhook registrations")
