@@ -71,4 +71,17 @@ CMicroHTTPD_connection_socket_context(struct MHD_Connection *connection)
   return (NULL == info) ? NULL : info->socket_context;
 }
 
+/*
+ * Exists because MHD_get_connection_info is variadic: the socket of a connection, so a
+ * streamed response can get a small kernel send buffer (a client that stops reading then
+ * costs kilobytes of kernel memory, not megabytes, and is noticed quickly). -1 if unknown.
+ */
+static inline int
+CMicroHTTPD_connection_fd(struct MHD_Connection *connection)
+{
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  return (NULL == info) ? -1 : info->connect_fd;
+}
+
 #endif

@@ -1,3 +1,4 @@
+import Dispatch
 import Locking
 
 /// A streaming (Server-Sent Events) response body.
@@ -19,6 +20,8 @@ public final class HTTPStream: Sendable {
         var closeCallbacks: [@Sendable () -> Void] = []
         /// Asked for more bytes when the buffer has been sent (see `onDrained`).
         var refill: (@Sendable () -> Void)?
+        /// When the client last took bytes (uptime nanoseconds).
+        var lastProgress = DispatchTime.now().uptimeNanoseconds
     }
 
     let state: Lock<State>
@@ -54,6 +57,16 @@ public final class HTTPStream: Sendable {
                 connection.resume()
             }
             return true
+        }
+    }
+
+    /// How long bytes have been waiting without the client taking any (0 when nothing waits):
+    /// a client whose socket buffers are full and that does not read shows here.
+    public var stalledNanoseconds: UInt64 {
+        state.withLock { s in
+            guard s.buffer.count > s.offset else { return 0 }
+            let now = DispatchTime.now().uptimeNanoseconds
+            return now > s.lastProgress ? now - s.lastProgress : 0
         }
     }
 
@@ -132,6 +145,7 @@ public final class HTTPStream: Sendable {
                         destination.copyMemory(from: base + offset, byteCount: count)
                     }
                     state.offset += count
+                    state.lastProgress = DispatchTime.now().uptimeNanoseconds
                     if state.offset == state.buffer.count {
                         state.buffer.removeAll(keepingCapacity: state.buffer.capacity <= 64 * 1024)
                         state.offset = 0

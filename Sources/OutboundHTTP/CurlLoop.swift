@@ -126,7 +126,7 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         guard let multi else { return }
         switch transfer.makeHandle() {
         case let .failure(error):
-            transfer.task.deliver(.failure(error))
+            transfer.task.deliver(.failure(transfer.hopError(error)))
         case let .success(easy):
             transfers[easy] = transfer
             if curl_multi_add_handle(multi, easy) != CURLM_OK {

@@ -206,7 +206,13 @@ final class Transfer {
             return .success(())
         }
         if code == CURLE_OPERATION_TIMEDOUT { return .failure(timeoutError()) }
-        return .failure(OutboundError(type: Self.errorType(code), detail: "\(where_): \(message)"))
+        return .failure(hopError(OutboundError(type: Self.errorType(code), detail: "\(where_): \(message)")))
+    }
+
+    /// A URL that fails after a redirect is the target's doing, not the caller's request:
+    /// `redirect-refused`, not `invalid-url` (which the http kind reports as a bad spec).
+    func hopError(_ e: OutboundError) -> OutboundError {
+        redirects > 0 && e.type == "invalid-url" ? OutboundError(type: "redirect-refused", detail: e.detail) : e
     }
 
     func timeoutError() -> OutboundError {

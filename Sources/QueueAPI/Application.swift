@@ -157,8 +157,12 @@ public final class OpqdApplication: Sendable {
         }
         purge.resume()
         let heartbeat = DispatchSource.makeTimerSource(queue: .global())
-        heartbeat.schedule(deadline: .now() + 15, repeating: 15)
-        heartbeat.setEventHandler { [events] in events.heartbeat() }
+        heartbeat.schedule(deadline: .now() + 1, repeating: 1)
+        let ticks = Atomic<Int>(0)
+        heartbeat.setEventHandler { [events] in
+            events.cutOffStalled()
+            if ticks.add(1, ordering: .relaxed).newValue % 15 == 0 { events.heartbeat() }
+        }
         heartbeat.resume()
         timers.set([purge, heartbeat])
         if configuration.token == nil && !Self.isLoopback(configuration.host) {

@@ -34,6 +34,8 @@ final class EventLog: Sendable {
         var waiters: [Waiter] = []
         var streams: [UInt64: Subscriber] = [:]
         var nextID: UInt64 = 1
+        /// Bytes of JSON in the ring (for a subscriber's lag in bytes).
+        var ringBytes = 0
     }
     /// Bytes an SSE client may fall behind before it is cut off.
     let maxBacklog: Int
@@ -60,10 +62,12 @@ final class EventLog: Sendable {
         var cutOff: [HTTPStream] = []
         let fire: [@Sendable () -> Void] = state.withLock { s in
             for e in encoded {
+                s.ringBytes += e.json.count
                 if s.ring.count < capacity {
                     s.ring.append(e)
                 } else {
                     let old = s.ring[s.head]
+                    s.ringBytes -= old.json.count
                     s.ring[s.head] = e
                     s.head = (s.head + 1) % capacity
                     s.firstSeq = old.seq + 1
@@ -206,6 +210,31 @@ final class EventLog: Sendable {
         s.streams[id] = sub
         if !chunk.isEmpty { sub.stream.send(chunk) }
         return nil
+    }
+
+    /// Cuts off replaying streams whose client has stopped reading (nothing taken for
+    /// `stall` seconds) while the events it still has to get pass the backlog bound. A replaying
+    /// stream holds at most one refill in memory, but a client that does not read must not hold
+    /// a subscription open forever either (API.md "Limits"). Called every second.
+    func cutOffStalled(stall: Double = 2) {
+        let limit = UInt64(stall * 1e9)
+        let cut: [HTTPStream] = state.withLock { s in
+            guard !s.ring.isEmpty else { return [] }
+            let average = max(1, s.ringBytes / s.ring.count)
+            var out: [HTTPStream] = []
+            for (id, sub) in s.streams {
+                let behind = s.lastSeq > sub.cursor ? s.lastSeq - sub.cursor : 0
+                let lag = behind > UInt64(Int.max / average) ? Int.max : Int(behind) * average
+                guard lag > maxBacklog || sub.live, sub.stream.stalledNanoseconds > limit else { continue }
+                // A live stream is cut by `send` once its own buffer passes the bound; here only
+                // those behind by more than the bound.
+                if sub.live && sub.stream.backlog < maxBacklog / 2 { continue }
+                s.streams[id] = nil
+                out.append(sub.stream)
+            }
+            return out
+        }
+        for st in cut { st.close() }
     }
 
     /// Closes every stream (server stop).

@@ -10,7 +10,13 @@ struct ObservationTests {
             try await server.createQueue("q")
             let id = try await server.addDelay("q", seconds: 0)
             #expect(try await server.waitForState(id, "finished"))
-            let all = try await server.request("GET", "/v1/events?after=0")
+            // The feed shows a change once it is committed, which may be a moment after the
+            // status says finished: wait for the isFinished event itself.
+            var all = try await server.request("GET", "/v1/events?after=0")
+            for _ in 0..<200 where !all.objects("events").contains(where: { $0["key"] as? String == "isFinished" }) {
+                try await Task.sleep(for: .milliseconds(10))
+                all = try await server.request("GET", "/v1/events?after=0")
+            }
             #expect(all.status == 200)
             let events = all.objects("events")
             #expect(events.count >= 3, "\(all.text)")

@@ -307,6 +307,13 @@ extension ServerCore {
         start: @Sendable (HTTPStream) -> Void
     ) -> MHD_Result {
         let stream = HTTPStream(connection: MHDConnection(raw: connection))
+        // A fixed 64 KiB send buffer (Linux doubles it) instead of autotuning up to megabytes: a
+        // stream's client that stops reading holds little kernel memory and shows as stalled soon.
+        let fd = CMicroHTTPD_connection_fd(connection)
+        if fd >= 0 {
+            var size: Int32 = 64 * 1024
+            _ = setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         let streamContext = Unmanaged.passRetained(stream).toOpaque()
         // MHD_SIZE_UNKNOWN (not imported): chunked encoding on HTTP/1.1.
         guard
