@@ -26,7 +26,21 @@ info:
     * A 2xx answer to a create or a change is sent only once the change is durable (with
       the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
       fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
-      registrations (`/v1/operations/{id}/observers`) are kept in memory only.
+      registrations (`/v1/operations/{id}/observers`) are durable like everything else.
+    * Every change event is shown (feed, stream, long poll, webhook) only once it is
+      committed, so a `seq` once seen always names the same change, also after a crash.
+    * Limits are server options with safe defaults; hitting one answers a problem naming
+      the limit and its flag and changes nothing: `--max-queues`, `--max-unfinished`,
+      `--max-unfinished-per-queue` (429 `too-many-queues` / `too-many-operations`, with
+      `Retry-After`), `--max-dependencies` (422 `too-many-dependencies`; a barrier that
+      would need more: 429), `--max-observers-per-operation`, `--max-observers-per-queue`,
+      `--max-observers` (429 `too-many-observers`), `--max-idempotency-keys`,
+      `--max-idempotency-bytes` (429 `too-many-idempotency-keys`), `--max-result-bytes`
+      (422 `result-too-large`), `--max-page-bytes` (a list answer never passes it; `next`
+      carries on), `--sse-max-backlog` (an event-stream client that falls that far behind
+      and stops reading is cut off after the last whole event).
+    * A `Content-Length` that is not one decimal number, or that comes with
+      `Transfer-Encoding`, gets 400 (`bad-framing`).
     * When the server is started with `--token` (`OPQD_TOKEN`), every request on every
       path and method needs `Authorization: Bearer <token>` (`/metrics`, `/openapi.yaml`,
       the feed, the stream and unknown paths included; 404 and 405 come only after
@@ -264,7 +278,25 @@ paths:
       operationId: listQueues
       tags: [queues]
       summary: List all queues
-      description: Every queue with its counts, sorted by name. Refuses unknown query parameters.
+      description: |
+        Every queue with its counts, sorted by name, in pages of at most `limit` queues and
+        `--max-page-bytes` bytes; `next` (a queue name, for `after`) is null on the last page.
+        Refuses unknown query parameters.
+      parameters:
+        - name: after
+          in: query
+          required: false
+          description: The `next` of the previous page (a queue name); queues after it by name.
+          schema:
+            type: string
+        - name: limit
+          in: query
+          required: false
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 100000
+            default: 100000
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -279,12 +311,15 @@ paths:
               schema:
                 type: object
                 additionalProperties: false
-                required: [queues]
+                required: [queues, next]
                 properties:
                   queues:
                     type: array
                     items:
                       $ref: '#/components/schemas/Queue'
+                  next:
+                    type: [string, 'null']
+                    description: The name to pass as `after` for the next page; null when this is the last.
         '422':
           $ref: '#/components/responses/Unprocessable'
 
@@ -904,7 +939,26 @@ paths:
       operationId: operationEvents
       tags: [observation]
       summary: The operation's own change history
-      description: Oldest first (those still kept in the server's event window). Refuses unknown query parameters.
+      description: |
+        Oldest first, committed events only (kept until retention purges the operation), paged
+        like the feed: at most `limit` events and `--max-page-bytes` bytes after `after`;
+        `next` (a seq, for `after`) is null on the last page. Refuses unknown query parameters.
+      parameters:
+        - name: after
+          in: query
+          required: false
+          schema:
+            type: integer
+            minimum: 0
+            default: 0
+        - name: limit
+          in: query
+          required: false
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 10000
+            default: 1000
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -919,12 +973,16 @@ paths:
               schema:
                 type: object
                 additionalProperties: false
-                required: [events]
+                required: [events, next]
                 properties:
                   events:
                     type: array
                     items:
                       $ref: '#/components/schemas/Event'
+                  next:
+                    type: [integer, 'null']
+                    minimum: 1
+                    description: The seq to pass as `after` for the next page; null when this is the last.
         '404':
           $ref: '#/components/responses/NotFound'
         '422':
@@ -1204,7 +1262,14 @@ paths:
       summary: Workers holding leases
       description: |
         Every worker that holds at least one live lease, sorted by name, with its leases
-        (oldest first). Refuses unknown query parameters.
+        (oldest first), in pages of about `--max-page-bytes` bytes; `next` (a worker name, for
+        `after`) is null on the last page. Refuses unknown query parameters.
+      parameters:
+        - name: after
+          in: query
+          required: false
+          schema:
+            type: string
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -1219,12 +1284,14 @@ paths:
               schema:
                 type: object
                 additionalProperties: false
-                required: [workers]
+                required: [workers, next]
                 properties:
                   workers:
                     type: array
                     items:
                       $ref: '#/components/schemas/Worker'
+                  next:
+                    type: [string, 'null']
         '422':
           $ref: '#/components/responses/Unprocessable'
 
