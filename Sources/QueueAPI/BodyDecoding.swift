@@ -48,12 +48,10 @@ struct Body {
 
     func int(_ key: String, in range: ClosedRange<Int>, what: String) throws(Problem) -> Int? {
         guard let v = self[key] else { return nil }
-        // Int(exactly:), not a comparison with Double(range.upperBound): for a bound near
-        // Int.max that Double rounds up to 2^63, and Int(2^63) traps.
-        guard case let .number(n) = v, let i = Int(exactly: n), range.contains(i) else {
+        guard case let .number(n) = v, n == n.rounded(), n >= Double(range.lowerBound), n <= Double(range.upperBound) else {
             throw Problem.invalid(key, "must be \(what); got \(v.text)")
         }
-        return i
+        return Int(n)
     }
 
     func number(_ key: String, in range: ClosedRange<Double>, what: String) throws(Problem) -> Double? {
