@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .executable(name: "opqd", targets: ["opqd"]),
         .executable(name: "opqd-bench", targets: ["opqd-bench"]),
+        // libFuzzer target over the request path (scripts/fuzz.sh; Fuzz/README.md).
+        .executable(name: "fuzz-request", targets: ["fuzz-request"]),
         .library(name: "QueueEngine", targets: ["QueueEngine"]),
         // Replays Fuzz/corpus/http files; a fuzzer under -sanitize=fuzzer (scripts/fuzz.sh).
         .executable(name: "fuzz-http", targets: ["fuzz-http"]),
@@ -62,6 +64,9 @@ let package = Package(
             name: "opqd-bench",
             dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore"]
         ),
+        // Plain build: replays files given on the command line. With
+        // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.
+        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP"]),
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking"]),
