@@ -61,6 +61,11 @@ ST_TOKEN="$st_token" ST_MAX_TIME="${ST_TOKEN_MAX_TIME:-75}" ST_MAX_EXAMPLES="${S
     run_schemathesis "schemathesis with a token" --token "$st_token" || st_failed=1
 [ "$st_failed" -eq 0 ] || { echo "schemathesis failed"; exit 1; }
 
+step "libFuzzer: request path and http responses (scripts/fuzz.sh, 60 s each)"
+# Replays every past finding in Fuzz/regressions first, then fuzzes from the seed corpus;
+# fails on any crash, sanitizer report, 500 or malformed answer.
+scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+
 step "swift test under ThreadSanitizer"
 set +e
 # One test at a time: ThreadSanitizer slows everything 5-10x, and the end-to-end tests’

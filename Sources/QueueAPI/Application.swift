@@ -30,6 +30,9 @@ public final class OpqdApplication: Sendable {
     let logger: Logger
     let stopping = Atomic<Bool>(false)
     private let timers = TimerBox()
+    /// The router and the application for the server's handler; emptied at shutdown, which
+    /// breaks the reference cycle app -> server -> handler -> router -> app.
+    private let box: RouterBox
 
     init(configuration: OpqdConfiguration, logger: Logger) throws {
         self.configuration = configuration
@@ -72,6 +75,7 @@ public final class OpqdApplication: Sendable {
         // The router is complete before the server exists; its handlers reach the application
         // through `box`, filled in below, before anything listens.
         let box = RouterBox()
+        self.box = box
         let log = logger
         let metrics = self.metrics
         self.server = HTTPServer(configuration: serverConfig, handler: { request in
@@ -179,6 +183,7 @@ public final class OpqdApplication: Sendable {
         timers.cancelAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
+        box.clear()
         if let sqlite {
             // A clean stop: operations executing now were not part of a crash.
             sqlite.deleteMeta(prefix: "crashes:")
@@ -205,6 +210,8 @@ final class RouterBox: Sendable {
         cached.store(router: router, app: app)
     }
 
+    func clear() { cached.clear() }
+
     func handle(_ request: HTTPRequest) -> HTTPHandlerResult {
         guard let (router, app) = cached.load() else {
             return .response(Problem(503, "starting", "Starting", "the server is starting").response)
@@ -223,6 +230,11 @@ final class AtomicLazyRouter: @unchecked Sendable {
     }
     func load() -> (Router, OpqdApplication)? {
         ready.load(ordering: .acquiring) ? value : nil
+    }
+    /// After the server has stopped (no handler runs any more).
+    func clear() {
+        ready.store(false, ordering: .releasing)
+        value = nil
     }
 }
 
