@@ -20,7 +20,7 @@ public final class HTTPStream: Sendable {
         var closeCallbacks: [@Sendable () -> Void] = []
         /// Asked for more bytes when the buffer has been sent (see `onDrained`).
         var refill: (@Sendable () -> Void)?
-        /// When the client last took bytes (uptime nanoseconds).
+        /// When the server last asked for bytes (uptime nanoseconds).
         var lastProgress = DispatchTime.now().uptimeNanoseconds
     }
 
@@ -60,11 +60,11 @@ public final class HTTPStream: Sendable {
         }
     }
 
-    /// How long bytes have been waiting without the client taking any (0 when nothing waits):
-    /// a client whose socket buffers are full and that does not read shows here.
-    public var stalledNanoseconds: UInt64 {
+    /// How long since the server last asked this stream for bytes. libmicrohttpd asks whenever
+    /// its own buffer for the connection has room, so a stream that always has more to send
+    /// (replaying a backlog) and is not asked for seconds has a client that stopped reading.
+    public var idleNanoseconds: UInt64 {
         state.withLock { s in
-            guard s.buffer.count > s.offset else { return 0 }
             let now = DispatchTime.now().uptimeNanoseconds
             return now > s.lastProgress ? now - s.lastProgress : 0
         }
@@ -136,6 +136,7 @@ public final class HTTPStream: Sendable {
         while true {
             var refill: (@Sendable () -> Void)?
             let result: Int? = state.withLock { state in
+                state.lastProgress = DispatchTime.now().uptimeNanoseconds
                 let available = state.buffer.count - state.offset
                 if available > 0 {
                     let count = min(available, capacity)
@@ -145,7 +146,6 @@ public final class HTTPStream: Sendable {
                         destination.copyMemory(from: base + offset, byteCount: count)
                     }
                     state.offset += count
-                    state.lastProgress = DispatchTime.now().uptimeNanoseconds
                     if state.offset == state.buffer.count {
                         state.buffer.removeAll(keepingCapacity: state.buffer.capacity <= 64 * 1024)
                         state.offset = 0

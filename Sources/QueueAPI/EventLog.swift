@@ -225,10 +225,14 @@ final class EventLog: Sendable {
             for (id, sub) in s.streams {
                 let behind = s.lastSeq > sub.cursor ? s.lastSeq - sub.cursor : 0
                 let lag = behind > UInt64(Int.max / average) ? Int.max : Int(behind) * average
-                guard lag > maxBacklog || sub.live, sub.stream.stalledNanoseconds > limit else { continue }
-                // A live stream is cut by `send` once its own buffer passes the bound; here only
-                // those behind by more than the bound.
-                if sub.live && sub.stream.backlog < maxBacklog / 2 { continue }
+                // A live stream is cut by `send` once its own buffer passes the bound; a live one
+                // with nothing waiting is suspended (not asked for bytes) and fine.
+                if sub.live {
+                    guard sub.stream.backlog >= maxBacklog / 2, sub.stream.idleNanoseconds > limit else { continue }
+                } else {
+                    // Replaying always has more to send: not asked for bytes means not reading.
+                    guard lag > maxBacklog, sub.stream.idleNanoseconds > limit else { continue }
+                }
                 s.streams[id] = nil
                 out.append(sub.stream)
             }
