@@ -12,13 +12,17 @@ public final class HTTPServer: Sendable {
     /// response could not be queued), `"warning"`, `"notice"` (libmicrohttpd's messages, mostly
     /// about misbehaving clients) or `"info"` (started, stopped). `responseObserver` is told the
     /// status of every answer as it leaves (deferred ones when they are answered), e.g. for metrics.
+    /// `headCheck` sees each request's method, path and headers before its body is read; a
+    /// response it returns is sent at once (e.g. 401 for a missing token) and the body skipped.
     public init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in },
-        responseObserver: (@Sendable (_ status: Int) -> Void)? = nil
+        responseObserver: (@Sendable (_ status: Int) -> Void)? = nil,
+        headCheck: (@Sendable (_ head: HTTPRequest) -> HTTPResponse?)? = nil
     ) {
-        core = ServerCore(configuration: configuration, handler: handler, log: log, responseObserver: responseObserver)
+        core = ServerCore(configuration: configuration, handler: handler, log: log, responseObserver: responseObserver,
+                          headCheck: headCheck)
     }
 
     /// Binds and starts serving. Throws `HTTPServerError` (e.g. when the port is in use, the host

@@ -59,7 +59,8 @@ public final class OpqdApplication: Sendable {
                 defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
                 maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
                 maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies))
-        let kept = sqlite?.recentEvents(limit: configuration.eventCapacity) ?? []
+        let kept = Self.contiguousTail(sqlite?.recentEvents(limit: configuration.eventCapacity) ?? [],
+                                       lastSeq: recovered?.lastSeq ?? 0)
         self.events = EventLog(capacity: configuration.eventCapacity,
                                startingAfter: (kept.first?.seq ?? ((recovered?.lastSeq ?? 0) + 1)) - 1,
                                maxBacklog: limits.sseBacklog)
@@ -84,6 +85,8 @@ public final class OpqdApplication: Sendable {
             log.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
         }, responseObserver: { status in
             metrics.countRequest(status: status)
+        }, headCheck: { head in
+            box.refusal(head)
         })
         var router = Router()
         Routes(app: self).register(in: &router)
@@ -111,6 +114,17 @@ public final class OpqdApplication: Sendable {
         }
     }
 
+    /// The stored events the feed starts with: the newest run of consecutive seqs ending at the
+    /// last seq ever given out. The feed finds events by their offset in one gap-free run, and
+    /// events of purged operations or deleted queues leave gaps in the store: a cursor before a
+    /// gap gets 410, which is true (events after it are no longer all kept).
+    static func contiguousTail(_ events: [ChangeEvent], lastSeq: UInt64) -> [ChangeEvent] {
+        guard let last = events.last, last.seq == lastSeq else { return [] }
+        var i = events.count - 1
+        while i > 0 && events[i - 1].seq &+ 1 == events[i].seq { i -= 1 }
+        return Array(events[i...])
+    }
+
     /// Poison operations (API.md "Crashes"): counts, per operation, the unclean stops in a row
     /// it was executing during, durably before anything runs again. A clean stop (`shutdown`)
     /// leaves a marker and clears the counts. Returns those that reached 3.
@@ -121,13 +135,17 @@ public final class OpqdApplication: Sendable {
         var writes: [(key: String, value: String?)] = [("clean_stop", nil)]
         var poisoned: Set<OperationID> = []
         if !clean {
+            var executing: Set<String> = []
             for op in recovered.operations where op.state == .executing {
                 let key = "crashes:\(op.id)"
+                executing.insert(key)
                 let n = min((counts[key] ?? 0) + 1, 1_000)
                 writes.append((key, String(n)))
                 if n >= 3 { poisoned.insert(op.id) }
             }
-            if writes.count > 1 { logger.warning("the last stop was not clean", metadata: ["executing": "\(writes.count - 1)"]) }
+            // "In a row": an operation that was not executing during this crash starts over.
+            for key in counts.keys where !executing.contains(key) { writes.append((key, nil)) }
+            if !executing.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(executing.count)"]) }
         }
         let committed = DispatchSemaphore(value: 0)
         if store.setMeta(writes, then: { committed.signal() }) { committed.wait() }
@@ -185,9 +203,11 @@ public final class OpqdApplication: Sendable {
         server.shutdown(timeout: .seconds(8))
         box.clear()
         if let sqlite {
-            // A clean stop: operations executing now were not part of a crash.
-            sqlite.deleteMeta(prefix: "crashes:")
-            sqlite.setMeta([("clean_stop", "1")])
+            // A clean stop: operations executing now were not part of a crash. One job, so the
+            // counts never go without the marker that explains why.
+            var writes: [(key: String, value: String?)] = sqlite.meta(prefix: "crashes:").map { ($0.key, nil) }
+            writes.append(("clean_stop", "1"))
+            sqlite.setMeta(writes)
             sqlite.close()
         }
         logger.info("opqd stopped")
@@ -211,6 +231,12 @@ final class RouterBox: Sendable {
     }
 
     func clear() { cached.clear() }
+
+    /// The target and token checks of `dispatch`, on the head alone (before the body is read).
+    func refusal(_ head: HTTPRequest) -> HTTPResponse? {
+        guard let (router, app) = cached.load() else { return nil }
+        return app.refusal(head, router: router)
+    }
 
     func handle(_ request: HTTPRequest) -> HTTPHandlerResult {
         guard let (router, app) = cached.load() else {
@@ -284,28 +310,40 @@ extension OpqdApplication {
         "this server needs an Authorization: Bearer <token> header (only GET /healthz and GET /readyz are open)",
         headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")])
 
-    func dispatch(_ request: HTTPRequest, router: Router) -> HTTPHandlerResult {
+    /// 400 for a target that is not an absolute path, 401/403 for a missing, wrong or read-only
+    /// token on the route that matched; nil when the request may go on. Run on the head (before
+    /// the body is read) and again in `dispatch`.
+    func refusal(_ request: HTTPRequest, router: Router) -> HTTPResponse? {
         // `x/v1/queues`, `*`, `http://host/...`: the router must never guess what was meant.
         guard request.path.utf8.first == UInt8(ascii: "/") else {
-            return .response(Problem(400, "bad-request-target", "Bad Request",
-                                     "the request target must be an absolute path such as /v1/queues").response)
+            return Problem(400, "bad-request-target", "Bad Request",
+                           "the request target must be an absolute path such as /v1/queues").response
         }
+        guard configuration.token != nil else { return nil }
         let match = router.match(method: request.method, path: request.path)
         // Decided on the route that matched: unknown paths and other methods need a token too,
         // so nothing about the API is told to a caller without one.
         let access: RouteAccess
-        if case let .found(_, _, a) = match { access = a } else { access = .read }
-        if access != .open {
-            switch credential(request) {
-            case .none:
-                return .response(Self.unauthorized.response)
-            case .read where access == .write || !(request.method == "GET" || request.method == "HEAD"):
-                return .response(Problem(403, "read-only-token", "Forbidden",
-                                         "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token").response)
-            case .read, .full:
-                break
-            }
+        switch match {
+        case let .found(_, _, a): access = a
+        case .methodNotAllowed(_, open: true): access = .open
+        case .methodNotAllowed, .notFound: access = .read
         }
+        guard access != .open else { return nil }
+        switch credential(request) {
+        case .none:
+            return Self.unauthorized.response
+        case .read where access == .write || !(request.method == "GET" || request.method == "HEAD"):
+            return Problem(403, "read-only-token", "Forbidden",
+                           "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token").response
+        case .read, .full:
+            return nil
+        }
+    }
+
+    func dispatch(_ request: HTTPRequest, router: Router) -> HTTPHandlerResult {
+        if let refused = refusal(request, router: router) { return .response(refused) }
+        let match = router.match(method: request.method, path: request.path)
         let result: HTTPHandlerResult
         switch match {
         case let .found(handler, params, _):
@@ -319,7 +357,7 @@ extension OpqdApplication {
                 logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
                 result = .response(Problem(500, "internal-error", "Internal Server Error", "the server failed to handle this request (request \(request.id))").response)
             }
-        case let .methodNotAllowed(allowed):
+        case let .methodNotAllowed(allowed, _):
             result = .response(Problem(405, "method-not-allowed", "Method Not Allowed",
                                        "\(request.method) is not allowed on \(request.path); allowed: \(allowed.joined(separator: ", "))",
                                        headers: [("Allow", allowed.joined(separator: ", "))]).response)

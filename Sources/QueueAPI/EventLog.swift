@@ -85,15 +85,19 @@ final class EventLog: Sendable {
                 // A replaying stream pulls them from the ring when it gets there.
                 var chunk: [UInt8] = []
                 for e in encoded { Self.sse(e, to: &chunk) }
-                var cut: [UInt64] = []
                 for (id, sub) in s.streams where sub.live {
                     if sub.stream.send(chunk, maxBacklog: maxBacklog) {
                         s.streams[id]?.cursor = s.lastSeq
                     } else {
-                        cut.append(id)
+                        // Behind by more than the bound: it goes back to pulling from the ring as
+                        // it reads (its cursor stays at what it was handed); `cutOffStalled` cuts
+                        // it off if it does not read at all.
+                        s.streams[id]?.live = false
+                        // An empty buffer means a suspended connection that no refill would
+                        // wake: hand it the first piece now.
+                        if sub.stream.backlog == 0, let overtaken = fill(&s, id) { cutOff.append(overtaken) }
                     }
                 }
-                for id in cut { cutOff.append(contentsOf: s.streams.removeValue(forKey: id).map { [$0.stream] } ?? []) }
             }
             if s.waiters.isEmpty { return [] }
             let ready = s.waiters.filter { $0.after < s.lastSeq }

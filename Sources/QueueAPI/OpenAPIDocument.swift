@@ -950,6 +950,7 @@ paths:
           schema:
             type: integer
             minimum: 0
+            maximum: 9223372036854775807
             default: 0
         - name: limit
           in: query
@@ -2311,7 +2312,7 @@ components:
 
     WebhookId:
       type: string
-      pattern: '^wh-[0-9]+$'
+      pattern: '^wh-[0-9a-f]{1,16}$'
       description: Server-assigned webhook id.
 
     ClaimRequest:

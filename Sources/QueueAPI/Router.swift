@@ -37,7 +37,9 @@ struct Router: Sendable {
 
     enum Match {
         case found(RouteHandler, Params, RouteAccess)
-        case methodNotAllowed([String])
+        /// The path exists with other methods; `open` when every route on it is `.open` (then
+        /// a caller without a token may be told 405: it learns nothing the open routes do not).
+        case methodNotAllowed([String], open: Bool)
         case notFound
     }
 
@@ -47,6 +49,7 @@ struct Router: Sendable {
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         // A trailing slash or empty segment never matches.
         var allowed: [String] = []
+        var allOpen = true
         for r in routes where r.segments.count == parts.count {
             var params: [Substring] = []
             var ok = true
@@ -63,7 +66,8 @@ struct Router: Sendable {
                 return .found(r.handler, Params(values: params), r.access)
             }
             if !allowed.contains(r.method) { allowed.append(r.method) }
+            if r.access != .open { allOpen = false }
         }
-        return allowed.isEmpty ? .notFound : .methodNotAllowed(allowed)
+        return allowed.isEmpty ? .notFound : .methodNotAllowed(allowed, open: allOpen)
     }
 }

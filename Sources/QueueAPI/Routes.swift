@@ -159,13 +159,28 @@ struct Routes {
                 app.idempotency.abandon(scope)
                 throw error
             }
-            app.idempotency.finish(scope, response: response)
-            guard let store = app.sqlite else { return .response(response) }
+            // A refusal that may pass (429, 5xx) is not kept: a retry with the same key gets a new try.
+            if response.status == 429 || response.status >= 500 {
+                app.idempotency.abandon(scope)
+                return .response(response)
+            }
+            let cache = app.idempotency
+            guard let store = app.sqlite else {
+                cache.finish(scope, response: response)
+                return .response(response)
+            }
             let record = IdempotencyRecord(scope: scope, bodyHash: bodyHash, status: response.status,
                                            headers: response.headers, body: response.body, createdAt: SystemClock().now())
+            // Until the change and the kept answer are committed, a retry gets 409 in-progress,
+            // never a replay of an answer a crash could still take back.
             return .deferred { responder in
                 responder.answerBeforeShutdown()
-                engine.whenDurable { store.saveIdempotency(record) { responder.respond(response) } }
+                engine.whenDurable {
+                    store.saveIdempotency(record) {
+                        cache.finish(scope, response: response)
+                        responder.respond(response)
+                    }
+                }
             }
         }
     }

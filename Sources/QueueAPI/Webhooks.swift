@@ -23,7 +23,10 @@ final class Delivery: Sendable {
         var stopped = false
         var dropped = 0
     }
-    static let maxPending = 10_000
+    /// Events one webhook may have waiting (its receiver slow or down); past it the newest are
+    /// dropped and counted (`dropped`, logged): bounded memory over a lossless promise until
+    /// deliveries read from the durable feed by cursor (issue 11).
+    static let maxPending = 1_000
     let transport: any WebhookTransport
     let target: String
     let logger: Logger
@@ -38,7 +41,13 @@ final class Delivery: Sendable {
         let start: ChangeEvent? = state.withLock { s in
             if s.stopped { return nil }
             if s.sending {
-                if s.pending.count - s.head >= Self.maxPending { s.dropped += 1; return nil }
+                if s.pending.count - s.head >= Self.maxPending {
+                    s.dropped += 1
+                    if s.dropped == 1 || s.dropped % 1000 == 0 {
+                        logger.warning("webhook backlog full: dropping events", metadata: ["webhook": "\(id)", "dropped": "\(s.dropped)"])
+                    }
+                    return nil
+                }
                 s.pending.append(event)
                 return nil
             }
@@ -183,9 +192,11 @@ final class Webhooks: Sendable {
 
     /// Removes a webhook; `durable` runs once the removal is committed.
     func remove(_ id: String, durable: (@Sendable () -> Void)? = nil) {
+        var waiting: [@Sendable () -> Void] = []
         let removed: Hook? = state.withLock { s in
             guard let h = s.hooks.removeValue(forKey: id) else { return nil }
-            s.uncommitted[id] = nil
+            // Whoever waits for the registration's commit is answered with the removal's.
+            waiting = s.uncommitted.removeValue(forKey: id) ?? []
             s.deliveries.removeValue(forKey: id)?.stop()
             if var list = s.byOperation[h.operation.raw] {
                 list.removeAll { $0 == id }
@@ -194,11 +205,15 @@ final class Webhooks: Sendable {
             if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
             return h
         }
-        if let store, removed != nil {
-            // A store that is closing never calls `durable`: the answer then becomes shutdown's 503.
-            store.setMeta([(Self.metaPrefix + id, nil)], then: durable)
-        } else {
+        let done: @Sendable () -> Void = { [waiting] in
+            for w in waiting { w() }
             durable?()
+        }
+        if let store, removed != nil {
+            // A store that is closing never calls `done`: the answers then become shutdown's 503.
+            store.setMeta([(Self.metaPrefix + id, nil)], then: done)
+        } else {
+            done()
         }
     }
 

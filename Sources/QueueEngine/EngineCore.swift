@@ -95,10 +95,12 @@ final class EngineCore: @unchecked Sendable {
     }
 
     func record(_ op: OpRecord) {
-        ticket &+= 1
         // Operations of a deleted queue are gone from the store with it; a queue created
-        // later under the same name must not inherit them at the next restore.
-        if wantsRecords && !op.queue.deleted { outRecords.append(.operation(op.snapshot())) }
+        // later under the same name must not inherit them at the next restore. No record, no
+        // ticket: a ticket the store never receives would never become durable.
+        if op.queue.deleted { return }
+        ticket &+= 1
+        if wantsRecords { outRecords.append(.operation(op.snapshot())) }
     }
 
     func record(_ q: QueueRecord) {
@@ -107,11 +109,15 @@ final class EngineCore: @unchecked Sendable {
     }
 
     func emit(_ op: OpRecord, _ key: ChangeKey, _ old: ChangeValue, _ new: ChangeValue) {
+        // A deleted queue's operations are gone from the store: a change of one that is still
+        // winding down (a force-deleted queue's executing command) is not reported. Giving it a
+        // seq that is shown but never stored would let a restart hand that seq to another change.
+        if op.queue.deleted { return }
         let e = ChangeEvent(seq: nextSeq, time: now, queue: op.queue.name, operation: op.operationID,
                             key: key, old: old, new: new, state: op.state)
         nextSeq += 1
         outEvents.append(e)
-        if wantsRecords && !op.queue.deleted { outRecords.append(.event(e)) }
+        if wantsRecords { outRecords.append(.event(e)) }
     }
 
     /// Moves an operation to `state`, keeping counts and emitting one event per boolean key

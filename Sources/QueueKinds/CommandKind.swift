@@ -84,9 +84,7 @@ public final class CommandKind: OperationKind {
             let run = runs.withLock { $0[context.operation] }
             if let run, run.attempt == context.attempt, run.resume() { return }
         }
-        slots.run(context.operation, attempt: context.attempt) { [self] in
-            if !launch(context) { slots.release() }
-        }
+        slots.run(context.operation, attempt: context.attempt) { [self] in launch(context) }
     }
 
     /// Spawns the child in a slot; false when nothing was started (the slot is free again).

@@ -8,31 +8,36 @@ import Locking
 final class ProcessSlots: Sendable {
     struct State: Sendable {
         var running = 0
-        var waiting: [(operation: OperationID, attempt: Int, launch: @Sendable () -> Void)] = []
+        var waiting: [(operation: OperationID, attempt: Int, launch: @Sendable () -> Bool)] = []
     }
     let limit: Int
     private let state = Lock(State())
 
     init(limit: Int) { self.limit = max(1, limit) }
 
-    /// Runs `launch` now if a slot is free, else when one is. `launch` must call `release()`
-    /// once its process is gone (or failed to start).
-    func run(_ operation: OperationID, attempt: Int, _ launch: @escaping @Sendable () -> Void) {
+    /// Runs `launch` now if a slot is free, else when one is. `launch` returns whether a process
+    /// started; if it did, its owner calls `release()` once the process is gone.
+    func run(_ operation: OperationID, attempt: Int, _ launch: @escaping @Sendable () -> Bool) {
         let now: Bool = state.withLock { s in
             if s.running < limit { s.running += 1; return true }
             s.waiting.append((operation, attempt, launch))
             return false
         }
-        if now { launch() }
+        if now && !launch() { release() }
     }
 
-    /// Frees a slot and starts the next waiting launch, if any, on this thread.
+    /// Frees a slot and starts waiting launches, in order, on this thread until one starts a
+    /// process (a loop, not recursion: thousands of waiting commands that fail to spawn must not
+    /// exhaust the stack).
     func release() {
-        let next: (@Sendable () -> Void)? = state.withLock { s in
-            if s.waiting.isEmpty { s.running = max(0, s.running - 1); return nil }
-            return s.waiting.removeFirst().launch
+        while true {
+            let next: (@Sendable () -> Bool)? = state.withLock { s in
+                if s.waiting.isEmpty { s.running = max(0, s.running - 1); return nil }
+                return s.waiting.removeFirst().launch
+            }
+            guard let next else { return }
+            if next() { return }
         }
-        next?()
     }
 
     /// Takes a waiting operation out of line; true if it was waiting.

@@ -189,6 +189,15 @@ extension ServerCore {
                 context.pointee.phase = .done
                 return queue(.badFraming, on: connection)
             }
+            if let headCheck {
+                // Decided on the head alone, before a byte of the body is read: a caller without
+                // the right token cannot make the server hold a body for it.
+                let head = HTTPRequest(method: method.map(methodName) ?? "GET", path: context.pointee.path, headers: headers)
+                if let refusal = headCheck(head) {
+                    context.pointee.phase = .done
+                    return queue(refusal, on: connection)
+                }
+            }
             if let declared = headers["content-length"], case let length = Int(declared) ?? Int.max, length > 0 {
                 if length > maxBodyBytes {
                     // Answering before the body is read makes MHD skip it and close the connection;

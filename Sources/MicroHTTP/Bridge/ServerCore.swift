@@ -29,6 +29,9 @@ final class ServerCore: Sendable {
     let maxHeaderBytes: Int
     /// Told the status of every answer that leaves (complete responses and stream heads).
     let responseObserver: (@Sendable (Int) -> Void)?
+    /// Asked once the head is in (method, path, headers; no query, no body): a response answers
+    /// at once and the body is never read.
+    let headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)?
     /// After the limit we keep reading (and discarding) a chunked body this far so the client
     /// can get its 413 (MHD cannot queue a response while body data is being delivered); past
     /// it the connection is dropped.
@@ -50,8 +53,10 @@ final class ServerCore: Sendable {
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (String, String) -> Void,
-        responseObserver: (@Sendable (Int) -> Void)? = nil
+        responseObserver: (@Sendable (Int) -> Void)? = nil,
+        headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)? = nil
     ) {
+        self.headCheck = headCheck
         self.configuration = configuration
         self.handler = handler
         self.log = log
@@ -93,9 +98,10 @@ final class ServerCore: Sendable {
                     option(.CONNECTION_LIMIT, max(1, config.connectionLimit)),
                     // MHD answers an HTML 431 itself when the header fields do not fit its
                     // per-connection pool; sized so our own limit (a problem+json 431) comes first,
-                    // also for many tiny header lines (MHD keeps ~50 bytes of bookkeeping for each).
-                    // Large pools are mmap'ed by MHD: pages a connection never touches cost nothing.
-                    option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, min(max(256, config.maxHeaderBytes), 1 << 20) * 10 + 32 * 1024)),
+                    // also for a few hundred short lines (MHD keeps ~50 bytes of bookkeeping for
+                    // each); many more tiny lines get MHD's own 431. Large pools are mmap'ed by
+                    // MHD: pages a connection never touches cost nothing.
+                    option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, min(max(256, config.maxHeaderBytes), 1 << 20) * 4 + 32 * 1024)),
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
