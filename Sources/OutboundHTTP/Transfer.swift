@@ -243,8 +243,13 @@ final class Transfer {
         }
     }
 
-    /// RFC 9110 `tchar`.
-    static func isTokenByte(_ b: UInt8) -> Bool {
+    static func isTokenByte(_ b: UInt8) -> Bool { HTTPSyntax.isTokenByte(b) }
+}
+
+/// HTTP grammar checks shared by the client and the `http` kind's spec validation.
+public enum HTTPSyntax {
+    /// RFC 9110 `tchar`: the bytes of a method or a header field name.
+    public static func isTokenByte(_ b: UInt8) -> Bool {
         switch b {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
             return true

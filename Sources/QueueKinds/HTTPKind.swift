@@ -293,14 +293,7 @@ struct HTTPSpec: Sendable {
     static func format(_ d: Double) -> String { JSONValue.number(d).text }
 
     /// RFC 9110 `tchar`.
-    static func isTokenByte(_ b: UInt8) -> Bool {
-        switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return true
-        default:
-            return Array("!#$%&'*+-.^_`|~".utf8).contains(b)
-        }
-    }
+    static func isTokenByte(_ b: UInt8) -> Bool { HTTPSyntax.isTokenByte(b) }
 }
 
 // MARK: - one request
