@@ -89,6 +89,8 @@ public final class CommandKind: OperationKind {
 
     /// Spawns the child in a slot; false when nothing was started (the slot is free again).
     private func launch(_ context: ExecutionContext) -> Bool {
+        // Cancelled, paused or timed out while it waited for its slot: nothing to start.
+        guard context.isCurrent else { return false }
         let spec: CommandSpec
         do { spec = try CommandSpec(context.spec) } catch {
             context.finish(.failed(type: "invalid-spec", detail: HTTPKind.describe(error)))
@@ -111,6 +113,9 @@ public final class CommandKind: OperationKind {
         if let identity = ProcessIdentity(pid: pid) { context.save(identity.json) }
         let replaced = runs.withLock { $0.updateValue(run, forKey: context.operation) }
         replaced?.stop(.cancelled)
+        // A cancel that came between taking the slot and registering the run found no process
+        // and finished the operation: this child must not run on unsupervised by it.
+        if !context.isCurrent { run.stop(.cancelled) }
         run.armTimeout()
         Thread.detachNewThread { [weak self] in
             let completion = run.watch(out: out, err: err)
