@@ -47,7 +47,10 @@ echo "opqd: $opqd; load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # Starts opqd on port 0 with the given extra flags; sets $started_port.
 start_opqd() {
     local name="$1"; shift
-    "$opqd" --host 127.0.0.1 --port 0 --threads 2 --log-level error --event-capacity 100000 "$@" \
+    # The create runs leave hundreds of thousands of operations in one suspended queue: lift the
+    # unfinished-operation limits (defaults 100000 per queue, 1000000 in all), or they measure 429s.
+    "$opqd" --host 127.0.0.1 --port 0 --threads 2 --log-level error --event-capacity 100000 \
+        --max-unfinished-per-queue 100000000 --max-unfinished 100000000 "$@" \
         >"$tmp/$name.out" 2>"$tmp/$name.err" &
     pids+=($!)
     started_port=""
