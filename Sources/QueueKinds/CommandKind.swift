@@ -41,6 +41,9 @@ public final class CommandKind: OperationKind {
 
     private let configuration: KindsConfiguration
     private let runs = Lock<[OperationID: CommandRun]>([:])
+    /// Pauses that came while the operation's child was being spawned (no run registered yet):
+    /// applied as soon as the run is registered, so the child is stopped, not left running.
+    private let earlyPauses = Lock<Set<OperationID>>([])
     /// `configuration.maxCommands` children at once; the others wait for a slot.
     private let slots: ProcessSlots
 
@@ -80,6 +83,8 @@ public final class CommandKind: OperationKind {
 
     /// Spawns the process, or SIGCONTs the stopped one when `context.isResume`.
     public func start(_ context: ExecutionContext) {
+        // A new start ends any earlier pause: a mark left by one must not stop this run.
+        earlyPauses.withLock { _ = $0.remove(context.operation) }
         if context.isResume {
             let run = runs.withLock { $0[context.operation] }
             if let run, run.attempt == context.attempt, run.resume() { return }
@@ -113,9 +118,14 @@ public final class CommandKind: OperationKind {
         if let identity = ProcessIdentity(pid: pid) { context.save(identity.json) }
         let replaced = runs.withLock { $0.updateValue(run, forKey: context.operation) }
         replaced?.stop(.cancelled)
-        // A cancel that came between taking the slot and registering the run found no process
-        // and finished the operation: this child must not run on unsupervised by it.
-        if !context.isCurrent { run.stop(.cancelled) }
+        if earlyPauses.withLock({ $0.remove(context.operation) != nil }) {
+            // Paused while it was being spawned: stop it now; resume finds it and SIGCONTs it.
+            run.pause()
+        } else if !context.isCurrent {
+            // A cancel that came between taking the slot and registering the run found no
+            // process and finished the operation: this child must not run on unsupervised.
+            run.stop(.cancelled)
+        }
         run.armTimeout()
         Thread.detachNewThread { [weak self] in
             let completion = run.watch(out: out, err: err)
@@ -132,6 +142,7 @@ public final class CommandKind: OperationKind {
 
     /// SIGTERM to the process group, SIGKILL after ``killGrace``; reports once the child is gone.
     public func cancel(_ context: ExecutionContext) {
+        earlyPauses.withLock { _ = $0.remove(context.operation) }
         let run = runs.withLock { $0[context.operation] }
         if let run, run.attempt == context.attempt {
             run.stop(.cancelled)
@@ -147,10 +158,16 @@ public final class CommandKind: OperationKind {
         let run = runs.withLock { $0[context.operation] }
         if let run, run.attempt == context.attempt {
             run.pause()
-        } else {
-            // Waiting for a slot: leave the line; resume starts it again (and waits again).
-            _ = slots.withdraw(context.operation, attempt: context.attempt)
+        } else if !slots.withdraw(context.operation, attempt: context.attempt) {
+            // Not waiting for a slot either: its child is being spawned right now.
+            earlyPauses.withLock { _ = $0.insert(context.operation) }
+            // Registered meanwhile? Then no launch will look at the mark: pause it here.
+            if let run = runs.withLock({ $0[context.operation] }), run.attempt == context.attempt,
+               earlyPauses.withLock({ $0.remove(context.operation) != nil }) {
+                run.pause()
+            }
         }
+        // (Waiting for a slot: it left the line; resume starts it again, and it waits again.)
     }
 
     /// After a restart the children of the previous server process are orphans still running:
