@@ -235,7 +235,7 @@ final class RouterBox: Sendable {
     /// The target and token checks of `dispatch`, on the head alone (before the body is read).
     func refusal(_ head: HTTPRequest) -> HTTPResponse? {
         guard let (router, app) = cached.load() else { return nil }
-        return app.refusal(head, router: router)
+        return app.refusal(head, match: router.match(method: head.method, path: head.path))
     }
 
     func handle(_ request: HTTPRequest) -> HTTPHandlerResult {
@@ -311,20 +311,21 @@ extension OpqdApplication {
         headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")])
 
     /// 400 for a target that is not an absolute path, 401/403 for a missing, wrong or read-only
-    /// token on the route that matched; nil when the request may go on. Run on the head (before
-    /// the body is read) and again in `dispatch`.
-    func refusal(_ request: HTTPRequest, router: Router) -> HTTPResponse? {
+    /// token on the route `match` found for it; nil when the request may go on. Run on the head
+    /// (before the body is read) and again in `dispatch`.
+    /// `match` is evaluated only when a token is configured: without one, the head check costs
+    /// no route match.
+    func refusal(_ request: HTTPRequest, match: @autoclosure () -> Router.Match) -> HTTPResponse? {
         // `x/v1/queues`, `*`, `http://host/...`: the router must never guess what was meant.
         guard request.path.utf8.first == UInt8(ascii: "/") else {
             return Problem(400, "bad-request-target", "Bad Request",
                            "the request target must be an absolute path such as /v1/queues").response
         }
         guard configuration.token != nil else { return nil }
-        let match = router.match(method: request.method, path: request.path)
         // Decided on the route that matched: unknown paths and other methods need a token too,
         // so nothing about the API is told to a caller without one.
         let access: RouteAccess
-        switch match {
+        switch match() {
         case let .found(_, _, a): access = a
         case .methodNotAllowed(_, open: true): access = .open
         case .methodNotAllowed, .notFound: access = .read
@@ -342,8 +343,9 @@ extension OpqdApplication {
     }
 
     func dispatch(_ request: HTTPRequest, router: Router) -> HTTPHandlerResult {
-        if let refused = refusal(request, router: router) { return .response(refused) }
+        // One route match serves both the access decision and the handler.
         let match = router.match(method: request.method, path: request.path)
+        if let refused = refusal(request, match: match) { return .response(refused) }
         let result: HTTPHandlerResult
         switch match {
         case let .found(handler, params, _):
