@@ -19,6 +19,13 @@ let package = Package(
     targets: [
         // A pthread-mutex lock that ThreadSanitizer can see (see Lock.swift).
         .target(name: "Locking"),
+        // glibc's GNU extensions (posix_spawn chdir/closefrom, pipe2, unshare) as plain C
+        // functions, compiled with _GNU_SOURCE as swift-nio's CNIOLinux is.
+        .target(name: "CSystem", cSettings: [.define("_GNU_SOURCE")]),
+        // The one posix_spawn wrapper: the command kind's, the tests' and the benchmarks'.
+        .target(name: "Spawning", dependencies: ["CSystem"]),
+        // The one test kit: raw HTTP client, opqd child processes, test servers, eventually/temp dirs.
+        .target(name: "TestKit", dependencies: ["MicroHTTP", "Locking", "Spawning", "CSystem"]),
         // libmicrohttpd itself (apt: libmicrohttpd-dev) plus a fixed-arity shim for its variadic calls.
         .systemLibrary(
             name: "CMicroHTTPD",
@@ -40,7 +47,7 @@ let package = Package(
         // Outbound HTTP client on libcurl's multi interface: redirects, caps and errors as values.
         .target(name: "OutboundHTTP", dependencies: ["CCurl", "Locking"]),
         // What operations do.
-        .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking", "OutboundHTTP"]),
+        .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking", "OutboundHTTP", "Spawning"]),
         // Hands control to libFuzzer's driver when linked with -sanitize=fuzzer (weak symbol).
         .target(name: "CFuzzDriver"),
         .executableTarget(name: "fuzz-http", dependencies: ["OutboundHTTP", "QueueKinds", "QueueEngine", "CFuzzDriver"]),
@@ -66,16 +73,16 @@ let package = Package(
         ),
         // Plain build: replays files given on the command line. With
         // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.
-        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP"]),
-        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking"]),
-        .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking"]),
-        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking"]),
-        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking"]),
-        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "QueueTesting"]),
-        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "QueueTesting"]),
+        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP", "CSystem"]),
+        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
+        .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
+        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
         // Hostile clients and targets against the real `opqd` binary (a child process on a real port).
-        .testTarget(name: "HostileTests", dependencies: ["QueueTesting", "Locking", "opqd"]),
+        .testTarget(name: "HostileTests", dependencies: ["TestKit", "Locking", "opqd"]),
     ]
 )

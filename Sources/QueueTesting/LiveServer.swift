@@ -1,5 +1,7 @@
 import Foundation
 import QueueAPI
+// Tests that use the live server get the whole kit with it.
+@_exported import TestKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -38,15 +40,6 @@ public func withLiveServer<T>(
         try? await onThread { application.shutdown() }
         throw error
     }
-}
-
-/// A new empty directory under the system's temporary directory; the caller removes it.
-public func makeTemporaryDirectory(prefix: String = "opqd-test") throws -> String {
-    var template = Array((NSTemporaryDirectory() + "/\(prefix)-XXXXXX").utf8CString)
-    guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
-        throw TestClientError("mkdtemp failed: errno \(errno)")
-    }
-    return String(cString: made)
 }
 
 /// A running opqd and a small raw-socket HTTP/1.1 client for it.
@@ -149,8 +142,7 @@ public struct LiveServer: Sendable {
             let connection = try RawConnection(port: port, timeout: timeout)
             defer { connection.close() }
             connection.send(RawConnection.head("GET", path, headers: headers, contentLength: nil))
-            let (status, headerList) = try connection.readHead()
-            let h = TestHeaders(headerList)
+            let (status, h) = try connection.readHead()
             let head = TestResponse(status: status, headers: h, body: [])
             guard status == 200 else {
                 return (try TestResponse(status: status, headers: h, body: h["content-length"].flatMap(Int.init).map { try connection.readBytes($0) } ?? []), [])
@@ -235,14 +227,4 @@ struct SSEParser {
         default: break
         }
     }
-}
-
-/// Polls `condition` until it holds or `timeout` seconds pass; returns whether it held.
-public func eventually(timeout: Double = 5, every interval: Double = 0.01, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(nanoseconds: UInt64(interval * 1e9))
-    }
-    return try await condition()
 }

@@ -1,3 +1,4 @@
+import CSystem
 import Glibc
 import MicroHTTP
 import QueueAPI
@@ -56,14 +57,10 @@ final class Harness {
     /// requests whose body could name a URL are skipped (see `mayReachNetwork`).
     static func isolateNetwork() -> Bool {
         if getenv("FUZZ_REQUEST_ALLOW_NETWORK") != nil { return true }
-        // unshare(2) is not in Swift's Glibc module (it needs _GNU_SOURCE).
-        typealias Unshare = @convention(c) (CInt) -> CInt
-        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "unshare") else { return false }
-        let unshare = unsafeBitCast(symbol, to: Unshare.self)
-        let newNet: CInt = 0x4000_0000, newUser: CInt = 0x1000_0000  // CLONE_NEWNET, CLONE_NEWUSER
-        if unshare(newNet) == 0 { return true }
+        // unshare(2) needs _GNU_SOURCE, so it comes from the CSystem target.
+        if csystem_unshare_network(false) == 0 { return true }
         // An unprivileged user: a user namespace of its own first (the process is still single-threaded).
-        if unshare(newUser | newNet) == 0 { return true }
+        if csystem_unshare_network(true) == 0 { return true }
         printError("fuzz-request: no private network namespace (\(String(cString: strerror(errno)))); requests whose body may name a URL are skipped")
         return false
     }

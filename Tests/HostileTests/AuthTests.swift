@@ -1,5 +1,5 @@
 import Foundation
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc

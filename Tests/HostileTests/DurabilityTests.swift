@@ -1,6 +1,6 @@
 import Foundation
 import Locking
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -20,7 +20,7 @@ struct DurabilityTests {
             defer { c.close() }
             c.send("GET \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             guard let (status, headers) = try? c.readHead(), status == 200 else { return }
-            let chunked = TestHeaders(headers)["transfer-encoding"]?.lowercased().contains("chunked") == true
+            let chunked = headers["transfer-encoding"]?.lowercased().contains("chunked") == true
             var pending: [UInt8] = []
             var id: String? = nil
             var data: [String] = []
@@ -104,7 +104,7 @@ struct DurabilityTests {
                     }.start()
                 }
                 let target = 200 + Int.random(in: 0..<200)
-                let enough = waitUntil(15, every: 0.002) { reader.seen.withLock { $0.count } >= target }
+                let enough = waitUntil(timeout: 15, every: 0.002) { reader.seen.withLock { $0.count } >= target }
                 // kill -9 while events are flowing.
                 server.killNine()
                 let seen = reader.seen.withLock { $0 }
@@ -114,7 +114,7 @@ struct DurabilityTests {
             }
             seenInAll += seenBeforeKill.count
             try await blocking {
-                _ = waitUntil(3) { reader.ended.withLock { $0 } }
+                _ = waitUntil(timeout: 3) { reader.ended.withLock { $0 } }
                 usleep(100_000)  // the writers notice the stop
                 try server.restart()
                 let feed = try Self.feed(server)
@@ -138,7 +138,7 @@ struct DurabilityTests {
     /// Waits until operation `id` is executing (or `timeout`), returning its last status.
     static func waitExecuting(_ server: Opqd, _ id: String, timeout: Double = 10) throws -> TestResponse? {
         var last: TestResponse? = nil
-        _ = try waitUntil(timeout, every: 0.05) {
+        _ = try waitUntil(timeout: timeout, every: 0.05) {
             last = try server.request("GET", "/v1/operations/\(id)")
             return last?.string("state") == "executing" || last?.string("state") == "finished"
         }
@@ -173,7 +173,7 @@ struct DurabilityTests {
                 }
             }
             var final: TestResponse? = nil
-            let finished = try waitUntil(10, every: 0.05) {
+            let finished = try waitUntil(timeout: 10, every: 0.05) {
                 final = try server.request("GET", "/v1/operations/\(id)")
                 return final?.string("state") == "finished"
             }

@@ -1,5 +1,5 @@
 import Foundation
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -21,7 +21,7 @@ struct HostileTargetTests {
     /// Waits for every operation to finish (or `timeout`); returns their last statuses.
     static func finish(_ server: Opqd, _ ids: [String], timeout: Double) throws -> [String: TestResponse] {
         var last: [String: TestResponse] = [:]
-        _ = try waitUntil(timeout, every: 0.1) {
+        _ = try waitUntil(timeout: timeout, every: 0.1) {
             guard server.isAlive().0 else { return true }
             for id in ids where last[id]?.string("state") != "finished" {
                 last[id] = try server.request("GET", "/v1/operations/\(id)")

@@ -1,5 +1,5 @@
 import Foundation
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -70,7 +70,7 @@ struct KillerTests {
                 .expecting(201, "creating the http operation")
             let id = op.string("id") ?? ""
             var last: TestResponse? = nil
-            let finished = try waitUntil(20, every: 0.1) {
+            let finished = try waitUntil(timeout: 20, every: 0.1) {
                 guard server.isAlive().0 else { return true }
                 last = try server.request("GET", "/v1/operations/\(id)")
                 return last?.string("state") == "finished"

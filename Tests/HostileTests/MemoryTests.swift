@@ -1,6 +1,6 @@
 import Foundation
 import Locking
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc

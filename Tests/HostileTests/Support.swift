@@ -1,6 +1,6 @@
 import Foundation
 import Locking
-import QueueTesting
+import TestKit
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -141,17 +141,6 @@ func expectProblem(_ r: TestResponse, _ status: Int, slug: String? = nil, _ what
     }
 }
 
-/// Polls `condition` on a thread until it holds or `timeout` passes.
-func waitUntil(_ timeout: Double, every: Double = 0.05, _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if try condition() { return true }
-        usleep(useconds_t(every * 1e6))
-    }
-    return try condition()
-}
-
-/// A JSON string literal for `s`.
 func jsonString(_ s: String) -> String {
     String(decoding: try! JSONSerialization.data(withJSONObject: [s], options: [.fragmentsAllowed]), as: UTF8.self).dropFirst().dropLast().description
 }

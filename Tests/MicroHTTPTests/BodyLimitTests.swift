@@ -10,7 +10,7 @@ struct BodyLimitTests {
     @Test("a declared 20 MiB body is refused with 413 before it is sent, and the server still answers")
     func contentLengthOverLimit() throws {
         try withServer(handler: echoHandler) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             // Only the head: the answer must come without the body being read.
             socket.send("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 20971520\r\n\r\n")
             let response = try socket.readResponse()
@@ -42,7 +42,7 @@ struct BodyLimitTests {
             handled.withLock { $0 += 1 }
             return try echoHandler(request)
         }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             socket.send("POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
             let chunk = [UInt8](repeating: 0x62, count: 64 * 1024)
             for _ in 0..<32 {  // 2 MiB
@@ -62,7 +62,7 @@ struct BodyLimitTests {
     func chunkedUnderLimit(size: Int) throws {
         let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7) }
         try withServer(handler: { request in .response(HTTPResponse(status: 200, body: request.body)) }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             socket.send("PUT /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
             var offset = 0
             while offset < payload.count {

@@ -45,7 +45,7 @@ struct DeferredTests {
                 #expect(responder.isAnswered)
             }
         }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             for _ in 0..<3 {
                 let response = try socket.request("GET", "/sync")
                 #expect(response.status == 202)
@@ -88,7 +88,7 @@ struct DeferredTests {
                 }
             }
         }) { server throws in
-            let sockets = try (0..<count).map { _ in try TestSocket(port: server.port) }
+            let sockets = try (0..<count).map { _ in try RawConnection(port: server.port) }
             for (index, socket) in sockets.enumerated() {
                 #expect(socket.send("GET /poll?n=\(index) HTTP/1.1\r\nHost: x\r\n\r\n"))
             }
@@ -110,7 +110,7 @@ struct DeferredTests {
             return .deferred { responder in responders.withLock { $0.append(responder) } }
         }) { server throws in
             for _ in 0..<10 {
-                let socket = try TestSocket(port: server.port)
+                let socket = try RawConnection(port: server.port)
                 socket.send("GET /poll HTTP/1.1\r\nHost: x\r\n\r\n")
                 socket.close()
             }

@@ -16,7 +16,7 @@ struct LifecycleTests {
             configuration: HTTPServerConfiguration(port: 0, threads: 2),
             handler: { _ in .deferred { responder in responders.withLock { $0.append(responder) } } })
         try server.start()
-        let socket = try TestSocket(port: server.port)
+        let socket = try RawConnection(port: server.port)
         socket.send("GET /poll HTTP/1.1\r\nHost: x\r\n\r\n")
         #expect(waitUntil { responders.withLock { $0.count } == 1 })
 
@@ -34,7 +34,7 @@ struct LifecycleTests {
         #expect(ContinuousClock.now - started < .seconds(2))
         #expect(responders.withLock { $0[0].isAnswered })
         #expect(try socket.readsEOF())
-        #expect(throws: (any Error).self) { try TestSocket(port: server.port) }
+        #expect(throws: (any Error).self) { try RawConnection(port: server.port) }
         server.shutdown()  // idempotent
     }
 
@@ -50,7 +50,7 @@ struct LifecycleTests {
                 }
             })
         try server.start()
-        let sockets = try (0..<3).map { _ in try TestSocket(port: server.port) }
+        let sockets = try (0..<3).map { _ in try RawConnection(port: server.port) }
         for socket in sockets {
             socket.send("GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
             #expect(try socket.readHead().status == 200)
@@ -67,7 +67,7 @@ struct LifecycleTests {
     func idleKeepAliveDoesNotDelayShutdown() throws {
         let server = HTTPServer(configuration: HTTPServerConfiguration(port: 0, threads: 2), handler: { _ in text("ok") })
         try server.start()
-        let socket = try TestSocket(port: server.port)
+        let socket = try RawConnection(port: server.port)
         #expect(try socket.request("GET", "/").status == 200)
         let started = ContinuousClock.now
         server.shutdown(timeout: .seconds(5))
@@ -84,7 +84,7 @@ struct LifecycleTests {
             return text("finished")
         })
         try server.start()
-        let socket = try TestSocket(port: server.port)
+        let socket = try RawConnection(port: server.port)
         socket.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         #expect(entered.wait(timeout: .now() + 5) == .success)
         server.shutdown(timeout: .seconds(5))
@@ -106,7 +106,7 @@ struct LifecycleTests {
             try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
                 guard bind(holder, address, length) == 0, listen(holder, 1) == 0,
                     getsockname(holder, address, &length) == 0
-                else { throw ClientError("could not hold a port") }
+                else { throw TestClientError("could not hold a port") }
             }
         }
         let port = Int(UInt16(bigEndian: address.sin_port))

@@ -49,7 +49,7 @@ struct RequestResponseTests {
             ids.withLock { $0.append(request.id) }
             return text("ok")
         }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             for _ in 0..<3 { #expect(try socket.request("GET", "/").status == 200) }
         }
         #expect(ids.withLock { $0 } == [1, 2, 3])
@@ -138,7 +138,7 @@ struct RequestResponseTests {
                 ("\u{0}\u{1}\u{2}\r\n\r\n", nil),  // MHD keeps waiting for a request line
             ]
             for (request, expected) in cases {
-                let socket = try TestSocket(port: server.port, receiveTimeout: 1)
+                let socket = try RawConnection(port: server.port, timeout: 1)
                 socket.send(request)
                 let status = try? socket.readResponse().status
                 if let expected { #expect(status == expected, "for \(request.debugDescription)") }
@@ -151,7 +151,7 @@ struct RequestResponseTests {
     @Test("a slow client that sends its request byte by byte is answered")
     func slowClient() throws {
         try withServer(handler: echoHandler) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             for byte in Array("POST /slow?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello".utf8) {
                 socket.send([byte])
                 usleep(500)
@@ -181,7 +181,7 @@ struct RequestResponseTests {
                 ["POST /upload HTTP/1.1\r\nHost: x\r\n"],
             ]
             for parts in cutOff {
-                let socket = try TestSocket(port: server.port)
+                let socket = try RawConnection(port: server.port)
                 for part in parts {
                     socket.send(part)
                     usleep(10_000)

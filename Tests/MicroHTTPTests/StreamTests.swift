@@ -27,7 +27,7 @@ struct StreamTests {
                 }
             }
         }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             let response = try socket.request("GET", "/events")
             #expect(response.status == 200)
             #expect(response.headers["content-type"] == "text/event-stream")
@@ -91,7 +91,7 @@ struct StreamTests {
                 stream.send(Array("data: hello\n\n".utf8))
             }
         }) { server throws in
-            let socket = try TestSocket(port: server.port)
+            let socket = try RawConnection(port: server.port)
             socket.send("GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
             let head = try socket.readHead()
             #expect(head.status == 200)

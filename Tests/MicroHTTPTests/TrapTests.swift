@@ -16,7 +16,7 @@ struct MicroHTTPTrapTests {
     func absurdContentLength() throws {
         try withServer(handler: echoHandler) { server throws in
             for length in ["18446744073709551615", "9223372036854775807", "-1", "1e9"] {
-                let socket = try TestSocket(port: server.port, receiveTimeout: 2)
+                let socket = try RawConnection(port: server.port, timeout: 2)
                 socket.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: \(length)\r\n\r\n")
                 _ = try? socket.readResponse()
             }

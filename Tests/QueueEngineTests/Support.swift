@@ -3,6 +3,8 @@ import Dispatch
 import Foundation
 import QueueEngine
 import Testing
+// The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
+@_exported import TestKit
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -10,35 +12,6 @@ import Darwin
 #endif
 
 // MARK: - small shared state
-
-/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
-typealias Locked = Lock
-
-/// True when the test binary runs under ThreadSanitizer (`--sanitize=thread`), which makes
-/// everything several times slower: the stress test then does fewer actions.
-let isThreadSanitizerActive: Bool = dlsym(nil, "__tsan_init") != nil
-
-/// Polls `condition` every millisecond until it holds or `timeout` seconds have passed.
-@discardableResult
-func waitUntil(timeout: Double = 2, _ condition: () -> Bool) -> Bool {
-    let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
-    while !condition() {
-        if DispatchTime.now().uptimeNanoseconds > deadline { return condition() }
-        usleep(1000)
-    }
-    return true
-}
-
-/// Like `waitUntil`, but sleeps by suspending, so it does not hold a thread of the
-/// cooperative pool that the awaited work may need.
-func eventually(timeout: Double = 2, _ condition: () -> Bool) async -> Bool {
-    let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
-    while !condition() {
-        if DispatchTime.now().uptimeNanoseconds > deadline { return condition() }
-        try? await Task.sleep(for: .milliseconds(2))
-    }
-    return true
-}
 
 /// Milliseconds since an arbitrary fixed point (monotonic).
 func monotonicMillis() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e6 }

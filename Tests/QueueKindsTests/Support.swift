@@ -5,6 +5,8 @@ import QueueKinds
 import Locking
 import Synchronization
 import Testing
+// The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
+@_exported import TestKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -15,21 +17,6 @@ import Glibc
 @Suite(.serialized) struct KindsTests {}
 
 // MARK: - small shared state
-
-/// A value behind a `Mutex`, shareable between threads and `@Sendable` closures.
-/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
-typealias Locked = Lock
-
-/// Polls `condition` every millisecond until it holds or `timeout` seconds have passed.
-@discardableResult
-func waitUntil(timeout: Double = 5, _ condition: () -> Bool) -> Bool {
-    let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(timeout * 1e9)
-    while !condition() {
-        if DispatchTime.now().uptimeNanoseconds > deadline { return condition() }
-        usleep(1000)
-    }
-    return true
-}
 
 /// Seconds since an arbitrary fixed point (monotonic).
 func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
@@ -284,18 +271,4 @@ final class TargetServer: Sendable {
             sent += n
         }
     }
-}
-
-/// A port on 127.0.0.1 that nothing listens on (bound, then closed).
-func closedPort() -> UInt16 {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &addr) { p in
-        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
-    }
-    return UInt16(bigEndian: addr.sin_port)
 }

@@ -1,7 +1,7 @@
 import Foundation
 import QueueEngine
 import QueueStore
-import QueueTesting
+import TestKit
 import Testing
 
 /// Set in the child process of `acknowledgedWritesSurviveKill9`: the store directory.

@@ -4,33 +4,13 @@ import QueueEngine
 import QueueStore
 import Locking
 import Testing
+// The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
+@_exported import TestKit
 
-/// A value behind the shared pthread `Lock` (the one ThreadSanitizer can see).
-typealias Locked = Lock
-
-/// A fresh directory under the system's temporary directory, removed by `remove()`.
-struct TemporaryDirectory {
-    let path: String
-
-    init() {
-        var template = Array((NSTemporaryDirectory() + "opqd-store-test-XXXXXX").utf8CString)
-        path = String(cString: mkdtemp(&template)!)
-    }
-
-    /// A path inside the directory.
-    func file(_ name: String) -> String { path + "/" + name }
-
+extension TemporaryDirectory {
     var database: String { file("opqd.sqlite") }
-
-    func remove() { try? FileManager.default.removeItem(atPath: path) }
 }
 
-/// Runs `body` with a fresh temporary directory, removed afterwards.
-func withTemporaryDirectory<T>(_ body: (TemporaryDirectory) throws -> T) rethrows -> T {
-    let dir = TemporaryDirectory()
-    defer { dir.remove() }
-    return try body(dir)
-}
 
 /// Blocks until `ticket` is durable or `timeout` seconds pass; true when it became durable.
 @discardableResult

@@ -9,8 +9,11 @@ public struct TestClientError: Error, CustomStringConvertible, Sendable {
     public init(_ description: String) { self.description = description }
 }
 
-/// A blocking TCP connection to 127.0.0.1 with send and receive timeouts, so a hung server
-/// fails a test instead of hanging it. Used from one thread at a time (see `onThread`).
+/// The kit's raw HTTP/1.1 client: a blocking TCP connection to 127.0.0.1 with send and receive
+/// timeouts, so a hung server fails a test instead of hanging it. It sends any bytes (malformed,
+/// partial, byte by byte), keeps the connection alive across `request`s or closes it
+/// (`Connection: close` heads), and reads answers by Content-Length, chunked or to EOF. Used from
+/// one thread at a time (see `onThread`).
 public final class RawConnection {
     public let fd: Int32
     private var buffer: [UInt8] = []
@@ -50,8 +53,8 @@ public final class RawConnection {
         }
     }
 
-    /// Takes over an already connected socket (the accepting side of `WebhookReceiver`).
-    init(adopting fd: Int32, timeout: Double) {
+    /// Takes over an already connected socket (the accepting side of a raw test server).
+    public init(acceptedFD fd: Int32, timeout: Double) {
         self.fd = fd
         var tv = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1e6))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -155,6 +158,23 @@ public final class RawConnection {
         return (buffer, eof)
     }
 
+    /// True when the peer closed the connection (EOF or reset) with no further bytes.
+    public func readsEOF() throws -> Bool {
+        if !buffer.isEmpty { return false }
+        return try !fill()
+    }
+
+    /// One request on this connection, which stays open (keep-alive) unless `headers` say
+    /// otherwise; a `Content-Length` is sent whenever `body` is not nil.
+    public func request(_ method: String = "GET", _ target: String, headers: [(String, String)] = [], body: [UInt8]? = nil) throws -> TestResponse {
+        var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        if let body { head += "Content-Length: \(body.count)\r\n" }
+        head += "\r\n"
+        guard send(Array(head.utf8) + (body ?? [])) else { throw TestClientError("send failed: errno \(errno)") }
+        return try readResponse(requestMethod: method)
+    }
+
     /// Everything until the peer closes.
     public func readToEOF() throws -> [UInt8] {
         while try fill() {}
@@ -163,7 +183,7 @@ public final class RawConnection {
     }
 
     /// The status line and headers of the next response (skipping `100 Continue`).
-    public func readHead() throws -> (status: Int, headers: [(String, String)]) {
+    public func readHead() throws -> (status: Int, headers: TestHeaders) {
         while true {
             let statusLine = try readLine()
             let parts = statusLine.split(separator: " ", maxSplits: 2)
@@ -178,7 +198,7 @@ public final class RawConnection {
                 headers.append((String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
             }
             if status == 100 { continue }
-            return (status, headers)
+            return (status, TestHeaders(headers))
         }
     }
 
@@ -198,9 +218,8 @@ public final class RawConnection {
     }
 
     /// A whole response: body by Content-Length, chunked, or until EOF.
-    public func readResponse(requestMethod: String) throws -> TestResponse {
-        let (status, headers) = try readHead()
-        let h = TestHeaders(headers)
+    public func readResponse(requestMethod: String = "GET") throws -> TestResponse {
+        let (status, h) = try readHead()
         var body: [UInt8] = []
         if requestMethod == "HEAD" || status == 204 || status == 304 || (100..<200).contains(status) {
         } else if h["transfer-encoding"]?.lowercased().contains("chunked") == true {
@@ -220,17 +239,5 @@ public final class RawConnection {
         if let contentLength { head += "Content-Length: \(contentLength)\r\n" }
         head += "\r\n"
         return head
-    }
-}
-
-/// Runs blocking work on its own thread, so blocking sockets never tie up the cooperative pool
-/// (long polls would otherwise starve other tests running in parallel).
-public func onThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-        let thread = Thread {
-            do { continuation.resume(returning: try work()) } catch { continuation.resume(throwing: error) }
-        }
-        thread.stackSize = 1 << 20
-        thread.start()
     }
 }
