@@ -77,7 +77,7 @@ let package = Package(
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
-        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit", "MicroHTTP"]),
         .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 int csystem_spawn_addchdir(posix_spawn_file_actions_t *actions, const char *path) {
@@ -27,6 +28,10 @@ int csystem_spawn_addclosefrom(posix_spawn_file_actions_t *actions, int from) {
 
 int csystem_pipe_cloexec(int fds[2]) {
     return pipe2(fds, O_CLOEXEC);
+}
+
+int csystem_accept_cloexec(int fd) {
+    return accept4(fd, NULL, NULL, SOCK_CLOEXEC);
 }
 
 int csystem_unshare_network(bool newUser) {

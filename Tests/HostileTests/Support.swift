@@ -223,8 +223,9 @@ func rawArrayElements(_ body: [UInt8], key: String) -> [[UInt8]] {
     return out
 }
 
-/// A tiny hostile HTTP target on 127.0.0.1: every connection is answered by `behaviour(path)`.
-final class HostileTarget: @unchecked Sendable {
+/// A tiny hostile HTTP target on 127.0.0.1 (the kit's `RawServer`): every connection is
+/// answered by `behaviour(path)`.
+final class HostileTarget: Sendable {
     enum Behaviour: Sendable {
         /// Sends these bytes, then closes.
         case raw(String)
@@ -234,80 +235,48 @@ final class HostileTarget: @unchecked Sendable {
         /// Reads the request and never answers (until the peer goes or `seconds` pass).
         case hang(seconds: Double)
     }
-    let port: Int
-    private let listenFD: Int32
-    private let state = Lock<(closed: Bool, requests: [String], bytesSent: Int)>((false, [], 0))
-    private let behaviour: @Sendable (String) -> Behaviour
+    private let server: RawServer
+    private let state: Lock<(requests: [String], bytesSent: Int)>
 
     init(_ behaviour: @escaping @Sendable (String) -> Behaviour) throws {
-        self.behaviour = behaviour
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw TestClientError("socket() failed") }
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        guard bound == 0, listen(fd, 64) == 0 else { Glibc.close(fd); throw TestClientError("bind/listen failed") }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
-        listenFD = fd
-        port = Int(UInt16(bigEndian: address.sin_port))
-        Thread { [self] in acceptLoop() }.start()
+        let state = Lock<(requests: [String], bytesSent: Int)>(([], 0))
+        self.state = state
+        server = try RawServer { c, server in
+            guard let request = try? c.readRequest(body: false) else { return }
+            state.withLock { $0.requests.append("\(request.method) \(request.path)") }
+            switch behaviour(request.path) {
+            case let .raw(text):
+                c.send(text)
+                state.withLock { $0.bytesSent += text.utf8.count }
+                usleep(50_000)
+            case let .endless(head, piece, interval, seconds):
+                guard c.send(head) else { return }
+                let bytes = [UInt8](repeating: UInt8(ascii: "x"), count: piece)
+                let deadline = Date().addingTimeInterval(seconds)
+                while Date() < deadline, !server.isStopping {
+                    guard c.send(bytes) else { return }
+                    state.withLock { $0.bytesSent += piece }
+                    if interval > 0 { usleep(useconds_t(interval * 1e6)) }
+                }
+            case let .hang(seconds):
+                let deadline = Date().addingTimeInterval(seconds)
+                while Date() < deadline, !server.isStopping {
+                    let (_, eof) = c.readAvailable(milliseconds: 100)
+                    if eof { return }
+                }
+            }
+        }
     }
 
-    deinit { close() }
+    deinit { server.stop() }
 
-    func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
+    var port: Int { server.port }
+    func url(_ path: String) -> String { server.url(path) }
+    /// The request lines' method and target, in order.
     var requests: [String] { state.withLock { $0.requests } }
     var bytesSent: Int { state.withLock { $0.bytesSent } }
 
-    func close() {
-        let wasOpen = state.withLock { s -> Bool in defer { s.closed = true }; return !s.closed }
-        if wasOpen { shutdown(listenFD, Int32(SHUT_RDWR)) }
-    }
-
-    private func acceptLoop() {
-        defer { Glibc.close(listenFD) }
-        while true {
-            let client = accept(listenFD, nil, nil)
-            if client < 0 { if errno == EINTR { continue }; return }
-            if state.withLock({ $0.closed }) { Glibc.close(client); return }
-            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-            Thread { [self] in serve(client) }.start()
-        }
-    }
-
-    private func serve(_ fd: Int32) {
-        let c = RawConnection(acceptedFD: fd, timeout: 5)
-        defer { c.close() }
-        guard let line = try? c.readLine() else { return }
-        while let h = try? c.readLine(), !h.isEmpty {}
-        let path = line.split(separator: " ").dropFirst().first.map(String.init) ?? "/"
-        state.withLock { $0.requests.append(line) }
-        switch behaviour(path) {
-        case let .raw(text):
-            c.send(text)
-            state.withLock { $0.bytesSent += text.utf8.count }
-            usleep(50_000)
-        case let .endless(head, piece, interval, seconds):
-            guard c.send(head) else { return }
-            let bytes = [UInt8](repeating: UInt8(ascii: "x"), count: piece)
-            let deadline = Date().addingTimeInterval(seconds)
-            while Date() < deadline, !state.withLock({ $0.closed }) {
-                guard c.send(bytes) else { return }
-                state.withLock { $0.bytesSent += piece }
-                if interval > 0 { usleep(useconds_t(interval * 1e6)) }
-            }
-        case let .hang(seconds):
-            let deadline = Date().addingTimeInterval(seconds)
-            while Date() < deadline, !state.withLock({ $0.closed }) {
-                let (_, eof) = c.readAvailable(milliseconds: 100)
-                if eof { return }
-            }
-        }
-    }
+    func close() { server.stop() }
 }
 
 /// The route table of API.md ("Queues", "Operations", "Kinds", "Observation") plus the server's

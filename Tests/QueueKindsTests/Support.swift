@@ -3,6 +3,7 @@ import Foundation
 import QueueEngine
 import QueueKinds
 import Locking
+import MicroHTTP
 import Synchronization
 import Testing
 // The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
@@ -123,152 +124,72 @@ func openDescriptors() -> [String] {
 
 // MARK: - an HTTP target
 
-/// A tiny HTTP/1.1 server on 127.0.0.1 (raw sockets, one thread per connection,
-/// `Connection: close`). Routes: `/ok`, `/status/N`, `/slow` (2 s), `/large` (1 MiB),
-/// `/binary`, `/redirect` (→ `/ok`), `/v6` (→ `//[::1]/`), `/loop` (→ itself),
-/// `/to-file` (→ `file:///etc/passwd`), `/echo` (the request body back). It counts requests by path.
+/// An HTTP target on 127.0.0.1 served by MicroHTTP. Routes: `/ok`, `/status/N`, `/slow` (2 s,
+/// deferred), `/large` (1 MiB), `/binary`, `/redirect` (→ `/ok`), `/v6` (→ `//[::1]/`), `/loop`
+/// (→ itself), `/to-file` (→ `file:///etc/passwd`), `/echo` (the request body back). It counts
+/// requests by path.
 final class TargetServer: Sendable {
     let port: UInt16
-    private let listener: Int32
-    private let counts = Locked<[String: Int]>([:])
-    private let active = Locked(0)
-    private let stopping = Atomic<Bool>(false)
-    private let acceptDone = DispatchSemaphore(value: 0)
+    private let server: HTTPServer
+    private let counts: Locked<[String: Int]>
 
     var base: String { "http://127.0.0.1:\(port)" }
     func count(_ path: String) -> Int { counts.value[path] ?? 0 }
 
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &addr) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
-                bind(fd, sa, len) == 0 && listen(fd, 64) == 0 && getsockname(fd, sa, &len) == 0
-            }
+        let counts = Locked<[String: Int]>([:])
+        self.counts = counts
+        server = HTTPServer(configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20)) { request in
+            counts.withLock { $0[request.path, default: 0] += 1 }
+            return TargetServer.answer(request)
         }
-        guard ok else { close(fd); throw POSIXError(.EADDRINUSE) }
-        listener = fd
-        port = UInt16(bigEndian: addr.sin_port)
-        Thread.detachNewThread { [self] in acceptLoop() }
+        try server.start()
+        port = UInt16(server.port)
     }
 
-    /// Stops accepting, waits for every connection thread, closes every descriptor.
-    func stop() {
-        stopping.store(true, ordering: .releasing)
-        shutdown(listener, Int32(SHUT_RDWR))
-        acceptDone.wait()
-        close(listener)
-        waitUntil(timeout: 5) { active.value == 0 }
-    }
+    /// Stops the server; a pending `/slow` is answered 503 at once.
+    func stop() { server.shutdown(timeout: .seconds(2)) }
 
-    private func acceptLoop() {
-        while !stopping.load(ordering: .acquiring) {
-            let c = accept(listener, nil, nil)
-            if c < 0 {
-                if errno == EINTR { continue }
-                break
-            }
-            _ = fcntl(c, F_SETFD, FD_CLOEXEC)
-            active.withLock { $0 += 1 }
-            Thread.detachNewThread { [self] in
-                serve(c)
-                close(c)
-                active.withLock { $0 -= 1 }
-            }
-        }
-        acceptDone.signal()
-    }
-
-    private func serve(_ c: Int32) {
-        var data: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        var headEnd: Int?
-        while headEnd == nil {
-            let n = recv(c, &buffer, buffer.count, 0)
-            if n <= 0 { return }
-            data.append(contentsOf: buffer[0..<n])
-            if data.first == 0x16 {
-                // A TLS ClientHello: answer in plain HTTP, as a misconfigured server would.
-                let reply = Array("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n".utf8)
-                _ = reply.withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-                return
-            }
-            headEnd = data.firstRange(of: Array("\r\n\r\n".utf8))?.upperBound
-        }
-        let head = String(decoding: data[0..<headEnd!], as: UTF8.self)
-        let lines = head.components(separatedBy: "\r\n")
-        let parts = lines[0].split(separator: " ")
-        guard parts.count >= 2 else { return }
-        let method = String(parts[0]), path = String(parts[1])
-        var headers: [String: String] = [:]
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-        }
-        let length = Int(headers["content-length"] ?? "0") ?? 0
-        while data.count - headEnd! < length {
-            let n = recv(c, &buffer, buffer.count, 0)
-            if n <= 0 { return }
-            data.append(contentsOf: buffer[0..<n])
-        }
-        let body = Array(data[headEnd!..<(headEnd! + length)])
-        counts.withLock { $0[path, default: 0] += 1 }
-
+    private static func answer(_ request: HTTPRequest) -> HTTPHandlerResult {
+        let path = request.path
         var status = 200
-        var extra: [(String, String)] = [("Content-Type", "text/plain")]
-        var reply: [UInt8] = Array("hello".utf8)
+        var headers: [(String, String)] = [("Content-Type", "text/plain")]
+        var body: [UInt8] = Array("hello".utf8)
         switch path {
         case "/ok":
-            extra.append(("X-Test", "yes"))
+            headers.append(("X-Test", "yes"))
         case "/slow":
-            let until = now() + 2
-            while now() < until {
-                if stopping.load(ordering: .acquiring) { return }
-                usleep(10_000)
+            return .deferred { responder in
+                DispatchQueue.global().asyncAfter(deadline: .now() + 2) {
+                    responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain")], body: Array("slow".utf8)))
+                }
             }
-            reply = Array("slow".utf8)
         case "/large":
-            reply = (0..<(1 << 20)).map { UInt8(ascii: "a") + UInt8($0 % 26) }
+            body = (0..<(1 << 20)).map { UInt8(ascii: "a") + UInt8($0 % 26) }
         case "/binary":
-            reply = (0..<1000).map { _ in 0xFF }
-            extra = [("Content-Type", "application/octet-stream")]
+            body = (0..<1000).map { _ in 0xFF }
+            headers = [("Content-Type", "application/octet-stream")]
         case "/redirect":
             status = 302
-            extra.append(("Location", "/ok"))
-            reply = []
+            headers.append(("Location", "/ok"))
+            body = []
         case "/v6", "/loop", "/to-file":
             status = path == "/loop" ? 301 : 302
-            extra.append(("Location", path == "/v6" ? "//[::1]/" : path == "/loop" ? "/loop" : "file:///etc/passwd"))
-            reply = []
+            headers.append(("Location", path == "/v6" ? "//[::1]/" : path == "/loop" ? "/loop" : "file:///etc/passwd"))
+            body = []
         case "/echo":
-            reply = body
-            extra.append(("X-Got-Method", method))
-            extra.append(("X-Got-Content-Type", headers["content-type"] ?? "none"))
+            body = request.body
+            headers.append(("X-Got-Method", request.method))
+            headers.append(("X-Got-Content-Type", request.header("content-type") ?? "none"))
         default:
             if path.hasPrefix("/status/"), let s = Int(path.dropFirst(8)) {
                 status = s
-                reply = Array("status \(s)".utf8)
+                body = Array("status \(s)".utf8)
             } else {
                 status = 404
-                reply = Array("no route".utf8)
+                body = Array("no route".utf8)
             }
         }
-        var out = "HTTP/1.1 \(status) X\r\nConnection: close\r\nContent-Length: \(reply.count)\r\n"
-        for (k, v) in extra { out += "\(k): \(v)\r\n" }
-        out += "\r\n"
-        var bytes = Array(out.utf8)
-        if method != "HEAD" { bytes += reply }
-        var sent = 0
-        while sent < bytes.count {
-            let n = bytes[sent...].withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if n <= 0 { return }
-            sent += n
-        }
+        return .response(HTTPResponse(status: status, headers: headers, body: body))
     }
 }

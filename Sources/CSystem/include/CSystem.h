@@ -18,6 +18,10 @@ int csystem_spawn_addclosefrom(posix_spawn_file_actions_t *actions, int from);
 /// another thread spawns meanwhile cannot inherit it). Returns 0 or -1 with errno.
 int csystem_pipe_cloexec(int fds[2]);
 
+/// accept4(fd, NULL, NULL, SOCK_CLOEXEC): an accepted socket that is close-on-exec from the
+/// start (a child spawned meanwhile cannot inherit it). Returns the descriptor or -1 with errno.
+int csystem_accept_cloexec(int fd);
+
 /// unshare(2) with CLONE_NEWNET, and with CLONE_NEWUSER too when `newUser`: a private network
 /// namespace for this process. Returns 0 or -1 with errno.
 int csystem_unshare_network(bool newUser);

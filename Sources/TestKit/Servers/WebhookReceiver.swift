@@ -2,16 +2,26 @@ import Foundation
 import Locking
 import MicroHTTP
 
-/// A request the receiver got.
+/// A request a test server got.
 public struct ReceivedRequest: Sendable {
     public let method: String
+    /// The request target as sent (path and query).
     public let path: String
+    /// The path without the query.
+    public var pathWithoutQuery: String { path.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? path }
     public let headers: TestHeaders
     public let body: [UInt8]
     public var text: String { String(decoding: body, as: UTF8.self) }
     /// The body as a JSON object; empty if it is not one.
     public var object: [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:]
+    }
+
+    public init(method: String, path: String, headers: TestHeaders, body: [UInt8]) {
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
     }
 
     init(_ request: HTTPRequest) {
