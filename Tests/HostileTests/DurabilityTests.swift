@@ -93,7 +93,7 @@ struct DurabilityTests {
                 // Writers keep changing things while the reader follows the stream.
                 for w in 0..<4 {
                     Thread {
-                        let client = KeepAlive(port: port)
+                        let client = KeepAliveClient(port: port)
                         defer { client.close() }
                         var n = 0
                         while !stop.withLock({ $0 }) {

@@ -61,7 +61,7 @@ struct LimitTests {
         let server = try Opqd(["--sync", "normal"])
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"d","isSuspended":true}"#).expecting(201)
-            let client = KeepAlive(port: server.port)
+            let client = KeepAliveClient(port: server.port)
             defer { client.close() }
             var ids: [String] = []
             for _ in 0..<1001 {
@@ -146,7 +146,7 @@ struct LimitTests {
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"p","isSuspended":true}"#).expecting(201)
             var created: [String] = []
-            let client = KeepAlive(port: server.port)
+            let client = KeepAliveClient(port: server.port)
             defer { client.close() }
             let name = String(repeating: "n", count: 60)
             for i in 0..<60 {

@@ -32,9 +32,9 @@ struct MemoryTests {
         try await parallel(total, threads: 2) { _, i in
             if aborted.withLock({ $0 }) != nil { return }
             // One connection per thread, kept in thread-local storage.
-            let client: KeepAlive
-            if let c = Thread.current.threadDictionary["client"] as? KeepAlive { client = c } else {
-                client = KeepAlive(port: server.port)
+            let client: KeepAliveClient
+            if let c = Thread.current.threadDictionary["client"] as? KeepAliveClient { client = c } else {
+                client = KeepAliveClient(port: server.port)
                 Thread.current.threadDictionary["client"] = client
             }
             let ok = i % 2 == 0
@@ -77,7 +77,7 @@ struct MemoryTests {
         let stop = Lock(false)
         let deadline = Date().addingTimeInterval(seconds)
         try await parallel(5, threads: 5) { _, index in
-            let client = KeepAlive(port: server.port)
+            let client = KeepAliveClient(port: server.port)
             defer { client.close() }
             if index == 4 {
                 var cursor = 0
@@ -198,7 +198,7 @@ struct MemoryTests {
             let before = server.memory()
             var created: [String: Int] = [:]
             var statuses: [Int: Int] = [:]
-            let client = KeepAlive(port: server.port)
+            let client = KeepAliveClient(port: server.port)
             defer { client.close() }
             for i in 0..<1000 {
                 let id = ids[i % ids.count]

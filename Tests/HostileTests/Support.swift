@@ -145,37 +145,6 @@ func jsonString(_ s: String) -> String {
     String(decoding: try! JSONSerialization.data(withJSONObject: [s], options: [.fragmentsAllowed]), as: UTF8.self).dropFirst().dropLast().description
 }
 
-/// A keep-alive HTTP/1.1 client on one connection, for floods (no `Connection: close`).
-final class KeepAlive {
-    let port: Int
-    private var connection: RawConnection?
-    init(port: Int) { self.port = port }
-
-    func request(_ method: String, _ target: String, body: [UInt8]? = nil, headers: [String: String] = [:]) throws -> TestResponse {
-        for attempt in 0..<2 {
-            if connection == nil { connection = try RawConnection(port: port, timeout: 20) }
-            guard let c = connection else { break }
-            var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            for (k, v) in headers { head += "\(k): \(v)\r\n" }
-            if let body { head += "Content-Type: application/json\r\nContent-Length: \(body.count)\r\n" }
-            head += "\r\n"
-            let sent = c.send(Array(head.utf8) + (body ?? []))
-            do {
-                guard sent else { throw TestClientError("send failed") }
-                let r = try c.readResponse(requestMethod: method)
-                if r.headers["connection"]?.lowercased() == "close" { c.close(); connection = nil }
-                return r
-            } catch {
-                c.close(); connection = nil
-                if attempt == 1 { throw error }
-            }
-        }
-        throw TestClientError("unreachable")
-    }
-
-    func close() { connection?.close(); connection = nil }
-}
-
 /// Runs `count` jobs on `threads` threads (blocking work off the cooperative pool); returns
 /// when all are done. `job(i)` for i in 0..<count.
 func parallel(_ count: Int, threads: Int, _ job: @escaping @Sendable (_ thread: Int, _ index: Int) -> Void) async throws {

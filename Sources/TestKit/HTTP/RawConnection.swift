@@ -6,7 +6,9 @@ import Glibc
 /// A failure of the test HTTP client: connect, send, receive, timeout or a malformed answer.
 public struct TestClientError: Error, CustomStringConvertible, Sendable {
     public let description: String
-    public init(_ description: String) { self.description = description }
+    /// The errno behind it, when a system call failed.
+    public let code: Int32?
+    public init(_ description: String, code: Int32? = nil) { self.description = description; self.code = code }
 }
 
 /// The kit's raw HTTP/1.1 client: a blocking TCP connection to 127.0.0.1 with send and receive
@@ -16,8 +18,18 @@ public struct TestClientError: Error, CustomStringConvertible, Sendable {
 /// one thread at a time (see `onThread`).
 public final class RawConnection {
     public let fd: Int32
+    /// Received bytes; those before `start` are consumed (dropped in bulk, not per read, so a
+    /// benchmark's keep-alive loop does not copy the buffer for every line).
     private var buffer: [UInt8] = []
+    private var start = 0
+    private var scratch = [UInt8](repeating: 0, count: 65536)
+    private var unread: Int { buffer.count - start }
     private var isClosed = false
+    /// Bytes received so far.
+    public private(set) var bytesReceived = 0
+    /// How reading ended, once it did: the peer closed, reset, or the receive timeout passed.
+    public private(set) var ending: Ending?
+    public enum Ending: String, Sendable { case eof = "EOF", reset = "ECONNRESET", timeout = "timeout" }
 
     /// `receiveBufferBytes` sets `SO_RCVBUF` before connecting (a small window makes a client
     /// that does not read fill the server's buffers quickly).
@@ -37,11 +49,12 @@ public final class RawConnection {
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+        var result: Int32
+        repeat {
+            result = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
-        }
+        } while result < 0 && errno == EINTR
         guard result == 0 else {
             let e = errno
             // A class whose init throws still runs deinit: mark it closed so the descriptor is
@@ -49,7 +62,7 @@ public final class RawConnection {
             // did, and libmicrohttpd aborted when its listen socket vanished).
             isClosed = true
             Glibc.close(fd)
-            throw TestClientError("connect() to 127.0.0.1:\(port) failed: errno \(e)")
+            throw TestClientError("connect() to 127.0.0.1:\(port) failed: errno \(e)", code: e)
         }
     }
 
@@ -90,25 +103,32 @@ public final class RawConnection {
 
     /// True when bytes (or EOF) can be read within `milliseconds`.
     public func isReadable(milliseconds: Int32) -> Bool {
-        if !buffer.isEmpty { return true }
+        if unread > 0 { return true }
         var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         return poll(&p, 1, milliseconds) > 0
     }
 
     /// Receives more bytes into the buffer; false at EOF (or reset). Throws on timeout.
     private func fill() throws -> Bool {
-        var chunk = [UInt8](repeating: 0, count: 65536)
+        if start > 0 && (start == buffer.count || start >= 1 << 16) {
+            buffer.removeSubrange(0..<start)
+            start = 0
+        }
         while true {
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, 0) }
-            if n == 0 { return false }
+            let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { ending = .eof; return false }
             if n < 0 {
                 let e = errno
                 if e == EINTR { continue }
-                if e == ECONNRESET { return false }
-                if e == EAGAIN || e == EWOULDBLOCK { throw TestClientError("timed out waiting for the server's answer") }
-                throw TestClientError("recv failed: errno \(e)")
+                if e == ECONNRESET { ending = .reset; return false }
+                if e == EAGAIN || e == EWOULDBLOCK {
+                    ending = .timeout
+                    throw TestClientError("timed out waiting for the server's answer", code: e)
+                }
+                throw TestClientError("recv failed: errno \(e)", code: e)
             }
-            buffer.append(contentsOf: chunk[0..<n])
+            bytesReceived += n
+            buffer.append(contentsOf: scratch[0..<n])
             return true
         }
     }
@@ -116,23 +136,23 @@ public final class RawConnection {
     public func readLine() throws -> String {
         var searched = 0
         while true {
-            if let index = buffer[searched...].firstIndex(of: 0x0A) {
-                var line = Array(buffer[..<index])
-                buffer.removeFirst(index + 1)
-                if line.last == 0x0D { line.removeLast() }
-                return String(decoding: line, as: UTF8.self)
+            if let index = buffer[(start + searched)...].firstIndex(of: 0x0A) {
+                let end = index > start && buffer[index - 1] == 0x0D ? index - 1 : index
+                let line = String(decoding: buffer[start..<end], as: UTF8.self)
+                start = index + 1
+                return line
             }
-            searched = buffer.count
+            searched = unread
             guard try fill() else { throw TestClientError("connection closed while reading a line") }
         }
     }
 
     public func readBytes(_ count: Int) throws -> [UInt8] {
-        while buffer.count < count {
-            guard try fill() else { throw TestClientError("connection closed after \(buffer.count) of \(count) bytes") }
+        while unread < count {
+            guard try fill() else { throw TestClientError("connection closed after \(unread) of \(count) bytes") }
         }
-        let bytes = Array(buffer[..<count])
-        buffer.removeFirst(count)
+        let bytes = Array(buffer[start..<(start + count)])
+        start += count
         return bytes
     }
 
@@ -141,26 +161,24 @@ public final class RawConnection {
     public func readAvailable(milliseconds: Int32, limit: Int = 1 << 20) -> (bytes: [UInt8], eof: Bool) {
         var eof = false
         let deadline = Date().addingTimeInterval(Double(milliseconds) / 1000)
-        while buffer.count < limit {
+        while unread < limit {
             let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             let ready = poll(&p, 1, left)
             if ready < 0 && errno == EINTR { continue }
             if ready <= 0 { break }
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress!, $0.count, Int32(MSG_DONTWAIT)) }
-            if n > 0 { buffer.append(contentsOf: chunk[0..<n]); continue }
+            let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if n > 0 { bytesReceived += n; buffer.append(contentsOf: scratch[0..<n]); continue }
             if n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) { continue }
             eof = true
             break
         }
-        defer { buffer = [] }
-        return (buffer, eof)
+        return (takeAll(), eof)
     }
 
     /// True when the peer closed the connection (EOF or reset) with no further bytes.
     public func readsEOF() throws -> Bool {
-        if !buffer.isEmpty { return false }
+        if unread > 0 { return false }
         return try !fill()
     }
 
@@ -175,11 +193,16 @@ public final class RawConnection {
         return try readResponse(requestMethod: method)
     }
 
+    /// Every unread byte; the buffer is empty afterwards.
+    private func takeAll() -> [UInt8] {
+        defer { buffer = []; start = 0 }
+        return Array(buffer[start...])
+    }
+
     /// Everything until the peer closes.
     public func readToEOF() throws -> [UInt8] {
         while try fill() {}
-        defer { buffer = [] }
-        return buffer
+        return takeAll()
     }
 
     /// The status line and headers of the next response (skipping `100 Continue`).
