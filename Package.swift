@@ -69,7 +69,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqd-bench",
-            dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore"]
+            dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "TestKit"]
         ),
         // Plain build: replays files given on the command line. With
         // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.

@@ -369,22 +369,17 @@ enum EngineBench {
 
     /// Re-executes this binary with `args` and parses the last line of its output as JSON.
     static func runSelf(_ args: [String]) -> [String: Any]? {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        p.arguments = args
-        let pipe = Pipe()
-        p.standardOutput = pipe
-        do { try p.run() } catch {
+        let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        let run: (exitCode: Int32?, output: [UInt8])
+        do { run = try ChildProcess.capture(exe, args, stderr: .inherit) } catch {
             eprint("cannot run child \(args): \(error)\n")
             return nil
         }
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        p.waitUntilExit()
-        guard p.terminationStatus == 0 else {
-            eprint("child \(args) exited with \(p.terminationStatus)\n")
+        guard run.exitCode == 0 else {
+            eprint("child \(args) ended with \(run.exitCode.map { "status \($0)" } ?? "a signal")\n")
             return nil
         }
-        let text = String(decoding: data, as: UTF8.self)
+        let text = String(decoding: run.output, as: UTF8.self)
         guard let line = text.split(separator: "\n").last,
               let obj = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
             eprint("child \(args) printed no JSON: \(text)\n")

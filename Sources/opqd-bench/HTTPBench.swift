@@ -31,7 +31,7 @@ enum HTTPBench {
         let opqd = BenchSupport.selfDirectory + "/opqd"
         if ProcessInfo.processInfo.environment["OPQD_BIN"] == nil, access(opqd, X_OK) == 0 { env["OPQD_BIN"] = opqd }
         do {
-            let p = try ChildProcess(["bash", script] + args, stdoutPath: "-", stderrPath: nil, environment: env)
+            let p = try ChildProcess(bench: ["bash", script] + args, stdoutPath: "-", stderrPath: nil, environment: env)
             guard let status = p.wait(timeout: 3600) else {
                 p.stop()
                 eprint("opqd-bench http: the script did not finish within an hour\n")

@@ -141,7 +141,7 @@ enum StoreBench {
         var crashRestart: [String: Double] = [:]
         for m in modes where m.durable {
             guard let s = servers[m.name] else { continue }
-            s.process.kill9()
+            s.process.killNow()
             do {
                 let t0 = BenchSupport.now()
                 let again = try OpqdServer(label: "store-\(m.name)-again", extra: m.extra, dataDir: s.dataDir, startTimeout: 120)
@@ -255,7 +255,7 @@ enum StoreBench {
         let buildStart = BenchSupport.now()
         var built: [String: Any] = [:]
         do {
-            let p = try ChildProcess(["/proc/self/exe", "store-build", dir, String(ops)], stdoutPath: nil, stderrPath: nil)
+            let p = try ChildProcess(bench: ["/proc/self/exe", "store-build", dir, String(ops)], stdoutPath: nil, stderrPath: nil)
             var last = ""
             while let line = p.readLine(timeout: 900) { last = line }
             p.wait(timeout: 60)

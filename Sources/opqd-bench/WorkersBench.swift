@@ -166,8 +166,8 @@ enum WorkersBench {
             group.enter()
             let t = Thread {
                 defer { group.leave() }
-                let conn: HTTPConnection
-                do { conn = try HTTPConnection(port: port) } catch {
+                let conn = KeepAliveClient(port: Int(port), retries: 0)
+                do { try conn.connect() } catch {
                     log.error = "\(error)"; ready.signal(); return
                 }
                 defer { conn.close() }
@@ -295,7 +295,7 @@ enum WorkersBench {
             let t = Thread {
                 defer { group.leave() }
                 do {
-                    let c = try HTTPConnection(port: port)
+                    let c = KeepAliveClient(port: Int(port), retries: 0)
                     defer { c.close() }
                     while box.take() < count {
                         let r = try c.request("POST", "/v1/queues/\(queue)/operations", body: body)
@@ -320,15 +320,4 @@ final class AtomicBox: Sendable {
     init() {}
     /// Returns the value before incrementing.
     func take() -> Int { value.wrappingAdd(1, ordering: .relaxed).oldValue }
-}
-
-/// A value behind a lock, shareable with threads.
-final class Locked<T>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: T
-    init(_ v: T) { value = v }
-    func withLock<R>(_ body: (inout T) -> R) -> R {
-        lock.lock(); defer { lock.unlock() }
-        return body(&value)
-    }
 }

@@ -17,6 +17,11 @@ public final class KeepAliveClient {
 
     deinit { close() }
 
+    /// Opens the connection now (e.g. before a benchmark's clock starts) unless it is open.
+    public func connect() throws {
+        if connection == nil { connection = try RawConnection(port: port, timeout: timeout) }
+    }
+
     /// One request; `body` goes out as `application/json` unless `headers` name a Content-Type.
     /// A POST, PUT or PATCH without a body says `Content-Length: 0`.
     public func request(_ method: String, _ target: String, body: [UInt8]? = nil, headers: [String: String] = [:]) throws -> TestResponse {
@@ -27,8 +32,8 @@ public final class KeepAliveClient {
         if body == nil, ["POST", "PUT", "PATCH"].contains(method) { fields.append(("Content-Length", "0")) }
         var attempt = 0
         while true {
-            let c: RawConnection
-            if let open = connection { c = open } else { c = try RawConnection(port: port, timeout: timeout); connection = c }
+            try connect()
+            guard let c = connection else { throw TestClientError("no connection to 127.0.0.1:\(port)") }
             do {
                 let r = try c.request(method, target, headers: fields, body: body)
                 if r.headers["connection"]?.lowercased() == "close" { close() }

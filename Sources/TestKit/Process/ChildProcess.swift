@@ -121,10 +121,12 @@ public final class ChildProcess: @unchecked Sendable {  // used from one thread 
     /// Its exit code, or nil when a signal ended it (waits for it).
     public var exitCode: Int32? { Spawner.decode(wait()).exitCode }
 
-    /// Runs `path` to the end and returns its exit code and standard output.
-    public static func capture(_ path: String, _ arguments: [String]) throws -> (exitCode: Int32?, output: [UInt8]) {
+    /// Runs `path` to the end and returns its exit code (nil when a signal ended it) and
+    /// standard output; its stderr goes to `stderr`.
+    public static func capture(_ path: String, _ arguments: [String], stderr: SpawnOutput = .null) throws -> (exitCode: Int32?, output: [UInt8]) {
         var request = SpawnRequest([path] + arguments)
         request.stdout = .pipe
+        request.stderr = stderr
         let child = try ChildProcess(request)
         var output: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 65536)

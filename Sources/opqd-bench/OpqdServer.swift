@@ -1,0 +1,101 @@
+// One opqd child of the HTTP-level benchmarks (`store`, `workers`).
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One `opqd` started on 127.0.0.1, port 0, in its own fresh data directory.
+final class OpqdServer: @unchecked Sendable {
+    let process: ChildProcess
+    let port: UInt16
+    let dataDir: String
+    let logPath: String
+    let label: String
+    let ownsDir: Bool
+    /// Seconds from spawn to the "listening" line.
+    let startSeconds: Double
+
+    /// `extra`: e.g. ["--store", "memory"] or ["--sync", "normal"]. `dataDir` nil = a fresh one.
+    init(label: String, extra: [String], dataDir: String? = nil, startTimeout: Double = 60) throws {
+        self.label = label
+        let dir = dataDir ?? BenchSupport.makeTempDir("opqd-bench-\(label)")
+        self.dataDir = dir
+        self.ownsDir = dataDir == nil
+        self.logPath = BenchSupport.makeTempDir("opqd-bench-log") + "/opqd.log"
+        let argv = [BenchSupport.opqdBinary(), "--host", "127.0.0.1", "--port", "0", "--data", dir, "--log-level", "error"] + extra
+        let t0 = BenchSupport.now()
+        let p = try ChildProcess(bench: argv, stdoutPath: nil, stderrPath: logPath)
+        self.process = p
+        var port: UInt16 = 0
+        while let line = p.readLine(timeout: max(0.1, startTimeout - (BenchSupport.now() - t0))) {
+            if let r = line.range(of: "listening on http://") {
+                let rest = line[r.upperBound...]
+                if let colon = rest.lastIndex(of: ":"), let n = UInt16(rest[rest.index(after: colon)...].trimmingCharacters(in: .whitespaces)) {
+                    port = n
+                    break
+                }
+            }
+        }
+        startSeconds = BenchSupport.now() - t0
+        guard port != 0 else {
+            p.stop()
+            let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+            throw BenchError("opqd (\(label)) did not start within \(startTimeout) s: \(argv.joined(separator: " "))\n\(log.suffix(2000))")
+        }
+        self.port = port
+    }
+
+    var url: String { "http://127.0.0.1:\(port)" }
+    var pid: pid_t { process.pid }
+
+    /// Stops it (SIGTERM); removes its data directory if it made it.
+    func stop(keepData: Bool = false) {
+        if !process.stop(grace: 10) { eprint("opqd-bench: opqd (\(label), pid \(pid)) ignored SIGTERM for 10 s; killed it\n") }
+        removeDirs(keepData: keepData)
+    }
+
+    func removeDirs(keepData: Bool) {
+        if ownsDir && !keepData { BenchSupport.removeTree(dataDir) }
+        BenchSupport.removeTree((logPath as NSString).deletingLastPathComponent)
+    }
+
+    /// The tail of its log, for error reports.
+    var logTail: String { String(((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "").suffix(3000)) }
+
+    /// One request on a fresh connection.
+    func request(_ method: String, _ path: String, _ body: String? = nil) throws -> TestResponse {
+        let c = KeepAliveClient(port: Int(port), retries: 0)
+        defer { c.close() }
+        return try c.request(method, path, body: body.map { Array($0.utf8) })
+    }
+
+    func json(_ method: String, _ path: String, _ body: String? = nil) throws -> (Int, [String: Any]) {
+        let r = try request(method, path, body)
+        return (r.status, BenchSupport.parseJSON(r.body) ?? [:])
+    }
+
+    /// Creates a queue; throws unless 201.
+    func createQueue(_ name: String, suspended: Bool, maxConcurrent: Int = -1) throws {
+        let r = try request("POST", "/v1/queues", "{\"name\":\"\(name)\",\"isSuspended\":\(suspended),\"maxConcurrentOperationCount\":\(maxConcurrent)}")
+        guard r.status == 201 else { throw BenchError("create queue \(name) on \(label): HTTP \(r.status) \(r.text)") }
+    }
+
+    func queue(_ name: String) throws -> [String: Any] {
+        let (s, j) = try json("GET", "/v1/queues/\(name)")
+        guard s == 200 else { throw BenchError("GET /v1/queues/\(name) on \(label): HTTP \(s)") }
+        return j
+    }
+
+    /// `/metrics` lines whose name mentions the store or commits (nil if there are none).
+    func storeMetrics() -> [String: Double] {
+        guard let r = try? request("GET", "/metrics"), r.status == 200 else { return [:] }
+        var out: [String: Double] = [:]
+        for line in r.text.split(separator: "\n") where !line.hasPrefix("#") {
+            let l = line.lowercased()
+            guard l.contains("store") || l.contains("commit") else { continue }
+            let parts = line.split(separator: " ")
+            if parts.count >= 2, let v = Double(parts[parts.count - 1]) { out[parts.dropLast().joined(separator: " ")] = v }
+        }
+        return out
+    }
+}
