@@ -6,43 +6,31 @@ import Glibc
 
 /// One `opqd` started on 127.0.0.1, port 0, in its own fresh data directory.
 final class OpqdServer: @unchecked Sendable {
-    let process: ChildProcess
+    /// TestKit's opqd child: spawned, its port read from the listening line, stderr in `logPath`.
+    let process: ServerProcess
     let port: UInt16
     let dataDir: String
     let logPath: String
     let label: String
     let ownsDir: Bool
     /// Seconds from spawn to the "listening" line.
-    let startSeconds: Double
+    var startSeconds: Double { process.startupSeconds }
 
     /// `extra`: e.g. ["--store", "memory"] or ["--sync", "normal"]. `dataDir` nil = a fresh one.
+    /// The server inherits this process's environment, OPQD_* settings included.
     init(label: String, extra: [String], dataDir: String? = nil, startTimeout: Double = 60) throws {
         self.label = label
         let dir = dataDir ?? BenchSupport.makeTempDir("opqd-bench-\(label)")
         self.dataDir = dir
         self.ownsDir = dataDir == nil
         self.logPath = BenchSupport.makeTempDir("opqd-bench-log") + "/opqd.log"
-        let argv = [BenchSupport.opqdBinary(), "--host", "127.0.0.1", "--port", "0", "--data", dir, "--log-level", "error"] + extra
-        let t0 = BenchSupport.now()
-        let p = try ChildProcess(bench: argv, stdoutPath: nil, stderrPath: logPath)
-        self.process = p
-        var port: UInt16 = 0
-        while let line = p.readLine(timeout: max(0.1, startTimeout - (BenchSupport.now() - t0))) {
-            if let r = line.range(of: "listening on http://") {
-                let rest = line[r.upperBound...]
-                if let colon = rest.lastIndex(of: ":"), let n = UInt16(rest[rest.index(after: colon)...].trimmingCharacters(in: .whitespaces)) {
-                    port = n
-                    break
-                }
-            }
+        do {
+            process = try ServerProcess(binary: BenchSupport.opqdBinary(), data: dir, logPath: logPath, extraArguments: extra,
+                                        timeout: startTimeout, logLevel: "error", keepOpqdSettings: true)
+        } catch {
+            throw BenchError("opqd (\(label)) did not start: \(error)")
         }
-        startSeconds = BenchSupport.now() - t0
-        guard port != 0 else {
-            p.stop()
-            let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
-            throw BenchError("opqd (\(label)) did not start within \(startTimeout) s: \(argv.joined(separator: " "))\n\(log.suffix(2000))")
-        }
-        self.port = port
+        port = UInt16(clamping: process.port)
     }
 
     var url: String { "http://127.0.0.1:\(port)" }
@@ -50,7 +38,11 @@ final class OpqdServer: @unchecked Sendable {
 
     /// Stops it (SIGTERM); removes its data directory if it made it.
     func stop(keepData: Bool = false) {
-        if !process.stop(grace: 10) { eprint("opqd-bench: opqd (\(label), pid \(pid)) ignored SIGTERM for 10 s; killed it\n") }
+        process.signal(SIGTERM)
+        if process.waitForExit(timeout: 10) == nil {
+            eprint("opqd-bench: opqd (\(label), pid \(pid)) ignored SIGTERM for 10 s; killing it\n")
+            process.killNow()
+        }
         removeDirs(keepData: keepData)
     }
 

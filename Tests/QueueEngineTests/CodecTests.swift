@@ -1,6 +1,7 @@
 import Foundation
 import QueueEngine
 import Testing
+import TestKit
 
 /// The hand-written JSON codec (`JSONValue`, `JSONWriter`) and RFC 3339 code (`Timestamp`)
 /// checked against Foundation's `JSONSerialization` and `ISO8601DateFormatter` on generated and
@@ -8,20 +9,19 @@ import Testing
 @Suite struct CodecTests {
     // MARK: - generated values
 
-    /// A deterministic generator (SplitMix64), so a failure names a reproducible seed.
+    /// Generated JSON values from a seed (TestKit's SplitMix64), so a failure names a reproducible seed.
     struct Generator {
-        var state: UInt64
+        var random: SplitMix64
         /// U+FEFF in strings. swift-corelibs-foundation's JSONSerialization drops it from the
         /// strings it parses (seen here: "\u{FEFF}a" came back "a"), so comparisons with
         /// Foundation leave it out; our own round trip keeps it.
         var byteOrderMarks = false
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
+
+        init(state: UInt64, byteOrderMarks: Bool = false) {
+            random = SplitMix64(seed: state)
+            self.byteOrderMarks = byteOrderMarks
         }
+        mutating func next() -> UInt64 { random.next() }
         mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
 
         /// Characters JSON must escape, ASCII, two-, three- and four-byte UTF-8, combining marks.

@@ -213,16 +213,33 @@ public final class RawConnection {
             guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let status = Int(parts[1]) else {
                 throw TestClientError("bad status line: \(statusLine.debugDescription)")
             }
-            var headers: [(String, String)] = []
-            while true {
-                let line = try readLine()
-                if line.isEmpty { break }
-                guard let colon = line.firstIndex(of: ":") else { throw TestClientError("bad header line: \(line.debugDescription)") }
-                headers.append((String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
-            }
+            let headers = try readHeaderFields()
             if status == 100 { continue }
-            return (status, TestHeaders(headers))
+            return (status, headers)
         }
+    }
+
+    /// Header lines up to the empty line that ends a head.
+    func readHeaderFields() throws -> TestHeaders {
+        var headers: [(String, String)] = []
+        while true {
+            let line = try readLine()
+            if line.isEmpty { return TestHeaders(headers) }
+            guard let colon = line.firstIndex(of: ":") else { throw TestClientError("bad header line: \(line.debugDescription)") }
+            headers.append((String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+        }
+    }
+
+    /// A body framed as `headers` say: chunked, by Content-Length, or (when `toEOF`) until the
+    /// peer closes; else none.
+    func readBody(_ headers: TestHeaders, toEOF: Bool) throws -> [UInt8] {
+        if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
+            var body: [UInt8] = []
+            while let chunk = try readChunk() { body += chunk }
+            return body
+        }
+        if let length = headers["content-length"].flatMap({ Int($0) }) { return try readBytes(length) }
+        return toEOF ? try readToEOF() : []
     }
 
     /// One chunk of a chunked body; nil at the last (zero) chunk, after its trailer.
@@ -243,16 +260,8 @@ public final class RawConnection {
     /// A whole response: body by Content-Length, chunked, or until EOF.
     public func readResponse(requestMethod: String = "GET") throws -> TestResponse {
         let (status, h) = try readHead()
-        var body: [UInt8] = []
-        if requestMethod == "HEAD" || status == 204 || status == 304 || (100..<200).contains(status) {
-        } else if h["transfer-encoding"]?.lowercased().contains("chunked") == true {
-            while let chunk = try readChunk() { body += chunk }
-        } else if let length = h["content-length"].flatMap({ Int($0) }) {
-            body = try readBytes(length)
-        } else {
-            body = try readToEOF()
-        }
-        return TestResponse(status: status, headers: h, body: body)
+        let bodiless = requestMethod == "HEAD" || status == 204 || status == 304 || (100..<200).contains(status)
+        return TestResponse(status: status, headers: h, body: bodiless ? [] : try readBody(h, toEOF: true))
     }
 
     /// Request bytes for HTTP/1.1 with `Connection: close`.

@@ -70,12 +70,15 @@ public final class ServerProcess: Sendable {
     public let startupSeconds: Double
     private let state: Lock<(exit: ProcessExit?, stdout: Int32)>
 
-    /// Starts `binary --port 0 --data <data> --log-level warning <extra>`; throws (with the log)
-    /// if it does not print its listening line within `timeout`.
-    public init(binary: String, data: String, logPath: String, extraArguments: [String] = [], timeout: Double = 30) throws {
-        let arguments = [binary, "--host", "127.0.0.1", "--port", "0", "--data", data, "--log-level", "warning"] + extraArguments
-        // The test runner's environment, without OPQD_* settings that would change the server.
-        var request = SpawnRequest(arguments, environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("OPQD_") }.map { "\($0.key)=\($0.value)" })
+    /// Starts `binary --host 127.0.0.1 --port 0 --data <data> --log-level <logLevel> <extra>`;
+    /// throws (with the log) if it does not print its listening line within `timeout`. The child
+    /// gets this process's environment without its OPQD_* settings (which would change the server)
+    /// unless `keepOpqdSettings`.
+    public init(binary: String, data: String, logPath: String, extraArguments: [String] = [], timeout: Double = 30,
+                logLevel: String = "warning", keepOpqdSettings: Bool = false) throws {
+        let arguments = [binary, "--host", "127.0.0.1", "--port", "0", "--data", data, "--log-level", logLevel] + extraArguments
+        let environment = ProcessInfo.processInfo.environment.filter { keepOpqdSettings || !$0.key.hasPrefix("OPQD_") }
+        var request = SpawnRequest(arguments, environment: environment.map { "\($0.key)=\($0.value)" })
         request.stdout = .pipe
         request.stderr = .file(logPath, append: true)
         // Tests run in parallel in this process and open sockets without close-on-exec: the

@@ -93,22 +93,10 @@ extension RawConnection {
         let line = try readLine()
         let parts = line.split(separator: " ")
         guard parts.count >= 2 else { throw TestClientError("bad request line: \(line.debugDescription)") }
-        var headers: [(String, String)] = []
-        while true {
-            let header = try readLine()
-            if header.isEmpty { break }
-            guard let colon = header.firstIndex(of: ":") else { throw TestClientError("bad header line: \(header.debugDescription)") }
-            headers.append((String(header[..<colon]), header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
-        }
-        let h = TestHeaders(headers)
-        var body: [UInt8] = []
-        guard readsBody else { return ReceivedRequest(method: String(parts[0]), path: String(parts[1]), headers: h, body: body) }
+        let h = try readHeaderFields()
+        guard readsBody else { return ReceivedRequest(method: String(parts[0]), path: String(parts[1]), headers: h, body: []) }
         if answeringContinue, h["expect"]?.lowercased() == "100-continue" { send("HTTP/1.1 100 Continue\r\n\r\n") }
-        if h["transfer-encoding"]?.lowercased().contains("chunked") == true {
-            while let chunk = try readChunk() { body += chunk }
-        } else if let length = h["content-length"].flatMap({ Int($0) }), length > 0 {
-            body = try readBytes(length)
-        }
+        let body = try readBody(h, toEOF: false)
         return ReceivedRequest(method: String(parts[0]), path: String(parts[1]), headers: h, body: body)
     }
 }
