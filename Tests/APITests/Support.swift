@@ -2,22 +2,7 @@ import Foundation
 import QueueTesting
 import Testing
 
-/// A test gave up because the server answered something it could not continue from.
-struct Unexpected: Error, CustomStringConvertible {
-    let description: String
-    init(_ what: String, _ response: TestResponse? = nil) {
-        description = response.map { "\(what)\n--- response ---\n\($0)" } ?? what
-    }
-}
-
 extension TestResponse {
-    /// This response, if it has `status`; otherwise throws with the whole answer for the log.
-    @discardableResult
-    func expecting(_ status: Int, _ what: String = "") throws -> TestResponse {
-        guard self.status == status else { throw Unexpected("expected \(status) \(what), got \(self.status)", self) }
-        return self
-    }
-
     /// This response, if its body parses as JSON; otherwise throws with the whole answer.
     @discardableResult
     func validJSON(_ what: String = "") throws -> TestResponse {

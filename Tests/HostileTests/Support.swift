@@ -6,14 +6,6 @@ import Testing
 import Glibc
 #endif
 
-/// A test gave up because the server answered something it could not continue from.
-struct Unexpected: Error, CustomStringConvertible {
-    let description: String
-    init(_ what: String, _ response: TestResponse? = nil) {
-        description = response.map { "\(what)\n--- response ---\n\($0)" } ?? what
-    }
-}
-
 /// The real release-like `opqd` binary with its own data and log directories (removed at deinit
 /// unless `keepData`). Every wait has a timeout: a hung server fails a test instead of blocking it.
 final class Opqd: @unchecked Sendable {  // used from one test at a time
@@ -112,13 +104,6 @@ final class Opqd: @unchecked Sendable {  // used from one test at a time
 }
 
 extension TestResponse {
-    /// This response, if it has `status`; otherwise throws with the whole answer.
-    @discardableResult
-    func expecting(_ status: Int, _ what: String = "") throws -> TestResponse {
-        guard self.status == status else { throw Unexpected("expected \(status) \(what), got \(self.status)", self) }
-        return self
-    }
-
     /// The problem type's slug (`…/problems/<slug>`), if this is a problem.
     var problemSlug: String? {
         guard let type = string("type") else { return nil }

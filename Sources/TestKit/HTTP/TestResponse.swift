@@ -57,3 +57,20 @@ public struct TestResponse: Sendable, CustomStringConvertible {
 
     public var description: String { "HTTP \(status)\n\(headers)\n\n\(text.prefix(2000))" }
 }
+
+/// A test gave up because the server answered something it could not continue from.
+public struct Unexpected: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ what: String, _ response: TestResponse? = nil) {
+        description = response.map { "\(what)\n--- response ---\n\($0)" } ?? what
+    }
+}
+
+extension TestResponse {
+    /// This response, if it has `status`; otherwise throws with the whole answer for the log.
+    @discardableResult
+    public func expecting(_ status: Int, _ what: String = "") throws -> TestResponse {
+        guard self.status == status else { throw Unexpected("expected \(status) \(what), got \(self.status)", self) }
+        return self
+    }
+}
