@@ -28,7 +28,7 @@ final class ServerCore: Sendable {
     let maxBodyBytes: Int
     let maxHeaderBytes: Int
     /// Told the status of every answer that leaves (complete responses and stream heads).
-    let responseObserver: (@Sendable (Int) -> Void)?
+    let responseObserver: (@Sendable (String?, Int) -> Void)?
     /// Asked once the head is in (method, path, headers; no query, no body): a response answers
     /// at once and the body is never read.
     let headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)?
@@ -53,7 +53,7 @@ final class ServerCore: Sendable {
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (String, String) -> Void,
-        responseObserver: (@Sendable (Int) -> Void)? = nil,
+        responseObserver: (@Sendable (String?, Int) -> Void)? = nil,
         headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)? = nil
     ) {
         self.headCheck = headCheck
