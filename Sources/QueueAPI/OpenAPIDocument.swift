@@ -9,7 +9,7 @@ info:
   version: 0.1.0
   summary: Operation queues with NSOperation/OperationQueue semantics over HTTP.
   description: |
-    Machine-readable form of `API.md` (the HTTP contract), describing exactly what the
+    Machine-readable form of `docs/API.md` (the HTTP contract), describing exactly what the
     server in this repository does.
 
     Conventions:
@@ -69,8 +69,8 @@ info:
     * While the server starts or stops, any route may answer 503 (problem+json).
     * Kind `command` is off unless the server was started with `--allow-command PATH`
       (repeatable; `OPQD_ALLOW_COMMANDS` takes a colon-separated list): an operation whose
-      `spec.argv[0]` is not exactly one of the allowed executables is refused with 422
-      naming `spec.argv[0]`. With it allowed, a real process runs.
+      `spec.argv[0]` is not exactly one of the allowed executables is refused with 403
+      (`command-not-allowed`) naming `spec.argv[0]`. With it allowed, a real process runs.
     * Operations of kind `external` are driven by workers with the `workers` routes:
       claim (a long poll that hands out a lease), heartbeat, progress, finish.
   license:
@@ -1614,7 +1614,7 @@ components:
     Unprocessable:
       description: |
         Wrong type, unknown or repeated field, value out of range, unknown query
-        parameter, a `command` executable the server does not allow, or an
+        parameter, a `command` `cwd` that is not an existing directory, or an
         `Idempotency-Key` reused with another body (`invalid-field`); `detail` names the
         field and what is allowed.
       content:
@@ -1882,7 +1882,7 @@ components:
             What the operation does; `spec` is checked by the kind (see `DelaySpec`,
             `HTTPSpec`, `CommandSpec`, `ExternalSpec`). `command` is off unless the server
             allows the executable (`--allow-command`); by default every `command` operation
-            is refused with 422.
+            is refused with 403 (`command-not-allowed`).
         name:
           type: string
           maxLength: 256
@@ -2012,10 +2012,11 @@ components:
       additionalProperties: false
       required: [argv]
       description: |
-        Kind `command`: runs an executable without a shell. Refused with 422 unless
-        `argv[0]` is exactly one of the executables the server allows (`--allow-command`;
-        none by default), or when `cwd` is not an existing directory. The result has the
-        exit code and the tails of stdout and stderr.
+        Kind `command`: runs an executable without a shell. Refused with 403
+        (`command-not-allowed`) unless `argv[0]` is exactly one of the executables the
+        server allows (`--allow-command`; none by default), and with 422 when `cwd` is not
+        an existing directory. The result has the exit code and the tails of stdout and
+        stderr.
       properties:
         argv:
           type: array
