@@ -291,6 +291,3 @@ struct TextRow {
         slots.append(Slot(index: index, start: start, count: bytes.count - start))
     }
 }
-
-/// The linked library's version, for messages.
-var sqliteVersion: String { String(cString: sqlite3_libversion()) }
