@@ -1128,8 +1128,10 @@ paths:
       tags: [observation]
       summary: Register a webhook
       description: |
-        Each matching change of the operation is POSTed to `url` as the event JSON (one
-        retry). 409 when the operation has already finished.
+        Each matching change of the operation is POSTed to `url` as the event JSON, in `seq`
+        order, with the `X-Opqd-Event-Seq` header; a failed delivery (no 2xx within 5 s) is
+        tried twice more, 1 s and 2 s later, then dropped. 409 when the operation has already
+        finished.
       requestBody:
         required: true
         content:
