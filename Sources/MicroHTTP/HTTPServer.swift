@@ -38,9 +38,11 @@ public final class HTTPServer: Sendable {
         core.boundPort.load(ordering: .acquiring)
     }
 
-    /// Graceful stop: answers new requests 503 at once, answers every pending deferred request with 503
-    /// `application/problem+json`, closes every stream, waits until in-flight requests are done or
-    /// `timeout` passes, then closes every connection. Idempotent; blocks the calling thread.
+    /// Graceful stop: answers new requests 503 at once (the listen socket stays open until the
+    /// end), answers every pending deferred request with 503 `application/problem+json` except
+    /// those marked `answerBeforeShutdown()`, closes every stream, waits until in-flight requests
+    /// are done or `timeout` passes, answers what is still pending 503, then closes every
+    /// connection. Idempotent; blocks the calling thread.
     /// Do not call it from a handler (it waits for the server threads).
     public func shutdown(timeout: Duration = .seconds(8)) {
         core.shutdown(timeout: timeout)
