@@ -145,8 +145,10 @@ paths:
       summary: Prometheus metrics
       description: |
         Prometheus text exposition format 0.0.4: operations by queue and state, state
-        transitions, operation durations, HTTP requests by status, the newest event's
-        sequence number and, with the SQLite store, its commits (`opqd_store_*`).
+        transitions, operation durations, HTTP answers by method, route pattern and status
+        as they leave (`opqd_http_requests_total{method,route,code}`; route `unmatched` for
+        404/405 and refused tokens, `server` for the server's own 413/431/503), the newest
+        event's sequence number and, with the SQLite store, its commits (`opqd_store_*`).
         Query parameters are ignored.
       responses:
         '400':

@@ -10,7 +10,7 @@ typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerRe
 
 /// Who may call a route when tokens are configured (API.md "Who may call").
 enum RouteAccess: Sendable {
-    /// No token needed: liveness, readiness, the dashboard's static page.
+    /// No token needed: liveness and readiness.
     case open
     /// The read token is enough (GET/HEAD).
     case read

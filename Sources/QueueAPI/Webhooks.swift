@@ -7,7 +7,7 @@ import Locking
 import Synchronization
 
 /// Sends a webhook's POST. Failure modes are results, never traps: the implementation is the
-/// outbound client that the `http` kind uses too (no redirects followed for webhooks).
+/// outbound client that the `http` kind uses too (up to 5 redirects, as `OutboundWebhookTransport` says).
 protocol WebhookTransport: Sendable {
     /// POSTs `body` to `url`; `done(true)` for a 2xx answer, `done(false)` for anything else.
     func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void)
