@@ -1,6 +1,7 @@
 /* The baseline of `opqd-bench http`: a bare libmicrohttpd server answering a fixed 60-byte
- * JSON with a fresh response per request, thread pool of 2, epoll — the configuration
- * MHD-NOTES.md measured fastest. Usage: bare-mhd PORT  (runs until SIGTERM). */
+ * JSON with a fresh response per request, thread pool of 2, epoll — the configuration that
+ * measured fastest on the 2-core development machine, and the one MicroHTTP uses
+ * (Bridge/ServerCore.swift). Usage: bare-mhd PORT  (runs until SIGTERM). */
 #include <microhttpd.h>
 #include <signal.h>
 #include <stdio.h>

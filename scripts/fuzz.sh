@@ -16,9 +16,9 @@
 #
 # Options passed to every fuzzer: -max_len=4096 (requests are small; longer inputs only slow
 # it down), -rss_limit_mb=2048, -timeout=10 (a single input taking longer is a finding),
-# -detect_leaks=0: the Swift runtime's metadata and conformance caches, Foundation's
-# URLSession singletons and the dispatch queues the kinds keep are allocated once per process
-# and never freed, which LeakSanitizer reports at exit although nothing grows per input.
+# -detect_leaks=0: the Swift runtime's metadata and conformance caches, libcurl's global
+# state and the dispatch queues the kinds keep are allocated once per process and never
+# freed, which LeakSanitizer reports at exit although nothing grows per input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/swift/usr/bin:$PATH
@@ -65,7 +65,6 @@ for name in "${names[@]}"; do
   work="$scratch/work/$name"
   crashes="Fuzz/crashes/$name"
   mkdir -p "$corpus" "$work" "$crashes"
-  upper=$(echo "$name" | tr 'a-z-' 'A-Z_')
 
   # Every past finding is replayed first: one that traps again fails the run.
   regressions="Fuzz/regressions/$name"

@@ -51,7 +51,7 @@ shift
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 spec="$root/openapi.yaml"
 
-export NO_COLOR=1 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+export NO_COLOR=1 PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 # The schemathesis executable: on PATH, or where pip puts scripts (system or --user).
 find_schemathesis() {
@@ -94,14 +94,7 @@ auth=()
 if [[ -n "${ST_TOKEN:-}" ]]; then
     # The document says auth is optional (a server without --token needs none); this server
     # has a token, so every operation but /healthz and /readyz (security: []) requires it.
-    python3 - "$spec" "$work/openapi.yaml" <<'EOF'
-import sys
-text = open(sys.argv[1]).read()
-optional = "security:\n  - {}\n  - bearerAuth: []\n"
-if optional not in text:
-    sys.exit("schemathesis: openapi.yaml has no top-level optional bearer security to make required")
-open(sys.argv[2], "w").write(text.replace(optional, "security:\n  - bearerAuth: []\n", 1))
-EOF
+    python3 "$root/scripts/openapi_require_token.py" "$spec" "$work/openapi.yaml"
     spec="$work/openapi.yaml"
     # Through the security scheme, not a raw --header: schemathesis then knows which header is
     # the credential, so a case that leaves it out really goes out without it.
@@ -112,103 +105,6 @@ bearer = "${ST_TOKEN}"
 EOF
     auth=(--header "Authorization: Bearer $ST_TOKEN")  # for the curl probes only
 fi
-
-cat >"$work/opqd_hooks.py" <<'EOF'
-import re
-import uuid
-
-import schemathesis
-
-# schemathesis 4.32 aborts the whole run when a 2xx body holds a string that starts with
-# http:// but is not a valid URL (e.g. an echoed webhook url "http://[x"): it only scans
-# bodies for links, so such a string is simply not one.
-try:
-    from schemathesis.engine import observations as _observations
-
-    _same_origin_path = _observations._same_origin_path
-except (ImportError, AttributeError):  # another schemathesis version: nothing to patch
-    _observations = None
-
-if _observations is not None:
-    def _safe_same_origin_path(value, origin):
-        try:
-            return _same_origin_path(value, origin)
-        except ValueError:
-            return None
-
-    _observations._same_origin_path = _safe_same_origin_path
-
-LONG_POLLS = {
-    ("GET", "/v1/queues/{name}/wait"): ("timeout", 3600.0, 30),
-    ("GET", "/v1/events"): ("wait", 300.0, None),
-    ("POST", "/v1/queues/{name}/claim"): ("wait", 300.0, None),
-}
-CREATES = {"/v1/queues", "/v1/queues/{name}/operations", "/v1/queues/{name}/barrier"}
-BYTE_LIMIT = re.compile(r"must be at most [0-9]+ bytes")
-COMMAND_PATH_FIELD = re.compile(r'"detail":"spec\.(argv\[0\]|cwd): must be an absolute path')
-
-
-@schemathesis.hook
-def before_call(context, case, kwargs):
-    method, path = case.method.upper(), case.operation.path
-    # Schemathesis reuses its few generated Idempotency-Keys across unrelated requests; a
-    # replay then returns the first answer (as it should), e.g. a 201 for a queue deleted
-    # since, which its stateful checks read as "created resource not found". A fresh key per
-    # request keeps the header exercised; replays are tested in Tests/APITests.
-    if case.headers and any(k.lower() == "idempotency-key" for k in case.headers):
-        case.headers = {k: v for k, v in case.headers.items() if k.lower() != "idempotency-key"}
-        case.headers["Idempotency-Key"] = uuid.uuid4().hex
-    rule = LONG_POLLS.get((method, path))
-    if rule is not None:
-        if case.query is None:
-            case.query = {}
-        name, maximum, default = rule
-        # An absent `timeout` of the wait route means 30 s.
-        value = case.query.get(name, default)
-        if not isinstance(value, bool):
-            try:
-                seconds = float(value)
-            except (TypeError, ValueError):
-                seconds = None
-            if seconds is not None and 1.0 < seconds <= maximum:
-                case.query[name] = 1
-
-
-@schemathesis.hook
-def filter_failure(context, failure, case, response):
-    """Drop only reports for refusals the contract documents."""
-    # A create naming dependencies that do not exist is 404 (API.md: unknown operation); the
-    # stateful phase reads any 404 after creating a queue as "created resource not found".
-    if (response is not None and response.status_code == 404 and case.method.upper() == "POST"
-            and case.operation.path == "/v1/queues/{name}/operations"
-            and "no operation with id" in (response.text or "")):
-        return False
-    if type(failure).__name__ != "RejectedPositiveData" or response.status_code != 422:
-        return True
-    if case.method.upper() != "POST":
-        return True
-    text = response.text or ""
-    body = case.body if isinstance(case.body, dict) else {}
-    # Length limits are in UTF-8 bytes; JSON Schema's maxLength counts characters.
-    if BYTE_LIMIT.search(text):
-        return False
-    # `completed` may not exceed a positive `total` (not expressible in JSON Schema).
-    if case.operation.path == "/v1/operations/{id}/progress" and "completed: must not exceed total" in text:
-        return False
-    if case.operation.path not in CREATES:
-        return True
-    # Kind command runs only executables the server allows (none unless configured), in an
-    # existing directory. The server checks the spec's shape before the allow list, so on a
-    # server that allows none, a refusal naming argv[0] or cwd is the documented one too.
-    if body.get("kind") == "command" and ("is not allowed on this server" in text
-                                          or "is not an existing directory" in text
-                                          or COMMAND_PATH_FIELD.search(text)):
-        return False
-    # An Idempotency-Key reused with a different body (schemathesis reuses short keys).
-    if "Idempotency-Key: was already used with a different request body" in text:
-        return False
-    return True
-EOF
 
 status=0
 
@@ -236,7 +132,7 @@ phases="examples,coverage,fuzzing"
 
 echo "== schemathesis $("$st" --version </dev/null | awk '{print $NF}') against $base${ST_TOKEN:+ (with a bearer token)}"
 # From the scratch directory: schemathesis keeps replay data in ./.schemathesis/.
-(cd "$work" && SCHEMATHESIS_HOOKS="$work/opqd_hooks.py" "$st" run "$spec" \
+(cd "$work" && SCHEMATHESIS_HOOKS="$root/scripts/schemathesis_hooks.py" "$st" run "$spec" \
     --url "$base" \
     --checks all \
     --mode all \

@@ -9,7 +9,7 @@
 static inline CURLcode CCurl_easy_setopt_long(CURL *h, CURLoption o, long v) { return curl_easy_setopt(h, o, v); }
 // curl_easy_setopt is variadic: a string option (CURLOPT_URL, ...; libcurl copies it).
 static inline CURLcode CCurl_easy_setopt_string(CURL *h, CURLoption o, const char *v) { return curl_easy_setopt(h, o, v); }
-// curl_easy_setopt is variadic: a pointer option (strings, slists, CURLOPT_PRIVATE, *DATA).
+// curl_easy_setopt is variadic: a pointer option (the error buffer, header slists, *DATA).
 static inline CURLcode CCurl_easy_setopt_pointer(CURL *h, CURLoption o, const void *v) { return curl_easy_setopt(h, o, v); }
 // curl_easy_setopt is variadic: CURLOPT_WRITEFUNCTION / CURLOPT_HEADERFUNCTION.
 static inline CURLcode CCurl_easy_setopt_write_callback(CURL *h, CURLoption o, curl_write_callback v) { return curl_easy_setopt(h, o, v); }
@@ -19,8 +19,6 @@ static inline CURLcode CCurl_easy_setopt_off_t(CURL *h, CURLoption o, curl_off_t
 static inline CURLcode CCurl_easy_getinfo_long(CURL *h, CURLINFO i, long *v) { return curl_easy_getinfo(h, i, v); }
 // curl_easy_getinfo is variadic: a curl_off_t answer (CURLINFO_CONTENT_LENGTH_DOWNLOAD_T).
 static inline CURLcode CCurl_easy_getinfo_off_t(CURL *h, CURLINFO i, curl_off_t *v) { return curl_easy_getinfo(h, i, v); }
-// curl_easy_getinfo is variadic: a pointer answer (CURLINFO_PRIVATE).
-static inline CURLcode CCurl_easy_getinfo_pointer(CURL *h, CURLINFO i, void **v) { return curl_easy_getinfo(h, i, v); }
 // curl_multi_setopt is variadic: a `long` option (CURLMOPT_MAXCONNECTS, ...).
 static inline CURLMcode CCurl_multi_setopt_long(CURLM *m, CURLMoption o, long v) { return curl_multi_setopt(m, o, v); }
 

@@ -47,18 +47,6 @@ CMicroHTTPD_daemon_bind_port(struct MHD_Daemon *daemon)
 }
 
 /*
- * Exists because MHD_get_daemon_info is variadic: the number of open
- * connections (summed over the thread pool's workers by MHD).
- */
-static inline unsigned int
-CMicroHTTPD_daemon_current_connections(struct MHD_Daemon *daemon)
-{
-  const union MHD_DaemonInfo *info =
-    MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
-  return (NULL == info) ? 0 : info->num_connections;
-}
-
-/*
  * Exists because MHD_get_connection_info is variadic: the per-connection
  * pointer stored through MHD_OPTION_NOTIFY_CONNECTION's `socket_context`
  * when the connection started; NULL if none.

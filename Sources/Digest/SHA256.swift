@@ -1,5 +1,6 @@
 /// SHA-256 (FIPS 180-4), small and allocation-light: identifies request bodies for
-/// `Idempotency-Key` (a hash an attacker cannot collide, unlike FNV) and signs webhooks (HMAC).
+/// `Idempotency-Key` (a hash an attacker cannot collide, unlike FNV). `hmac` is for the webhook
+/// signatures of API.md (`X-Opqd-Signature`), which this build does not send yet.
 /// Checked against the FIPS/NIST test vectors in the tests.
 public struct SHA256 {
     private static let k: [UInt32] = [
@@ -104,6 +105,7 @@ public struct SHA256 {
         return outer.finish()
     }
 
+    /// Lowercase hexadecimal, two digits a byte.
     public static func hex(_ bytes: [UInt8]) -> String {
         let digits = Array("0123456789abcdef".utf8)
         var out: [UInt8] = []

@@ -11,8 +11,12 @@ public enum HTTPHandlerResult: Sendable {
     /// A body of unknown length (chunked on HTTP/1.1), e.g. Server-Sent Events. `start` runs on
     /// the server thread right after the headers are queued and must not block.
     case stream(status: Int, headers: [(String, String)], start: @Sendable (HTTPStream) -> Void)
+    /// `result`, reported to the server's `responseObserver` under `route` (e.g. the matched
+    /// pattern `/v1/queues/{name}`) when its answer leaves.
+    indirect case routed(_ route: String, _ result: HTTPHandlerResult)
 }
 
-/// Handles one fully received request. Runs on a server thread: never block it; an error thrown
-/// here is logged and answered with a generic 500 `application/problem+json`.
+/// Handles one fully received request. Runs on a server thread: never block it. An error thrown
+/// here is answered with its `problem` when it is `ProblemConvertible`; any other error is logged
+/// and answered 500 `internal-error`.
 public typealias HTTPHandler = @Sendable (HTTPRequest) throws -> HTTPHandlerResult

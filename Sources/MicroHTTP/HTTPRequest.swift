@@ -8,7 +8,8 @@ public struct HTTPRequest: Sendable {
     public let path: String
     /// Query arguments, percent-decoded; when a name repeats, the last value wins.
     public let query: [String: String]
-    /// Header fields keyed by lowercased name; repeated fields are joined with `", "`.
+    /// Header fields keyed by lowercased name; repeated fields are joined with `", "` (`"; "` for
+    /// `Cookie`).
     public let headers: [String: String]
     /// The request body (empty when there is none).
     public let body: [UInt8]

@@ -16,63 +16,14 @@ public struct HTTPResponse: Sendable {
 }
 
 extension HTTPResponse {
-    /// An `application/problem+json` (RFC 9457) response.
-    static func problem(
-        status: Int, type: String, title: String, detail: String, extraHeaders: [(String, String)] = []
-    ) -> HTTPResponse {
-        var json = #"{"type":"#
-        appendJSONString(type, to: &json)
-        json += #","title":"#
-        appendJSONString(title, to: &json)
-        json += #","status":\#(status),"detail":"#
-        appendJSONString(detail, to: &json)
-        json += "}"
-        return HTTPResponse(
-            status: status,
-            headers: [("Content-Type", "application/problem+json")] + extraHeaders,
-            body: Array(json.utf8)
-        )
-    }
-
     static func payloadTooLarge(bodyBytes: Int, limit: Int) -> HTTPResponse {
-        .problem(
-            status: 413, type: "https://opqd.dev/problems/payload-too-large", title: "Payload Too Large",
-            detail: "request body is \(bodyBytes) bytes; the limit is \(limit) bytes (--max-body)")
+        Problem.payloadTooLarge(bodyBytes: bodyBytes, limit: limit).response
     }
 
     static func headersTooLarge(bytes: Int, limit: Int) -> HTTPResponse {
-        .problem(
-            status: 431, type: "https://opqd.dev/problems/headers-too-large", title: "Request Header Fields Too Large",
-            detail: "the request line and header fields are \(bytes) bytes; the limit (--max-header-bytes) is \(limit) bytes")
+        Problem.headersTooLarge(bytes: bytes, limit: limit).response
     }
 
-    static let badFraming = HTTPResponse.problem(
-        status: 400, type: "https://opqd.dev/problems/bad-framing", title: "Bad Request",
-        detail: "Content-Length must be one decimal number and may not come with Transfer-Encoding", extraHeaders: [("Connection", "close")])
-
-    static let internalError = HTTPResponse.problem(
-        status: 500, type: "https://opqd.dev/problems/internal-error", title: "Internal Server Error",
-        detail: "the server failed to handle the request")
-
-    static let shuttingDown = HTTPResponse.problem(
-        status: 503, type: "https://opqd.dev/problems/shutting-down", title: "Service Unavailable",
-        detail: "the server is shutting down", extraHeaders: [("Connection", "close")])
-}
-
-private func appendJSONString(_ string: String, to json: inout String) {
-    json += "\""
-    for scalar in string.unicodeScalars {
-        switch scalar {
-        case "\"": json += "\\\""
-        case "\\": json += "\\\\"
-        case "\n": json += "\\n"
-        case "\r": json += "\\r"
-        case "\t": json += "\\t"
-        case _ where scalar.value < 0x20:
-            let hex = String(scalar.value, radix: 16)
-            json += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-        default: json.unicodeScalars.append(scalar)
-        }
-    }
-    json += "\""
+    static let badFraming = Problem.badFraming.response
+    static let shuttingDown = Problem.shuttingDown.response
 }

@@ -3,7 +3,8 @@
 extension HTTPServer {
     /// What the bridge does once a request is fully received: refuses a body over the limit
     /// with 413 (`declaredBodyBytes` is the `Content-Length`, checked before the body is read,
-    /// as the bridge does), otherwise runs the handler; an error it throws becomes the generic 500.
+    /// as the bridge does), otherwise runs the handler (a `.routed` result unwrapped); an error it throws becomes its
+    /// problem, or 500.
     /// Needs no `start()`; binds nothing.
     package func handleDetached(_ request: HTTPRequest, declaredBodyBytes: Int? = nil) -> HTTPHandlerResult {
         let limit = core.maxBodyBytes
@@ -14,9 +15,11 @@ extension HTTPServer {
             return .response(.payloadTooLarge(bodyBytes: request.body.count, limit: limit))
         }
         do {
-            return try core.handler(request)
+            var result = try core.handler(request)
+            while case let .routed(_, inner) = result { result = inner }
+            return result
         } catch {
-            return .response(.internalError)
+            return .response(Problem.from(error, requestID: request.id).response)
         }
     }
 }

@@ -11,14 +11,16 @@ public final class HTTPServer: Sendable {
     /// messages from any thread; `level` is a swift-log level name: `"error"` (a handler threw, a
     /// response could not be queued), `"warning"`, `"notice"` (libmicrohttpd's messages, mostly
     /// about misbehaving clients) or `"info"` (started, stopped). `responseObserver` is told the
-    /// status of every answer as it leaves (deferred ones when they are answered), e.g. for metrics.
+    /// status of every answer as it leaves (deferred ones when they are answered), with the route the
+    /// handler named through `HTTPHandlerResult.routed` (nil for the server's own answers: 413,
+    /// 431, 400, 503 while stopping, a head check's refusal), e.g. for metrics.
     /// `headCheck` sees each request's method, path and headers before its body is read; a
     /// response it returns is sent at once (e.g. 401 for a missing token) and the body skipped.
     public init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in },
-        responseObserver: (@Sendable (_ status: Int) -> Void)? = nil,
+        responseObserver: (@Sendable (_ route: String?, _ status: Int) -> Void)? = nil,
         headCheck: (@Sendable (_ head: HTTPRequest) -> HTTPResponse?)? = nil
     ) {
         core = ServerCore(configuration: configuration, handler: handler, log: log, responseObserver: responseObserver,
@@ -36,9 +38,11 @@ public final class HTTPServer: Sendable {
         core.boundPort.load(ordering: .acquiring)
     }
 
-    /// Graceful stop: answers new requests 503 at once, answers every pending deferred request with 503
-    /// `application/problem+json`, closes every stream, waits until in-flight requests are done or
-    /// `timeout` passes, then closes every connection. Idempotent; blocks the calling thread.
+    /// Graceful stop: answers new requests 503 at once (the listen socket stays open until the
+    /// end), answers every pending deferred request with 503 `application/problem+json` except
+    /// those marked `answerBeforeShutdown()`, closes every stream, waits until in-flight requests
+    /// are done or `timeout` passes, answers what is still pending 503, then closes every
+    /// connection. Idempotent; blocks the calling thread.
     /// Do not call it from a handler (it waits for the server threads).
     public func shutdown(timeout: Duration = .seconds(8)) {
         core.shutdown(timeout: timeout)

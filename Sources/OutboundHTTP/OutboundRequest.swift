@@ -69,16 +69,12 @@ public struct OutboundResponse: Sendable {
 /// Why an exchange produced no response. Never a trap: every failure of the target, the
 /// network or the request's own URL ends up here.
 public struct OutboundError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// One of ``types``: `timeout`, `connection-refused`, `dns`, `tls`, `network`,
+    /// One of `timeout`, `connection-refused`, `dns`, `tls`, `network`,
     /// `too-many-redirects`, `redirect-refused`, `invalid-response`, `cancelled`, `invalid-url`
     /// (the request's URL, or another part of the request, is malformed).
     public var type: String
     /// What happened, for people (includes the URL and libcurl's message where there is one).
     public var detail: String
-
-    /// Every value ``type`` takes.
-    public static let types = ["timeout", "connection-refused", "dns", "tls", "network", "too-many-redirects",
-                               "redirect-refused", "invalid-response", "cancelled", "invalid-url"]
 
     /// An error of the given type.
     public init(type: String, detail: String) {

@@ -97,7 +97,6 @@ final class Transfer {
         // Do not wait for a resolver thread when a transfer is dropped (cancel latency).
         _ = CCurl_easy_setopt_long(easy, CURLOPT_QUICK_EXIT, 1)
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer)
-        _ = CCurl_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me)
         _ = CCurl_easy_setopt_write_callback(easy, CURLOPT_WRITEFUNCTION, Transfer.onBody)
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me)
         _ = CCurl_easy_setopt_write_callback(easy, CURLOPT_HEADERFUNCTION, Transfer.onHeader)

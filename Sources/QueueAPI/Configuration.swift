@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Logging
 
 /// Everything `opqd` can be told, from flags or `OPQD_*` variables (flags win).
@@ -223,4 +226,8 @@ public struct OpqdConfiguration: Sendable {
 public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
     public let description: String
     init(_ d: String) { description = d }
+}
+
+enum System {
+    static var coreCount: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
 }

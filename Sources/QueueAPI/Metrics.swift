@@ -3,19 +3,23 @@ import Synchronization
 import QueueStore
 import Locking
 
-/// Prometheus counters fed by the engine's observer and the request dispatcher.
+/// Prometheus counters fed by the engine's observer and by the HTTP server as answers leave.
 final class Metrics: Sendable {
-    /// Requests by status code (100...599), counted without a lock: every request passes here.
-    private let requests = (0..<500).map { _ in Counter() }
+    /// Answers by route label (`GET /v1/queues/{name}`, `Router.unmatched`, or `serverAnswer`
+    /// for the server's own: 413, 431, 400, 503 while stopping) and status. Bounded: labels come
+    /// from the router, never from a request.
+    private let requests = Lock<[String: [Int: UInt64]]>([:])
     private let transitions = Lock<[String: UInt64]>([:])
     /// Start times of executing operations, for the duration histogram.
     private let running = Lock<[UInt64: Timestamp]>([:])
     static let buckets: [Double] = [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 3600]
     private let durations = Lock<(counts: [UInt64], sum: Double, count: UInt64)>(([UInt64](repeating: 0, count: 12), 0, 0))
 
-    func countRequest(status: Int) {
-        guard (100...599).contains(status) else { return }
-        requests[status - 100].value.add(1, ordering: .relaxed)
+    static let serverAnswer = "- server"
+
+    /// One answer that left, under the route the dispatcher named (nil: the server's own).
+    func countRequest(route: String?, status: Int) {
+        requests.withLock { $0[route ?? Self.serverAnswer, default: [:]][status, default: 0] += 1 }
     }
 
     func observe(_ events: [ChangeEvent]) {
@@ -63,10 +67,13 @@ final class Metrics: Sendable {
         }
         s += "opqd_operation_duration_seconds_bucket{le=\"+Inf\"} \(d.count)\n"
         s += "opqd_operation_duration_seconds_sum \(d.sum)\nopqd_operation_duration_seconds_count \(d.count)\n"
-        s += "# HELP opqd_http_requests_total HTTP requests answered, by status.\n# TYPE opqd_http_requests_total counter\n"
-        for (i, counter) in requests.enumerated() {
-            let n = counter.value.load(ordering: .relaxed)
-            if n > 0 { s += "opqd_http_requests_total{code=\"\(i + 100)\"} \(n)\n" }
+        s += "# HELP opqd_http_requests_total HTTP answers sent, by method, route pattern and status (route \"server\": the server's own answers, e.g. 413 or 503 while stopping; \"unmatched\": 404, 405 and refused tokens or targets).\n# TYPE opqd_http_requests_total counter\n"
+        for (label, counts) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            let parts = label.split(separator: " ", maxSplits: 1)
+            let (method, route) = parts.count == 2 ? (String(parts[0]), String(parts[1])) : ("", label)
+            for (status, n) in counts.sorted(by: { $0.key < $1.key }) {
+                s += "opqd_http_requests_total{method=\"\(method)\",route=\"\(route)\",code=\"\(status)\"} \(n)\n"
+            }
         }
         if let st = store {
             s += "# HELP opqd_store_commits_total SQLite transactions committed (group commits).\n# TYPE opqd_store_commits_total counter\nopqd_store_commits_total \(st.commits)\n"
@@ -89,9 +96,4 @@ extension ChangeValue {
         case .int: return "int"
         }
     }
-}
-
-/// One lock-free counter.
-final class Counter: Sendable {
-    let value = Atomic<UInt64>(0)
 }

@@ -1,45 +1,24 @@
 import MicroHTTP
 import QueueEngine
+import QueueKinds
 
-/// An RFC 9457 problem: every 4xx/5xx answer of the API is one.
-public struct Problem: Error, Sendable {
-    public var status: Int
-    /// Short slug; the `type` URI is `https://opqd.dev/problems/<slug>`.
-    public var slug: String
-    public var title: String
-    public var detail: String
-    public var headers: [(String, String)] = []
+// `Problem` and `ProblemConvertible` live in MicroHTTP, so the server's own answers (413,
+// 431, 500, 503) and the API's share one type and one slug set. Every error a handler throws
+// is `ProblemConvertible`; the dispatcher (`APIDispatcher.handle`) is the one place that turns
+// errors into answers.
 
-    public init(_ status: Int, _ slug: String, _ title: String, _ detail: String, headers: [(String, String)] = []) {
-        self.status = status; self.slug = slug; self.title = title; self.detail = detail; self.headers = headers
-    }
-
+extension Problem {
     static func badRequest(_ detail: String) -> Problem { Problem(400, "malformed-request", "Malformed request", detail) }
     static func invalid(_ field: String, _ detail: String) -> Problem {
         Problem(422, "invalid-field", "Invalid field", "\(field): \(detail)")
     }
     static func notFound(_ detail: String) -> Problem { Problem(404, "not-found", "Not Found", detail) }
     static func conflict(_ detail: String) -> Problem { Problem(409, "conflict", "Conflict", detail) }
-
-    public var response: HTTPResponse {
-        var out: [UInt8] = []
-        out.reserveCapacity(160 + detail.utf8.count)
-        out.append(contentsOf: #"{"type":"https://opqd.dev/problems/"#.utf8)
-        out.append(contentsOf: slug.utf8)
-        out.append(contentsOf: #"","title":"#.utf8)
-        JSONWriter.string(title, to: &out)
-        out.append(contentsOf: #","status":"#.utf8)
-        JSONWriter.integer(status, to: &out)
-        out.append(contentsOf: #","detail":"#.utf8)
-        JSONWriter.string(detail, to: &out)
-        out.append(UInt8(ascii: "}"))
-        return HTTPResponse(status: status, headers: [("Content-Type", "application/problem+json")] + headers, body: out)
-    }
 }
 
-extension EngineError {
+extension EngineError: ProblemConvertible {
     /// The HTTP meaning of each domain error (the one place that decides it).
-    var problem: Problem {
+    public var problem: Problem {
         switch self {
         case let .queueNotFound(name): return .notFound("no queue named '\(name)'")
         case let .queueExists(name): return Problem(409, "queue-exists", "Queue exists", "a queue named '\(name)' already exists")
@@ -53,8 +32,10 @@ extension EngineError {
         case let .alreadyStarted(id):
             return Problem(409, "already-started", "Operation already started", "operation \(id) has started; priority and dependencies can change only before it starts")
         case let .invalidArgument(field, detail): return .invalid(field, detail)
-        case let .unknownKind(kind):
-            return .invalid("kind", "unknown kind '\(kind)'; allowed: delay, http, command, external")
+        case let .unknownKind(kind, allowed):
+            return .invalid("kind", "unknown kind '\(kind)'; allowed: \(allowed.joined(separator: ", "))")
+        case let .notPermitted(field, reason, detail):
+            return Problem(403, reason, "Forbidden", "\(field): \(detail)")
         case let .limitReached(detail, limit):
             return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
         }
@@ -78,6 +59,15 @@ extension OperationAction {
         case .resume: return "; only paused operations can be resumed"
         case .cancel: return "; it has already finished"
         default: return ""
+        }
+    }
+}
+
+extension ExternalKind.LeaseError: ProblemConvertible {
+    public var problem: Problem {
+        switch self {
+        case .unknownOperation: return .notFound("no such operation")
+        case let .notLeased(detail): return Problem(409, "lease-conflict", "Lease conflict", detail)
         }
     }
 }

@@ -10,7 +10,7 @@ typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerRe
 
 /// Who may call a route when tokens are configured (API.md "Who may call").
 enum RouteAccess: Sendable {
-    /// No token needed: liveness, readiness, the dashboard's static page.
+    /// No token needed: liveness and readiness.
     case open
     /// The read token is enough (GET/HEAD).
     case read
@@ -23,20 +23,26 @@ enum RouteAccess: Sendable {
 struct Router: Sendable {
     struct Route: Sendable {
         let method: String
+        /// As added, e.g. `/v1/queues/{name}`.
+        let pattern: String
+        /// `GET /v1/queues/{name}`: what `/metrics` counts its answers under.
+        let label: String
         let segments: [String?]  // nil = parameter
         let access: RouteAccess
         let handler: RouteHandler
     }
     private(set) var routes: [Route] = []
+    /// The metrics label of answers no route made (404, 405, a refused token or target).
+    static let unmatched = "- unmatched"
 
     /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else.
     mutating func add(_ method: String, _ pattern: String, access: RouteAccess? = nil, _ handler: @escaping RouteHandler) {
         let segs = pattern.split(separator: "/").map { s -> String? in s.hasPrefix("{") ? nil : String(s) }
-        routes.append(Route(method: method, segments: segs, access: access ?? (method == "GET" ? .read : .write), handler: handler))
+        routes.append(Route(method: method, pattern: pattern, label: method + " " + pattern, segments: segs, access: access ?? (method == "GET" ? .read : .write), handler: handler))
     }
 
     enum Match {
-        case found(RouteHandler, Params, RouteAccess)
+        case found(Route, Params)
         /// The path exists with other methods; `open` when every route on it is `.open` (then
         /// a caller without a token may be told 405: it learns nothing the open routes do not).
         case methodNotAllowed([String], open: Bool)
@@ -63,7 +69,7 @@ struct Router: Sendable {
             }
             guard ok else { continue }
             if r.method == method || (method == "HEAD" && r.method == "GET") {
-                return .found(r.handler, Params(values: params), r.access)
+                return .found(r, Params(values: params))
             }
             if !allowed.contains(r.method) { allowed.append(r.method) }
             if r.access != .open { allOpen = false }

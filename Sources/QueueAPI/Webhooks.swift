@@ -1,3 +1,4 @@
+import MicroHTTP
 import Dispatch
 import Logging
 import QueueEngine
@@ -6,7 +7,7 @@ import Locking
 import Synchronization
 
 /// Sends a webhook's POST. Failure modes are results, never traps: the implementation is the
-/// outbound client that the `http` kind uses too (no redirects followed for webhooks).
+/// outbound client that the `http` kind uses too (up to 5 redirects, as `OutboundWebhookTransport` says).
 protocol WebhookTransport: Sendable {
     /// POSTs `body` to `url`; `done(true)` for a 2xx answer, `done(false)` for anything else.
     func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void)
@@ -111,14 +112,13 @@ final class Webhooks: Sendable {
     }
     private let logger: Logger
     private let transport: any WebhookTransport
-    private let store: SQLiteStore?
+    private let store: any ServiceStore
     let limits: Limits
     private let state = Lock(State())
     static let metaPrefix = "observer:"
 
-    init(logger: Logger, transport: any WebhookTransport, store: SQLiteStore?, limits: Limits) {
+    init(logger: Logger, transport: any WebhookTransport, store: any ServiceStore, limits: Limits) {
         self.logger = logger; self.transport = transport; self.store = store; self.limits = limits
-        guard let store else { return }
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
             guard let hook = Self.decode(id: String(key.dropFirst(Self.metaPrefix.count)), value) else {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
@@ -155,15 +155,13 @@ final class Webhooks: Sendable {
                 throw Self.tooMany("the server has \(s.hooks.count) observers; the limit is \(limits.total) (--max-observers)")
             }
             add(hook, to: &s)
-            if store != nil { s.uncommitted[id] = [] }
+            s.uncommitted[id] = []
         }
-        if let store {
-            let committed: @Sendable () -> Void = { [self] in
-                let waiters = state.withLock { $0.uncommitted.removeValue(forKey: id) } ?? []
-                for w in waiters { w() }
-            }
-            if !store.setMeta([(Self.metaPrefix + id, Self.encode(hook))], then: committed) { remove(id) }
+        let committed: @Sendable () -> Void = { [self] in
+            let waiters = state.withLock { $0.uncommitted.removeValue(forKey: id) } ?? []
+            for w in waiters { w() }
         }
+        if !store.setMeta([(Self.metaPrefix + id, Self.encode(hook))], then: committed) { remove(id) }
         return hook
     }
 
@@ -209,7 +207,7 @@ final class Webhooks: Sendable {
             for w in waiting { w() }
             durable?()
         }
-        if let store, removed != nil {
+        if removed != nil {
             // A store that is closing never calls `done`: the answers then become shutdown's 503.
             store.setMeta([(Self.metaPrefix + id, nil)], then: done)
         } else {

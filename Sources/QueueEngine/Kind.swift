@@ -5,8 +5,11 @@
 /// runs on the kind's own timers, tasks or threads.
 public protocol OperationKind: Sendable {
     /// Checks a spec when an operation is created; throw `EngineError.invalidArgument`
-    /// naming the field (`spec.seconds`, ...) and what is allowed.
+    /// naming the field (`spec.seconds`, ...) and what is allowed, or `.notPermitted` for a
+    /// well-formed spec this server refuses to run.
     func validate(spec: JSONValue?) throws(EngineError)
+    /// The retry policy of an operation created without one (nil: no retries).
+    var defaultRetry: RetryPolicy? { get }
     /// Starts the work, or continues it when `context.isResume` (after a pause).
     /// Report the end with `context.finish(_:)`, which may be called before `start` returns.
     func start(_ context: ExecutionContext)
@@ -34,6 +37,7 @@ public enum Recovery: Sendable, Equatable {
 
 extension OperationKind {
     public func validate(spec: JSONValue?) throws(EngineError) {}
+    public var defaultRetry: RetryPolicy? { nil }
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }
         return .fail("interrupted")

@@ -33,7 +33,11 @@ public enum EngineError: Error, Sendable, Equatable {
     case dependencyCycle(String)
     case alreadyStarted(String)
     case invalidArgument(field: String, detail: String)
-    case unknownKind(String)
+    /// `allowed` lists the kinds a client may name, in the server's order.
+    case unknownKind(String, allowed: [String])
+    /// The request is well formed but this server does not permit it (e.g. an executable the
+    /// `command` kind may not run); `reason` is the problem's slug.
+    case notPermitted(field: String, reason: String, detail: String)
     /// A configured bound was reached; `limit` is its slug (`too-many-queues`,
     /// `too-many-operations`, `too-many-dependencies`). Nothing changed.
     case limitReached(String, limit: String = "limit-reached")

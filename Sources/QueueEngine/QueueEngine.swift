@@ -325,10 +325,16 @@ public final class QueueEngine: Sendable {
         try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { $0.snapshot() }
     }
 
+    /// The kinds a client may name, sorted (the barrier kind is internal).
+    public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
+
     private func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
-        guard let kind = kinds[request.kind] else { throw .unknownKind(request.kind) }
-        if barrier == false && request.kind == "barrier" { throw .unknownKind(request.kind) }
+        guard let kind = kinds[request.kind], barrier || request.kind != "barrier" else {
+            throw .unknownKind(request.kind, allowed: kindNames)
+        }
         try kind.validate(spec: request.spec)
+        var request = request
+        if request.options.retry == nil { request.options.retry = kind.defaultRetry }
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
             guard core.unfinishedTotal < core.maxUnfinished else {

@@ -62,16 +62,23 @@ public final class CommandKind: OperationKind {
 
     // MARK: - spec
 
-    /// Checks argv, env, cwd and timeout; refuses an executable this server does not allow
-    /// with field `spec.argv[0]` (the API answers 403 when ``isAllowed(_:in:)`` is false).
+    private func notAllowed(_ exe: String) -> EngineError {
+        let allowed = configuration.allowCommands.isEmpty
+            ? "none (start opqd with --allow-command PATH)"
+            : configuration.allowCommands.joined(separator: ", ")
+        return .notPermitted(field: "spec.argv[0]", reason: "command-not-allowed",
+                             detail: "executable '\(exe)' is not allowed on this server; allowed: \(allowed)")
+    }
+
+    /// Refuses an executable this server does not allow (`.notPermitted`, 403
+    /// `command-not-allowed`) before anything else about the spec: whatever else is wrong with
+    /// it, it would not run here. Then checks argv, env, cwd and timeout.
     public func validate(spec: JSONValue?) throws(EngineError) {
-        let parsed = try CommandSpec(spec)
-        guard Self.isAllowed(parsed.argv[0], in: configuration) else {
-            let allowed = configuration.allowCommands.isEmpty
-                ? "none (the command kind is off; see allowCommands)"
-                : configuration.allowCommands.joined(separator: ", ")
-            throw .invalidArgument(field: "spec.argv[0]", detail: "executable \(parsed.argv[0]) is not allowed on this server; allowed: \(allowed)")
+        if case let .array(argv)? = spec?["argv"], case let .string(exe)? = argv.first, !Self.isAllowed(exe, in: configuration) {
+            throw notAllowed(exe)
         }
+        let parsed = try CommandSpec(spec)
+        guard Self.isAllowed(parsed.argv[0], in: configuration) else { throw notAllowed(parsed.argv[0]) }
         if let cwd = parsed.cwd {
             var st = stat()
             guard stat(cwd, &st) == 0, st.st_mode & S_IFMT == S_IFDIR else {

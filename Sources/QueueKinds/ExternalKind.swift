@@ -33,6 +33,10 @@ public final class ExternalKind: OperationKind {
         case none
     }
 
+    /// A worker that vanishes is the normal failure of external work: by default a lease that
+    /// runs out is offered twice more before the operation fails.
+    public var defaultRetry: RetryPolicy? { RetryPolicy(maxAttempts: 3, backoff: 0, multiplier: 1) }
+
     /// Why a lease call was refused.
     public enum LeaseError: Error, Sendable {
         case unknownOperation

@@ -285,7 +285,7 @@ enum RecordDecoder {
         return st.withBytes(i) { change($0) } ?? nil
     }
 
-    /// The JSON of a `ChangeValue` (see `RecordBinder.bindChange`).
+    /// The JSON of a `ChangeValue` (see `RecordBinder.addChange`).
     static func change(_ b: UnsafeRawBufferPointer) -> ChangeValue? {
         guard let first = b.first else { return nil }
         switch first {

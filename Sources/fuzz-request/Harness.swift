@@ -173,6 +173,8 @@ final class Harness {
         switch result {
         case let .response(response):
             answered(response, what)
+        case let .routed(_, inner):
+            drive(inner, request)
         case let .deferred(body):
             let responder = HTTPResponder.detached()
             body(responder)

@@ -242,6 +242,50 @@ struct ObservationTests {
         }
     }
 
+    @Test("HTTP answers are counted by method, route and the status that left, deferred ones included")
+    func requestMetricsByRoute() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("held")  // 201, answered after its commit (deferred)
+            #expect(try await server.request("POST", "/v1/queues", json: #"{"name": 5}"#).status == 422)
+            #expect(try await server.request("GET", "/no/such/path").status == 404)
+            #expect(try await server.request("POST", "/v1/queues/held/suspend").status == 200)
+            #expect(try await server.request("POST", "/v1/queues/held/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).status == 201)
+            // A long poll answered by its deadline, well after the handler returned.
+            let wait = try await server.request("GET", "/v1/queues/held/wait?timeout=0.2")
+            #expect(wait.status == 200 && wait.bool("timedOut") == true)
+            let r = try await server.request("GET", "/metrics")
+            let lines = Set(r.text.split(separator: "\n").map(String.init))
+            for expected in [
+                #"opqd_http_requests_total{method="POST",route="/v1/queues",code="201"} 1"#,
+                #"opqd_http_requests_total{method="POST",route="/v1/queues",code="422"} 1"#,
+                #"opqd_http_requests_total{method="-",route="unmatched",code="404"} 1"#,
+                #"opqd_http_requests_total{method="POST",route="/v1/queues/{name}/operations",code="201"} 1"#,
+                #"opqd_http_requests_total{method="GET",route="/v1/queues/{name}/wait",code="200"} 1"#,
+            ] {
+                #expect(lines.contains(expected), "\(expected) in\n\(r.text)")
+            }
+        }
+    }
+
+    @Test("a refused command is 403 command-not-allowed, and external operations retry by default (both decided by the kinds)")
+    func kindRules() async throws {
+        try await withLiveServer({ $0.allowCommands = ["/bin/echo"] }) { server in
+            try await server.createQueue("k")
+            let refused = try await server.request("POST", "/v1/queues/k/operations", json: #"{"kind":"command","spec":{"argv":["/bin/sh","-c","id"]}}"#)
+            #expect(refused.status == 403)
+            #expect(refused.string("type")?.hasSuffix("/command-not-allowed") == true, "\(refused.text)")
+            #expect(refused.string("detail")?.contains("spec.argv[0]") == true && refused.string("detail")?.contains("/bin/echo") == true)
+            let external = try await server.request("POST", "/v1/queues/k/operations", json: #"{"kind":"external","spec":{"lease":30}}"#)
+            #expect(external.status == 201)
+            #expect(external.text.contains(#""maxAttempts":3"#), "\(external.text)")
+            let unknown = try await server.request("POST", "/v1/queues/k/operations", json: #"{"kind":"teleport"}"#)
+            #expect(unknown.status == 422)
+            for kind in ["command", "delay", "external", "http"] {
+                #expect(unknown.string("detail")?.contains(kind) == true, "\(unknown.text)")
+            }
+        }
+    }
+
     @Test("the OpenAPI document is served")
     func openAPI() async throws {
         try await withLiveServer { server in

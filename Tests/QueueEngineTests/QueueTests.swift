@@ -287,8 +287,8 @@ extension Engine {
         func unknownKind() throws {
             let f = Fixture()
             try f.queue("q")
-            #expect(throws: EngineError.unknownKind("nope")) { try f.engine.addOperation(to: "q", OperationRequest(kind: "nope")) }
-            #expect(throws: EngineError.unknownKind("barrier")) { try f.engine.addOperation(to: "q", OperationRequest(kind: "barrier")) }
+            #expect(throws: EngineError.unknownKind("nope", allowed: f.engine.kindNames)) { try f.engine.addOperation(to: "q", OperationRequest(kind: "nope")) }
+            #expect(throws: EngineError.unknownKind("barrier", allowed: f.engine.kindNames)) { try f.engine.addOperation(to: "q", OperationRequest(kind: "barrier")) }
         }
 
         @Test("more unfinished operations than configured is limitReached")

@@ -179,7 +179,8 @@ extension KindsTests {
             #expect(!CommandKind.isAllowed("/usr/bin/env", in: config))
             do {
                 _ = try h.add("command", argv("/usr/bin/env"))
-            } catch let EngineError.invalidArgument(_, detail) {
+            } catch let EngineError.notPermitted(_, reason, detail) {
+                #expect(reason == "command-not-allowed")
                 #expect(detail.contains("not allowed") && detail.contains("/bin/echo"))
             }
         }

@@ -61,6 +61,8 @@ struct Harness {
             return nil
         } catch let EngineError.invalidArgument(field, _) {
             return field
+        } catch let EngineError.notPermitted(field, _, _) {
+            return field
         }
     }
 }

@@ -273,16 +273,27 @@ extension ServerCore {
             body: context.pointee.body
         )
         context.pointee.body = []
-        let result: HTTPHandlerResult
+        var result: HTTPHandlerResult
         do {
             result = try handler(request)
         } catch {
-            log("error", "request \(request.id) \(request.method) \(request.path) failed: \(String(describing: error))")
-            return queue(.internalError, on: connection)
+            if !(error is any ProblemConvertible) {
+                log("error", "request \(request.id) \(request.method) \(request.path) failed: \(String(describing: error))")
+            }
+            return queue(Problem.from(error, requestID: request.id).response, on: connection, route: nil)
         }
+        if case let .routed(route, inner) = result {
+            context.pointee.route = route
+            result = inner
+        }
+        let route = context.pointee.route
         switch result {
         case .response(let response):
-            return queue(response, on: connection)
+            return queue(response, on: connection, route: route)
+        case .routed(_, let inner):
+            // One level of routing is all a handler gives; an answer nested deeper is still sent.
+            if case let .response(response) = inner { return queue(response, on: connection, route: route) }
+            return queue(Problem.internalError(requestID: request.id).response, on: connection, route: route)
         case .deferred(let body):
             let responder = HTTPResponder(connection: MHDConnection(raw: connection))
             context.pointee.responder = responder
@@ -303,7 +314,7 @@ extension ServerCore {
         switch responder.takeResponseOrSuspend() {
         case .response(let response):
             context.pointee.phase = .done
-            return queue(response, on: connection)
+            return queue(response, on: connection, route: context.pointee.route)
         case .suspended:
             return .YES
         case .ended:
@@ -342,7 +353,7 @@ extension ServerCore {
         }
         context.pointee.stream = stream
         context.pointee.phase = .done
-        responseObserver?(status)
+        responseObserver?(context.pointee.route, status)
         let accepted = register(stream)
         start(stream)
         if !accepted { stream.close() }
@@ -350,7 +361,7 @@ extension ServerCore {
     }
 
     /// Queues a complete response (MHD copies the body).
-    func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
+    func queue(_ response: HTTPResponse, on connection: OpaquePointer, route: String? = nil) -> MHD_Result {
         let count = response.body.count
         let created: OpaquePointer? =
             count == 0
@@ -365,7 +376,7 @@ extension ServerCore {
         if !response.headers.isEmpty { addHeaders(response.headers, to: mhdResponse) }
         let queued = MHD_queue_response(connection, statusCode(response.status), mhdResponse)
         MHD_destroy_response(mhdResponse)
-        if queued == .YES { responseObserver?(response.status) }
+        if queued == .YES { responseObserver?(route, response.status) }
         if queued != .YES { log("error", "could not queue a response with status \(response.status)") }
         return queued
     }

@@ -35,6 +35,8 @@ struct ConnectionState {
     /// Body bytes received so far, including any discarded after the limit was passed.
     var received = 0
     var tooLarge = false
+    /// The route the handler named (`HTTPHandlerResult.routed`), for `responseObserver`.
+    var route: String?
     var responder: HTTPResponder?
     var stream: HTTPStream?
 
@@ -56,5 +58,6 @@ struct ConnectionState {
         self.targetBytes = targetBytes
         received = 0
         tooLarge = false
+        route = nil
     }
 }

@@ -28,7 +28,7 @@ final class ServerCore: Sendable {
     let maxBodyBytes: Int
     let maxHeaderBytes: Int
     /// Told the status of every answer that leaves (complete responses and stream heads).
-    let responseObserver: (@Sendable (Int) -> Void)?
+    let responseObserver: (@Sendable (String?, Int) -> Void)?
     /// Asked once the head is in (method, path, headers; no query, no body): a response answers
     /// at once and the body is never read.
     let headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)?
@@ -53,7 +53,7 @@ final class ServerCore: Sendable {
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (String, String) -> Void,
-        responseObserver: (@Sendable (Int) -> Void)? = nil,
+        responseObserver: (@Sendable (String?, Int) -> Void)? = nil,
         headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)? = nil
     ) {
         self.headCheck = headCheck
@@ -86,7 +86,7 @@ final class ServerCore: Sendable {
             }
 
             // EPOLL_INTERNAL_THREAD implies INTERNAL_POLLING_THREAD; ALLOW_SUSPEND_RESUME brings the
-            // inter-thread channel that resume and MHD_quiesce_daemon need.
+            // inter-thread channel that MHD_resume_connection needs.
             let flags = MHD_USE_EPOLL_INTERNAL_THREAD.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
                 | MHD_USE_ERROR_LOG.rawValue
             let context = Unmanaged.passRetained(self).toOpaque()
@@ -147,9 +147,9 @@ final class ServerCore: Sendable {
             // No MHD_quiesce_daemon: with the epoll thread pool it races the workers, which
             // also take the listen socket out of their epoll sets once quiesced, and the loser
             // aborts the process ("Failed to remove listen FD from epoll set"; seen twice under
-            // ThreadSanitizer). New connections in the short drain below are served as usual;
-            // new requests get 503 at once (`refusing`), so in-flight work drains. MHD_stop_daemon closes the listen socket itself.
-
+            // ThreadSanitizer). New connections in the short drain below are still accepted;
+            // their requests get 503 at once (`refusing`), so in-flight work drains.
+            // MHD_stop_daemon closes the listen socket itself.
             // From now on a request whose headers arrive is answered 503 (it changes nothing),
             // so the in-flight count drains even under steady load.
             refusing.store(true, ordering: .releasing)
@@ -161,7 +161,6 @@ final class ServerCore: Sendable {
             // `stopping` keeps new deferred requests and streams from suspending from now on.
             for responder in responders where !responder.keepsThroughShutdown { responder.respond(.shuttingDown) }
             for stream in streams { stream.close() }
-
 
             // Idle keep-alive connections stay open until they time out, so "in flight" is counted
             // per request; either count reaching zero means nothing is left to finish.
@@ -227,8 +226,8 @@ final class ServerCore: Sendable {
     }
 }
 
-/// The daemon handle. `@unchecked Sendable`: MHD's daemon calls used here (quiesce, info, stop)
-/// are made from one thread at a time, under `ServerCore.lifecycle`.
+/// The daemon handle. `@unchecked Sendable`: MHD's daemon calls used here (info, stop) are
+/// made from one thread at a time, under `ServerCore.lifecycle`.
 struct MHDDaemon: @unchecked Sendable {
     let raw: OpaquePointer
 }

@@ -26,7 +26,7 @@ final class SQLiteConnection {
     private var handle: OpaquePointer?
     private var statements: [SQLiteStatement] = []
 
-    /// Opens (and, unless `readOnly`, creates) the file.
+    /// Opens the file for reading and writing; with `create`, creates it when it is missing.
     init(path: String, create: Bool) throws(SQLiteFailure) {
         var db: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
@@ -291,6 +291,3 @@ struct TextRow {
         slots.append(Slot(index: index, start: start, count: bytes.count - start))
     }
 }
-
-/// The linked library's version, for messages.
-var sqliteVersion: String { String(cString: sqlite3_libversion()) }

@@ -3,14 +3,15 @@ import MicroHTTP
 import QueueEngine
 import QueueKinds
 
-/// Routes for workers of `external` operations: claim (long poll), heartbeat, progress, finish,
-/// and the list of live workers.
-struct WorkerRoutes {
-    let app: OpqdApplication
-    var engine: QueueEngine { app.engine }
-    var external: ExternalKind { app.external }
+/// Workers of `external` operations: claim (long poll), heartbeat, progress, finish, and the
+/// list of live workers.
+struct WorkersController: Sendable {
+    let engine: QueueEngine
+    let external: ExternalKind
+    let durability: Durability
+    let limits: OpqdConfiguration.Limits
 
-    func register(in r: inout Router) {
+    func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues/{name}/claim") { req, p in try claim(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/heartbeat") { req, p in try heartbeat(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/progress") { req, p in try progress(req, p[0]) }
@@ -18,7 +19,7 @@ struct WorkerRoutes {
         r.add("GET", "/v1/workers") { req, _ in try workers(req) }
     }
 
-    func leaseJSON(_ lease: ExternalKind.Lease, to o: inout JSONOut) {
+    static func write(_ lease: ExternalKind.Lease, to o: inout JSONOut) {
         o.open()
         o.key("token"); o.string(lease.token)
         o.key("expiresAt"); o.time(lease.expiresAt)
@@ -27,13 +28,13 @@ struct WorkerRoutes {
     }
 
     /// `{"operation": status, "lease": {...}}` plus, for heartbeats, the two flags a worker acts on.
-    func leaseAnswer(_ lease: ExternalKind.Lease, flags: Bool) -> HTTPResponse {
+    static func answer(_ lease: ExternalKind.Lease, engine: QueueEngine, flags: Bool) -> HTTPResponse {
         let op = try? engine.operation(lease.operation)
         var o = JSONOut()
         o.open()
         o.key("operation")
         if let op { op.write(to: &o) } else { o.null() }
-        o.key("lease"); leaseJSON(lease, to: &o)
+        o.key("lease"); write(lease, to: &o)
         if flags {
             o.key("isCancelled"); o.bool(op?.isCancelled ?? false)
             o.key("isPaused"); o.bool(op?.isPaused ?? false)
@@ -48,18 +49,16 @@ struct WorkerRoutes {
         let b = try Body(req, allowed: ["worker"], emptyIsObject: true)
         let worker = try b.string("worker", maxLength: 128) ?? "worker-\(req.header("x-forwarded-for").map { String($0.prefix(64)) } ?? "anonymous")"
         _ = try engine.queue(named: queue)
-        let external = self.external
+        let (external, engine) = (self.external, self.engine)
         let (lease, _) = external.claim(queue: queue, worker: worker, wait: nil)
-        if let lease { return ack(leaseAnswer(lease, flags: false)) }
+        if let lease { return durability.ack(Self.answer(lease, engine: engine, flags: false)) }
         if wait == 0 { return .response(HTTPResponse(status: 204)) }
-        let answer = self.leaseAnswer
-        let engine = self.engine
         return .deferred { responder in
             // The lease is saved with the operation: answer once that is durable.
             let (lease, waiter) = external.claim(queue: queue, worker: worker) { lease in
-                engine.whenDurable { responder.respond(answer(lease, false)) }
+                engine.whenDurable { responder.respond(Self.answer(lease, engine: engine, flags: false)) }
             }
-            if let lease { engine.whenDurable { responder.respond(answer(lease, false)) }; return }
+            if let lease { engine.whenDurable { responder.respond(Self.answer(lease, engine: engine, flags: false)) }; return }
             guard let waiter else { return }
             EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
@@ -72,24 +71,14 @@ struct WorkerRoutes {
         return t
     }
 
-
-    func leaseProblem(_ e: ExternalKind.LeaseError) -> Problem {
-        switch e {
-        case .unknownOperation: return Problem.notFound("no such operation")
-        case let .notLeased(detail): return Problem(409, "lease-conflict", "Lease conflict", detail)
-        }
-    }
-
     func heartbeat(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken"])
         let t = try token(b)
         _ = try engine.revision(of: id)
-        do {
-            let lease = try external.heartbeat(id, token: t)
-            return ack(leaseAnswer(lease, flags: true))
-        } catch { throw leaseProblem(error) }
+        let lease = try external.heartbeat(id, token: t)
+        return durability.ack(Self.answer(lease, engine: engine, flags: true))
     }
 
     func progress(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
@@ -103,10 +92,9 @@ struct WorkerRoutes {
         let total = try b.number("total", in: 0...1e15, what: "a number from 0") ?? 0
         if total > 0 && completed > total { throw Problem.invalid("completed", "must not exceed total (\(total)); got \(completed)") }
         _ = try engine.revision(of: id)
-        let lease: ExternalKind.Lease
-        do { lease = try external.lease(id, token: t) } catch { throw leaseProblem(error) }
+        let lease = try external.lease(id, token: t)
         lease.context.progress(completed: completed, total: total)
-        return ack(json(200, try engine.operation(id).json))
+        return durability.ack(json(200, try engine.operation(id).json))
     }
 
     func finish(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
@@ -114,8 +102,7 @@ struct WorkerRoutes {
         let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "result", "error"])
         let t = try token(b)
-        let completion: Completion
-        let maxResult = app.configuration.limits.resultBytes
+        let maxResult = limits.resultBytes
         for field in ["result", "error"] {
             if let v = b[field] {
                 let size = v.bytes.count
@@ -125,6 +112,7 @@ struct WorkerRoutes {
                 }
             }
         }
+        let completion: Completion
         switch (b["result"], b["error"]) {
         case (.some, .some): throw Problem.invalid("error", "give either result or error, not both")
         case let (.some(result), nil): completion = .succeeded(result)
@@ -140,20 +128,16 @@ struct WorkerRoutes {
         }
         let op = try engine.operation(id)
         if op.isFinished { throw Problem(409, "already-finished", "Already finished", "operation \(id) has already finished (\(op.outcome?.rawValue ?? "?"))") }
-        do {
-            try external.finish(id, token: t, completion)
-        } catch { throw leaseProblem(error) }
-        return ack(json(200, try engine.operation(id).json))
+        try external.finish(id, token: t, completion)
+        return durability.ack(json(200, try engine.operation(id).json))
     }
-
-    func ack(_ r: HTTPResponse) -> HTTPHandlerResult { Routes(app: app).ack(r) }
 
     func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after"])
         let after = q.values["after"]
         var byWorker: [String: [ExternalKind.Lease]] = [:]
         for l in external.leases where after.map({ l.worker > $0 }) ?? true { byWorker[l.worker, default: []].append(l) }
-        let budget = app.configuration.limits.pageBytes - 160
+        let budget = pageBudget(limits)
         var o = JSONOut()
         o.open(); o.key("workers"); o.openArray()
         var next: String? = nil, last: String? = nil

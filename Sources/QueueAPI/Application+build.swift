@@ -1,0 +1,136 @@
+import Dispatch
+import Logging
+import MicroHTTP
+import QueueEngine
+import QueueKinds
+import QueueStore
+
+/// Builds the service from its configuration; `opqd` and the tests both call this. The store,
+/// the engine and what feeds clients come first, then the router (every controller with just
+/// the dependencies it uses), then the server around it; nothing refers back to the application.
+public func buildApplication(configuration: OpqdConfiguration, logger: Logger? = nil) throws -> OpqdApplication {
+    var logger = logger ?? Logger(label: "opqd")
+    logger.logLevel = configuration.logLevel
+    let limits = configuration.limits
+
+    let store: any ServiceStore = configuration.store == "sqlite"
+        ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
+        : MemoryServiceStore()
+    var recovered = try store.recoverState()
+    if var r = recovered {
+        r.poisoned = countUncleanStops(store, r, logger: logger)
+        recovered = r
+    }
+
+    let external = ExternalKind()
+    let kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands), external: external)
+    let engine = QueueEngine(
+        kinds: kinds, store: store.engineStore,
+        configuration: EngineConfiguration(
+            defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
+            maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
+            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies))
+
+    let lastSeq = recovered?.lastSeq ?? 0
+    let kept = contiguousTail(store.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
+    let events = EventLog(capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
+                          maxBacklog: limits.sseBacklog)
+    events.append(kept)
+    let idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
+    idempotency.preload(store.loadIdempotency().map {
+        ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
+    })
+    let webhooks = Webhooks(logger: logger, transport: OutboundWebhookTransport(), store: store,
+                            limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
+    let lifecycle = Lifecycle()
+    let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
+
+    let metrics = Metrics()
+    let router = buildRouter(
+        engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
+        store: store, lifecycle: lifecycle, limits: limits)
+    let dispatcher = APIDispatcher(router: router, access: Access(token: configuration.token, readToken: configuration.readToken)) { [logger] request, error in
+        logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
+    }
+    let server = HTTPServer(
+        configuration: HTTPServerConfiguration(
+            host: configuration.host, port: configuration.port, threads: configuration.threads,
+            maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
+            connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes),
+        handler: { request in dispatcher.handle(request) },
+        log: { [logger] level, message in
+            logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
+        },
+        responseObserver: { route, status in metrics.countRequest(route: route, status: status) },
+        headCheck: { head in dispatcher.refusal(head) })
+
+    _ = engine.observeAll { batch in metrics.observe(batch) }
+    // Clients are shown only committed changes: a seq once shown always names the same event.
+    engine.observeDurable { batch in
+        events.append(batch)
+        webhooks.deliver(batch)
+    }
+    if let recovered {
+        engine.restore(recovered)
+        logger.info("store recovered", metadata: [
+            "path": "\(store.path)", "queues": "\(recovered.queues.count)",
+            "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
+            "poisoned": "\(recovered.poisoned.count)",
+        ])
+    }
+    return OpqdApplication(configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
+                           store: store, lifecycle: lifecycle, logger: logger)
+}
+
+/// Every route of the API, each controller holding only what it uses.
+func buildRouter(
+    engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
+    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits
+) -> Router {
+    var router = Router()
+    ServiceController(engine: engine, events: events, metrics: metrics, store: store, lifecycle: lifecycle).addRoutes(to: &router)
+    QueuesController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
+    OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits).addRoutes(to: &router)
+    ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
+    EventsController(events: events, limits: limits).addRoutes(to: &router)
+    WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)
+    return router
+}
+
+/// The stored events the feed starts with: the newest run of consecutive seqs ending at the
+/// last seq ever given out. The feed finds events by their offset in one gap-free run, and
+/// events of purged operations or deleted queues leave gaps in the store: a cursor before a
+/// gap gets 410, which is true (events after it are no longer all kept).
+func contiguousTail(_ events: [ChangeEvent], lastSeq: UInt64) -> [ChangeEvent] {
+    guard let last = events.last, last.seq == lastSeq else { return [] }
+    var i = events.count - 1
+    while i > 0 && events[i - 1].seq &+ 1 == events[i].seq { i -= 1 }
+    return Array(events[i...])
+}
+
+/// Poison operations (API.md "Crashes"): counts, per operation, the unclean stops in a row
+/// it was executing during, durably before anything runs again. A clean stop (`shutdown`)
+/// leaves a marker and clears the counts. Returns those that reached 3.
+func countUncleanStops(_ store: any ServiceStore, _ recovered: RecoveredState, logger: Logger) -> Set<OperationID> {
+    let clean = store.meta(prefix: "clean_stop").contains { $0.key == "clean_stop" && $0.value == "1" }
+    var counts: [String: Int] = [:]
+    for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
+    var writes: [(key: String, value: String?)] = [("clean_stop", nil)]
+    var poisoned: Set<OperationID> = []
+    if !clean {
+        var executing: Set<String> = []
+        for op in recovered.operations where op.state == .executing {
+            let key = "crashes:\(op.id)"
+            executing.insert(key)
+            let n = min((counts[key] ?? 0) + 1, 1_000)
+            writes.append((key, String(n)))
+            if n >= 3 { poisoned.insert(op.id) }
+        }
+        // "In a row": an operation that was not executing during this crash starts over.
+        for key in counts.keys where !executing.contains(key) { writes.append((key, nil)) }
+        if !executing.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(executing.count)"]) }
+    }
+    let committed = DispatchSemaphore(value: 0)
+    if store.setMeta(writes, then: { committed.signal() }) { committed.wait() }
+    return poisoned
+}

@@ -1,0 +1,62 @@
+import Dispatch
+import MicroHTTP
+import QueueEngine
+
+/// The change feed (`/v1/events`, a long poll) and its Server-Sent Events stream.
+struct EventsController: Sendable {
+    let events: EventLog
+    let limits: OpqdConfiguration.Limits
+
+    func addRoutes(to r: inout Router) {
+        r.add("GET", "/v1/events") { req, _ in try feed(req) }
+        r.add("GET", "/v1/events/stream") { req, _ in try stream(req) }
+    }
+
+    func feed(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["after", "limit", "wait"])
+        let after = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        let limit = try q.int("limit", in: 1...10_000) ?? 1000
+        let wait = try q.seconds("wait", max: 300) ?? 0
+        let (log, maxBytes) = (events, pageBudget(limits))
+        @Sendable func answer() -> HTTPResponse {
+            switch log.page(after: after, limit: limit, maxBytes: maxBytes) {
+            case let .gone(oldest):
+                return Self.expired(after: after, oldest: oldest).response
+            case let .events(list, last):
+                var o = JSONOut(capacity: 200 * list.count + 64)
+                o.open(); o.key("events"); o.openArray()
+                for e in list { o.raw(e) }
+                o.closeArray()
+                o.key("next"); o.int(last)
+                o.close()
+                return json(200, o.bytes)
+            }
+        }
+        if wait == 0 || log.lastSeq > after { return .response(answer()) }
+        return .deferred { responder in
+            guard let token = log.wait(after: after, { responder.respond(answer()) }) else { return }
+            EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
+                log.cancelWait(token)
+                responder.respond(answer())
+            }
+        }
+    }
+
+    static func expired(after: UInt64, oldest: UInt64) -> Problem {
+        // `oldest` is at least 1 whenever events were dropped.
+        Problem(410, "cursor-expired", "Gone",
+                "events after \(after) are no longer kept; the oldest kept event is \(oldest); restart from after=\(oldest &- 1)")
+    }
+
+    func stream(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["after"])
+        var start = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        if q.values["after"] == nil, let last = req.header("last-event-id"), let n = UInt64(last) { start = n }
+        let (after, log) = (start, events)
+        // `oldestKept` is at least 1; `after + 1` would overflow for a client-given UInt64.max.
+        if after < log.oldestKept - 1 && log.lastSeq > 0 { throw Self.expired(after: after, oldest: log.oldestKept) }
+        return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Connection", "close")]) { stream in
+            if !log.subscribe(stream, after: after) { stream.close() }
+        }
+    }
+}

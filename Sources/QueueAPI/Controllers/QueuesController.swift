@@ -1,0 +1,141 @@
+import Dispatch
+import MicroHTTP
+import QueueEngine
+
+/// `/v1/queues`: create, list, read, change and delete queues; suspend, resume, cancel-all,
+/// barriers and the idle long poll.
+struct QueuesController: Sendable {
+    let engine: QueueEngine
+    let durability: Durability
+    let limits: OpqdConfiguration.Limits
+
+    func addRoutes(to r: inout Router) {
+        r.add("POST", "/v1/queues") { req, _ in try durability.idempotent(req) { try create(req) } }
+        r.add("GET", "/v1/queues") { req, _ in try list(req) }
+        r.add("GET", "/v1/queues/{name}") { req, p in try get(req, p[0]) }
+        r.add("PATCH", "/v1/queues/{name}") { req, p in try patch(req, p[0]) }
+        r.add("DELETE", "/v1/queues/{name}") { req, p in try delete(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/suspend") { req, p in try action(req) { () throws(EngineError) in try engine.suspend(p[0]) } }
+        r.add("POST", "/v1/queues/{name}/resume") { req, p in try action(req) { () throws(EngineError) in try engine.resumeQueue(p[0]) } }
+        r.add("POST", "/v1/queues/{name}/cancel-all") { req, p in try action(req) { () throws(EngineError) in try engine.cancelAll(p[0]) } }
+        r.add("GET", "/v1/queues/{name}/wait") { req, p in try wait(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/barrier") { req, p in try durability.idempotent(req) { try barrier(req, p[0]) } }
+    }
+
+    static let maxConcurrentRule = "a positive integer up to 1000000, or -1 for the server's default"
+
+    func maxConcurrent(_ b: Body) throws(Problem) -> Int? {
+        let max = try b.int("maxConcurrentOperationCount", in: -1...1_000_000, what: Self.maxConcurrentRule)
+        if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be a positive integer or -1 for the server's default; got 0") }
+        return max
+    }
+
+    func create(_ req: HTTPRequest) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["name", "maxConcurrentOperationCount", "isSuspended"])
+        guard let name = try b.string("name", maxLength: 1000) else {
+            throw Problem.invalid("name", "is required: [A-Za-z0-9._-]{1,64}")
+        }
+        let max = try maxConcurrent(b)
+        let suspended = try b.bool("isSuspended") ?? false
+        let q = try engine.createQueue(name: name, maxConcurrentOperationCount: max ?? -1, isSuspended: suspended)
+        return json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", ETag.queue(q))])
+    }
+
+    func list(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["after", "limit"])
+        let after = q.values["after"]
+        let limit = try q.int("limit", in: 1...100_000) ?? 100_000
+        let budget = pageBudget(limits)
+        var o = JSONOut(capacity: 4096)
+        o.open(); o.key("queues"); o.openArray()
+        // Sorted by name; a page ends at `limit` or the byte budget, and `next` carries on.
+        var count = 0
+        var next: String? = nil
+        var lastName: String? = nil
+        for queue in engine.queues() where after.map({ queue.name > $0 }) ?? true {
+            if count == limit { next = lastName; break }
+            let before = o.bytes.count
+            queue.write(to: &o)
+            if count > 0 && o.bytes.count > budget { o.truncate(to: before); next = lastName; break }
+            lastName = queue.name
+            count += 1
+        }
+        o.closeArray()
+        o.key("next")
+        if let next { o.string(next) } else { o.null() }
+        o.close()
+        return .response(json(200, o.bytes))
+    }
+
+    func get(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        let q = try engine.queue(named: name)
+        let etag = ETag.queue(q)
+        if ETag.matches(req, etag) { return ETag.notModified(etag) }
+        return .response(json(200, q.json, [("ETag", etag)]))
+    }
+
+    func patch(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["maxConcurrentOperationCount", "isSuspended"])
+        let max = try maxConcurrent(b)
+        let suspended = try b.bool("isSuspended")
+        let q = try engine.updateQueue(name, maxConcurrentOperationCount: max, isSuspended: suspended)
+        return durability.ack(json(200, q.json, [("ETag", ETag.queue(q))]))
+    }
+
+    func delete(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["force"])
+        try engine.deleteQueue(name, force: try q.bool("force") ?? false)
+        return durability.ack(HTTPResponse(status: 204))
+    }
+
+    func action(_ req: HTTPRequest, _ action: () throws(EngineError) -> QueueSnapshot) throws -> HTTPHandlerResult {
+        try requireNoBody(req)
+        _ = try Query(req, allowed: [])
+        let q = try action()
+        return durability.ack(json(200, q.json, [("ETag", ETag.queue(q))]))
+    }
+
+    func wait(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["timeout"])
+        let timeout = try q.seconds("timeout", max: 3600) ?? 30
+        _ = try engine.queue(named: name)
+        let engine = self.engine
+        @Sendable func answer(_ idle: Bool) -> HTTPResponse {
+            let count = (try? engine.queue(named: name).operationCount) ?? 0
+            var o = JSONOut()
+            o.open()
+            o.key("queue"); o.string(name)
+            o.key("idle"); o.bool(idle)
+            o.key("timedOut"); o.bool(!idle)
+            o.key("operationCount"); o.int(count)
+            o.close()
+            return json(200, o.bytes)
+        }
+        if try engine.queue(named: name).operationCount == 0 { return .response(answer(true)) }
+        if timeout == 0 { return .response(answer(false)) }
+        return .deferred { responder in
+            let token: UInt64?
+            do {
+                token = try engine.onIdle(name) { idle in responder.respond(answer(idle)) }
+            } catch {
+                // Deleted between the check above and now.
+                responder.respond(Problem.from(error, requestID: req.id).response)
+                return
+            }
+            guard let token else { return }
+            EngineTimers.queue.asyncAfter(deadline: .now() + timeout) {
+                if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
+            }
+        }
+    }
+
+    func barrier(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["name"], emptyIsObject: true)
+        let op = try engine.addBarrier(to: queue, name: try b.string("name"))
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+    }
+}

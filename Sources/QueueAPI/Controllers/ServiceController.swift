@@ -1,0 +1,37 @@
+import MicroHTTP
+import QueueEngine
+import Synchronization
+
+/// Set when shutdown begins; readiness reads it.
+final class Lifecycle: Sendable {
+    let stopping = Atomic<Bool>(false)
+    var isStopping: Bool { stopping.load(ordering: .relaxed) }
+}
+
+/// Liveness, readiness, `/metrics` and the served OpenAPI document.
+struct ServiceController: Sendable {
+    let engine: QueueEngine
+    let events: EventLog
+    let metrics: Metrics
+    let store: any ServiceStore
+    let lifecycle: Lifecycle
+
+    func addRoutes(to r: inout Router) {
+        r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        r.add("GET", "/readyz", access: .open) { _, _ in readyz() }
+        r.add("GET", "/metrics") { _, _ in
+            .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+                                   body: metrics.render(engine: engine, lastSeq: events.lastSeq, store: store.storeStats)))
+        }
+        r.add("GET", "/openapi.yaml") { _, _ in
+            .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
+        }
+    }
+
+    func readyz() -> HTTPHandlerResult {
+        if lifecycle.isStopping {
+            return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
+        }
+        return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store.name)\"}".utf8)))
+    }
+}

@@ -1,0 +1,81 @@
+import MicroHTTP
+import QueueEngine
+import QueueStore
+
+/// Every 2xx to a change is durable: answers wait for the commit that holds the change, and a
+/// create with an `Idempotency-Key` keeps its answer (durably too) for a repeat.
+struct Durability: Sendable {
+    let engine: QueueEngine
+    let idempotency: IdempotencyCache
+    let store: any ServiceStore
+    /// Seconds an idempotency key is kept (`--retain`).
+    let retain: Double
+
+    /// Answers a change only once it is durable.
+    func ack(_ response: HTTPResponse) -> HTTPHandlerResult {
+        guard engine.store.wantsRecords else { return .response(response) }
+        let engine = self.engine
+        return .deferred { responder in
+            // The change is made: at shutdown this answer is waited for, never replaced by a 503.
+            responder.answerBeforeShutdown()
+            engine.whenDurable { responder.respond(response) }
+        }
+    }
+
+    /// A create: answered once durable; with an `Idempotency-Key`, a repeat gets the first
+    /// answer instead of creating a second resource.
+    func idempotent(_ req: HTTPRequest, _ body: () throws -> HTTPResponse) throws -> HTTPHandlerResult {
+        guard let key = req.header("idempotency-key") else { return ack(try body()) }
+        guard !key.isEmpty, key.utf8.count <= 255 else {
+            throw Problem.invalid("Idempotency-Key", "must be 1 to 255 characters")
+        }
+        let scope = req.path + "\u{0}" + key
+        let bodyHash = IdempotencyCache.hash(req.body)
+        switch idempotency.begin(scope, hash: bodyHash, now: SystemClock().now(), retain: retain) {
+        case let .full(problem):
+            throw problem
+        case let .replay(response):
+            var r = response
+            r.headers.append(("Idempotent-Replayed", "true"))
+            return .response(r)
+        case .inProgress:
+            throw Problem(409, "idempotency-in-progress", "Request in progress", "a request with this Idempotency-Key is still being processed; retry shortly")
+        case .mismatch:
+            throw Problem.invalid("Idempotency-Key", "was already used with a different request body")
+        case .new:
+            let response: HTTPResponse
+            do {
+                response = try body()
+            } catch let error as any ProblemConvertible {
+                // A refusal is an answer too: a repeat with the same key gets the same refusal.
+                response = error.problem.response
+            } catch {
+                idempotency.abandon(scope)
+                throw error
+            }
+            // A refusal that may pass (429, 5xx) is not kept: a retry with the same key gets a new try.
+            if response.status == 429 || response.status >= 500 {
+                idempotency.abandon(scope)
+                return .response(response)
+            }
+            let (cache, engine, store) = (idempotency, engine, store)
+            guard store.isDurable else {
+                cache.finish(scope, response: response)
+                return .response(response)
+            }
+            let record = IdempotencyRecord(scope: scope, bodyHash: bodyHash, status: response.status,
+                                           headers: response.headers, body: response.body, createdAt: SystemClock().now())
+            // Until the change and the kept answer are committed, a retry gets 409 in-progress,
+            // never a replay of an answer a crash could still take back.
+            return .deferred { responder in
+                responder.answerBeforeShutdown()
+                engine.whenDurable {
+                    store.saveIdempotency(record) {
+                        cache.finish(scope, response: response)
+                        responder.respond(response)
+                    }
+                }
+            }
+        }
+    }
+}
