@@ -352,7 +352,7 @@ enum EngineBench {
 
     // MARK: - helpers
 
-    static func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+    static func now() -> Double { monotonicSeconds() }
 
     /// VmRSS and VmHWM of this process, in bytes.
     static func memoryStatus() -> (rss: Int, hwm: Int) {

@@ -61,4 +61,4 @@ func reply(_ status: Int, _ headers: [(String, String)] = [], body: String = "")
     return out + "\r\n" + body
 }
 
-func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+func now() -> Double { monotonicSeconds() }

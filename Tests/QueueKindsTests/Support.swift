@@ -20,7 +20,7 @@ import Glibc
 // MARK: - small shared state
 
 /// Seconds since an arbitrary fixed point (monotonic).
-func now() -> Double { Double(DispatchTime.now().uptimeNanoseconds) / 1e9 }
+func now() -> Double { monotonicSeconds() }
 
 // MARK: - the engine
 
