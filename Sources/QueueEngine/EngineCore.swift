@@ -1,4 +1,3 @@
-import Dispatch
 
 /// Side effects decided under the lock and carried out after it is released.
 enum Effect {

@@ -71,6 +71,9 @@ public struct ExecutionContext: Sendable {
     /// paused or superseded by a retry).
     public var isCurrent: Bool { engine.isCurrentRun(operation, token: token) }
 
+    /// The engine's scheduler: a kind arms its own timers here, so tests can drive them.
+    public var scheduler: any EngineScheduler { engine.scheduler }
+
     /// Reports progress; it becomes a `progress` change.
     public func progress(completed: Double, total: Double) {
         engine.reportProgress(operation, token: token, OperationProgress(completed: completed, total: total))

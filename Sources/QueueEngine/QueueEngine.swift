@@ -40,16 +40,20 @@ public final class QueueEngine: Sendable {
     public let configuration: EngineConfiguration
     /// Immutable after init, so looked up without the lock.
     let kinds: [String: any OperationKind]
+    /// Where the engine's timers (timeout, retry backoff, `notBefore`) and its kinds' run.
+    public let scheduler: any EngineScheduler
     private let ticketCounter = Atomic<UInt64>(0)
 
     /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
     public init(kinds: [String: any OperationKind], store: any OperationStore = InMemoryStore(),
-                clock: any EngineClock = SystemClock(), configuration: EngineConfiguration = EngineConfiguration()) {
+                clock: any EngineClock = SystemClock(), scheduler: any EngineScheduler = DispatchScheduler(),
+                configuration: EngineConfiguration = EngineConfiguration()) {
         var all = kinds
         all["barrier"] = ImmediateKind()
         let core = EngineCore(clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
                               maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
         self.kinds = all
+        self.scheduler = scheduler
         self.state = Lock(core)
         self.observers = ObserverHub()
         self.store = store
@@ -110,11 +114,13 @@ public final class QueueEngine: Sendable {
         case let .pause(kind, ctx): kind.pause(ctx)
         case let .call(f): f()
         case let .timeout(id, token, seconds):
-            after(seconds) { [self] in timeoutFired(id, token: token) }
+            scheduler.after(seconds: seconds) { [self] in timeoutFired(id, token: token) }
         case let .retry(id, token, seconds):
-            after(seconds) { [self] in retryFired(id, token: token) }
+            scheduler.after(seconds: seconds) { [self] in retryFired(id, token: token) }
         case let .wake(id, seconds):
-            EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: seconds) + .milliseconds(1)) { [self] in
+            // A millisecond late: Dispatch's clock is not the wall clock `notBefore` is read
+            // on, and a wake-up that comes early only arms another one.
+            scheduler.after(seconds: seconds + 0.001) { [self] in
                 try? mutate { core throws(EngineError) in
                     guard let op = core.ops[id.raw], op.waitingForTime else { return }
                     op.waitingForTime = false
@@ -122,10 +128,6 @@ public final class QueueEngine: Sendable {
                 }
             }
         }
-    }
-
-    private func after(_ seconds: Double, _ body: @escaping @Sendable () -> Void) {
-        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: seconds), execute: body)
     }
 
     /// Hands the outbox to the store and the observers, in `seq` order, until it is empty.

@@ -303,7 +303,7 @@ final class CommandRun: Sendable {
             s.runningSince = .now()
             return (s.timerGeneration, s.timeLeft)
         }
-        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: left)) { [weak self] in
+        context.scheduler.after(seconds: left) { [weak self] in
             guard let self else { return }
             let due = self.state.withLock { $0.timerGeneration == generation && !$0.paused }
             if due { self.stop(.timeout) }
@@ -321,7 +321,7 @@ final class CommandRun: Sendable {
             return true
         }
         guard first else { return }
-        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: CommandKind.killGrace)) { [self] in
+        context.scheduler.after(seconds: CommandKind.killGrace) { [self] in
             state.withLock { signalGroup(&$0, SIGKILL) }
         }
     }
