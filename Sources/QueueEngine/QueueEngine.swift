@@ -362,26 +362,27 @@ public final class QueueEngine: Sendable {
                 req.dependencies.append(b.operationID)
             }
             let implicitBarrier = barrier ? nil : q.barrier?.id
-            let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier)
+            var unfinishedDeps: [OpRecord] = []
+            var seen = Set<ObjectIdentifier>()
+            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                unfinishedDeps.append(dep)
+            }
+            // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
+            let readyNow = unfinishedDeps.isEmpty && (req.options.notBefore.map { $0 <= core.now } ?? true)
+            let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
+                              state: readyNow ? .ready : .pending)
             core.nextID += 1
             op.implicitBarrier = implicitBarrier
             core.ops[op.id] = op
             q.ops.append(op)
-            q.counts[OperationState.pending.index] += 1
+            q.counts[op.state.index] += 1
             q.unfinished += 1
             q.revision += 1
             core.unfinishedTotal += 1
             if barrier { q.barrier = op }
-            var seen = Set<ObjectIdentifier>()
-            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
-                dep.dependents.append(op)
-                op.unfinishedDependencies += 1
-            }
-            let readyNow = op.unfinishedDependencies == 0 && (op.options.notBefore.map { $0 <= core.now } ?? true)
+            for dep in unfinishedDeps { dep.dependents.append(op) }
+            op.unfinishedDependencies = unfinishedDeps.count
             if readyNow {
-                op.state = .ready
-                q.counts[OperationState.pending.index] -= 1
-                q.counts[OperationState.ready.index] += 1
                 q.push(op)
                 core.dirty.append(q)
             }
@@ -452,17 +453,7 @@ public final class QueueEngine: Sendable {
     public func pause(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
         try mutate { core throws(EngineError) in
             let op = try core.op(id)
-            let (next, _) = try op.state.applying(.pause, dependenciesMet: op.unfinishedDependencies == 0)
-            let wasExecuting = op.state == .executing
-            op.heapKey = 0
-            core.move(op, to: next)
-            if wasExecuting {
-                op.queue.executing -= 1
-                op.executedNanos = op.executedNanos.saturatingAdd(core.now.nanoseconds.saturatingSubtract(op.runStartedAt))
-                op.resumeOnStart = true
-                core.effects.append(.pause(op.kind, core.context(op, resume: false)))
-                core.dirty.append(op.queue)
-            }
+            try core.apply(.pause, to: op)
             core.record(op)
             core.settle()
             return op.snapshot()
@@ -475,20 +466,11 @@ public final class QueueEngine: Sendable {
     public func resume(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
         try mutate { core throws(EngineError) in
             let op = try core.op(id)
-            let met = op.unfinishedDependencies == 0
-            let (next, _) = try op.state.applying(.resume, dependenciesMet: met)
-            if next == .ready {
-                if let nb = op.options.notBefore, nb > core.now, !op.hasStarted {
-                    core.move(op, to: .pending)
-                    core.makeReadyIfPossible(op)
-                } else {
-                    core.move(op, to: .ready)
-                    op.queue.push(op)
-                    core.dirty.append(op.queue)
-                }
-            } else {
-                core.move(op, to: next)
-            }
+            // A `notBefore` still ahead holds back an operation that never started, as its
+            // dependencies do; it goes back to pending and waits for the time to come.
+            let timeHasCome = op.hasStarted || (op.options.notBefore.map { $0 <= core.now } ?? true)
+            try core.apply(.resume, to: op, dependenciesMet: op.unfinishedDependencies == 0 && timeHasCome)
+            if op.state == .pending { core.makeReadyIfPossible(op) }
             core.record(op)
             core.settle()
             return op.snapshot()
@@ -552,8 +534,7 @@ public final class QueueEngine: Sendable {
                 }
                 op.revision += 1
                 if op.state == .ready && op.unfinishedDependencies > 0 {
-                    op.heapKey = 0
-                    core.move(op, to: .pending)
+                    core.applyChecked(.dependencyAdded, to: op)
                 } else if op.state == .pending {
                     core.makeReadyIfPossible(op)
                 }
