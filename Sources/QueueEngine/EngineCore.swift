@@ -62,13 +62,13 @@ final class EngineCore: @unchecked Sendable {
 
     func begin() { now = clock.now() }
 
-    /// Ends a locked section: schedules dirty queues, takes the effects, and takes the
-    /// outbox too when no other thread is draining it.
     /// Starts what the change made startable, so answers show the state after it.
     func settle() {
         while let q = dirty.popLast() { schedule(q) }
     }
 
+    /// Ends a locked section: settles, takes the effects, and takes the outbox too when no
+    /// other thread is draining it.
     func finish() -> Work {
         settle()
         var work = Work()

@@ -64,7 +64,4 @@ public final class ManualClock: EngineClock, EngineScheduler {
             body()
         }
     }
-
-    /// Timers armed and not run yet.
-    public var pendingTimers: Int { state.withLock { $0.timers.count } }
 }

@@ -2,7 +2,7 @@
 /// this protocol and they report back through the `ExecutionContext`.
 ///
 /// Every method is called outside the engine's lock and must return promptly: long work
-/// runs on the kind's own timers, tasks or threads.
+/// runs on timers of ``ExecutionContext/scheduler`` or on the kind's own tasks or threads.
 public protocol OperationKind: Sendable {
     /// Checks a spec when an operation is created; throw `EngineError.invalidArgument`
     /// naming the field (`spec.seconds`, ...) and what is allowed.

@@ -1,24 +1,12 @@
 import QueueEngine
 
-/// Kinds this build cannot run yet: refused at creation with a clear message.
-public struct UnavailableKind: OperationKind {
-    public let name: String
-    public init(name: String) { self.name = name }
-    public func validate(spec: JSONValue?) throws(EngineError) {
-        throw .invalidArgument(field: "kind", detail: "kind \(name) is not available on this server yet; available kinds: delay, http, command")
-    }
-    public func start(_ context: ExecutionContext) { context.finish(.failed(type: "unavailable", detail: "kind \(name) is not available")) }
-    public func cancel(_ context: ExecutionContext) {}
-    public func pause(_ context: ExecutionContext) {}
-}
-
 /// The kinds a server offers, by name.
 public func standardKinds(_ configuration: KindsConfiguration = KindsConfiguration()) -> [String: any OperationKind] {
     [
         "delay": DelayKind(),
         "http": HTTPKind(),
         "command": CommandKind(configuration),
-        "external": UnavailableKind(name: "external"),
+        "external": ExternalKind(),
     ]
 }
 
