@@ -25,14 +25,13 @@ extension EngineCore {
         if before != after {
             op.revision += 1
             q.revision += 1
-            let keys: [ChangeKey] = [.isCancelled, .isPaused, .isReady, .isExecuting, .isFinished]
             let off = before & ~after
             let on = after & ~before
             for bit in 0..<5 where off & (1 << bit) != 0 {
-                emit(op, keys[bit], .bool(true), .bool(false))
+                emit(op, Self.flagKeys[bit], .bool(true), .bool(false))
             }
             for bit in 0..<5 where on & (1 << bit) != 0 {
-                emit(op, keys[bit], .bool(false), .bool(true))
+                emit(op, Self.flagKeys[bit], .bool(false), .bool(true))
             }
         }
         guard from != to else { return effect }
@@ -65,6 +64,9 @@ extension EngineCore {
         }
         return effect
     }
+
+    /// The boolean keys in the bit order of `OpRecord.flags`.
+    private static let flagKeys: [ChangeKey] = [.isCancelled, .isPaused, .isReady, .isExecuting, .isFinished]
 
     /// `apply` for a move the caller has already checked (it looked at the state first): a
     /// refusal is an engine bug, caught by the tests' debug builds; in release nothing changes.
