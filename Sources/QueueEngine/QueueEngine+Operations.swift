@@ -129,14 +129,11 @@ extension QueueEngine {
     /// `cancel()`; with `cascade`, also every operation that transitively depends on it.
     @discardableResult
     public func cancel(_ id: OperationID, cascade: Bool = false) throws(EngineError) -> OperationSnapshot {
-        try mutate { core throws(EngineError) in
-            let op = try core.op(id)
+        try changing(id) { core, op throws(EngineError) in
             if op.state == .finished { throw .invalidTransition(from: .finished, action: .cancel) }
             let dependents = cascade ? core.transitiveDependents(of: op) : []
             core.cancelOp(op)
             for d in dependents { core.cancelOp(d) }
-            core.settle()
-            return op.snapshot()
         }
     }
 
@@ -144,12 +141,9 @@ extension QueueEngine {
     /// its dependents.
     @discardableResult
     public func pause(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
-        try mutate { core throws(EngineError) in
-            let op = try core.op(id)
+        try changing(id) { core, op throws(EngineError) in
             try core.apply(.pause, to: op)
             core.record(op)
-            core.settle()
-            return op.snapshot()
         }
     }
 
@@ -157,16 +151,13 @@ extension QueueEngine {
     /// unfinished); given a slot again, its kind continues the work.
     @discardableResult
     public func resume(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
-        try mutate { core throws(EngineError) in
-            let op = try core.op(id)
+        try changing(id) { core, op throws(EngineError) in
             // A `notBefore` still ahead holds back an operation that never started, as its
             // dependencies do; it goes back to pending and waits for the time to come.
             let timeHasCome = op.hasStarted || (op.options.notBefore.map { $0 <= core.now } ?? true)
             try core.apply(.resume, to: op, dependenciesMet: op.unfinishedDependencies == 0 && timeHasCome)
             if op.state == .pending { core.makeReadyIfPossible(op) }
             core.record(op)
-            core.settle()
-            return op.snapshot()
         }
     }
 
@@ -174,8 +165,7 @@ extension QueueEngine {
     /// that would close a cycle is refused.
     @discardableResult
     public func update(_ id: OperationID, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil) throws(EngineError) -> OperationSnapshot {
-        try mutate { core throws(EngineError) in
-            let op = try core.op(id)
+        try changing(id) { core, op throws(EngineError) in
             if op.state == .finished || op.hasStarted || op.state == .executing {
                 throw .alreadyStarted(id.description)
             }
@@ -233,6 +223,15 @@ extension QueueEngine {
                 }
             }
             core.record(op)
+        }
+    }
+
+    /// Runs `body` on the operation under the lock, starts what the change made startable,
+    /// and answers the operation's status after it.
+    private func changing(_ id: OperationID, _ body: (EngineCore, OpRecord) throws(EngineError) -> Void) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            try body(core, op)
             core.settle()
             return op.snapshot()
         }

@@ -13,13 +13,7 @@ struct CommandSpec: Sendable {
 
     init(_ spec: JSONValue?) throws(EngineError) {
         let shape = "{\"argv\": [\"/absolute/path\", ...], \"env\"?, \"cwd\"?, \"timeout\"?}"
-        guard let spec else { throw .invalidArgument(field: "spec", detail: "kind command needs a spec \(shape)") }
-        guard case let .object(members) = spec else {
-            throw .invalidArgument(field: "spec", detail: "must be an object \(shape); got \(spec.typeName)")
-        }
-        for (k, _) in members where !Self.fields.contains(k) {
-            throw .invalidArgument(field: "spec.\(k)", detail: "unknown field; kind command allows \(Self.fields.joined(separator: ", "))")
-        }
+        let spec = try specObject(spec, kind: "command", shape: shape, fields: Self.fields)
         guard let a = spec["argv"] else {
             throw .invalidArgument(field: "spec.argv", detail: "is required: a non-empty array of strings, the first an absolute path")
         }

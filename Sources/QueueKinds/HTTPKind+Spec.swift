@@ -54,13 +54,7 @@ struct HTTPSpec: Sendable {
 
     init(_ spec: JSONValue?) throws(EngineError) {
         let shape = "{\"method\", \"url\", \"headers\"?, \"body\"?, \"expectStatus\"?, \"timeout\"?}"
-        guard let spec else { throw .invalidArgument(field: "spec", detail: "kind http needs a spec \(shape)") }
-        guard case let .object(members) = spec else {
-            throw .invalidArgument(field: "spec", detail: "must be an object \(shape); got \(spec.typeName)")
-        }
-        for (k, _) in members where !Self.fields.contains(k) {
-            throw .invalidArgument(field: "spec.\(k)", detail: "unknown field; kind http allows \(Self.fields.joined(separator: ", "))")
-        }
+        let spec = try specObject(spec, kind: "http", shape: shape, fields: Self.fields)
 
         let methods = HTTPKind.methods.joined(separator: " ")
         guard let m = spec["method"] else { throw .invalidArgument(field: "spec.method", detail: "is required: one of \(methods)") }

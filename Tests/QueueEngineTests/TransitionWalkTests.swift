@@ -1,18 +1,6 @@
 import QueueEngine
 import Testing
 
-/// A seeded generator, so a failing walk can be replayed.
-private struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 extension Engine {
     /// The engine's state changes only through its transition table (`OpRecord.state` has a
     /// private setter that only the table-applying `take` uses). These walks check the other
@@ -23,7 +11,7 @@ extension Engine {
     struct TransitionWalkTests {
         @Test("random walks of adds, pauses, resumes, cancels, updates, finishes, failures and timers", arguments: [1, 2, 3, 4] as [UInt64])
         func randomWalk(seed: UInt64) throws {
-            var rng = SplitMix64(state: seed)
+            var rng = SplitMix(state: seed)
             let f = Fixture()
             try f.queue("q", max: 2)
             let log = EventLog(f.engine)
