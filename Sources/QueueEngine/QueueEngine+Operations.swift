@@ -55,13 +55,8 @@ extension QueueEngine {
                 req.dependencies.append(b.operationID)
             }
             let implicitBarrier = barrier ? nil : q.barrier?.id
-            var unfinishedDeps: [OpRecord] = []
-            var seen = Set<ObjectIdentifier>()
-            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
-                unfinishedDeps.append(dep)
-            }
             // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
-            let readyNow = unfinishedDeps.isEmpty && (req.options.notBefore.map { $0 <= core.now } ?? true)
+            let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= core.now } ?? true)
             let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
                               state: readyNow ? .ready : .pending)
             core.nextID += 1
@@ -73,8 +68,11 @@ extension QueueEngine {
             q.revision += 1
             core.unfinishedTotal += 1
             if barrier { q.barrier = op }
-            for dep in unfinishedDeps { dep.dependents.append(op) }
-            op.unfinishedDependencies = unfinishedDeps.count
+            var seen = Set<ObjectIdentifier>()
+            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                dep.dependents.append(op)
+                op.unfinishedDependencies += 1
+            }
             if readyNow {
                 q.push(op)
                 core.dirty.append(q)
