@@ -51,6 +51,7 @@ extension OperationAction {
         case .cancel: return "cancel"
         case .pause: return "pause"
         case .resume: return "resume"
+        case .dependencyAdded: return "hold back"
         }
     }
     func hint(_ from: OperationState) -> String {

@@ -1,4 +1,3 @@
-import Dispatch
 
 /// Side effects decided under the lock and carried out after it is released.
 enum Effect {
@@ -63,13 +62,13 @@ final class EngineCore: @unchecked Sendable {
 
     func begin() { now = clock.now() }
 
-    /// Ends a locked section: schedules dirty queues, takes the effects, and takes the
-    /// outbox too when no other thread is draining it.
     /// Starts what the change made startable, so answers show the state after it.
     func settle() {
         while let q = dirty.popLast() { schedule(q) }
     }
 
+    /// Ends a locked section: settles, takes the effects, and takes the outbox too when no
+    /// other thread is draining it.
     func finish() -> Work {
         settle()
         var work = Work()
@@ -120,32 +119,6 @@ final class EngineCore: @unchecked Sendable {
         if wantsRecords { outRecords.append(.event(e)) }
     }
 
-    /// Moves an operation to `state`, keeping counts and emitting one event per boolean key
-    /// that changed: keys that turn off first, then keys that turn on (KVO's will/did order).
-    func move(_ op: OpRecord, to state: OperationState, cancelled: Bool? = nil) {
-        let before = op.flags
-        let q = op.queue
-        if op.state != state {
-            q.counts[op.state.index] -= 1
-            q.counts[state.index] += 1
-            op.state = state
-        }
-        if let cancelled { op.isCancelled = cancelled }
-        let after = op.flags
-        guard before != after else { return }
-        op.revision += 1
-        q.revision += 1
-        let keys: [ChangeKey] = [.isCancelled, .isPaused, .isReady, .isExecuting, .isFinished]
-        let off = before & ~after
-        let on = after & ~before
-        for bit in 0..<5 where off & (1 << bit) != 0 {
-            emit(op, keys[bit], .bool(true), .bool(false))
-        }
-        for bit in 0..<5 where on & (1 << bit) != 0 {
-            emit(op, keys[bit], .bool(false), .bool(true))
-        }
-    }
-
     func limit(_ q: QueueRecord) -> Int { q.maxConcurrent < 0 ? defaultMaxConcurrent : q.maxConcurrent }
 
     func context(_ op: OpRecord, resume: Bool) -> ExecutionContext {
@@ -168,9 +141,7 @@ final class EngineCore: @unchecked Sendable {
     func startOp(_ op: OpRecord) {
         let resume = op.resumeOnStart
         op.resumeOnStart = false
-        move(op, to: .executing)
-        op.queue.executing += 1
-        op.runStartedAt = now.nanoseconds
+        applyChecked(.start, to: op)
         if op.startedAt == nil {
             op.startedAt = now
             op.attempt = 1
@@ -228,15 +199,12 @@ final class EngineCore: @unchecked Sendable {
             return
         }
         if op.waitingForTime { return }
-        move(op, to: .ready)
-        op.queue.push(op)
-        dirty.append(op.queue)
+        applyChecked(.dependenciesMet, to: op)
         record(op)
     }
 
+    /// The run ended for good: the outcome is set and the operation finishes.
     func completeOp(_ op: OpRecord, _ completion: Completion) {
-        op.executedNanos = op.executedNanos.saturatingAdd(now.nanoseconds.saturatingSubtract(op.runStartedAt))
-        op.queue.executing -= 1
         if op.isCancelled {
             op.outcome = .cancelled
             op.result = nil
@@ -254,34 +222,7 @@ final class EngineCore: @unchecked Sendable {
                 op.error = .object(members)
             }
         }
-        finishOp(op)
-    }
-
-    /// The common end of every operation: finished, edges released, dependents woken.
-    func finishOp(_ op: OpRecord, cancelled: Bool? = nil) {
-        op.finishedAt = now
-        op.runToken &+= 1
-        op.heapKey = 0
-        op.inBackoff = false
-        move(op, to: .finished, cancelled: cancelled)
-        let q = op.queue
-        q.unfinished -= 1
-        unfinishedTotal -= 1
-        if q.deleted { ops[op.id] = nil }
-        if q.barrier === op { q.barrier = nil }
-        record(op)
-        let dependents = op.dependents
-        op.dependents = []
-        for d in dependents {
-            d.unfinishedDependencies -= 1
-            if d.unfinishedDependencies == 0 { makeReadyIfPossible(d) }
-        }
-        dirty.append(q)
-        if q.unfinished == 0 && !q.idleWaiters.isEmpty {
-            let waiters = q.idleWaiters
-            q.idleWaiters = []
-            for (_, w) in waiters { effects.append(.call({ w(true) })) }
-        }
+        applyChecked(.complete, to: op)
     }
 
     /// Cancels one operation (Foundation's `cancel()`); false when it was already finished.
@@ -291,12 +232,13 @@ final class EngineCore: @unchecked Sendable {
         case .finished:
             return false
         case .executing:
+            // Asked already: the kind is stopping its run (a run between attempts is not).
+            if op.isCancelled && !op.inBackoff { return true }
+            applyChecked(.cancel, to: op)
             if op.inBackoff {
                 // Between attempts nothing runs: it finishes cancelled at once.
-                move(op, to: .executing, cancelled: true)
                 completeOp(op, .failed(type: "cancelled", detail: "cancelled between attempts"))
-            } else if !op.isCancelled {
-                move(op, to: .executing, cancelled: true)
+            } else {
                 record(op)
                 effects.append(.cancel(op.kind, context(op, resume: false)))
             }
@@ -312,7 +254,7 @@ final class EngineCore: @unchecked Sendable {
                 }
             }
             op.unfinishedDependencies = 0
-            finishOp(op, cancelled: true)
+            applyChecked(.cancel, to: op)
         }
         return true
     }

@@ -2,7 +2,7 @@
 /// this protocol and they report back through the `ExecutionContext`.
 ///
 /// Every method is called outside the engine's lock and must return promptly: long work
-/// runs on the kind's own timers, tasks or threads.
+/// runs on timers of ``ExecutionContext/scheduler`` or on the kind's own tasks or threads.
 public protocol OperationKind: Sendable {
     /// Checks a spec when an operation is created; throw `EngineError.invalidArgument`
     /// naming the field (`spec.seconds`, ...) and what is allowed, or `.notPermitted` for a
@@ -74,6 +74,9 @@ public struct ExecutionContext: Sendable {
     /// Whether this run is still the operation's current one (not cancelled, timed out,
     /// paused or superseded by a retry).
     public var isCurrent: Bool { engine.isCurrentRun(operation, token: token) }
+
+    /// The engine's scheduler: a kind arms its own timers here, so tests can drive them.
+    public var scheduler: any EngineScheduler { engine.scheduler }
 
     /// Reports progress; it becomes a `progress` change.
     public func progress(completed: Double, total: Double) {

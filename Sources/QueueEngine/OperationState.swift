@@ -21,6 +21,9 @@ public enum OperationAction: String, Sendable, CaseIterable {
     case cancel
     case pause
     case resume
+    /// An unfinished dependency was added to a ready operation (`update`, or a restore that
+    /// finds one of its dependencies unfinished): it waits again.
+    case dependencyAdded
 }
 
 /// A refused request or move. The API layer maps each case to an HTTP status.
@@ -43,25 +46,33 @@ public enum EngineError: Error, Sendable, Equatable {
     case limitReached(String, limit: String = "limit-reached")
 }
 
-/// What a move does beyond changing the state.
+/// What a move does beyond changing the state; the engine acts on it (`EngineCore.apply`).
 public enum TransitionEffect: Sendable, Equatable {
     case none
     /// Set `isCancelled` and ask the kind to stop; the state stays `executing`.
     case requestStop
+    /// Set `isCancelled`: it finishes without running (on).
+    case markCancelled
+    /// Ask the kind to hold its run still; the next start continues it.
+    case pauseRun
 }
 
 extension OperationState {
-    /// The one table of valid moves (API.md "Lifecycle"). `dependenciesMet` tells where a
-    /// resumed operation goes back to. Every other pair is `EngineError.invalidTransition`.
+    /// The one table of valid moves (API.md "Lifecycle"), and the only way the engine changes
+    /// an operation's state (`OpRecord.take`). `dependenciesMet` tells where a resumed
+    /// operation goes back to: ready when nothing holds it back (its dependencies, a
+    /// `notBefore` still ahead). Every other pair is `EngineError.invalidTransition`.
     public func applying(_ action: OperationAction, dependenciesMet: Bool) throws(EngineError) -> (OperationState, TransitionEffect) {
         switch (self, action) {
         case (.pending, .dependenciesMet): return (.ready, .none)
+        case (.ready, .dependencyAdded): return (.pending, .none)
         case (.ready, .start): return (.executing, .none)
         case (.executing, .complete): return (.finished, .none)
-        // A completion that raced a pause is kept and applied when the operation gets a slot again.
-        case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .none)
+        case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .markCancelled)
         case (.executing, .cancel): return (.executing, .requestStop)
-        case (.pending, .pause), (.ready, .pause), (.executing, .pause): return (.paused, .none)
+        case (.pending, .pause), (.ready, .pause): return (.paused, .none)
+        // A completion that raced a pause is kept and applied when the operation gets a slot again.
+        case (.executing, .pause): return (.paused, .pauseRun)
         case (.paused, .resume): return (dependenciesMet ? .ready : .pending, .none)
         default: throw .invalidTransition(from: self, action: action)
         }

@@ -10,7 +10,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     let createdAt: Timestamp
     let isBarrier: Bool
     var priority: QueuePriority
-    var state: OperationState
+    /// Set when the record is made (added or restored); changed only by ``take(_:dependenciesMet:)``.
+    private(set) var state: OperationState
     var outcome: OperationOutcome?
     var isCancelled = false
     /// Declared dependencies, for display (kept after they finish).
@@ -42,7 +43,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     /// The barrier this operation was made to wait for when it was added.
     var implicitBarrier: UInt64?
 
-    init(id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool) {
+    init(id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
+         state: OperationState = .pending) {
         self.id = id
         self.queue = queue
         self.name = request.name
@@ -53,8 +55,18 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
         self.createdAt = createdAt
         self.isBarrier = isBarrier
         self.priority = request.queuePriority
-        self.state = .pending
+        self.state = state
         self.dependencyIDs = request.dependencies
+    }
+
+    /// The one writer of `state` (its setter is private to this record): the move the
+    /// transition table gives for `action`, or the table's refusal with nothing changed.
+    /// `EngineCore.apply` is the one caller and acts on the move.
+    func take(_ action: OperationAction, dependenciesMet: Bool) throws(EngineError) -> (from: OperationState, effect: TransitionEffect) {
+        let from = state
+        let (to, effect) = try from.applying(action, dependenciesMet: dependenciesMet)
+        state = to
+        return (from, effect)
     }
 
     var operationID: OperationID { OperationID(raw: id) }

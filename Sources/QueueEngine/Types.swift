@@ -225,14 +225,6 @@ public struct SystemClock: EngineClock {
     }
 }
 
-/// A clock that moves only when told to.
-public final class ManualClock: EngineClock {
-    private let current: Lock<Int64>
-    public init(_ start: Timestamp = Timestamp(nanoseconds: 1_795_000_000_000_000_000)) { current = Lock(start.nanoseconds) }
-    public func now() -> Timestamp { Timestamp(nanoseconds: current.withLock { $0 }) }
-    public func advance(seconds: Double) { current.withLock { $0 = Timestamp(nanoseconds: $0).adding(seconds: seconds).nanoseconds } }
-}
-
 extension Int64 {
     /// `Int64(v)` that never traps: NaN is 0, out of range saturates.
     public init(saturating v: Double) {

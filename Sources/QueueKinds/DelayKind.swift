@@ -1,4 +1,3 @@
-import Dispatch
 import QueueEngine
 import Locking
 
@@ -10,7 +9,6 @@ public final class DelayKind: OperationKind {
     /// The live timer generation per operation; a timer that fires with another generation
     /// was cancelled or paused and does nothing.
     private let live = Lock<(next: UInt64, byOperation: [OperationID: UInt64])>((1, [:]))
-    private let queue = EngineTimers.queue
 
     public init() {}
 
@@ -45,7 +43,7 @@ public final class DelayKind: OperationKind {
             l.byOperation[id] = g
             return g
         }
-        queue.asyncAfter(deadline: EngineTimers.deadline(after: left)) { [self] in
+        context.scheduler.after(seconds: left) { [self] in
             let current = live.withLock { l in
                 guard l.byOperation[id] == generation else { return false }
                 l.byOperation[id] = nil

@@ -1,4 +1,3 @@
-import Dispatch
 import QueueEngine
 import Locking
 #if canImport(Glibc)
@@ -162,8 +161,7 @@ public final class ExternalKind: OperationKind {
             return l
         }
         if lease.cancelled { return lease }
-        save(lease)
-        arm(lease)
+        arm(lease)  // saves it too
         return lease
     }
 
@@ -235,7 +233,7 @@ public final class ExternalKind: OperationKind {
     private func arm(_ lease: Lease) {
         save(lease)
         let delay = Double(lease.expiresAt.nanoseconds.saturatingSubtract(clock.now().nanoseconds)) / 1e9 + 0.005
-        EngineTimers.queue.asyncAfter(deadline: EngineTimers.deadline(after: delay)) { [self] in expire(lease.operation, token: lease.token) }
+        lease.context.scheduler.after(seconds: delay) { [self] in expire(lease.operation, token: lease.token) }
     }
 
     private func save(_ lease: Lease) {

@@ -111,22 +111,20 @@ extension Engine {
 
         @Test("an operation with notBefore 200 ms ahead does not start before that time")
         func notBefore() throws {
-            let kind = ManualKind()
-            let engine = QueueEngine(kinds: ["manual": kind], store: InMemoryStore(), clock: SystemClock())
-            try engine.createQueue(name: "q")
-            let notBefore = SystemClock().now().adding(seconds: 0.2)
-            let id = try engine.addOperationID(to: "q", OperationRequest(kind: "manual", options: OperationOptions(notBefore: notBefore)))
-            #expect(try engine.operation(id).state == .pending)
-            usleep(100_000)
-            #expect(kind.started.isEmpty)
-            #expect(try engine.operation(id).state == .pending)
+            let f = Fixture()
+            try f.queue("q")
+            let notBefore = f.clock.now().adding(seconds: 0.2)
+            let id = try f.add("q", notBefore: notBefore)
+            #expect(try f.state(id) == .pending)
+            f.clock.advance(seconds: 0.1999)
+            #expect(f.kind.started.isEmpty)
+            #expect(try f.state(id) == .pending)
 
-            #expect(waitUntil(timeout: 3) { !kind.started.isEmpty }, "it starts once the time has come")
-            let start = try #require(kind.entries.first { $0.call == .start })
-            #expect(start.at >= notBefore)
-            let startedAt = try #require(try engine.operation(id).startedAt)
+            f.clock.advance(seconds: 0.0011)  // the wake-up comes a millisecond late
+            #expect(f.kind.started == [id], "it starts once the time has come")
+            let startedAt = try #require(try f.snapshot(id).startedAt)
             #expect(startedAt >= notBefore)
-            #expect(startedAt.seconds - notBefore.seconds < 1.5, "and not much later")
+            #expect(startedAt.seconds - notBefore.seconds < 0.0015, "and not later than the wake-up")
         }
 
         @Test("a suspended queue starts nothing until resumed; executing operations run on")

@@ -1,8 +1,5 @@
 import QueueEngine
 import Testing
-#if canImport(Glibc)
-import Glibc
-#endif
 
 extension Engine {
     @Suite("Retry and timeout")
@@ -20,9 +17,13 @@ extension Engine {
             f.kind.finish(id, .failed(type: "flaky", detail: "first"))
             #expect(try f.snapshot(id).attempt == 2)
             #expect(try f.state(id) == .executing, "it keeps its slot while waiting to retry")
-            #expect(waitUntil { f.kind.calls(.start, for: id).count == 2 })
+            f.clock.advance(seconds: 0.019)
+            #expect(f.kind.calls(.start, for: id).count == 1, "not before its backoff")
+            f.clock.advance(seconds: 0.001)
+            #expect(f.kind.calls(.start, for: id).count == 2)
             f.kind.finish(id, .failed(type: "flaky", detail: "second"))
-            #expect(waitUntil { f.kind.calls(.start, for: id).count == 3 })
+            f.clock.advance(seconds: 0.02)
+            #expect(f.kind.calls(.start, for: id).count == 3)
             #expect(f.kind.calls(.start, for: id).map(\.attempt) == [1, 2, 3])
             f.kind.finish(id, .succeeded(.string("third time")))
             let s = try f.snapshot(id)
@@ -36,7 +37,8 @@ extension Engine {
             try f.queue("q")
             let id = try add(f, retry: RetryPolicy(maxAttempts: 2, backoff: 0.01, multiplier: 1))
             f.kind.finish(id, .failed(type: "bad", detail: "1"))
-            #expect(waitUntil { f.kind.calls(.start, for: id).count == 2 })
+            f.clock.advance(seconds: 0.01)
+            #expect(f.kind.calls(.start, for: id).count == 2)
             f.kind.finish(id, .failed(type: "bad", detail: "2"))
             let s = try f.snapshot(id)
             #expect(s.state == .finished && s.outcome == .failed)
@@ -50,9 +52,8 @@ extension Engine {
             let id = try add(f, retry: RetryPolicy(maxAttempts: 3, backoff: 0.05, multiplier: 1))
             f.kind.finish(id, .failed(type: "flaky", detail: "first"))
             try f.engine.cancel(id)
-            #expect(waitUntil(timeout: 1) { (try? f.state(id)) == .finished },
-                    "no work is running, so nothing will report the end of the cancelled run")
-            usleep(100_000)  // past the backoff
+            #expect(try f.state(id) == .finished, "no work is running, so nothing will report the end of the cancelled run")
+            f.clock.advance(seconds: 0.1)  // past the backoff
             #expect(f.kind.calls(.start, for: id).count == 1, "a cancelled operation must not start another attempt")
             #expect(try f.snapshot(id).outcome == .cancelled)
         }
@@ -62,7 +63,10 @@ extension Engine {
             let f = Fixture()
             try f.queue("q")
             let id = try add(f, timeout: 0.05)
-            #expect(waitUntil { (try? f.state(id)) == .finished })
+            f.clock.advance(seconds: 0.049)
+            #expect(try f.state(id) == .executing, "not before its timeout")
+            f.clock.advance(seconds: 0.001)
+            #expect(try f.state(id) == .finished)
             let s = try f.snapshot(id)
             #expect(s.outcome == .failed)
             #expect(s.error?["type"] == .string("timeout"))

@@ -44,8 +44,8 @@ private struct FeedCheck: Sendable {
     var pausedMidRun = 0
 }
 
-/// A small deterministic generator, one per thread.
-private struct SplitMix: RandomNumberGenerator {
+/// A small deterministic generator, one per thread (and one per seeded walk).
+struct SplitMix: RandomNumberGenerator {
     var state: UInt64
     mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15

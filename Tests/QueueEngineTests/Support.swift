@@ -52,7 +52,8 @@ final class ManualKind: OperationKind {
     }
 }
 
-/// An engine with a `manual` kind and a manual clock, the usual setup of these tests.
+/// An engine with a `manual` kind and a manual clock that is also its scheduler, the usual
+/// setup of these tests: timers fire only when a test advances the clock.
 struct Fixture {
     let engine: QueueEngine
     let kind: ManualKind
@@ -62,7 +63,7 @@ struct Fixture {
         kind = ManualKind()
         clock = ManualClock()
         engine = QueueEngine(kinds: ["manual": kind, "immediate": ImmediateKind()], store: InMemoryStore(),
-                             clock: clock, configuration: configuration)
+                             clock: clock, scheduler: clock, configuration: configuration)
     }
 
     @discardableResult

@@ -2,18 +2,21 @@ import QueueEngine
 import Testing
 
 /// API.md "Lifecycle", written out independently of the engine's table: valid moves are
-/// pending→ready, pending/ready→paused, paused→pending/ready, ready→executing,
-/// executing→paused, executing→finished and pending/ready/paused→finished (cancel);
+/// pending→ready, ready→pending (an unfinished dependency added), pending/ready→paused,
+/// paused→pending/ready, ready→executing, executing→paused (its run held still),
+/// executing→finished and pending/ready/paused→finished (cancel, marked cancelled);
 /// cancelling an executing operation asks its kind to stop (it stays executing).
-private func expectedMove(_ state: OperationState, _ action: OperationAction, dependenciesMet: Bool)
+func expectedMove(_ state: OperationState, _ action: OperationAction, dependenciesMet: Bool)
     -> (OperationState, TransitionEffect)? {
     switch (state, action) {
     case (.pending, .dependenciesMet): return (.ready, .none)
-    case (.pending, .pause), (.ready, .pause), (.executing, .pause): return (.paused, .none)
+    case (.ready, .dependencyAdded): return (.pending, .none)
+    case (.pending, .pause), (.ready, .pause): return (.paused, .none)
+    case (.executing, .pause): return (.paused, .pauseRun)
     case (.paused, .resume): return (dependenciesMet ? .ready : .pending, .none)
     case (.ready, .start): return (.executing, .none)
     case (.executing, .complete): return (.finished, .none)
-    case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .none)
+    case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .markCancelled)
     case (.executing, .cancel): return (.executing, .requestStop)
     default: return nil
     }
@@ -54,15 +57,15 @@ extension Engine {
             }
         }
 
-        @Test("the table has exactly eleven valid (state, action) pairs")
+        @Test("the table has exactly twelve valid (state, action) pairs")
         func validPairCount() {
             var valid = 0
             for s in OperationState.allCases {
                 for a in OperationAction.allCases where (try? s.applying(a, dependenciesMet: true)) != nil { valid += 1 }
             }
-            // pending: dependenciesMet, pause, cancel; ready: start, pause, cancel;
+            // pending: dependenciesMet, pause, cancel; ready: dependencyAdded, start, pause, cancel;
             // executing: complete, pause, cancel; paused: resume, cancel.
-            #expect(valid == 11)
+            #expect(valid == 12)
         }
     }
 }

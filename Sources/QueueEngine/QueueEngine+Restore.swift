@@ -19,8 +19,8 @@ extension QueueEngine {
                 let kind = core.kinds[s.kind] ?? ImmediateKind()
                 let req = OperationRequest(kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
                                            spec: s.spec, options: s.options)
-                let op = OpRecord(id: s.id.raw, queue: q, request: req, kind: kind, createdAt: s.createdAt, isBarrier: s.kind == "barrier")
-                op.state = s.state
+                let op = OpRecord(id: s.id.raw, queue: q, request: req, kind: kind, createdAt: s.createdAt, isBarrier: s.kind == "barrier",
+                                  state: s.state)
                 op.outcome = s.outcome
                 op.isCancelled = s.isCancelled
                 op.progress = s.progress
@@ -57,7 +57,7 @@ extension QueueEngine {
             for op in restored {
                 switch op.state {
                 case .ready:
-                    if op.unfinishedDependencies > 0 { core.move(op, to: .pending) } else { op.queue.push(op); core.dirty.append(op.queue) }
+                    if op.unfinishedDependencies > 0 { core.applyChecked(.dependencyAdded, to: op) } else { op.queue.push(op); core.dirty.append(op.queue) }
                 case .pending:
                     core.makeReadyIfPossible(op)
                 case .executing:

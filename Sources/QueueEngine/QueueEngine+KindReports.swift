@@ -1,0 +1,60 @@
+extension QueueEngine {
+    // MARK: - reports from kinds
+
+    func complete(_ id: OperationID, token: UInt32, _ completion: Completion) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token else { return }
+            switch op.state {
+            case .executing: core.runEnded(op, completion)
+            case .paused where op.hasStarted: op.parkedCompletion = completion
+            default: return
+            }
+        }
+    }
+
+    func timeoutFired(_ id: OperationID, token: UInt32) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing else { return }
+            // Stop the work; its own report will carry a stale token and be ignored.
+            core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+            op.runToken &+= 1
+            let limit = op.options.timeout ?? 0
+            core.runEnded(op, .failed(type: "timeout", detail: "attempt \(op.attempt) ran longer than its timeout of \(limit) s"))
+        }
+    }
+
+    func retryFired(_ id: OperationID, token: UInt32) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing, !op.isCancelled else { return }
+            op.runStartedAt = core.now.nanoseconds
+            core.beginRun(op, resume: false)
+        }
+    }
+
+    func saveKindState(_ id: OperationID, token: UInt32, _ state: JSONValue?) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
+            op.kindState = state
+            core.record(op)
+        }
+    }
+
+    func isCurrentRun(_ id: OperationID, token: UInt32) -> Bool {
+        state.withLock { core in
+            guard let op = core.ops[id.raw] else { return false }
+            return op.runToken == token && op.state == .executing
+        }
+    }
+
+    func reportProgress(_ id: OperationID, token: UInt32, _ progress: OperationProgress) {
+        try? mutate { core throws(EngineError) in
+            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
+            let old = op.progress
+            guard old != progress else { return }
+            op.progress = progress
+            op.revision += 1
+            core.emit(op, .progress, old.map { .progress($0) } ?? .none, .progress(progress))
+            core.record(op)
+        }
+    }
+}

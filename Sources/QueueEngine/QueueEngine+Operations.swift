@@ -1,0 +1,243 @@
+extension QueueEngine {
+    // MARK: - operations
+
+    /// Adds an operation (Foundation's `addOperation`).
+    @discardableResult
+    public func addOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationSnapshot {
+        try add(to: queueName, request, barrier: false) { $0.snapshot() }
+    }
+
+    /// Adds an operation and returns only its id: the cheap form for bulk callers.
+    @discardableResult
+    public func addOperationID(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationID {
+        try add(to: queueName, request, barrier: false) { $0.operationID }
+    }
+
+    /// `addBarrierBlock`: starts after every operation added before it has finished, and every
+    /// operation added after it waits for it.
+    @discardableResult
+    public func addBarrier(to queueName: String, name: String? = nil) throws(EngineError) -> OperationSnapshot {
+        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { $0.snapshot() }
+    }
+
+    /// The kinds a client may name, sorted (the barrier kind is internal).
+    public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
+
+    private func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
+        guard let kind = kinds[request.kind], barrier || request.kind != "barrier" else {
+            throw .unknownKind(request.kind, allowed: kindNames)
+        }
+        try kind.validate(spec: request.spec)
+        var request = request
+        if request.options.retry == nil { request.options.retry = kind.defaultRetry }
+        return try mutate { core throws(EngineError) in
+            let q = try core.queue(queueName)
+            guard core.unfinishedTotal < core.maxUnfinished else {
+                throw .limitReached("at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished)", limit: "too-many-operations")
+            }
+            guard q.unfinished < configuration.maxUnfinishedPerQueue else {
+                throw .limitReached("at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue)",
+                                    limit: "too-many-operations")
+            }
+            guard request.dependencies.count <= configuration.maxDependencies else {
+                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(request.dependencies.count)")
+            }
+            if barrier && q.unfinished > configuration.maxDependencies {
+                throw .limitReached("a barrier depends on every unfinished operation of its queue: '\(q.name)' has \(q.unfinished), more than the \(configuration.maxDependencies) dependencies one operation may have (--max-dependencies)",
+                                    limit: "too-many-dependencies")
+            }
+            var deps: [OpRecord] = []
+            deps.reserveCapacity(request.dependencies.count)
+            for d in request.dependencies {
+                guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
+                deps.append(dep)
+            }
+            var req = request
+            if barrier {
+                deps = q.ops.filter { $0.state != .finished }
+                req.dependencies = deps.map(\.operationID)
+            } else if let b = q.barrier, !deps.contains(where: { $0 === b }) {
+                deps.append(b)
+                req.dependencies.append(b.operationID)
+            }
+            let implicitBarrier = barrier ? nil : q.barrier?.id
+            // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
+            let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= core.now } ?? true)
+            let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
+                              state: readyNow ? .ready : .pending)
+            core.nextID += 1
+            op.implicitBarrier = implicitBarrier
+            core.ops[op.id] = op
+            q.ops.append(op)
+            q.counts[op.state.index] += 1
+            q.unfinished += 1
+            q.revision += 1
+            core.unfinishedTotal += 1
+            if barrier { q.barrier = op }
+            var seen = Set<ObjectIdentifier>()
+            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                dep.dependents.append(op)
+                op.unfinishedDependencies += 1
+            }
+            if readyNow {
+                q.push(op)
+                core.dirty.append(q)
+            }
+            // Creation is reported as `isReady` changing from nothing to its first value.
+            core.emit(op, .isReady, .none, .bool(readyNow))
+            if !readyNow { core.makeReadyIfPossible(op) }
+            core.record(op)
+            core.settle()
+            return answer(op)
+        }
+    }
+
+    /// The operation's status.
+    public func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try read { core throws(EngineError) in try core.op(id).snapshot() }
+    }
+
+    /// The operation's revision (for ETags), without building its status.
+    public func revision(of id: OperationID) throws(EngineError) -> UInt64 {
+        try read { core throws(EngineError) in try core.op(id).revision }
+    }
+
+    /// A page of a queue's operations, oldest first, after the cursor `after`.
+    public func operations(in queueName: String, state filter: OperationState? = nil, after: OperationID? = nil,
+                           limit: Int = 100) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
+        try read { core throws(EngineError) in
+            let q = try core.queue(queueName)
+            var lo = 0, hi = q.ops.count
+            if let after {
+                while lo < hi {
+                    let mid = (lo + hi) / 2
+                    if q.ops[mid].id <= after.raw { lo = mid + 1 } else { hi = mid }
+                }
+            }
+            var page: [OperationSnapshot] = []
+            var i = lo
+            while i < q.ops.count && page.count < limit {
+                let op = q.ops[i]
+                if filter == nil || op.state == filter { page.append(op.snapshot()) }
+                i += 1
+            }
+            var more = false
+            if page.count == limit {
+                var j = i
+                while j < q.ops.count { if filter == nil || q.ops[j].state == filter { more = true; break }; j += 1 }
+            }
+            return (page, more ? page.last?.id : nil)
+        }
+    }
+
+    /// `cancel()`; with `cascade`, also every operation that transitively depends on it.
+    @discardableResult
+    public func cancel(_ id: OperationID, cascade: Bool = false) throws(EngineError) -> OperationSnapshot {
+        try changing(id) { core, op throws(EngineError) in
+            if op.state == .finished { throw .invalidTransition(from: .finished, action: .cancel) }
+            let dependents = cascade ? core.transitiveDependents(of: op) : []
+            core.cancelOp(op)
+            for d in dependents { core.cancelOp(d) }
+        }
+    }
+
+    /// Pauses a pending, ready or executing operation. It frees its queue slot and holds back
+    /// its dependents.
+    @discardableResult
+    public func pause(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try changing(id) { core, op throws(EngineError) in
+            try core.apply(.pause, to: op)
+            core.record(op)
+        }
+    }
+
+    /// Resumes a paused operation: back to ready (or pending while dependencies are
+    /// unfinished); given a slot again, its kind continues the work.
+    @discardableResult
+    public func resume(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
+        try changing(id) { core, op throws(EngineError) in
+            // A `notBefore` still ahead holds back an operation that never started, as its
+            // dependencies do; it goes back to pending and waits for the time to come.
+            let timeHasCome = op.hasStarted || (op.options.notBefore.map { $0 <= core.now } ?? true)
+            try core.apply(.resume, to: op, dependenciesMet: op.unfinishedDependencies == 0 && timeHasCome)
+            if op.state == .pending { core.makeReadyIfPossible(op) }
+            core.record(op)
+        }
+    }
+
+    /// Before it starts: changes its priority and/or replaces its dependencies. A dependency
+    /// that would close a cycle is refused.
+    @discardableResult
+    public func update(_ id: OperationID, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil) throws(EngineError) -> OperationSnapshot {
+        try changing(id) { core, op throws(EngineError) in
+            if op.state == .finished || op.hasStarted || op.state == .executing {
+                throw .alreadyStarted(id.description)
+            }
+            var newDeps: [OpRecord]? = nil
+            var dependencies = dependencies
+            // An operation added after a barrier keeps waiting for it, whatever else it names.
+            if var list = dependencies, let b = op.implicitBarrier, let barrier = core.ops[b], barrier.state != .finished,
+               !list.contains(OperationID(raw: b)) {
+                list.append(OperationID(raw: b))
+                dependencies = list
+            }
+            if let dependencies, dependencies.count > configuration.maxDependencies + 1 {
+                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(dependencies.count)")
+            }
+            if let dependencies {
+                var list: [OpRecord] = []
+                for d in dependencies {
+                    guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
+                    list.append(dep)
+                }
+                if core.reaches(op.id, from: dependencies) {
+                    throw .dependencyCycle("making \(id) depend on \(dependencies.map(\.description).joined(separator: ", ")) would close a cycle")
+                }
+                newDeps = list
+            }
+            if let p = queuePriority, p != op.priority {
+                let old = op.priority
+                op.priority = p
+                op.revision += 1
+                op.queue.revision += 1
+                core.emit(op, .queuePriority, .priority(old), .priority(p))
+                if op.state == .ready {
+                    op.queue.push(op)  // the old heap entry goes stale
+                    core.dirty.append(op.queue)
+                }
+            }
+            if let newDeps, let dependencies {
+                for depID in op.dependencyIDs {
+                    if let dep = core.ops[depID.raw], let i = dep.dependents.firstIndex(where: { $0 === op }) {
+                        dep.dependents.remove(at: i)
+                    }
+                }
+                op.dependencyIDs = dependencies
+                op.unfinishedDependencies = 0
+                var seen = Set<ObjectIdentifier>()
+                for dep in newDeps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+                    dep.dependents.append(op)
+                    op.unfinishedDependencies += 1
+                }
+                op.revision += 1
+                if op.state == .ready && op.unfinishedDependencies > 0 {
+                    core.applyChecked(.dependencyAdded, to: op)
+                } else if op.state == .pending {
+                    core.makeReadyIfPossible(op)
+                }
+            }
+            core.record(op)
+        }
+    }
+
+    /// Runs `body` on the operation under the lock, starts what the change made startable,
+    /// and answers the operation's status after it.
+    private func changing(_ id: OperationID, _ body: (EngineCore, OpRecord) throws(EngineError) -> Void) throws(EngineError) -> OperationSnapshot {
+        try mutate { core throws(EngineError) in
+            let op = try core.op(id)
+            try body(core, op)
+            core.settle()
+            return op.snapshot()
+        }
+    }
+}
