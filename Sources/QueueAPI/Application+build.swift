@@ -40,7 +40,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     idempotency.preload(store.loadIdempotency().map {
         ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
     })
-    let webhooks = Webhooks(logger: logger, transport: OutboundWebhookTransport(), store: store,
+    let webhooks = Webhooks(logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
                             limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
@@ -92,7 +92,7 @@ func buildRouter(
     QueuesController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
     OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
-    EventsController(events: events, limits: limits).addRoutes(to: &router)
+    EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)
     return router
 }

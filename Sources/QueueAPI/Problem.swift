@@ -67,7 +67,6 @@ extension OperationAction {
 extension ExternalKind.LeaseError: ProblemConvertible {
     public var problem: Problem {
         switch self {
-        case .unknownOperation: return .notFound("no such operation")
         case let .notLeased(detail): return Problem(409, "lease-conflict", "Lease conflict", detail)
         }
     }

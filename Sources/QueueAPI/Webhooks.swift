@@ -32,10 +32,11 @@ final class Delivery: Sendable {
     let target: String
     let logger: Logger
     let id: String
+    let scheduler: any EngineScheduler
     private let state = Lock(State())
 
-    init(transport: any WebhookTransport, target: String, logger: Logger, id: String) {
-        self.transport = transport; self.target = target; self.logger = logger; self.id = id
+    init(transport: any WebhookTransport, target: String, logger: Logger, id: String, scheduler: any EngineScheduler) {
+        self.transport = transport; self.target = target; self.logger = logger; self.id = id; self.scheduler = scheduler
     }
 
     func enqueue(_ event: ChangeEvent) {
@@ -64,7 +65,7 @@ final class Delivery: Sendable {
         transport.post(url: target, body: event.json, headers: [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")],
                        timeout: 5) { [self] ok in
             if !ok && attempt < 3 && !state.withLock({ $0.stopped }) {
-                EngineTimers.queue.asyncAfter(deadline: .now() + Double(attempt)) { self.send(event, attempt: attempt + 1) }
+                scheduler.after(seconds: Double(attempt)) { self.send(event, attempt: attempt + 1) }
                 return
             }
             if !ok {
@@ -112,13 +113,14 @@ final class Webhooks: Sendable {
     }
     private let logger: Logger
     private let transport: any WebhookTransport
+    private let scheduler: any EngineScheduler
     private let store: any ServiceStore
     let limits: Limits
     private let state = Lock(State())
     static let metaPrefix = "observer:"
 
-    init(logger: Logger, transport: any WebhookTransport, store: any ServiceStore, limits: Limits) {
-        self.logger = logger; self.transport = transport; self.store = store; self.limits = limits
+    init(logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, store: any ServiceStore, limits: Limits) {
+        self.logger = logger; self.transport = transport; self.scheduler = scheduler; self.store = store; self.limits = limits
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
             guard let hook = Self.decode(id: String(key.dropFirst(Self.metaPrefix.count)), value) else {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
@@ -132,7 +134,7 @@ final class Webhooks: Sendable {
         s.hooks[hook.id] = hook
         s.byOperation[hook.operation.raw, default: []].append(hook.id)
         s.perQueue[hook.queue, default: 0] += 1
-        s.deliveries[hook.id] = Delivery(transport: transport, target: hook.url, logger: logger, id: hook.id)
+        s.deliveries[hook.id] = Delivery(transport: transport, target: hook.url, logger: logger, id: hook.id, scheduler: scheduler)
     }
 
     var count: Int { state.withLock { $0.hooks.count } }

@@ -37,11 +37,6 @@ extension QueueEngine {
         try read { core throws(EngineError) in try core.queue(name).snapshot(defaultMax: core.defaultMaxConcurrent) }
     }
 
-    /// A queue's revision (changes with its settings and its operations' states), for ETags.
-    public func queueRevision(_ name: String) throws(EngineError) -> UInt64 {
-        try read { core throws(EngineError) in try core.queue(name).revision }
-    }
-
     /// Every queue, sorted by name.
     public func queues() -> [QueueSnapshot] {
         state.withLock { core in

@@ -250,7 +250,9 @@ extension Int64 {
 
 import Dispatch
 
-/// The one queue every opqd timer fires on (timeouts, retries, long-poll deadlines, leases).
+/// The serial queue `DispatchScheduler` fires the engine's, the kinds' and the API's timers on
+/// (timeouts, retries, long-poll deadlines, leases, webhook retries); the application's purge and
+/// heartbeat timers run on `DispatchQueue.global()`.
 ///
 /// A serial queue of its own rather than `DispatchQueue.global()`: work that blocks pool
 /// threads (a slow webhook target, a test's Foundation queue) must never delay a deadline.

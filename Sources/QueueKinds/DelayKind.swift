@@ -1,7 +1,7 @@
 import QueueEngine
 import Locking
 
-/// `delay` `{"seconds": S}`: a timer (the seeds' NSTimer example). Cancel stops it at once;
+/// `delay` `{"seconds": S}`: a timer (the seed documents' NSTimer-driven async operation). Cancel stops it at once;
 /// pause keeps the time left (the engine counts executed time), resume runs only the rest.
 public final class DelayKind: OperationKind {
     /// Longest accepted delay (31 days).

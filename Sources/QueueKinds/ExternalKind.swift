@@ -26,19 +26,12 @@ public final class ExternalKind: OperationKind {
         public let context: ExecutionContext
     }
 
-    /// What a claim got.
-    public enum ClaimResult: Sendable {
-        case claimed(Lease)
-        case none
-    }
-
     /// A worker that vanishes is the normal failure of external work: by default a lease that
     /// runs out is offered twice more before the operation fails.
     public var defaultRetry: RetryPolicy? { RetryPolicy(maxAttempts: 3, backoff: 0, multiplier: 1) }
 
-    /// Why a lease call was refused.
+    /// Why a lease call was refused (the operation has no lease with that token).
     public enum LeaseError: Error, Sendable {
-        case unknownOperation
         case notLeased(String)
     }
 

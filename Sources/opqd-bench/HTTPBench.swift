@@ -19,10 +19,7 @@ enum HTTPBench {
     }
 
     static func main(_ args: [String]) -> Int32 {
-        for a in args where a != "--quick" {
-            _ = a
-            // Everything else is passed through too (--duration, --connections, --rounds).
-        }
+        // Every argument (--quick, --duration, --connections, --rounds) is passed to the script.
         guard let script = findScript() else {
             eprint("opqd-bench http: scripts/bench-http.sh not found from \(FileManager.default.currentDirectoryPath) or \(BenchSupport.selfDirectory)\n")
             return 1

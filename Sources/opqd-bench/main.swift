@@ -34,8 +34,10 @@ subcommands:
                      external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
                      finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
 
+Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
 Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
-127.0.0.1 with fresh temporary data dirs, and stops it.
+127.0.0.1 with fresh temporary data dirs, and stops it; build it first with
+swift build -c release --product opqd (this executable does not, and an old one is used as is).
 """
 
 var args = Array(CommandLine.arguments.dropFirst())

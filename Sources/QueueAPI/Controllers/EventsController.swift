@@ -1,10 +1,11 @@
-import Dispatch
 import MicroHTTP
 import QueueEngine
 
 /// The change feed (`/v1/events`, a long poll) and its Server-Sent Events stream.
 struct EventsController: Sendable {
     let events: EventLog
+    /// Long polls end on it (the engine's; a manual clock in tests).
+    let scheduler: any EngineScheduler
     let limits: OpqdConfiguration.Limits
 
     func addRoutes(to r: inout Router) {
@@ -35,7 +36,7 @@ struct EventsController: Sendable {
         if wait == 0 || log.lastSeq > after { return .response(answer()) }
         return .deferred { responder in
             guard let token = log.wait(after: after, { responder.respond(answer()) }) else { return }
-            EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
+            scheduler.after(seconds: wait) {
                 log.cancelWait(token)
                 responder.respond(answer())
             }

@@ -1,4 +1,3 @@
-import Dispatch
 import MicroHTTP
 import QueueEngine
 
@@ -126,7 +125,7 @@ struct QueuesController: Sendable {
                 return
             }
             guard let token else { return }
-            EngineTimers.queue.asyncAfter(deadline: .now() + timeout) {
+            engine.scheduler.after(seconds: timeout) {
                 if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
             }
         }

@@ -1,4 +1,3 @@
-import Dispatch
 import MicroHTTP
 import QueueEngine
 import QueueKinds
@@ -60,7 +59,7 @@ struct WorkersController: Sendable {
             }
             if let lease { engine.whenDurable { responder.respond(Self.answer(lease, engine: engine, flags: false)) }; return }
             guard let waiter else { return }
-            EngineTimers.queue.asyncAfter(deadline: .now() + wait) {
+            engine.scheduler.after(seconds: wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }
         }
