@@ -13,7 +13,7 @@ let package = Package(
         .executable(name: "fuzz-http", targets: ["fuzz-http"]),
     ],
     dependencies: [
-        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2")
     ],
     targets: [
         // A pthread-mutex lock that ThreadSanitizer can see (see Lock.swift).
@@ -36,7 +36,8 @@ let package = Package(
         // Pure Swift engine: no HTTP, no C.
         // Release builds drop the runtime exclusivity checks here: the engine mutates its
         // records only under its one lock, and the checks cost ~15% of the flat benchmark.
-        .target(name: "QueueEngine", dependencies: ["Locking"], swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
+        .target(
+            name: "QueueEngine", dependencies: ["Locking"], swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // SQLite itself (apt: libsqlite3-dev); used only by QueueStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // Durable store behind the engine's OperationStore protocol.

@@ -115,6 +115,6 @@ public struct SHA256 {
     }
 }
 
-private extension UInt32 {
-    @inline(__always) func rotr(_ n: UInt32) -> UInt32 { (self >> n) | (self << (32 - n)) }
+extension UInt32 {
+    @inline(__always) fileprivate func rotr(_ n: UInt32) -> UInt32 { (self >> n) | (self << (32 - n)) }
 }

@@ -23,8 +23,9 @@ public final class HTTPServer: Sendable {
         responseObserver: (@Sendable (_ route: String?, _ status: Int) -> Void)? = nil,
         headCheck: (@Sendable (_ head: HTTPRequest) -> HTTPResponse?)? = nil
     ) {
-        core = ServerCore(configuration: configuration, handler: handler, log: log, responseObserver: responseObserver,
-                          headCheck: headCheck)
+        core = ServerCore(
+            configuration: configuration, handler: handler, log: log, responseObserver: responseObserver,
+            headCheck: headCheck)
     }
 
     /// Binds and starts serving. Throws `HTTPServerError` (e.g. when the port is in use, the host

@@ -53,13 +53,15 @@ extension Problem {
 
     /// The server's own problems; the application uses the same slugs for the same conditions.
     public static func payloadTooLarge(bodyBytes: Int, limit: Int) -> Problem {
-        Problem(413, "payload-too-large", "Payload Too Large",
-                "request body is \(bodyBytes) bytes; the limit is \(limit) bytes (--max-body)")
+        Problem(
+            413, "payload-too-large", "Payload Too Large",
+            "request body is \(bodyBytes) bytes; the limit is \(limit) bytes (--max-body)")
     }
 
     public static func headersTooLarge(bytes: Int, limit: Int) -> Problem {
-        Problem(431, "headers-too-large", "Request Header Fields Too Large",
-                "the request line and header fields are \(bytes) bytes; the limit (--max-header-bytes) is \(limit) bytes")
+        Problem(
+            431, "headers-too-large", "Request Header Fields Too Large",
+            "the request line and header fields are \(bytes) bytes; the limit (--max-header-bytes) is \(limit) bytes")
     }
 
     public static let badFraming = Problem(

@@ -1,6 +1,7 @@
 import CCurl
 import Dispatch
 import Locking
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -41,12 +42,14 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         }
         let context = Unmanaged.passRetained(self).toOpaque()
         var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            let loop = Unmanaged<CurlLoop>.fromOpaque(raw).takeRetainedValue()
-            loop.run()
-            return nil
-        }, context)
+        let rc = pthread_create(
+            &thread, nil,
+            { raw in
+                guard let raw else { return nil }
+                let loop = Unmanaged<CurlLoop>.fromOpaque(raw).takeRetainedValue()
+                loop.run()
+                return nil
+            }, context)
         if rc == 0 {
             pthread_detach(thread)
         } else {
@@ -161,9 +164,10 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         case let .failure(error):
             transfer.task.deliver(.failure(error))
         case .success:
-            let decision = RedirectPolicy.next(status: status, location: transfer.header.value("location"),
-                                               currentURL: transfer.url, method: transfer.method,
-                                               redirects: transfer.redirects)
+            let decision = RedirectPolicy.next(
+                status: status, location: transfer.header.value("location"),
+                currentURL: transfer.url, method: transfer.method,
+                redirects: transfer.redirects)
             switch decision {
             case .stop:
                 transfer.task.deliver(.success(transfer.response(status: status, contentLength: length)))

@@ -1,6 +1,7 @@
 import CCurl
 import Dispatch
 import Locking
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -36,8 +37,10 @@ public final class OutboundHTTPClient: Sendable {
 
     /// Sends `request`; `completion` receives the final response (any status) or the error.
     @discardableResult
-    public func send(_ request: OutboundRequest,
-                     completion: @escaping @Sendable (Result<OutboundResponse, OutboundError>) -> Void) -> OutboundTask {
+    public func send(
+        _ request: OutboundRequest,
+        completion: @escaping @Sendable (Result<OutboundResponse, OutboundError>) -> Void
+    ) -> OutboundTask {
         let task = OutboundTask(request: request, loop: loop, completion: completion)
         loop.submit(task)
         return task
@@ -58,8 +61,10 @@ public final class OutboundTask: Sendable {
     private let state: Lock<(State, (@Sendable (Result<OutboundResponse, OutboundError>) -> Void)?)>
     private let delivered = DispatchGroup()
 
-    init(request: OutboundRequest, loop: CurlLoop,
-         completion: @escaping @Sendable (Result<OutboundResponse, OutboundError>) -> Void) {
+    init(
+        request: OutboundRequest, loop: CurlLoop,
+        completion: @escaping @Sendable (Result<OutboundResponse, OutboundError>) -> Void
+    ) {
         self.request = request
         self.loop = loop
         state = Lock((.pending, completion))

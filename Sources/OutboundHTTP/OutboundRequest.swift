@@ -19,9 +19,11 @@ public struct OutboundRequest: Sendable {
     public var maxHeaderBytes: Int
 
     /// A request with the given parts; limits default to 30 s, 64 KiB of body, 64 KiB of headers.
-    public init(method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
-                timeout: Double = 30, connectTimeout: Double = 10,
-                maxResponseBytes: Int = 64 * 1024, maxHeaderBytes: Int = 64 * 1024) {
+    public init(
+        method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
+        timeout: Double = 30, connectTimeout: Double = 10,
+        maxResponseBytes: Int = 64 * 1024, maxHeaderBytes: Int = 64 * 1024
+    ) {
         self.method = method
         self.url = url
         self.headers = headers
@@ -53,8 +55,10 @@ public struct OutboundResponse: Sendable {
     public var redirects: Int
 
     /// A response with the given parts.
-    public init(status: Int, headers: [(String, String)] = [], body: [UInt8] = [], truncated: Bool = false,
-                size: Int = 0, contentLength: Int? = nil, finalURL: String = "", redirects: Int = 0) {
+    public init(
+        status: Int, headers: [(String, String)] = [], body: [UInt8] = [], truncated: Bool = false,
+        size: Int = 0, contentLength: Int? = nil, finalURL: String = "", redirects: Int = 0
+    ) {
         self.status = status
         self.headers = headers
         self.body = body

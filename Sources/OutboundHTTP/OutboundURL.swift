@@ -1,7 +1,8 @@
+import CCurl
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import CCurl
 
 /// URL checks and resolution with libcurl's URL API (`curl_url`), never Foundation's `URL`.
 public enum OutboundURL {

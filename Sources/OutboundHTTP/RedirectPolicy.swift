@@ -44,7 +44,9 @@ public enum RedirectPolicy {
         let trimmed = trim(location)
         guard !trimmed.isEmpty else { return .stop }
         guard redirects < maxRedirects else {
-            return .fail(OutboundError(type: "too-many-redirects", detail: "more than \(maxRedirects) redirects; the last was \(status) from \(OutboundURL.quoted(currentURL))"))
+            return .fail(
+                OutboundError(
+                    type: "too-many-redirects", detail: "more than \(maxRedirects) redirects; the last was \(status) from \(OutboundURL.quoted(currentURL))"))
         }
         let current: OutboundURL.Parts
         switch OutboundURL.check(currentURL) {
@@ -69,8 +71,10 @@ public enum RedirectPolicy {
         default:
             break
         }
-        return .follow(RedirectHop(url: target.url, method: newMethod, keepsBody: keepsBody,
-                                   originChanged: target.origin != current.origin))
+        return .follow(
+            RedirectHop(
+                url: target.url, method: newMethod, keepsBody: keepsBody,
+                originChanged: target.origin != current.origin))
     }
 
     /// The headers to send on a hop: credentials dropped when the origin changed, and

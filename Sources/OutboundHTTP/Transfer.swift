@@ -1,5 +1,6 @@
 import CCurl
 import Dispatch
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -215,12 +216,15 @@ final class Transfer {
     }
 
     func timeoutError() -> OutboundError {
-        OutboundError(type: "timeout", detail: "no complete answer from \(OutboundURL.quoted(request.url)) within \(request.timeout) s (last URL \(OutboundURL.quoted(url)))")
+        OutboundError(
+            type: "timeout",
+            detail: "no complete answer from \(OutboundURL.quoted(request.url)) within \(request.timeout) s (last URL \(OutboundURL.quoted(url)))")
     }
 
     func response(status: Int, contentLength: Int?) -> OutboundResponse {
-        OutboundResponse(status: status, headers: header.fields, body: received, truncated: truncated, size: size,
-                         contentLength: contentLength, finalURL: url, redirects: redirects)
+        OutboundResponse(
+            status: status, headers: header.fields, body: received, truncated: truncated, size: size,
+            contentLength: contentLength, finalURL: url, redirects: redirects)
     }
 
     /// The error type for a libcurl result code.
@@ -230,12 +234,12 @@ final class Transfer {
         case CURLE_COULDNT_CONNECT: return "connection-refused"
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: return "dns"
         case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_ENGINE_NOTFOUND,
-             CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_ENGINE_INITFAILED,
-             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
-             CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT, CURLE_USE_SSL_FAILED:
+            CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_ENGINE_INITFAILED,
+            CURLE_SSL_CACERT_BADFILE, CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
+            CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT, CURLE_USE_SSL_FAILED:
             return "tls"
         case CURLE_WEIRD_SERVER_REPLY, CURLE_UNSUPPORTED_PROTOCOL, CURLE_HTTP2, CURLE_HTTP2_STREAM,
-             CURLE_BAD_CONTENT_ENCODING, CURLE_GOT_NOTHING, CURLE_HTTP3, CURLE_OUT_OF_MEMORY, CURLE_WRITE_ERROR:
+            CURLE_BAD_CONTENT_ENCODING, CURLE_GOT_NOTHING, CURLE_HTTP3, CURLE_OUT_OF_MEMORY, CURLE_WRITE_ERROR:
             return "invalid-response"
         case CURLE_URL_MALFORMAT: return "invalid-url"
         default: return "network"

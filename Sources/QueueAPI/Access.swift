@@ -72,8 +72,9 @@ struct Access: Sendable {
         case .none:
             return Self.unauthorized
         case .read where access == .write || !(request.method == "GET" || request.method == "HEAD"):
-            return Problem(403, "read-only-token", "Forbidden",
-                           "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token")
+            return Problem(
+                403, "read-only-token", "Forbidden",
+                "the read-only token may make GET and HEAD requests only; \(request.method) \(request.path) needs the full token")
         case .read, .full:
             return nil
         }
@@ -110,9 +111,14 @@ struct APIDispatcher: Sendable {
             }
         case let .methodNotAllowed(allowed, _):
             let list = allowed.joined(separator: ", ")
-            return .routed(Router.unmatched, .response(Problem(405, "method-not-allowed", "Method Not Allowed",
-                                                               "\(request.method) is not allowed on \(request.path); allowed: \(list)",
-                                                               headers: [("Allow", list)]).response))
+            return .routed(
+                Router.unmatched,
+                .response(
+                    Problem(
+                        405, "method-not-allowed", "Method Not Allowed",
+                        "\(request.method) is not allowed on \(request.path); allowed: \(list)",
+                        headers: [("Allow", list)]
+                    ).response))
         case .notFound:
             return .routed(Router.unmatched, .response(Problem.notFound("no route for \(request.path)").response))
         }

@@ -13,7 +13,8 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     logger.logLevel = configuration.logLevel
     let limits = configuration.limits
 
-    let store: any ServiceStore = configuration.store == "sqlite"
+    let store: any ServiceStore =
+        configuration.store == "sqlite"
         ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
         : MemoryServiceStore()
     var recovered = try store.recoverState()
@@ -33,15 +34,18 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 
     let lastSeq = recovered?.lastSeq ?? 0
     let kept = contiguousTail(store.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
-    let events = EventLog(capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
-                          maxBacklog: limits.sseBacklog)
+    let events = EventLog(
+        capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
+        maxBacklog: limits.sseBacklog)
     events.append(kept)
     let idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
-    idempotency.preload(store.loadIdempotency().map {
-        ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
-    })
-    let webhooks = Webhooks(logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
-                            limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
+    idempotency.preload(
+        store.loadIdempotency().map {
+            ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
+        })
+    let webhooks = Webhooks(
+        logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
+        limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
 
@@ -72,14 +76,17 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     }
     if let recovered {
         engine.restore(recovered)
-        logger.info("store recovered", metadata: [
-            "path": "\(store.path)", "queues": "\(recovered.queues.count)",
-            "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
-            "poisoned": "\(recovered.poisoned.count)",
-        ])
+        logger.info(
+            "store recovered",
+            metadata: [
+                "path": "\(store.path)", "queues": "\(recovered.queues.count)",
+                "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
+                "poisoned": "\(recovered.poisoned.count)",
+            ])
     }
-    return OpqdApplication(configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-                           store: store, lifecycle: lifecycle, logger: logger)
+    return OpqdApplication(
+        configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
+        store: store, lifecycle: lifecycle, logger: logger)
 }
 
 /// Every route of the API, each controller holding only what it uses.

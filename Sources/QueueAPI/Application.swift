@@ -1,8 +1,8 @@
 import Dispatch
+import Locking
 import Logging
 import MicroHTTP
 import QueueEngine
-import Locking
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
 /// background timers, graceful shutdown).
@@ -17,8 +17,10 @@ public final class OpqdApplication: Sendable {
     let logger: Logger
     private let timers = TimerBox()
 
-    init(configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-         store: any ServiceStore, lifecycle: Lifecycle, logger: Logger) {
+    init(
+        configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
+        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger
+    ) {
         self.configuration = configuration
         self.engine = engine
         self.server = server
@@ -54,13 +56,17 @@ public final class OpqdApplication: Sendable {
         let ticks = Locking.Lock<Int>(0)
         heartbeat.setEventHandler { [events] in
             events.cutOffStalled()
-            let tick = ticks.withLock { t in t += 1; return t }
+            let tick = ticks.withLock { t in
+                t += 1; return t
+            }
             if tick % 15 == 0 { events.heartbeat() }
         }
         heartbeat.resume()
         timers.set([purge, heartbeat])
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
-            logger.warning("listening on a non-loopback address without a token: anyone who can reach \(configuration.host):\(port) can create, cancel and delete queues and operations, and run what --allow-command allows; set --token (OPQD_TOKEN)")
+            logger.warning(
+                "listening on a non-loopback address without a token: anyone who can reach \(configuration.host):\(port) can create, cancel and delete queues and operations, and run what --allow-command allows; set --token (OPQD_TOKEN)"
+            )
         }
         logger.info("opqd serving", metadata: ["host": "\(configuration.host)", "port": "\(port)", "threads": "\(configuration.threads)"])
     }
@@ -91,5 +97,9 @@ final class TimerBox: @unchecked Sendable {
     private let lock = Lock<Void>(())
     private var timers: [DispatchSourceTimer] = []
     func set(_ t: [DispatchSourceTimer]) { lock.withLock { _ in timers = t } }
-    func cancelAll() { lock.withLock { _ in for t in timers { t.cancel() }; timers = [] } }
+    func cancelAll() {
+        lock.withLock { _ in
+            for t in timers { t.cancel() }; timers = []
+        }
+    }
 }

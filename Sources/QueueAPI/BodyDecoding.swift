@@ -103,8 +103,9 @@ func parseDependencies(_ v: JSONValue?, field: String = "dependencies", limit: I
     guard let v else { return nil }
     guard case let .array(items) = v else { throw Problem.invalid(field, "must be an array of operation ids; got \(v.typeName)") }
     guard items.count <= limit else {
-        throw Problem(422, "too-many-dependencies", "Too many dependencies",
-                      "\(field): at most \(limit) dependencies per operation (--max-dependencies); got \(items.count)")
+        throw Problem(
+            422, "too-many-dependencies", "Too many dependencies",
+            "\(field): at most \(limit) dependencies per operation (--max-dependencies); got \(items.count)")
     }
     var ids: [OperationID] = []
     ids.reserveCapacity(items.count)

@@ -1,7 +1,8 @@
+import Logging
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import Logging
 
 /// Everything `opqd` can be told, from flags or `OPQD_*` variables (flags win).
 public struct OpqdConfiguration: Sendable {
@@ -93,43 +94,57 @@ public struct OpqdConfiguration: Sendable {
             guard v == "full" || v == "normal" else { throw ConfigurationError("--sync must be full or normal; got '\(v)'") }
             c.sync = v
         },
-        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every request but /healthz and /readyz (default: none)") { c, v in
+        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every request but /healthz and /readyz (default: none)") {
+            c, v in
             guard !v.isEmpty else { throw ConfigurationError("--token must not be empty") }
             c.token = v
         },
-        Option(flag: "--read-token", env: "OPQD_READ_TOKEN", help: "a second token that may only read (GET/HEAD, incl. /metrics and the stream); needs --token (default: none)") { c, v in
+        Option(
+            flag: "--read-token", env: "OPQD_READ_TOKEN",
+            help: "a second token that may only read (GET/HEAD, incl. /metrics and the stream); needs --token (default: none)"
+        ) { c, v in
             guard !v.isEmpty else { throw ConfigurationError("--read-token must not be empty") }
             c.readToken = v
         },
         Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
             c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))
         },
-        Option(flag: "--max-queues", env: "OPQD_MAX_QUEUES", help: "most queues (default 10000); more get 429") { c, v in c.limits.queues = try int(v, "--max-queues", 1...10_000_000) },
+        Option(flag: "--max-queues", env: "OPQD_MAX_QUEUES", help: "most queues (default 10000); more get 429") { c, v in
+            c.limits.queues = try int(v, "--max-queues", 1...10_000_000)
+        },
         Option(flag: "--max-unfinished", env: "OPQD_MAX_UNFINISHED", help: "most unfinished operations in all queues (default 1000000); more get 429") { c, v in
             c.limits.unfinished = try int(v, "--max-unfinished", 1...100_000_000)
         },
-        Option(flag: "--max-unfinished-per-queue", env: "OPQD_MAX_UNFINISHED_PER_QUEUE", help: "most unfinished operations in one queue (default 100000); more get 429") { c, v in
+        Option(
+            flag: "--max-unfinished-per-queue", env: "OPQD_MAX_UNFINISHED_PER_QUEUE",
+            help: "most unfinished operations in one queue (default 100000); more get 429"
+        ) { c, v in
             c.limits.unfinishedPerQueue = try int(v, "--max-unfinished-per-queue", 1...100_000_000)
         },
         Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
             c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
         },
-        Option(flag: "--max-observers-per-operation", env: "OPQD_MAX_OBSERVERS_PER_OPERATION", help: "webhook observers of one operation (default 16)") { c, v in
+        Option(flag: "--max-observers-per-operation", env: "OPQD_MAX_OBSERVERS_PER_OPERATION", help: "webhook observers of one operation (default 16)") {
+            c, v in
             c.limits.observersPerOperation = try int(v, "--max-observers-per-operation", 1...100_000)
         },
-        Option(flag: "--max-observers-per-queue", env: "OPQD_MAX_OBSERVERS_PER_QUEUE", help: "webhook observers on one queue's operations (default 256)") { c, v in
+        Option(flag: "--max-observers-per-queue", env: "OPQD_MAX_OBSERVERS_PER_QUEUE", help: "webhook observers on one queue's operations (default 256)") {
+            c, v in
             c.limits.observersPerQueue = try int(v, "--max-observers-per-queue", 1...1_000_000)
         },
         Option(flag: "--max-observers", env: "OPQD_MAX_OBSERVERS", help: "webhook observers in all (default 10000)") { c, v in
             c.limits.observers = try int(v, "--max-observers", 1...10_000_000)
         },
-        Option(flag: "--max-idempotency-keys", env: "OPQD_MAX_IDEMPOTENCY_KEYS", help: "Idempotency-Key answers kept (default 100000); a new key past it gets 429") { c, v in
+        Option(
+            flag: "--max-idempotency-keys", env: "OPQD_MAX_IDEMPOTENCY_KEYS", help: "Idempotency-Key answers kept (default 100000); a new key past it gets 429"
+        ) { c, v in
             c.limits.idempotencyKeys = try int(v, "--max-idempotency-keys", 1...100_000_000)
         },
         Option(flag: "--max-idempotency-bytes", env: "OPQD_MAX_IDEMPOTENCY_BYTES", help: "bytes of kept Idempotency-Key answers (default 67108864)") { c, v in
             c.limits.idempotencyBytes = try int(v, "--max-idempotency-bytes", 4096...(1 << 40))
         },
-        Option(flag: "--max-result-bytes", env: "OPQD_MAX_RESULT_BYTES", help: "JSON bytes of a result or error a worker or kind reports (default 65536)") { c, v in
+        Option(flag: "--max-result-bytes", env: "OPQD_MAX_RESULT_BYTES", help: "JSON bytes of a result or error a worker or kind reports (default 65536)") {
+            c, v in
             c.limits.resultBytes = try int(v, "--max-result-bytes", 256...(64 << 20))
         },
         Option(flag: "--max-commands", env: "OPQD_MAX_COMMANDS", help: "command children running at once (default 16); more wait for a slot") { c, v in
@@ -138,15 +153,23 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--max-page-bytes", env: "OPQD_MAX_PAGE_BYTES", help: "bytes of one list answer (default 1048576); next carries on") { c, v in
             c.limits.pageBytes = try int(v, "--max-page-bytes", 4096...(1 << 30))
         },
-        Option(flag: "--sse-max-backlog", env: "OPQD_SSE_MAX_BACKLOG", help: "bytes an event-stream client may fall behind before it is cut off (default 1048576)") { c, v in
+        Option(
+            flag: "--sse-max-backlog", env: "OPQD_SSE_MAX_BACKLOG", help: "bytes an event-stream client may fall behind before it is cut off (default 1048576)"
+        ) { c, v in
             c.limits.sseBacklog = try int(v, "--sse-max-backlog", 4096...(1 << 30))
         },
-        Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in c.threads = try int(v, "--threads", 1...256) },
-        Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in c.maxBody = try int(v, "--max-body", 1024...(1 << 30)) },
+        Option(flag: "--threads", env: "OPQD_THREADS", help: "HTTP worker threads (default: number of cores)") { c, v in
+            c.threads = try int(v, "--threads", 1...256)
+        },
+        Option(flag: "--max-body", env: "OPQD_MAX_BODY", help: "largest request body in bytes (default 1048576); larger gets 413") { c, v in
+            c.maxBody = try int(v, "--max-body", 1024...(1 << 30))
+        },
         Option(flag: "--default-max-concurrent", env: "OPQD_DEFAULT_MAX_CONCURRENT", help: "what maxConcurrentOperationCount -1 means (default 4)") { c, v in
             c.defaultMaxConcurrent = try int(v, "--default-max-concurrent", 1...100_000)
         },
-        Option(flag: "--log-level", env: "OPQD_LOG_LEVEL", help: "trace, debug, info, notice, warning, error, critical (default info)") { c, v in c.logLevel = try level(v) },
+        Option(flag: "--log-level", env: "OPQD_LOG_LEVEL", help: "trace, debug, info, notice, warning, error, critical (default info)") { c, v in
+            c.logLevel = try level(v)
+        },
         Option(flag: "--event-capacity", env: "OPQD_EVENT_CAPACITY", help: "events kept for the change feed (default 200000); older cursors get 410") { c, v in
             c.eventCapacity = try int(v, "--event-capacity", 16...100_000_000)
         },
@@ -160,7 +183,11 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--connection-limit", env: "OPQD_CONNECTION_LIMIT", help: "most concurrent connections (default 4096)") { c, v in
             c.connectionLimit = try int(v, "--connection-limit", 1...1_000_000)
         },
-        Option(flag: "--allow-command", env: "OPQD_ALLOW_COMMANDS", help: "an executable (absolute path) command operations may run; repeatable; the variable takes a colon-separated list. Default: none (kind command off)") { c, v in
+        Option(
+            flag: "--allow-command", env: "OPQD_ALLOW_COMMANDS",
+            help:
+                "an executable (absolute path) command operations may run; repeatable; the variable takes a colon-separated list. Default: none (kind command off)"
+        ) { c, v in
             for path in v.split(separator: ":").map(String.init) where !path.isEmpty {
                 guard path.hasPrefix("/") else { throw ConfigurationError("--allow-command needs an absolute path; got '\(path)'") }
                 if !c.allowCommands.contains(path) { c.allowCommands.append(path) }
@@ -207,13 +234,13 @@ public struct OpqdConfiguration: Sendable {
     /// The `--help` text.
     public static var help: String {
         var s = """
-        opqd — operation queues with NSOperation semantics over HTTP.
+            opqd — operation queues with NSOperation semantics over HTTP.
 
-        usage: opqd [options]
+            usage: opqd [options]
 
-        Every option can also be set with its environment variable; a flag wins over the variable.
+            Every option can also be set with its environment variable; a flag wins over the variable.
 
-        """
+            """
         for o in options {
             s += "  \(o.flag.padding(toLength: 30, withPad: " ", startingAt: 0)) \(o.env.padding(toLength: 34, withPad: " ", startingAt: 0)) \(o.help)\n"
         }

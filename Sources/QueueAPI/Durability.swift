@@ -63,8 +63,9 @@ struct Durability: Sendable {
                 cache.finish(scope, response: response)
                 return .response(response)
             }
-            let record = IdempotencyRecord(scope: scope, bodyHash: bodyHash, status: response.status,
-                                           headers: response.headers, body: response.body, createdAt: SystemClock().now())
+            let record = IdempotencyRecord(
+                scope: scope, bodyHash: bodyHash, status: response.status,
+                headers: response.headers, body: response.body, createdAt: SystemClock().now())
             // Until the change and the kept answer are committed, a retry gets 409 in-progress,
             // never a replay of an answer a crash could still take back.
             return .deferred { responder in

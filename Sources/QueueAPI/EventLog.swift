@@ -1,7 +1,7 @@
 import Dispatch
+import Locking
 import MicroHTTP
 import QueueEngine
-import Locking
 
 /// The change feed: the last `capacity` events, already encoded, in `seq` order, with the
 /// long polls and SSE streams waiting for newer ones. Fed by one global engine observer.
@@ -26,7 +26,7 @@ final class EventLog: Sendable {
     }
     struct State: Sendable {
         var ring: [Entry] = []
-        var head = 0          // index of the oldest entry when the ring is full
+        var head = 0  // index of the oldest entry when the ring is full
         var firstSeq: UInt64 = 0  // seq of the oldest kept entry (0 = nothing yet)
         var lastSeq: UInt64 = 0
         /// Seqs per operation, for `/v1/operations/{id}/events`.
@@ -47,7 +47,9 @@ final class EventLog: Sendable {
     init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20) {
         self.capacity = max(16, capacity)
         self.maxBacklog = max(4096, maxBacklog)
-        state.withLock { $0.lastSeq = seq; $0.firstSeq = seq + 1 }
+        state.withLock {
+            $0.lastSeq = seq; $0.firstSeq = seq + 1
+        }
     }
 
     var lastSeq: UInt64 { state.withLock { $0.lastSeq } }
@@ -247,7 +249,9 @@ final class EventLog: Sendable {
 
     /// Closes every stream (server stop).
     func closeStreams() {
-        let streams = state.withLock { s in let v = s.streams.values.map(\.stream); s.streams = [:]; return v }
+        let streams = state.withLock { s in
+            let v = s.streams.values.map(\.stream); s.streams = [:]; return v
+        }
         for s in streams { s.close() }
     }
 

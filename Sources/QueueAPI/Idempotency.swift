@@ -1,7 +1,7 @@
 import Digest
+import Locking
 import MicroHTTP
 import QueueEngine
-import Locking
 
 /// First answers of creates made with an `Idempotency-Key`, so a retried POST gets the
 /// same answer instead of creating a second resource.
@@ -82,9 +82,11 @@ final class IdempotencyCache: Sendable {
             compact(&s)
             let bytes = Self.size(scope: scope, response: nil) + 1024
             if s.entries.count >= maxKeys || s.bytes + bytes > maxBytes {
-                return .full(Problem(429, "too-many-idempotency-keys", "Too Many Requests",
-                                     "Idempotency-Key: \(s.entries.count) keys (\(s.bytes) bytes) are kept, the limit is \(maxKeys) keys (--max-idempotency-keys) and \(maxBytes) bytes (--max-idempotency-bytes); retry later or without a key",
-                                     headers: [("Retry-After", "60")]))
+                return .full(
+                    Problem(
+                        429, "too-many-idempotency-keys", "Too Many Requests",
+                        "Idempotency-Key: \(s.entries.count) keys (\(s.bytes) bytes) are kept, the limit is \(maxKeys) keys (--max-idempotency-keys) and \(maxBytes) bytes (--max-idempotency-bytes); retry later or without a key",
+                        headers: [("Retry-After", "60")]))
             }
             s.entries[scope] = Entry(bodyHash: hash, response: nil, createdAt: now, bytes: bytes)
             s.order.append(scope)

@@ -1,7 +1,7 @@
-import QueueEngine
-import Synchronization
-import QueueStore
 import Locking
+import QueueEngine
+import QueueStore
+import Synchronization
 
 /// Prometheus counters fed by the engine's observer and by the HTTP server as answers leave.
 final class Metrics: Sendable {
@@ -67,7 +67,8 @@ final class Metrics: Sendable {
         }
         s += "opqd_operation_duration_seconds_bucket{le=\"+Inf\"} \(d.count)\n"
         s += "opqd_operation_duration_seconds_sum \(d.sum)\nopqd_operation_duration_seconds_count \(d.count)\n"
-        s += "# HELP opqd_http_requests_total HTTP answers sent, by method, route pattern and status (route \"server\": the server's own answers, e.g. 413 or 503 while stopping; \"unmatched\": 404, 405 and refused tokens or targets).\n# TYPE opqd_http_requests_total counter\n"
+        s +=
+            "# HELP opqd_http_requests_total HTTP answers sent, by method, route pattern and status (route \"server\": the server's own answers, e.g. 413 or 503 while stopping; \"unmatched\": 404, 405 and refused tokens or targets).\n# TYPE opqd_http_requests_total counter\n"
         for (label, counts) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
             let parts = label.split(separator: " ", maxSplits: 1)
             let (method, route) = parts.count == 2 ? (String(parts[0]), String(parts[1])) : ("", label)
@@ -76,10 +77,13 @@ final class Metrics: Sendable {
             }
         }
         if let st = store {
-            s += "# HELP opqd_store_commits_total SQLite transactions committed (group commits).\n# TYPE opqd_store_commits_total counter\nopqd_store_commits_total \(st.commits)\n"
+            s +=
+                "# HELP opqd_store_commits_total SQLite transactions committed (group commits).\n# TYPE opqd_store_commits_total counter\nopqd_store_commits_total \(st.commits)\n"
             s += "# HELP opqd_store_records_total Records made durable.\n# TYPE opqd_store_records_total counter\nopqd_store_records_total \(st.records)\n"
-            s += "# HELP opqd_store_largest_commit Most records in one commit.\n# TYPE opqd_store_largest_commit gauge\nopqd_store_largest_commit \(st.largestCommit)\n"
-            s += "# HELP opqd_store_failures_total Commits that failed and were retried.\n# TYPE opqd_store_failures_total counter\nopqd_store_failures_total \(st.failures)\n"
+            s +=
+                "# HELP opqd_store_largest_commit Most records in one commit.\n# TYPE opqd_store_largest_commit gauge\nopqd_store_largest_commit \(st.largestCommit)\n"
+            s +=
+                "# HELP opqd_store_failures_total Commits that failed and were retried.\n# TYPE opqd_store_failures_total counter\nopqd_store_failures_total \(st.failures)\n"
         }
         s += "# HELP opqd_event_sequence The newest change's sequence number.\n# TYPE opqd_event_sequence gauge\nopqd_event_sequence \(lastSeq)\n"
         return Array(s.utf8)

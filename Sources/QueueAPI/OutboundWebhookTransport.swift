@@ -8,8 +8,9 @@ struct OutboundWebhookTransport: WebhookTransport {
     let client = OutboundHTTPClient()
 
     func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void) {
-        let request = OutboundRequest(method: "POST", url: url, headers: headers, body: body, timeout: timeout,
-                                      maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
+        let request = OutboundRequest(
+            method: "POST", url: url, headers: headers, body: body, timeout: timeout,
+            maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
         client.send(request) { result in
             done((try? result.get()).map { (200..<300).contains($0.status) } ?? false)
         }

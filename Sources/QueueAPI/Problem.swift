@@ -23,14 +23,17 @@ extension EngineError: ProblemConvertible {
         case let .queueNotFound(name): return .notFound("no queue named '\(name)'")
         case let .queueExists(name): return Problem(409, "queue-exists", "Queue exists", "a queue named '\(name)' already exists")
         case let .queueNotIdle(name, n):
-            return Problem(409, "queue-not-idle", "Queue not idle", "queue '\(name)' has \(n) unfinished operation(s); finish or cancel them, or DELETE with ?force=true")
+            return Problem(
+                409, "queue-not-idle", "Queue not idle", "queue '\(name)' has \(n) unfinished operation(s); finish or cancel them, or DELETE with ?force=true")
         case let .operationNotFound(id): return .notFound("no operation with id '\(id)'")
         case let .invalidTransition(from, action):
-            return Problem(409, "invalid-transition", "Transition not allowed",
-                           "cannot \(action.verb) an operation that is \(from.rawValue)" + action.hint(from))
+            return Problem(
+                409, "invalid-transition", "Transition not allowed",
+                "cannot \(action.verb) an operation that is \(from.rawValue)" + action.hint(from))
         case let .dependencyCycle(detail): return Problem(409, "dependency-cycle", "Dependency cycle", detail)
         case let .alreadyStarted(id):
-            return Problem(409, "already-started", "Operation already started", "operation \(id) has started; priority and dependencies can change only before it starts")
+            return Problem(
+                409, "already-started", "Operation already started", "operation \(id) has started; priority and dependencies can change only before it starts")
         case let .invalidArgument(field, detail): return .invalid(field, detail)
         case let .unknownKind(kind, allowed):
             return .invalid("kind", "unknown kind '\(kind)'; allowed: \(allowed.joined(separator: ", "))")

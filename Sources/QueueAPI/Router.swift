@@ -38,7 +38,10 @@ struct Router: Sendable {
     /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else.
     mutating func add(_ method: String, _ pattern: String, access: RouteAccess? = nil, _ handler: @escaping RouteHandler) {
         let segs = pattern.split(separator: "/").map { s -> String? in s.hasPrefix("{") ? nil : String(s) }
-        routes.append(Route(method: method, pattern: pattern, label: method + " " + pattern, segments: segs, access: access ?? (method == "GET" ? .read : .write), handler: handler))
+        routes.append(
+            Route(
+                method: method, pattern: pattern, label: method + " " + pattern, segments: segs, access: access ?? (method == "GET" ? .read : .write),
+                handler: handler))
     }
 
     enum Match {

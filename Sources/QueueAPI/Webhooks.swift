@@ -1,9 +1,9 @@
-import MicroHTTP
 import Dispatch
+import Locking
 import Logging
+import MicroHTTP
 import QueueEngine
 import QueueStore
-import Locking
 import Synchronization
 
 /// Sends a webhook's POST. Failure modes are results, never traps: the implementation is the
@@ -59,11 +59,17 @@ final class Delivery: Sendable {
         if let start { send(start, attempt: 1) }
     }
 
-    func stop() { state.withLock { $0.stopped = true; $0.pending = []; $0.head = 0 } }
+    func stop() {
+        state.withLock {
+            $0.stopped = true; $0.pending = []; $0.head = 0
+        }
+    }
 
     private func send(_ event: ChangeEvent, attempt: Int) {
-        transport.post(url: target, body: event.json, headers: [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")],
-                       timeout: 5) { [self] ok in
+        transport.post(
+            url: target, body: event.json, headers: [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")],
+            timeout: 5
+        ) { [self] ok in
             if !ok && attempt < 3 && !state.withLock({ $0.stopped }) {
                 scheduler.after(seconds: Double(attempt)) { self.send(event, attempt: attempt + 1) }
                 return
@@ -248,12 +254,14 @@ final class Webhooks: Sendable {
 
     static func decode(id: String, _ text: String) -> Hook? {
         guard let v = try? JSONValue.parse(text), case let .string(op)? = v["operation"], let operation = OperationID(op),
-              case let .string(queue)? = v["queue"], case let .string(url)? = v["url"] else { return nil }
+            case let .string(queue)? = v["queue"], case let .string(url)? = v["url"]
+        else { return nil }
         var keys: Set<ChangeKey>? = nil
         if case let .array(items)? = v["keys"] {
-            keys = Set(items.compactMap { item -> ChangeKey? in
-                if case let .string(s) = item { return ChangeKey(rawValue: s) } else { return nil }
-            })
+            keys = Set(
+                items.compactMap { item -> ChangeKey? in
+                    if case let .string(s) = item { return ChangeKey(rawValue: s) } else { return nil }
+                })
         }
         var created = Timestamp(nanoseconds: 0)
         if case let .number(n)? = v["createdAt"], n.isFinite, abs(n) < 9e18 { created = Timestamp(nanoseconds: Int64(n)) }

@@ -1,4 +1,3 @@
-
 /// Side effects decided under the lock and carried out after it is released.
 enum Effect {
     case start(any OperationKind, ExecutionContext)
@@ -112,8 +111,9 @@ final class EngineCore: @unchecked Sendable {
         // winding down (a force-deleted queue's executing command) is not reported. Giving it a
         // seq that is shown but never stored would let a restart hand that seq to another change.
         if op.queue.deleted { return }
-        let e = ChangeEvent(seq: nextSeq, time: now, queue: op.queue.name, operation: op.operationID,
-                            key: key, old: old, new: new, state: op.state)
+        let e = ChangeEvent(
+            seq: nextSeq, time: now, queue: op.queue.name, operation: op.operationID,
+            key: key, old: old, new: new, state: op.state)
         nextSeq += 1
         outEvents.append(e)
         if wantsRecords { outRecords.append(.event(e)) }
@@ -122,9 +122,10 @@ final class EngineCore: @unchecked Sendable {
     func limit(_ q: QueueRecord) -> Int { q.maxConcurrent < 0 ? defaultMaxConcurrent : q.maxConcurrent }
 
     func context(_ op: OpRecord, resume: Bool) -> ExecutionContext {
-        ExecutionContext(operation: op.operationID, queue: op.queue.name, spec: op.spec, attempt: op.attempt,
-                         isResume: resume, executedSeconds: Double(op.executedNanos) / 1e9, kindState: op.kindState,
-                         token: op.runToken, engine: engine)
+        ExecutionContext(
+            operation: op.operationID, queue: op.queue.name, spec: op.spec, attempt: op.attempt,
+            isResume: resume, executedSeconds: Double(op.executedNanos) / 1e9, kindState: op.kindState,
+            token: op.runToken, engine: engine)
     }
 
     // MARK: - scheduling

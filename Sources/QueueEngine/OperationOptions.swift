@@ -39,8 +39,10 @@ public struct OperationRequest: Sendable {
     public var dependencies: [OperationID]
     public var spec: JSONValue?
     public var options: OperationOptions
-    public init(kind: String, name: String? = nil, queuePriority: QueuePriority = .normal, dependencies: [OperationID] = [],
-                spec: JSONValue? = nil, options: OperationOptions = OperationOptions()) {
+    public init(
+        kind: String, name: String? = nil, queuePriority: QueuePriority = .normal, dependencies: [OperationID] = [],
+        spec: JSONValue? = nil, options: OperationOptions = OperationOptions()
+    ) {
         self.kind = kind; self.name = name; self.queuePriority = queuePriority
         self.dependencies = dependencies; self.spec = spec; self.options = options
     }

@@ -107,7 +107,8 @@ public struct ChangeEvent: Sendable, Equatable {
     public var new: ChangeValue
     /// The operation's state after the change.
     public var state: OperationState
-    public init(seq: UInt64, time: Timestamp, queue: String, operation: OperationID, key: ChangeKey, old: ChangeValue, new: ChangeValue, state: OperationState) {
+    public init(seq: UInt64, time: Timestamp, queue: String, operation: OperationID, key: ChangeKey, old: ChangeValue, new: ChangeValue, state: OperationState)
+    {
         self.seq = seq; self.time = time; self.queue = queue; self.operation = operation
         self.key = key; self.old = old; self.new = new; self.state = state
     }

@@ -36,15 +36,19 @@ extension QueueEngine {
                 throw .limitReached("at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished)", limit: "too-many-operations")
             }
             guard q.unfinished < configuration.maxUnfinishedPerQueue else {
-                throw .limitReached("at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue)",
-                                    limit: "too-many-operations")
+                throw .limitReached(
+                    "at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue)",
+                    limit: "too-many-operations")
             }
             guard request.dependencies.count <= configuration.maxDependencies else {
-                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(request.dependencies.count)")
+                throw .invalidArgument(
+                    field: "dependencies",
+                    detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(request.dependencies.count)")
             }
             if barrier && q.unfinished > configuration.maxDependencies {
-                throw .limitReached("a barrier depends on every unfinished operation of its queue: '\(q.name)' has \(q.unfinished), more than the \(configuration.maxDependencies) dependencies one operation may have (--max-dependencies)",
-                                    limit: "too-many-dependencies")
+                throw .limitReached(
+                    "a barrier depends on every unfinished operation of its queue: '\(q.name)' has \(q.unfinished), more than the \(configuration.maxDependencies) dependencies one operation may have (--max-dependencies)",
+                    limit: "too-many-dependencies")
             }
             var deps: [OpRecord] = []
             deps.reserveCapacity(request.dependencies.count)
@@ -63,8 +67,9 @@ extension QueueEngine {
             let implicitBarrier = barrier ? nil : q.barrier?.id
             // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
             let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= core.now } ?? true)
-            let op = OpRecord(id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
-                              state: readyNow ? .ready : .pending)
+            let op = OpRecord(
+                id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
+                state: readyNow ? .ready : .pending)
             core.nextID += 1
             op.implicitBarrier = implicitBarrier
             core.ops[op.id] = op
@@ -103,8 +108,10 @@ extension QueueEngine {
     }
 
     /// A page of a queue's operations, oldest first, after the cursor `after`.
-    public func operations(in queueName: String, state filter: OperationState? = nil, after: OperationID? = nil,
-                           limit: Int = 100) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
+    public func operations(
+        in queueName: String, state filter: OperationState? = nil, after: OperationID? = nil,
+        limit: Int = 100
+    ) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
         try read { core throws(EngineError) in
             let q = try core.queue(queueName)
             var lo = 0, hi = q.ops.count
@@ -177,12 +184,14 @@ extension QueueEngine {
             var dependencies = dependencies
             // An operation added after a barrier keeps waiting for it, whatever else it names.
             if var list = dependencies, let b = op.implicitBarrier, let barrier = core.ops[b], barrier.state != .finished,
-               !list.contains(OperationID(raw: b)) {
+                !list.contains(OperationID(raw: b))
+            {
                 list.append(OperationID(raw: b))
                 dependencies = list
             }
             if let dependencies, dependencies.count > configuration.maxDependencies + 1 {
-                throw .invalidArgument(field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(dependencies.count)")
+                throw .invalidArgument(
+                    field: "dependencies", detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(dependencies.count)")
             }
             if let dependencies {
                 var list: [OpRecord] = []

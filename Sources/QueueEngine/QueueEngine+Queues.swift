@@ -10,7 +10,9 @@ extension QueueEngine {
         try Self.validateMax(maxConcurrentOperationCount)
         return try mutate { core throws(EngineError) in
             guard core.queues[name] == nil else { throw .queueExists(name) }
-            guard core.queues.count < configuration.maxQueues else { throw .limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues") }
+            guard core.queues.count < configuration.maxQueues else {
+                throw .limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues")
+            }
             let q = QueueRecord(name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now)
             core.queues[name] = q
             core.record(q)
@@ -20,9 +22,11 @@ extension QueueEngine {
     }
 
     static func validateQueueName(_ name: String) throws(EngineError) {
-        let ok = !name.isEmpty && name.utf8.count <= 64 && name.utf8.allSatisfy { c in
-            (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c == 46 || c == 95 || c == 45
-        }
+        let ok =
+            !name.isEmpty && name.utf8.count <= 64
+            && name.utf8.allSatisfy { c in
+                (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c == 46 || c == 95 || c == 45
+            }
         if !ok { throw .invalidArgument(field: "name", detail: "must match [A-Za-z0-9._-]{1,64}") }
     }
 

@@ -17,10 +17,12 @@ extension QueueEngine {
                 // Ids the engine could never have handed out (its ready heap keeps 60 bits).
                 guard s.id.raw > 0, s.id.raw <= QueueRecord.idMask, let q = core.queues[s.queue] else { continue }
                 let kind = core.kinds[s.kind] ?? ImmediateKind()
-                let req = OperationRequest(kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
-                                           spec: s.spec, options: s.options)
-                let op = OpRecord(id: s.id.raw, queue: q, request: req, kind: kind, createdAt: s.createdAt, isBarrier: s.kind == "barrier",
-                                  state: s.state)
+                let req = OperationRequest(
+                    kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
+                    spec: s.spec, options: s.options)
+                let op = OpRecord(
+                    id: s.id.raw, queue: q, request: req, kind: kind, createdAt: s.createdAt, isBarrier: s.kind == "barrier",
+                    state: s.state)
                 op.outcome = s.outcome
                 op.isCancelled = s.isCancelled
                 op.progress = s.progress
@@ -69,8 +71,11 @@ extension QueueEngine {
                     }
                     if recovered.poisoned.contains(OperationID(raw: op.id)) {
                         // Whatever retries it has left: it may be what kills the server.
-                        core.completeOp(op, .failed(type: "crashed-server",
-                                                    detail: "the server stopped uncleanly 3 times in a row while this operation was executing; it is not run again"))
+                        core.completeOp(
+                            op,
+                            .failed(
+                                type: "crashed-server",
+                                detail: "the server stopped uncleanly 3 times in a row while this operation was executing; it is not run again"))
                         core.record(op)
                         continue
                     }

@@ -1,6 +1,7 @@
 import Dispatch
 import Locking
 import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -16,8 +17,10 @@ public struct EngineConfiguration: Sendable {
     public var maxUnfinishedPerQueue: Int
     /// Dependencies of one operation, a barrier's (every unfinished operation of its queue) included.
     public var maxDependencies: Int
-    public init(defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
-                maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000) {
+    public init(
+        defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
+        maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000
+    ) {
         self.defaultMaxConcurrentOperationCount = defaultMaxConcurrentOperationCount
         self.maxUnfinishedOperations = maxUnfinishedOperations
         self.maxQueues = maxQueues
@@ -45,13 +48,16 @@ public final class QueueEngine: Sendable {
     private let ticketCounter = Atomic<UInt64>(0)
 
     /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
-    public init(kinds: [String: any OperationKind], store: any OperationStore = InMemoryStore(),
-                clock: any EngineClock = SystemClock(), scheduler: any EngineScheduler = DispatchScheduler(),
-                configuration: EngineConfiguration = EngineConfiguration()) {
+    public init(
+        kinds: [String: any OperationKind], store: any OperationStore = InMemoryStore(),
+        clock: any EngineClock = SystemClock(), scheduler: any EngineScheduler = DispatchScheduler(),
+        configuration: EngineConfiguration = EngineConfiguration()
+    ) {
         var all = kinds
         all["barrier"] = ImmediateKind()
-        let core = EngineCore(clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
-                              maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
+        let core = EngineCore(
+            clock: clock, kinds: all, defaultMaxConcurrent: configuration.defaultMaxConcurrentOperationCount,
+            maxUnfinished: configuration.maxUnfinishedOperations, wantsRecords: store.wantsRecords)
         self.kinds = all
         self.scheduler = scheduler
         self.state = Lock(core)

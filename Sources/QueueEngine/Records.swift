@@ -43,8 +43,10 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     /// The barrier this operation was made to wait for when it was added.
     var implicitBarrier: UInt64?
 
-    init(id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
-         state: OperationState = .pending) {
+    init(
+        id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
+        state: OperationState = .pending
+    ) {
         self.id = id
         self.queue = queue
         self.name = request.name

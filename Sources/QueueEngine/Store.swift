@@ -14,8 +14,10 @@ public struct QueueSnapshot: Sendable, Equatable {
     public var revision: UInt64
     public var createdAt: Timestamp
 
-    public init(name: String, maxConcurrentOperationCount: Int, effectiveMaxConcurrentOperationCount: Int, isSuspended: Bool,
-                operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp) {
+    public init(
+        name: String, maxConcurrentOperationCount: Int, effectiveMaxConcurrentOperationCount: Int, isSuspended: Bool,
+        operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp
+    ) {
         self.name = name; self.maxConcurrentOperationCount = maxConcurrentOperationCount
         self.effectiveMaxConcurrentOperationCount = effectiveMaxConcurrentOperationCount; self.isSuspended = isSuspended
         self.operationCount = operationCount; self.counts = counts; self.revision = revision; self.createdAt = createdAt
@@ -48,11 +50,13 @@ public struct OperationSnapshot: Sendable, Equatable {
     /// What the kind saved for itself (`ExecutionContext.save`), e.g. an external lease.
     public var kindState: JSONValue? = nil
 
-    public init(id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
-                outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
-                progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
-                startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
-                executedSeconds: Double = 0, kindState: JSONValue? = nil) {
+    public init(
+        id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
+        outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
+        progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
+        startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
+        executedSeconds: Double = 0, kindState: JSONValue? = nil
+    ) {
         self.id = id; self.queue = queue; self.name = name; self.kind = kind; self.spec = spec; self.state = state
         self.outcome = outcome; self.isCancelled = isCancelled; self.queuePriority = queuePriority
         self.dependencies = dependencies; self.progress = progress; self.attempt = attempt; self.result = result

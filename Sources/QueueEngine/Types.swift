@@ -1,9 +1,11 @@
+import Dispatch
+import Locking
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Locking
 
 /// A server-assigned operation id. Internally a number that only grows, so ids sort in
 /// creation order; outside it is the opaque, URL-safe string `op-` + 16 hex digits.
@@ -168,8 +170,9 @@ public struct Timestamp: Comparable, Hashable, Sendable {
             return v
         }
         guard b.count >= 20, let y = num(0, 4), b[4] == 45, let mo = num(5, 2), b[7] == 45, let d = num(8, 2),
-              b[10] == 84 || b[10] == 116 || b[10] == 32, let h = num(11, 2), b[13] == 58, let mi = num(14, 2), b[16] == 58,
-              let s = num(17, 2), (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s < 61 else { return nil }
+            b[10] == 84 || b[10] == 116 || b[10] == 32, let h = num(11, 2), b[13] == 58, let mi = num(14, 2), b[16] == 58,
+            let s = num(17, 2), (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s < 61
+        else { return nil }
         var i = 19
         var frac: Int64 = 0
         if i < b.count, b[i] == 46 {
@@ -190,7 +193,9 @@ public struct Timestamp: Comparable, Hashable, Sendable {
             guard let oh = num(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = num(i + 4, 2), oh < 24, om < 60 else { return nil }
             offset = (oh * 60 + om) * 60 * (b[i] == 43 ? 1 : -1)
             i += 6
-        } else { return nil }
+        } else {
+            return nil
+        }
         guard i == b.count else { return nil }
         // Days from civil.
         let yy = mo <= 2 ? y - 1 : y
@@ -229,10 +234,15 @@ extension Int64 {
     /// `Int64(v)` that never traps: NaN is 0, out of range saturates.
     public init(saturating v: Double) {
         // 2^63 is exactly representable; anything >= it does not fit.
-        if v.isNaN { self = 0 }
-        else if v >= 9_223_372_036_854_775_808.0 { self = .max }
-        else if v <= -9_223_372_036_854_775_808.0 { self = .min }
-        else { self = Int64(v) }
+        if v.isNaN {
+            self = 0
+        } else if v >= 9_223_372_036_854_775_808.0 {
+            self = .max
+        } else if v <= -9_223_372_036_854_775_808.0 {
+            self = .min
+        } else {
+            self = Int64(v)
+        }
     }
 
     /// `self + other`, pinned to the Int64 range instead of trapping.
@@ -247,8 +257,6 @@ extension Int64 {
         return o ? (other < 0 ? .max : .min) : r
     }
 }
-
-import Dispatch
 
 /// The serial queue `DispatchScheduler` fires the engine's, the kinds' and the API's timers on
 /// (timeouts, retries, long-poll deadlines, leases, webhook retries); the application's purge and

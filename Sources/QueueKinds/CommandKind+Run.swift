@@ -1,9 +1,10 @@
 import Dispatch
+import Locking
+import QueueEngine
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import QueueEngine
-import Locking
 
 // MARK: - one process
 

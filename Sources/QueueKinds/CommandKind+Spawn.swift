@@ -1,7 +1,8 @@
+import Spawning
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import Spawning
 
 // MARK: - posix_spawn
 

@@ -1,9 +1,10 @@
 import Foundation
+import Locking
+import QueueEngine
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import QueueEngine
-import Locking
 
 /// `command` `{"argv": [...], "env"?, "cwd"?, "timeout"?}`: runs one process, without a shell.
 ///
@@ -61,11 +62,13 @@ public final class CommandKind: OperationKind {
     // MARK: - spec
 
     private func notAllowed(_ exe: String) -> EngineError {
-        let allowed = configuration.allowCommands.isEmpty
+        let allowed =
+            configuration.allowCommands.isEmpty
             ? "none (start opqd with --allow-command PATH)"
             : configuration.allowCommands.joined(separator: ", ")
-        return .notPermitted(field: "spec.argv[0]", reason: "command-not-allowed",
-                             detail: "executable '\(exe)' is not allowed on this server; allowed: \(allowed)")
+        return .notPermitted(
+            field: "spec.argv[0]", reason: "command-not-allowed",
+            detail: "executable '\(exe)' is not allowed on this server; allowed: \(allowed)")
     }
 
     /// Refuses an executable this server does not allow (`.notPermitted`, 403
@@ -169,7 +172,8 @@ public final class CommandKind: OperationKind {
             earlyPauses.withLock { _ = $0.insert(context.operation) }
             // Registered meanwhile? Then no launch will look at the mark: pause it here.
             if let run = runs.withLock({ $0[context.operation] }), run.attempt == context.attempt,
-               earlyPauses.withLock({ $0.remove(context.operation) != nil }) {
+                earlyPauses.withLock({ $0.remove(context.operation) != nil })
+            {
                 run.pause()
             }
         }
@@ -181,7 +185,8 @@ public final class CommandKind: OperationKind {
     /// with its process group, then the default applies (retry if allowed, else `interrupted`).
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let saved = operation.kindState.flatMap(ProcessIdentity.init(json:)),
-           let now = ProcessIdentity(pid: saved.pid), now == saved {
+            let now = ProcessIdentity(pid: saved.pid), now == saved
+        {
             kill(-saved.pid, SIGKILL)
             kill(saved.pid, SIGKILL)
         }

@@ -1,5 +1,5 @@
-import QueueEngine
 import Locking
+import QueueEngine
 
 /// `delay` `{"seconds": S}`: a timer (the seed documents' NSTimer-driven async operation). Cancel stops it at once;
 /// pause keeps the time left (the engine counts executed time), resume runs only the rest.
@@ -20,7 +20,9 @@ public final class DelayKind: OperationKind {
         for (k, _) in members where k != "seconds" {
             throw .invalidArgument(field: "spec.\(k)", detail: "unknown field; kind delay allows only seconds")
         }
-        guard let s = spec["seconds"] else { throw .invalidArgument(field: "spec.seconds", detail: "is required: a number of seconds from 0 to \(Int(Self.maxSeconds))") }
+        guard let s = spec["seconds"] else {
+            throw .invalidArgument(field: "spec.seconds", detail: "is required: a number of seconds from 0 to \(Int(Self.maxSeconds))")
+        }
         guard case let .number(seconds) = s, seconds >= 0, seconds <= Self.maxSeconds else {
             throw .invalidArgument(field: "spec.seconds", detail: "must be a number from 0 to \(Int(Self.maxSeconds)); got \(s.text)")
         }
@@ -70,4 +72,3 @@ public final class DelayKind: OperationKind {
         _ = stop(context.operation)
     }
 }
-

@@ -1,5 +1,6 @@
-import QueueEngine
 import Locking
+import QueueEngine
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -218,8 +219,9 @@ public final class ExternalKind: OperationKind {
 
     static func newLease(_ ctx: ExecutionContext, worker: String, now: Timestamp) -> Lease {
         let seconds = leaseSeconds(ctx.spec)
-        return Lease(token: randomToken(), expiresAt: now.adding(seconds: seconds), worker: worker, since: now,
-                     queue: ctx.queue, operation: ctx.operation, seconds: seconds, context: ctx)
+        return Lease(
+            token: randomToken(), expiresAt: now.adding(seconds: seconds), worker: worker, since: now,
+            queue: ctx.queue, operation: ctx.operation, seconds: seconds, context: ctx)
     }
 
     /// Saves the lease with the operation and arms its expiry.
@@ -230,10 +232,11 @@ public final class ExternalKind: OperationKind {
     }
 
     private func save(_ lease: Lease) {
-        lease.context.save(.object([
-            ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
-            ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
-        ]))
+        lease.context.save(
+            .object([
+                ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
+                ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
+            ]))
     }
 
     private func expire(_ id: OperationID, token: String) {
@@ -244,12 +247,14 @@ public final class ExternalKind: OperationKind {
             return l
         }
         guard let expired else { return }
-        expired.context.finish(.failed(type: "lease-expired", detail: "worker \(expired.worker) did not heartbeat or finish within the \(expired.seconds) s lease"))
+        expired.context.finish(
+            .failed(type: "lease-expired", detail: "worker \(expired.worker) did not heartbeat or finish within the \(expired.seconds) s lease"))
     }
 
     static func savedLease(_ ctx: ExecutionContext) -> (token: String, expiresAt: Timestamp, worker: String, since: Timestamp)? {
         guard case let .string(token)? = ctx.kindState?["token"], case let .number(exp)? = ctx.kindState?["expiresAt"],
-              case let .string(worker)? = ctx.kindState?["worker"], case let .number(since)? = ctx.kindState?["since"] else { return nil }
+            case let .string(worker)? = ctx.kindState?["worker"], case let .number(since)? = ctx.kindState?["since"]
+        else { return nil }
         // Read back from the store: any number may come back (NaN, 1e300, negative).
         return (token, Timestamp(nanoseconds: Int64(saturating: exp)), worker, Timestamp(nanoseconds: Int64(saturating: since)))
     }
@@ -257,8 +262,9 @@ public final class ExternalKind: OperationKind {
     /// After a restart: takes back a saved lease that has not expired yet.
     private func adopt(_ saved: (token: String, expiresAt: Timestamp, worker: String, since: Timestamp), _ ctx: ExecutionContext) -> Lease? {
         guard saved.expiresAt > clock.now() else { return nil }
-        let lease = Lease(token: saved.token, expiresAt: saved.expiresAt, worker: saved.worker, since: saved.since,
-                          queue: ctx.queue, operation: ctx.operation, seconds: Self.leaseSeconds(ctx.spec), context: ctx)
+        let lease = Lease(
+            token: saved.token, expiresAt: saved.expiresAt, worker: saved.worker, since: saved.since,
+            queue: ctx.queue, operation: ctx.operation, seconds: Self.leaseSeconds(ctx.spec), context: ctx)
         state.withLock { $0.leases[ctx.operation] = lease }
         return lease
     }

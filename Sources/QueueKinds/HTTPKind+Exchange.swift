@@ -1,6 +1,6 @@
+import Locking
 import OutboundHTTP
 import QueueEngine
-import Locking
 import Synchronization
 
 // MARK: - one request

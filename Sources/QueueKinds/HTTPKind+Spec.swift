@@ -25,7 +25,8 @@ enum StatusMatch: Sendable, Equatable {
         case let .string(s):
             let scalars = Array(s.unicodeScalars)
             guard scalars.count == 3, scalars[1] == "x", scalars[2] == "x",
-                  ("1"..."5").contains(scalars[0]) else { return nil }
+                ("1"..."5").contains(scalars[0])
+            else { return nil }
             self = .hundreds(Int(scalars[0].value) - 0x30)
         default:
             return nil
@@ -112,7 +113,8 @@ struct HTTPSpec: Sendable {
             var expect: [StatusMatch] = []
             for (i, item) in items.enumerated() {
                 guard let match = StatusMatch(item) else {
-                    throw .invalidArgument(field: "spec.expectStatus[\(i)]", detail: "must be an integer from 100 to 599 or one of \"1xx\" to \"5xx\"; got \(item.text)")
+                    throw .invalidArgument(
+                        field: "spec.expectStatus[\(i)]", detail: "must be an integer from 100 to 599 or one of \"1xx\" to \"5xx\"; got \(item.text)")
                 }
                 expect.append(match)
             }
@@ -143,8 +145,9 @@ struct HTTPSpec: Sendable {
         if body != nil, bodyIsJSON, !headers.contains(where: { $0.0.lowercased() == "content-type" }) {
             headers.append(("Content-Type", "application/json"))
         }
-        return OutboundRequest(method: method, url: url, headers: headers, body: body, timeout: timeout,
-                               maxResponseBytes: HTTPKind.bodyCap, maxHeaderBytes: HTTPKind.maxHeaderBytes)
+        return OutboundRequest(
+            method: method, url: url, headers: headers, body: body, timeout: timeout,
+            maxResponseBytes: HTTPKind.bodyCap, maxHeaderBytes: HTTPKind.maxHeaderBytes)
     }
 
     static func format(_ d: Double) -> String { JSONValue.number(d).text }

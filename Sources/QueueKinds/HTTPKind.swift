@@ -1,6 +1,6 @@
+import Locking
 import OutboundHTTP
 import QueueEngine
-import Locking
 
 /// `http` `{"method", "url", "headers"?, "body"?, "expectStatus"?, "timeout"?}`: one HTTP(S)
 /// request.

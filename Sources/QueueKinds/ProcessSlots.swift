@@ -1,5 +1,5 @@
-import QueueEngine
 import Locking
+import QueueEngine
 
 /// At most `limit` child processes at once (`--max-commands`): a `command` operation that finds
 /// every slot taken stays executing and waits, in arrival order, for one to free; cancelling or

@@ -225,8 +225,9 @@ enum RecordDecoder {
         guard let old = changeColumn(st, 5) else { throw fail("old") }
         guard let new = changeColumn(st, 6) else { throw fail("new") }
         guard let s = st.text(7), let state = OperationState(rawValue: s) else { throw fail("state") }
-        return ChangeEvent(seq: seq, time: Timestamp(nanoseconds: st.int64(1)), queue: queue, operation: OperationID(raw: st.uint64(3)),
-                           key: key, old: old, new: new, state: state)
+        return ChangeEvent(
+            seq: seq, time: Timestamp(nanoseconds: st.int64(1)), queue: queue, operation: OperationID(raw: st.uint64(3)),
+            key: key, old: old, new: new, state: state)
     }
 
     static func idempotency(_ st: SQLiteStatement) throws(DecodeFailure) -> IdempotencyRecord {
@@ -238,8 +239,9 @@ enum RecordDecoder {
             guard case let .array(nv) = p, nv.count == 2, case let .string(n) = nv[0], case let .string(v) = nv[1] else { throw fail() }
             headers.append((n, v))
         }
-        return IdempotencyRecord(scope: scope, bodyHash: st.text(1) ?? "", status: st.int(2), headers: headers,
-                                 body: st.bytes(4) ?? [], createdAt: Timestamp(nanoseconds: st.int64(5)))
+        return IdempotencyRecord(
+            scope: scope, bodyHash: st.text(1) ?? "", status: st.int(2), headers: headers,
+            body: st.bytes(4) ?? [], createdAt: Timestamp(nanoseconds: st.int64(5)))
     }
 
     private static func time(_ st: SQLiteStatement, _ i: Int32) -> Timestamp? {

@@ -24,11 +24,12 @@ public struct StoreStats: Sendable, Equatable {
 extension SQLiteStore {
     /// Writer counters: commits, records, how much each commit batched.
     public var stats: StoreStats {
-        StoreStats(commits: writer.commits.load(ordering: .relaxed), records: writer.recordsCommitted.load(ordering: .relaxed),
-                   appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
-                   failures: writer.failures.load(ordering: .relaxed),
-                   busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
-                   cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9)
+        StoreStats(
+            commits: writer.commits.load(ordering: .relaxed), records: writer.recordsCommitted.load(ordering: .relaxed),
+            appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
+            failures: writer.failures.load(ordering: .relaxed),
+            busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
+            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9)
     }
 
     /// The error of the last commit if it failed (the writer keeps retrying it); nil when healthy.

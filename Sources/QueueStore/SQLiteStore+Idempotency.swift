@@ -34,8 +34,10 @@ public struct IdempotencyRecord: Sendable, Equatable {
 extension SQLiteStore {
     /// Saves the first answer to an `Idempotency-Key` request in the next group commit;
     /// `done` is called once it is durable (send the answer then).
-    public func saveIdempotency(scope: String, bodyHash: String, status: Int, headers: [(String, String)], body: [UInt8],
-                                then done: @escaping @Sendable () -> Void) {
+    public func saveIdempotency(
+        scope: String, bodyHash: String, status: Int, headers: [(String, String)], body: [UInt8],
+        then done: @escaping @Sendable () -> Void
+    ) {
         let r = IdempotencyRecord(scope: scope, bodyHash: bodyHash, status: status, headers: headers, body: body, createdAt: SystemClock().now())
         writer.submit(.idempotency(r, done: done))
     }

@@ -1,4 +1,5 @@
 import QueueEngine
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -12,12 +13,19 @@ extension SQLiteStore {
 
     static func storeError(_ f: SQLiteFailure, _ path: String, default reason: StoreError.Reason) -> StoreError {
         let r: StoreError.Reason
-        if f.isNotADatabase { r = .notADatabase }
-        else if f.isCorrupt { r = .corrupt }
-        else if f.isCantOpen { r = .cannotOpen }
-        else if f.isReadOnly { r = .readOnly }
-        else if f.isBusy { r = .inUse }
-        else { r = reason }
+        if f.isNotADatabase {
+            r = .notADatabase
+        } else if f.isCorrupt {
+            r = .corrupt
+        } else if f.isCantOpen {
+            r = .cannotOpen
+        } else if f.isReadOnly {
+            r = .readOnly
+        } else if f.isBusy {
+            r = .inUse
+        } else {
+            r = reason
+        }
         return StoreError(r, path: path, detail: f.description)
     }
 
@@ -104,7 +112,8 @@ extension SQLiteStore {
             }
             // Debian builds SQLite with SECURE_DELETE, which zeroes every freed cell: extra
             // writes on each upsert of an existing row, for no benefit here.
-            try conn.execute("""
+            try conn.execute(
+                """
                 PRAGMA synchronous = \(sync == .full ? "FULL" : "NORMAL");
                 PRAGMA cache_size = -32768;
                 PRAGMA temp_store = MEMORY;

@@ -76,7 +76,7 @@ enum Schema {
             key   TEXT PRIMARY KEY NOT NULL,
             value
         ) WITHOUT ROWID;
-        """,
+        """
     ]
 
     static let operationColumns = """

@@ -52,9 +52,11 @@ public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case .notADatabase:
             return "the store \(path) is not a SQLite database (\(detail)). Restore it from a backup or move it aside; opqd will not start empty over it."
         case .corrupt:
-            return "the store \(path) is damaged: \(detail). Restore it from a backup (or try `sqlite3 \(path) .recover`); opqd will not start over damaged data."
+            return
+                "the store \(path) is damaged: \(detail). Restore it from a backup (or try `sqlite3 \(path) .recover`); opqd will not start over damaged data."
         case let .newerSchema(found, supported):
-            return "the store \(path) has schema version \(found), but this opqd understands up to \(supported). Run a newer opqd, or restore a backup made by this version."
+            return
+                "the store \(path) has schema version \(found), but this opqd understands up to \(supported). Run a newer opqd, or restore a backup made by this version."
         case .foreignDatabase:
             return "the store \(path) is a SQLite database of another program (\(detail)). Point --data at an empty or opqd directory."
         case .inUse:

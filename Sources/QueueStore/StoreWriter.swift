@@ -1,6 +1,7 @@
 import Dispatch
 import QueueEngine
 import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -151,11 +152,13 @@ final class StoreWriter: @unchecked Sendable {
         var tid = pthread_t()
         // The start routine must be a C function pointer: a non-capturing closure that gets
         // the writer back from its argument (retained until the thread takes it).
-        let rc = pthread_create(&tid, nil, { arg in
-            let writer = Unmanaged<StoreWriter>.fromOpaque(arg!).takeRetainedValue()
-            writer.run()
-            return nil
-        }, context)
+        let rc = pthread_create(
+            &tid, nil,
+            { arg in
+                let writer = Unmanaged<StoreWriter>.fromOpaque(arg!).takeRetainedValue()
+                writer.run()
+                return nil
+            }, context)
         precondition(rc == 0, "pthread_create failed: \(rc)")
         thread = tid
     }

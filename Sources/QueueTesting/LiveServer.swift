@@ -2,6 +2,7 @@ import Foundation
 import QueueAPI
 // Tests that use the live server get the whole kit with it.
 @_exported import TestKit
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -102,7 +103,8 @@ public struct LiveServer: Sendable {
             let connection = try RawConnection(port: port, timeout: timeout + seconds)
             defer { connection.close() }
             let body = json.map { Array($0.utf8) }
-            let head = Array(RawConnection.head(method, path, headers: body == nil ? [:] : ["Content-Type": "application/json"], contentLength: body?.count).utf8)
+            let head = Array(
+                RawConnection.head(method, path, headers: body == nil ? [:] : ["Content-Type": "application/json"], contentLength: body?.count).utf8)
             let pause = useconds_t(seconds * 1e6 / Double(head.count))
             for byte in head {
                 guard connection.send([byte]) else { throw TestClientError("the server closed the connection of a slow client") }
@@ -136,7 +138,9 @@ public struct LiveServer: Sendable {
 
     /// Opens `GET path` as a Server-Sent Events stream, reads until `count` events with an `id:`
     /// have arrived (or `timeout`), and closes it. Returns the response head and the events.
-    public func readEventStream(_ path: String, count: Int, timeout: Double = 5, headers: [String: String] = [:]) async throws -> (response: TestResponse, events: [SSEEvent]) {
+    public func readEventStream(_ path: String, count: Int, timeout: Double = 5, headers: [String: String] = [:]) async throws -> (
+        response: TestResponse, events: [SSEEvent]
+    ) {
         let port = self.port
         return try await onThread {
             let connection = try RawConnection(port: port, timeout: timeout)
@@ -145,7 +149,9 @@ public struct LiveServer: Sendable {
             let (status, h) = try connection.readHead()
             let head = TestResponse(status: status, headers: h, body: [])
             guard status == 200 else {
-                return (try TestResponse(status: status, headers: h, body: h["content-length"].flatMap(Int.init).map { try connection.readBytes($0) } ?? []), [])
+                return (
+                    try TestResponse(status: status, headers: h, body: h["content-length"].flatMap(Int.init).map { try connection.readBytes($0) } ?? []), []
+                )
             }
             let chunked = h["transfer-encoding"]?.lowercased().contains("chunked") == true
             let deadline = Date().addingTimeInterval(timeout)

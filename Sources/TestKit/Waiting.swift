@@ -2,6 +2,7 @@ import CSystem
 import Dispatch
 import Foundation
 import Locking
+
 #if canImport(Glibc)
 import Glibc
 #endif

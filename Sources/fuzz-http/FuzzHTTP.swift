@@ -35,8 +35,9 @@ enum FuzzHTTP {
         let method = text[3].isEmpty ? "POST" : text[3]
 
         // The redirect policy, and the URL checks it relies on.
-        let decision = RedirectPolicy.next(status: status, location: location, currentURL: base, method: method,
-                                           redirects: Int(flags >> 2) % 7)
+        let decision = RedirectPolicy.next(
+            status: status, location: location, currentURL: base, method: method,
+            redirects: Int(flags >> 2) % 7)
         if case let .follow(hop) = decision {
             // Bytes, not Characters: a combining mark after "http://" makes String.hasPrefix false
             // although the URL is http (found by this fuzzer; Fuzz/regressions/http/).
@@ -57,14 +58,17 @@ enum FuzzHTTP {
         _ = block.value("location")
 
         // The kind: its spec (fuzzed JSON, or a fixed one) against a fuzzed response or error.
-        let spec = (try? JSONValue.parse(fields[5])) ?? .object([
-            ("method", .string("GET")), ("url", .string("http://a.example/")),
-            ("expectStatus", .array([.string(text[5]), .number(Double(status))])),
-        ])
+        let spec =
+            (try? JSONValue.parse(fields[5]))
+            ?? .object([
+                ("method", .string("GET")), ("url", .string("http://a.example/")),
+                ("expectStatus", .array([.string(text[5]), .number(Double(status))])),
+            ])
         let body = fields[6]
-        let response = OutboundResponse(status: status, headers: block.fields, body: body, truncated: flags & 0x10 != 0,
-                                        size: body.count &* Int(flags), contentLength: flags & 0x20 != 0 ? status : nil,
-                                        finalURL: base, redirects: Int(flags % 6))
+        let response = OutboundResponse(
+            status: status, headers: block.fields, body: body, truncated: flags & 0x10 != 0,
+            size: body.count &* Int(flags), contentLength: flags & 0x20 != 0 ? status : nil,
+            finalURL: base, redirects: Int(flags % 6))
         _ = HTTPKind.completion(spec: spec, outcome: .success(response))
         _ = HTTPKind.completion(spec: spec, outcome: .failure(OutboundError(type: text[3], detail: text[1])))
     }

@@ -25,7 +25,8 @@ enum Checks {
             guard JSONCheck.isValid(r.body) else { fail("problem body is not valid JSON", request, r) }
             let status = Array(#""status":\#(r.status),"#.utf8)
             guard r.body.starts(with: #"{"type":"https://opqd.dev/problems/"#.utf8),
-                  r.body.indices.contains(where: { r.body[$0...].starts(with: status) }) else {
+                r.body.indices.contains(where: { r.body[$0...].starts(with: status) })
+            else {
                 fail("problem body without its type or status", request, r)
             }
         } else if let type, type.hasPrefix("application/json") {

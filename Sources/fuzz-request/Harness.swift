@@ -161,7 +161,10 @@ final class Harness {
         for i in 0..<(body.count - 1) {
             if body[i] == UInt8(ascii: "\\") && body[i + 1] == UInt8(ascii: "u") { return true }
             if i + 4 <= body.count, body[i] | 0x20 == UInt8(ascii: "h"), body[i + 1] | 0x20 == UInt8(ascii: "t"),
-               body[i + 2] | 0x20 == UInt8(ascii: "t"), body[i + 3] | 0x20 == UInt8(ascii: "p") { return true }
+                body[i + 2] | 0x20 == UInt8(ascii: "t"), body[i + 3] | 0x20 == UInt8(ascii: "p")
+            {
+                return true
+            }
         }
         return false
     }

@@ -4,11 +4,12 @@
 // the same the tests use.
 import Dispatch
 import Foundation
+// TestKit (KeepAliveClient, ChildProcess, Locked, monotonicSeconds) for every file of the benchmarks.
+@_exported import TestKit
+
 #if canImport(Glibc)
 import Glibc
 #endif
-// TestKit (KeepAliveClient, ChildProcess, Locked, monotonicSeconds) for every file of the benchmarks.
-@_exported import TestKit
 
 enum BenchSupport {
     /// Monotonic seconds.

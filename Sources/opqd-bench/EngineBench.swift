@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import QueueEngine
 import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -52,8 +53,9 @@ enum EngineBench {
             guard let j = child(["engine-run", impl, workload, String(n)]) else {
                 return Run(opsPerSecond: 0, ops: 0, seconds: 0, events: 0, json: [:])
             }
-            let r = Run(opsPerSecond: num(j["ops_per_s"]), ops: Int(num(j["ops"])), seconds: num(j["seconds"]),
-                        events: Int(num(j["events"])), json: j)
+            let r = Run(
+                opsPerSecond: num(j["ops_per_s"]), ops: Int(num(j["ops"])), seconds: num(j["seconds"]),
+                events: Int(num(j["events"])), json: j)
             if let ok = j["ok"] as? Bool, !ok { failures.append("\(impl) \(workload): \(j["problem"] ?? "check failed")") }
             return r
         }
@@ -97,16 +99,26 @@ enum EngineBench {
         }
         row(["workload", "ops", "engine ops/s", "Foundation ops/s", "ratio"])
         row([String(repeating: "-", count: 33), "---", "------------", "----------------", "-----"])
-        row(["flat (trivial ops)", String(eFlat.ops), fmt(eFlat.opsPerSecond), fmt(fFlat.opsPerSecond),
-             String(format: "%.1fx", ratio(eFlat.opsPerSecond, fFlat.opsPerSecond))])
-        row(["chain (each depends on previous)", String(eChain.ops), fmt(eChain.opsPerSecond), fmt(fChain.opsPerSecond),
-             String(format: "%.1fx", ratio(eChain.opsPerSecond, fChain.opsPerSecond))])
-        row(["fan-in (1 depends on \(faninN))", String(eFanin.ops), fmt(eFanin.opsPerSecond), fmt(fFanin.opsPerSecond),
-             String(format: "%.1fx", ratio(eFanin.opsPerSecond, fFanin.opsPerSecond))])
-        row(["chain, built suspended", String(eChainSusp.ops), fmt(eChainSusp.opsPerSecond), fmt(fChainSusp.opsPerSecond),
-             String(format: "%.1fx", ratio(eChainSusp.opsPerSecond, fChainSusp.opsPerSecond))])
-        row(["fan-in, built suspended", String(eFaninSusp.ops), fmt(eFaninSusp.opsPerSecond), fmt(fFaninSusp.opsPerSecond),
-             String(format: "%.1fx", ratio(eFaninSusp.opsPerSecond, fFaninSusp.opsPerSecond))])
+        row([
+            "flat (trivial ops)", String(eFlat.ops), fmt(eFlat.opsPerSecond), fmt(fFlat.opsPerSecond),
+            String(format: "%.1fx", ratio(eFlat.opsPerSecond, fFlat.opsPerSecond)),
+        ])
+        row([
+            "chain (each depends on previous)", String(eChain.ops), fmt(eChain.opsPerSecond), fmt(fChain.opsPerSecond),
+            String(format: "%.1fx", ratio(eChain.opsPerSecond, fChain.opsPerSecond)),
+        ])
+        row([
+            "fan-in (1 depends on \(faninN))", String(eFanin.ops), fmt(eFanin.opsPerSecond), fmt(fFanin.opsPerSecond),
+            String(format: "%.1fx", ratio(eFanin.opsPerSecond, fFanin.opsPerSecond)),
+        ])
+        row([
+            "chain, built suspended", String(eChainSusp.ops), fmt(eChainSusp.opsPerSecond), fmt(fChainSusp.opsPerSecond),
+            String(format: "%.1fx", ratio(eChainSusp.opsPerSecond, fChainSusp.opsPerSecond)),
+        ])
+        row([
+            "fan-in, built suspended", String(eFaninSusp.ops), fmt(eFaninSusp.opsPerSecond), fmt(fFaninSusp.opsPerSecond),
+            String(format: "%.1fx", ratio(eFaninSusp.opsPerSecond, fFaninSusp.opsPerSecond)),
+        ])
         print("")
         print("memory per queued op (\(memN) ops on a suspended queue, RSS growth):")
         print("  engine     \(fmt(eBytes)) B/op  (rss +\(Int(num(eMem["rss_growth"])) / 1024) KiB, hwm +\(Int(num(eMem["hwm_growth"])) / 1024) KiB)")
@@ -116,8 +128,12 @@ enum EngineBench {
         let flatLin = ratio(eFlatSmall.opsPerSecond, eFlat.opsPerSecond)
         let chainLin = ratio(eChainSmall.opsPerSecond, eChain.opsPerSecond)
         print("linearity (engine; per-op cost large/small, ~1 = linear):")
-        print("  flat  \(eFlatSmall.ops): \(fmt(eFlatSmall.opsPerSecond)) ops/s, \(eFlat.ops): \(fmt(eFlat.opsPerSecond)) ops/s -> \(String(format: "%.2f", flatLin))")
-        print("  chain \(eChainSmall.ops): \(fmt(eChainSmall.opsPerSecond)) ops/s, \(eChain.ops): \(fmt(eChain.opsPerSecond)) ops/s -> \(String(format: "%.2f", chainLin))")
+        print(
+            "  flat  \(eFlatSmall.ops): \(fmt(eFlatSmall.opsPerSecond)) ops/s, \(eFlat.ops): \(fmt(eFlat.opsPerSecond)) ops/s -> \(String(format: "%.2f", flatLin))"
+        )
+        print(
+            "  chain \(eChainSmall.ops): \(fmt(eChainSmall.opsPerSecond)) ops/s, \(eChain.ops): \(fmt(eChain.opsPerSecond)) ops/s -> \(String(format: "%.2f", chainLin))"
+        )
         print("")
         let perOp = eFlat.ops > 0 ? Double(eFlat.events) / Double(eFlat.ops) : 0
         print("events counted by the observer: flat \(eFlat.events) (\(String(format: "%.2f", perOp))/op), chain \(eChain.events), fan-in \(eFanin.events)")
@@ -219,12 +235,13 @@ enum EngineBench {
         }
         let after = memoryStatus()
         let growth = after.rss - before.rss
-        outLine(jsonLine([
-            "impl": impl, "ops": n,
-            "rss_before": before.rss, "rss_after": after.rss, "rss_growth": growth,
-            "hwm_growth": after.hwm - before.hwm,
-            "bytes_per_op": Double(growth) / Double(n),
-        ]))
+        outLine(
+            jsonLine([
+                "impl": impl, "ops": n,
+                "rss_before": before.rss, "rss_after": after.rss, "rss_growth": growth,
+                "hwm_growth": after.hwm - before.hwm,
+                "bytes_per_op": Double(growth) / Double(n),
+            ]))
         withExtendedLifetime((keep, engineRef)) {}
         _exit(0)  // skip tearing down a million operations
     }
@@ -381,7 +398,8 @@ enum EngineBench {
         }
         let text = String(decoding: run.output, as: UTF8.self)
         guard let line = text.split(separator: "\n").last,
-              let obj = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
+            let obj = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+        else {
             eprint("child \(args) printed no JSON: \(text)\n")
             return nil
         }

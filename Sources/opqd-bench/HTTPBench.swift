@@ -2,6 +2,7 @@
 // found from the current directory or from this executable's location, with the `opqd`
 // built next to this executable (OPQD_BIN) so the script does not rebuild.
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,5 +1,6 @@
 // One opqd child of the HTTP-level benchmarks (`store`, `workers`).
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -25,8 +26,9 @@ final class OpqdServer: @unchecked Sendable {
         self.ownsDir = dataDir == nil
         self.logPath = BenchSupport.makeTempDir("opqd-bench-log") + "/opqd.log"
         do {
-            process = try ServerProcess(binary: BenchSupport.opqdBinary(), data: dir, logPath: logPath, extraArguments: extra,
-                                        timeout: startTimeout, logLevel: "error", keepOpqdSettings: true)
+            process = try ServerProcess(
+                binary: BenchSupport.opqdBinary(), data: dir, logPath: logPath, extraArguments: extra,
+                timeout: startTimeout, logLevel: "error", keepOpqdSettings: true)
         } catch {
             throw BenchError("opqd (\(label)) did not start: \(error)")
         }

@@ -15,16 +15,17 @@ import Foundation
 import QueueEngine
 import QueueKinds
 import QueueStore
+
 #if canImport(Glibc)
 import Glibc
 #endif
 
 enum StoreBench {
     static let createLua = """
-    wrk.method = "POST"
-    wrk.body = '{"kind":"delay","spec":{"seconds":1}}'
-    wrk.headers["Content-Type"] = "application/json"
-    """
+        wrk.method = "POST"
+        wrk.body = '{"kind":"delay","spec":{"seconds":1}}'
+        wrk.headers["Content-Type"] = "application/json"
+        """
 
     static let usage = "usage: opqd-bench store [--quick] [--duration S] [--restart-ops N] [--skip-http] [--skip-restart]\n"
 
@@ -157,8 +158,10 @@ enum StoreBench {
 
         // Table.
         print("")
-        let cols: [(String, Int)] = [("store", 8), ("conns", 6), ("creates/s", 11), ("p50 ms", 8), ("p99 ms", 8), ("2xx seen", 10),
-                                     ("held", 10), ("after -9", 10), ("lost", 6), ("non-2xx", 8), ("recs/commit", 12), ("socket errors", 0)]
+        let cols: [(String, Int)] = [
+            ("store", 8), ("conns", 6), ("creates/s", 11), ("p50 ms", 8), ("p99 ms", 8), ("2xx seen", 10),
+            ("held", 10), ("after -9", 10), ("lost", 6), ("non-2xx", 8), ("recs/commit", 12), ("socket errors", 0),
+        ]
         print(cols.map { BenchSupport.pad($0.0, $0.1, right: $0.1 > 0 && $0.0 != "store") }.joined(separator: " "))
         var lostTotal = 0
         for c in connections {
@@ -178,13 +181,15 @@ enum StoreBench {
                 ]
                 print(row.joined(separator: " "))
                 if cell.lost > 0 {
-                    let msg = "LOST ACKNOWLEDGED CREATES: \(m.name) c=\(c): wrk saw \(w.ok) 2xx, server holds \(cell.held) live, \(cell.heldAfterCrash) after kill -9 + restart"
+                    let msg =
+                        "LOST ACKNOWLEDGED CREATES: \(m.name) c=\(c): wrk saw \(w.ok) 2xx, server holds \(cell.held) live, \(cell.heldAfterCrash) after kill -9 + restart"
                     print("!!!! " + msg)
                     failures.append(msg)
                 }
                 if w.non2xx > 0 { failures.append("\(m.name) c=\(c): \(w.non2xx) non-2xx answers to creates") }
                 if cell.held >= 0 && cell.held - w.ok > c {
-                    failures.append("\(m.name) c=\(c): server holds \(cell.held - w.ok) more operations than wrk saw answered (more than the \(c) possibly in flight)")
+                    failures.append(
+                        "\(m.name) c=\(c): server holds \(cell.held - w.ok) more operations than wrk saw answered (more than the \(c) possibly in flight)")
                 }
             }
         }
@@ -206,8 +211,9 @@ enum StoreBench {
             print("restart after kill -9 (\(m)): listening after \(BenchSupport.fmt(s, 3)) s")
         }
         let full256 = cells[key("full", 256)]!.wrk.rps
-        print("targets: durable (full) creates >= 40,000/s: \(full256 >= 40_000 || cells[key("full", 50)]!.wrk.rps >= 40_000 ? "MET" : "NOT MET");"
-            + " full/memory >= 0.5 at c=256: \(ratios["full/256"]! >= 0.5 ? "MET" : "NOT MET")")
+        print(
+            "targets: durable (full) creates >= 40,000/s: \(full256 >= 40_000 || cells[key("full", 50)]!.wrk.rps >= 40_000 ? "MET" : "NOT MET");"
+                + " full/memory >= 0.5 at c=256: \(ratios["full/256"]! >= 0.5 ? "MET" : "NOT MET")")
 
         var out: [(String, Any)] = []
         for m in modes {
@@ -271,9 +277,11 @@ enum StoreBench {
         let buildSeconds = BenchSupport.now() - buildStart
         let size = BenchSupport.treeSize(dir)
         let createSecs = (built["seconds"] as? Double) ?? 0
-        print("built in \(BenchSupport.fmt(buildSeconds, 1)) s (engine adds + durable: \(BenchSupport.fmt(createSecs, 2)) s, "
-            + "\(BenchSupport.grouped(Double(ops) / max(createSecs, 1e-9))) creates/s in-process, "
-            + "\(BenchSupport.fmt((built["records_per_commit"] as? Double) ?? 0, 0)) records/commit); data dir \(BenchSupport.fmt(Double(size) / 1e6, 1)) MB")
+        print(
+            "built in \(BenchSupport.fmt(buildSeconds, 1)) s (engine adds + durable: \(BenchSupport.fmt(createSecs, 2)) s, "
+                + "\(BenchSupport.grouped(Double(ops) / max(createSecs, 1e-9))) creates/s in-process, "
+                + "\(BenchSupport.fmt((built["records_per_commit"] as? Double) ?? 0, 0)) records/commit); data dir \(BenchSupport.fmt(Double(size) / 1e6, 1)) MB"
+        )
         print("(the files were just written, so they are in the page cache: a warm restart)")
 
         var restartSeconds = -1.0, listenSeconds = -1.0, healthzSeconds = -1.0, hwmKB = -1, rssKB = -1
@@ -308,21 +316,24 @@ enum StoreBench {
         print("\(BenchSupport.pad("  listening line", 24)) \(BenchSupport.pad(BenchSupport.fmt(listenSeconds, 3), 9, right: true))")
         print("\(BenchSupport.pad("  /healthz 200", 24)) \(BenchSupport.pad(BenchSupport.fmt(healthzSeconds, 3), 9, right: true))")
         print("\(BenchSupport.pad("  queue shows \(ops)", 24)) \(BenchSupport.pad(BenchSupport.fmt(restartSeconds, 3), 9, right: true))")
-        print("server peak RSS (VmHWM) \(BenchSupport.fmt(Double(hwmKB) / 1024, 0)) MiB, RSS after \(BenchSupport.fmt(Double(rssKB) / 1024, 0)) MiB"
-            + " (\(BenchSupport.fmt(Double(hwmKB) * 1024 / Double(max(ops, 1)), 0)) bytes/operation at peak)")
+        print(
+            "server peak RSS (VmHWM) \(BenchSupport.fmt(Double(hwmKB) / 1024, 0)) MiB, RSS after \(BenchSupport.fmt(Double(rssKB) / 1024, 0)) MiB"
+                + " (\(BenchSupport.fmt(Double(hwmKB) * 1024 / Double(max(ops, 1)), 0)) bytes/operation at peak)")
         if ops == 1_000_000 {
             print("target: restart of 1,000,000 operations < 5 s: \(restartSeconds >= 0 && restartSeconds < 5 ? "MET" : "NOT MET")")
         }
         let k = ops == 1_000_000 ? "1m" : "\(ops / 1000)k"
         var out: [(String, Any)] = [("restart_seconds_1m", ops == 1_000_000 ? BenchSupport.round3(restartSeconds) as Any : NSNull())]
         if ops != 1_000_000 { out.append(("restart_seconds_\(k)", BenchSupport.round3(restartSeconds))) }
-        return (out + [
-            ("restart_ops", ops),
-            ("restart_listen_seconds", BenchSupport.round3(listenSeconds)),
-            ("restart_peak_rss_mib", Int((Double(hwmKB) / 1024).rounded())),
-            ("restart_data_mb", BenchSupport.round3(Double(size) / 1e6)),
-            ("store_build_creates_per_s", Int((Double(ops) / max(createSecs, 1e-9)).rounded())),
-        ], failures)
+        return (
+            out + [
+                ("restart_ops", ops),
+                ("restart_listen_seconds", BenchSupport.round3(listenSeconds)),
+                ("restart_peak_rss_mib", Int((Double(hwmKB) / 1024).rounded())),
+                ("restart_data_mb", BenchSupport.round3(Double(size) / 1e6)),
+                ("store_build_creates_per_s", Int((Double(ops) / max(createSecs, 1e-9)).rounded())),
+            ], failures
+        )
     }
 
     /// Hidden child: `store-build DIR N`: a store holding N delay operations in a suspended
@@ -344,8 +355,11 @@ enum StoreBench {
             let seconds = BenchSupport.now() - t0
             let stats = store.stats
             store.close()
-            outLine(BenchSupport.jsonLine([("seconds", seconds), ("ops", n), ("commits", stats.commits), ("records", stats.records),
-                                           ("records_per_commit", stats.recordsPerCommit)]))
+            outLine(
+                BenchSupport.jsonLine([
+                    ("seconds", seconds), ("ops", n), ("commits", stats.commits), ("records", stats.records),
+                    ("records_per_commit", stats.recordsPerCommit),
+                ]))
             return 0
         } catch {
             eprint("store-build: \(error)\n")

@@ -9,6 +9,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -72,8 +73,9 @@ enum WorkersBench {
             i += 1
         }
         let n = jobs ?? (quick ? 10_000 : 50_000)
-        print("opqd-bench workers\(quick ? " --quick" : ""): \(workers) workers, \(BenchSupport.grouped(Double(n))) external jobs per store,"
-            + " queue maxConcurrentOperationCount \(maxConcurrent)")
+        print(
+            "opqd-bench workers\(quick ? " --quick" : ""): \(workers) workers, \(BenchSupport.grouped(Double(n))) external jobs per store,"
+                + " queue maxConcurrentOperationCount \(maxConcurrent)")
         print("each worker: own keep-alive HTTP/1.1 connection; claim?wait=1 -> finish {leaseToken, result}; until claim answers 204")
         print(BenchSupport.machineLine())
         print("opqd: \(BenchSupport.opqdBinary())")
@@ -84,15 +86,19 @@ enum WorkersBench {
         }
 
         print("")
-        let header = [("store", 8), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
-                      ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13)]
+        let header = [
+            ("store", 8), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
+            ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13),
+        ]
         print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store") }.joined(separator: " "))
         for (name, o) in results {
             let cells = [
                 BenchSupport.pad(name, 8), BenchSupport.pad(BenchSupport.grouped(o.jobsPerSecond), 9, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.wall, 2), 8, right: true),
-                BenchSupport.pad(BenchSupport.fmt(o.claimP50, 2) + "ms", 10, right: true), BenchSupport.pad(BenchSupport.fmt(o.claimP99, 2) + "ms", 10, right: true),
-                BenchSupport.pad(BenchSupport.fmt(o.claimMax, 1) + "ms", 10, right: true), BenchSupport.pad(BenchSupport.fmt(o.finishP99, 2) + "ms", 11, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.claimP50, 2) + "ms", 10, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.claimP99, 2) + "ms", 10, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.claimMax, 1) + "ms", 10, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.finishP99, 2) + "ms", 11, right: true),
                 BenchSupport.pad(String(o.queueFinished), 9, right: true), BenchSupport.pad(String(o.finishedOK), 8, right: true),
                 BenchSupport.pad(String(o.finishConflicts), 8, right: true), BenchSupport.pad(String(o.doubleHandouts), 7, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.precreateSeconds, 2), 13, right: true),
@@ -186,7 +192,9 @@ enum WorkersBench {
                         log.claimStatus[r.status, default: 0] += 1
                         if r.status == 204 { break }
                         guard r.status == 200 else {
-                            if (log.claimStatus.filter { $0.key != 200 && $0.key != 204 }.values.reduce(0, +)) > 100 { log.error = "too many failed claims"; break }
+                            if (log.claimStatus.filter { $0.key != 200 && $0.key != 204 }.values.reduce(0, +)) > 100 {
+                                log.error = "too many failed claims"; break
+                            }
                             continue
                         }
                         log.claimLatencies.append(c1 - c0)

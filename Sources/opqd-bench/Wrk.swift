@@ -1,5 +1,6 @@
 // wrk runs (`store`) and the parsing of wrk's report.
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -17,28 +17,28 @@ import Darwin
 #endif
 
 let usage = """
-usage: opqd-bench <subcommand> [options]
+    usage: opqd-bench <subcommand> [options]
 
-subcommands:
-  engine [--quick]   engine vs Foundation.OperationQueue: throughput (flat, chain, fan-in),
-                     memory per queued operation, and linearity; last line is one JSON object.
-                     --quick divides every size by 10 (smoke tests).
-  http [--quick]     scripts/bench-http.sh: a bare C libmicrohttpd server vs opqd (GET, 304, POST
-                     create with sqlite sync full and with --store memory), with wrk.
-  store [--quick] [--duration S] [--restart-ops N] [--skip-http] [--skip-restart]
-                     durable creates/s over HTTP (--sync full, --sync normal, --store memory side by
-                     side, 50 and 256 connections, acknowledged creates checked live and after
-                     kill -9), and restart time of a store holding 1,000,000 operations.
-                     --quick: 2 s runs, 100,000 operations.
-  workers [--workers 8] [--jobs N] [--max-concurrent 64] [--stores memory,normal,full] [--quick]
-                     external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
-                     finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
+    subcommands:
+      engine [--quick]   engine vs Foundation.OperationQueue: throughput (flat, chain, fan-in),
+                         memory per queued operation, and linearity; last line is one JSON object.
+                         --quick divides every size by 10 (smoke tests).
+      http [--quick]     scripts/bench-http.sh: a bare C libmicrohttpd server vs opqd (GET, 304, POST
+                         create with sqlite sync full and with --store memory), with wrk.
+      store [--quick] [--duration S] [--restart-ops N] [--skip-http] [--skip-restart]
+                         durable creates/s over HTTP (--sync full, --sync normal, --store memory side by
+                         side, 50 and 256 connections, acknowledged creates checked live and after
+                         kill -9), and restart time of a store holding 1,000,000 operations.
+                         --quick: 2 s runs, 100,000 operations.
+      workers [--workers 8] [--jobs N] [--max-concurrent 64] [--stores memory,normal,full] [--quick]
+                         external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
+                         finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
 
-Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
-Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
-127.0.0.1 with fresh temporary data dirs, and stops it; build it first with
-swift build -c release --product opqd (this executable does not, and an old one is used as is).
-"""
+    Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
+    Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
+    127.0.0.1 with fresh temporary data dirs, and stops it; build it first with
+    swift build -c release --product opqd (this executable does not, and an old one is used as is).
+    """
 
 var args = Array(CommandLine.arguments.dropFirst())
 let command = args.isEmpty ? "" : args.removeFirst()

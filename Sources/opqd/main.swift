@@ -1,5 +1,6 @@
 import Logging
 import QueueAPI
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -2,6 +2,7 @@ import Foundation
 import Locking
 import QueueTesting
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -51,8 +52,9 @@ struct CrashRecoveryTests {
                 for index in 0..<Self.clients {
                     group.addTask { [server] in
                         try await onThread {
-                            Self.runClient(index: index, cycle: cycle, server: server, ledger: ledger,
-                                           killed: killed, inFlight: inFlight, startSeq: startSeq)
+                            Self.runClient(
+                                index: index, cycle: cycle, server: server, ledger: ledger,
+                                killed: killed, inFlight: inFlight, startSeq: startSeq)
                             return nil
                         }
                     }
@@ -79,13 +81,17 @@ struct CrashRecoveryTests {
             }
             #expect(server.exit == .signaled(SIGKILL), "the server should have died of SIGKILL: \(server.exit.map(\.description) ?? "running")")
             let after = ledger.withLock { $0.acknowledged }
-            let problems = ledger.withLock { l in defer { l.problems = [] }; return l.problems }
+            let problems = ledger.withLock { l in
+                defer { l.problems = [] }; return l.problems
+            }
             for p in problems { Issue.record("cycle \(cycle): \(p)\n--- log ---\n\(server.logTail())") }
             if !problems.isEmpty { return }
             let acked = after - before
             #expect(acked > 0, "cycle \(cycle): no change was acknowledged in \(delay) s")
-            summary.append(String(format: "cycle %d: SIGKILL after %.2f s with %d requests in flight; %d changes acknowledged",
-                                  cycle, delay, killedWith, acked))
+            summary.append(
+                String(
+                    format: "cycle %d: SIGKILL after %.2f s with %d requests in flight; %d changes acknowledged",
+                    cycle, delay, killedWith, acked))
         }
 
         server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-final.log")
@@ -96,7 +102,9 @@ struct CrashRecoveryTests {
         let exit = server.waitForExit(timeout: 10)
         #expect(exit == .exited(0), "after SIGTERM: \(exit.map(\.description) ?? "still running after 10 s")")
         let totals = ledger.withLock { ($0.ops.count, $0.queues.count, $0.counts) }
-        summary.append("facts checked: \(totals.0) operations in \(totals.1) queues; acknowledged: \(totals.2.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        summary.append(
+            "facts checked: \(totals.0) operations in \(totals.1) queues; acknowledged: \(totals.2.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
+        )
         print("CrashRecovery: " + summary.joined(separator: "\nCrashRecovery: "))
     }
 
@@ -192,7 +200,8 @@ struct CrashRecoveryTests {
                     l.problems.append("client \(index): \(method) \(path) answered 200 with state \(object["state"] ?? "none"), expected \(phase):\n\(r)")
                 }
                 if let priority, object["queuePriority"] as? String != priority {
-                    l.problems.append("client \(index): \(method) \(path) answered 200 with priority \(object["queuePriority"] ?? "none"), expected \(priority)")
+                    l.problems.append(
+                        "client \(index): \(method) \(path) answered 200 with priority \(object["queuePriority"] ?? "none"), expected \(priority)")
                 }
             }
             return true
@@ -242,11 +251,13 @@ struct CrashRecoveryTests {
                         return
                     }
                     if object["queue"] as? String != queue || Set(object["dependencies"] as? [String] ?? []) != Set(dependencies)
-                        || object["queuePriority"] as? String != priority {
+                        || object["queuePriority"] as? String != priority
+                    {
                         l.problems.append("client \(index): the 201 for \(body) describes another operation:\n\(r)")
                     }
-                    l.ops[id] = OpFact(id: id, queue: queue, name: name, dependencies: Set(dependencies), owner: index,
-                                       phase: .open, priority: priority)
+                    l.ops[id] = OpFact(
+                        id: id, queue: queue, name: name, dependencies: Set(dependencies), owner: index,
+                        phase: .open, priority: priority)
                     l.order.append(id)
                     l.counts["create", default: 0] += 1
                     l.acknowledge(seq: seen)
@@ -261,7 +272,9 @@ struct CrashRecoveryTests {
             } else if roll < 97 {
                 let id = mine.randomElement()!.0
                 let priority = priorities.randomElement()!
-                guard change(id, phase: nil, priority: priority, "PATCH", "/v1/operations/\(id)", #"{"queuePriority":"\#(priority)"}"#, kind: "priority") else { return }
+                guard change(id, phase: nil, priority: priority, "PATCH", "/v1/operations/\(id)", #"{"queuePriority":"\#(priority)"}"#, kind: "priority") else {
+                    return
+                }
             } else {
                 // A new queue: its name is known before the answer, so an unanswered one is in doubt by name.
                 let name = "k\(cycle)-\(index)-\(created)"
@@ -299,7 +312,7 @@ struct CrashRecoveryTests {
     static func lastSeq(_ server: ServerProcess) throws -> Int {
         let r = try server.request("GET", "/metrics")
         guard r.status == 200, let line = r.text.split(separator: "\n").first(where: { $0.hasPrefix("opqd_event_sequence ") }),
-              let seq = Int(line.split(separator: " ").last ?? "")
+            let seq = Int(line.split(separator: " ").last ?? "")
         else { throw Unexpected("no opqd_event_sequence in /metrics", r) }
         return seq
     }
@@ -361,18 +374,24 @@ struct CrashRecoveryTests {
             var allowedPriorities = [fact.priority]
             if let p = fact.inDoubtPriority { allowedPriorities.append(p) }
             if op["queue"] as? String != fact.queue || Set(op["dependencies"] as? [String] ?? []) != fact.dependencies
-                || (fact.name != nil && op["name"] as? String != fact.name) {
-                problems.append("after \(what): operation \(id) should be \(fact.name ?? "-") in \(fact.queue) depending on \(fact.dependencies.sorted()): \(op)")
+                || (fact.name != nil && op["name"] as? String != fact.name)
+            {
+                problems.append(
+                    "after \(what): operation \(id) should be \(fact.name ?? "-") in \(fact.queue) depending on \(fact.dependencies.sorted()): \(op)")
             }
             if phase == nil || !allowedPhases.contains(phase!) {
-                problems.append("after \(what): operation \(id) should be \(allowedPhases.map(\.rawValue).joined(separator: " or ")), is \(op["state"] ?? "-")/\(op["outcome"] ?? "-") paused=\(op["isPaused"] ?? "-"): \(op)")
+                problems.append(
+                    "after \(what): operation \(id) should be \(allowedPhases.map(\.rawValue).joined(separator: " or ")), is \(op["state"] ?? "-")/\(op["outcome"] ?? "-") paused=\(op["isPaused"] ?? "-"): \(op)"
+                )
             }
             if priority == nil || !allowedPriorities.contains(priority!) {
                 problems.append("after \(what): operation \(id) should have priority \(allowedPriorities.joined(separator: " or ")), has \(priority ?? "none")")
             }
             if fact.inDoubtPhase != nil || fact.inDoubtPriority != nil {
                 actionsInDoubt += 1
-                if (fact.inDoubtPhase != nil && phase == fact.inDoubtPhase) || (fact.inDoubtPriority != nil && priority == fact.inDoubtPriority) { actionsApplied += 1 }
+                if (fact.inDoubtPhase != nil && phase == fact.inDoubtPhase) || (fact.inDoubtPriority != nil && priority == fact.inDoubtPriority) {
+                    actionsApplied += 1
+                }
             }
             if let phase { model.ops[id]?.phase = phase }
             if let priority { model.ops[id]?.priority = priority }
@@ -383,13 +402,15 @@ struct CrashRecoveryTests {
         // Operations no acknowledged create made: at most one per create in flight at a kill.
         let unknown = serverOps.keys.filter { model.ops[$0] == nil }
         if unknown.count > model.createsInDoubt {
-            problems.append("after \(what): \(unknown.count) operations exist that no acknowledged create made, but only \(model.createsInDoubt) creates were unanswered")
+            problems.append(
+                "after \(what): \(unknown.count) operations exist that no acknowledged create made, but only \(model.createsInDoubt) creates were unanswered")
         }
         for id in unknown {
             let op = serverOps[id]!
-            model.ops[id] = OpFact(id: id, queue: op["queue"] as? String ?? "", name: op["name"] as? String,
-                                   dependencies: Set(op["dependencies"] as? [String] ?? []), owner: -1,
-                                   phase: Self.phase(of: op) ?? .open, priority: op["queuePriority"] as? String ?? "normal")
+            model.ops[id] = OpFact(
+                id: id, queue: op["queue"] as? String ?? "", name: op["name"] as? String,
+                dependencies: Set(op["dependencies"] as? [String] ?? []), owner: -1,
+                phase: Self.phase(of: op) ?? .open, priority: op["queuePriority"] as? String ?? "normal")
             model.order.append(id)
         }
         let note = "\(actionsInDoubt) actions in doubt (\(actionsApplied) took effect), \(model.createsInDoubt) creates in doubt (\(unknown.count) took effect)"
@@ -401,8 +422,11 @@ struct CrashRecoveryTests {
             let r = try server.request("GET", "/v1/events?after=\(acked.seq - 1)&limit=1")
             let first = r.objects("events").first
             if r.status != 200 || (first?["seq"] as? NSNumber)?.intValue != acked.seq
-                || first?["operation"] as? String != acked.operation || first?["key"] as? String != acked.key {
-                problems.append("after \(what): event \(acked.seq) (\(acked.operation ?? "-") \(acked.key ?? "-")) was acknowledged; GET /v1/events?after=\(acked.seq - 1) answered:\n\(r)")
+                || first?["operation"] as? String != acked.operation || first?["key"] as? String != acked.key
+            {
+                problems.append(
+                    "after \(what): event \(acked.seq) (\(acked.operation ?? "-") \(acked.key ?? "-")) was acknowledged; GET /v1/events?after=\(acked.seq - 1) answered:\n\(r)"
+                )
             }
             if last < acked.seq { problems.append("after \(what): the newest seq is \(last), below the acknowledged \(acked.seq)") }
         }
@@ -414,10 +438,14 @@ struct CrashRecoveryTests {
             model.order.append(id)
             let events = try server.request("GET", "/v1/operations/\(id)/events").objects("events").compactMap { ($0["seq"] as? NSNumber)?.intValue }
             if events.isEmpty || events.min()! <= max(last, model.ackedSeq?.seq ?? 0) {
-                problems.append("after \(what): a new operation's events have seqs \(events), not above the newest kept \(last) and acknowledged \(model.ackedSeq?.seq ?? 0)")
+                problems.append(
+                    "after \(what): a new operation's events have seqs \(events), not above the newest kept \(last) and acknowledged \(model.ackedSeq?.seq ?? 0)"
+                )
             }
             if let newest = events.min(), newest <= model.highestSeenSeq {
-                print("CrashRecovery: note: after \(what) a new change got seq \(newest), which the feed had already shown for a change lost in the kill (highest seen \(model.highestSeenSeq), acknowledged \(model.ackedSeq?.seq ?? 0))")
+                print(
+                    "CrashRecovery: note: after \(what) a new change got seq \(newest), which the feed had already shown for a change lost in the kill (highest seen \(model.highestSeenSeq), acknowledged \(model.ackedSeq?.seq ?? 0))"
+                )
             }
         } else {
             problems.append("after \(what): a create on \(queue) answered:\n\(created)")

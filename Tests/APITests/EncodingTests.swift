@@ -1,7 +1,7 @@
 import Foundation
 import QueueEngine
-import Testing
 import TestKit
+import Testing
 
 @testable import QueueAPI
 
@@ -94,15 +94,18 @@ import TestKit
         let formatter = ISO8601DateFormatter()
         formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
         var random = SplitMix64(seed: 42)
-        let values: [ChangeValue] = [.none, .bool(true), .bool(false), .priority(.veryHigh), .int(-3),
-                                     .progress(OperationProgress(completed: 1.5, total: 3))]
+        let values: [ChangeValue] = [
+            .none, .bool(true), .bool(false), .priority(.veryHigh), .int(-3),
+            .progress(OperationProgress(completed: 1.5, total: 3)),
+        ]
         for seq in 1...200 as ClosedRange<UInt64> {
             let ms = Int64(random.next() % 4_000_000_000_000)  // 1970 to 2096
-            let event = ChangeEvent(seq: seq, time: Timestamp(nanoseconds: ms * 1_000_000), queue: Self.string(&random),
-                                    operation: OperationID(raw: random.next() >> 1),
-                                    key: ChangeKey.allCases[Int(seq) % ChangeKey.allCases.count],
-                                    old: values[Int(random.next() % 6)], new: values[Int(random.next() % 6)],
-                                    state: OperationState.allCases[Int(seq) % OperationState.allCases.count])
+            let event = ChangeEvent(
+                seq: seq, time: Timestamp(nanoseconds: ms * 1_000_000), queue: Self.string(&random),
+                operation: OperationID(raw: random.next() >> 1),
+                key: ChangeKey.allCases[Int(seq) % ChangeKey.allCases.count],
+                old: values[Int(random.next() % 6)], new: values[Int(random.next() % 6)],
+                state: OperationState.allCases[Int(seq) % OperationState.allCases.count])
             let object = try #require(try JSONSerialization.jsonObject(with: Data(event.json)) as? [String: Any])
             #expect((object["seq"] as? NSNumber)?.uint64Value == seq)
             #expect(object["queue"] as? String == event.queue)

@@ -55,12 +55,14 @@ struct ExternalWorkerTests {
             let hb = try await server.request("POST", "/v1/operations/\(id)/heartbeat", json: "{\"leaseToken\":\"\(got.token)\"}").expecting(200)
             #expect(hb.bool("isCancelled") == false)
             #expect(hb.bool("isPaused") == false)
-            let pr = try await server.request("POST", "/v1/operations/\(id)/progress", json: "{\"leaseToken\":\"\(got.token)\",\"completed\":3,\"total\":4}").expecting(200)
+            let pr = try await server.request("POST", "/v1/operations/\(id)/progress", json: "{\"leaseToken\":\"\(got.token)\",\"completed\":3,\"total\":4}")
+                .expecting(200)
             #expect((pr.object["progress"] as? [String: Any])?["fractionCompleted"] as? Double == 0.75)
             let foreign = try await server.request("POST", "/v1/operations/\(id)/finish", json: #"{"leaseToken":"not-mine","result":1}"#)
             #expect(foreign.status == 409)
             #expect(try await server.state(id) == "executing", "a refused finish changes nothing")
-            let done = try await server.request("POST", "/v1/operations/\(id)/finish", json: "{\"leaseToken\":\"\(got.token)\",\"result\":{\"ok\":true}}").expecting(200)
+            let done = try await server.request("POST", "/v1/operations/\(id)/finish", json: "{\"leaseToken\":\"\(got.token)\",\"result\":{\"ok\":true}}")
+                .expecting(200)
             #expect(done.string("outcome") == "succeeded")
             let again = try await server.request("POST", "/v1/operations/\(id)/finish", json: "{\"leaseToken\":\"\(got.token)\",\"result\":2}")
             #expect(again.status == 409)
@@ -73,9 +75,11 @@ struct ExternalWorkerTests {
     func leaseExpiry() async throws {
         try await withLiveServer { server in
             _ = try await server.createQueue("jobs")
-            let id = try #require(try await server.request(
-                "POST", "/v1/queues/jobs/operations",
-                json: #"{"kind":"external","spec":{"lease":1},"retry":{"maxAttempts":2,"backoff":0}}"#).expecting(201).string("id"))
+            let id = try #require(
+                try await server.request(
+                    "POST", "/v1/queues/jobs/operations",
+                    json: #"{"kind":"external","spec":{"lease":1},"retry":{"maxAttempts":2,"backoff":0}}"#
+                ).expecting(201).string("id"))
             let first = try #require(try await claim(server, "jobs", wait: 1))
             #expect(first.attempt == 1)
             let second = try #require(try await claim(server, "jobs", wait: 5), "the operation came back after its lease ran out")
@@ -114,7 +118,8 @@ struct OperationHistoryTests {
     func historyOutlivesTheRing() async throws {
         try await withLiveServer({ $0.eventCapacity = 16 }) { server in
             _ = try await server.createQueue("q", suspended: true)
-            let first = try #require(try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id"))
+            let first = try #require(
+                try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id"))
             for _ in 0..<40 {
                 _ = try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201)
             }

@@ -8,8 +8,9 @@ struct OperationEndpointTests {
     func createOperation() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q")
-            let r = try await server.request("POST", "/v1/queues/q/operations",
-                                             json: #"{"kind":"delay","name":"nap","queuePriority":"high","spec":{"seconds":0.05}}"#)
+            let r = try await server.request(
+                "POST", "/v1/queues/q/operations",
+                json: #"{"kind":"delay","name":"nap","queuePriority":"high","spec":{"seconds":0.05}}"#)
             #expect(r.status == 201, "\(r)")
             let id = try #require(r.string("id"))
             #expect(!id.isEmpty)

@@ -178,11 +178,14 @@ struct SemanticsTests {
     func idempotencyMismatch() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q", suspended: true)
-            _ = try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#,
-                                         headers: ["Idempotency-Key": "same"]).expecting(201)
+            _ = try await server.request(
+                "POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#,
+                headers: ["Idempotency-Key": "same"]
+            ).expecting(201)
             let before = try await server.fingerprint()
-            let r = try await server.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":9}}"#,
-                                             headers: ["Idempotency-Key": "same"])
+            let r = try await server.request(
+                "POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":9}}"#,
+                headers: ["Idempotency-Key": "same"])
             expectProblem(r, 422, mentioning: ["Idempotency-Key"])
             #expect(try await server.fingerprint() == before)
             #expect(try await server.operations(in: "q").count == 1)

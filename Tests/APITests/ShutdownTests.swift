@@ -2,6 +2,7 @@ import Foundation
 import Locking
 import QueueTesting
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -128,7 +129,9 @@ struct ShutdownTests {
                 droppedNames.append(s.name)
                 unanswered.append(s.name)
             default:
-                Issue.record("create \(s.name) sent \(String(format: "%.3f", s.started.timeIntervalSince(term))) s after the SIGTERM, ended \(String(format: "%.3f", s.ended.timeIntervalSince(term))) s after it: \(s.outcome)")
+                Issue.record(
+                    "create \(s.name) sent \(String(format: "%.3f", s.started.timeIntervalSince(term))) s after the SIGTERM, ended \(String(format: "%.3f", s.ended.timeIntervalSince(term))) s after it: \(s.outcome)"
+                )
                 unanswered.append(s.name)
             }
         }
@@ -150,22 +153,28 @@ struct ShutdownTests {
             after = page.object["next"] as? String
         } while after != nil
         let missing = acknowledged.filter { byName[$0.key] != $0.value }
-        #expect(missing.isEmpty, "\(missing.count) of \(acknowledged.count) acknowledged creates are gone after the restart: \(missing.keys.sorted().prefix(10))")
+        #expect(
+            missing.isEmpty, "\(missing.count) of \(acknowledged.count) acknowledged creates are gone after the restart: \(missing.keys.sorted().prefix(10))")
         let extra = Set(byName.keys).subtracting(acknowledged.keys).subtracting(["anchor"])
         #expect(extra.isSubset(of: Set(unanswered)), "operations no request made: \(extra.subtracting(unanswered).sorted())")
         let keptDespite503 = answered503.filter { byName[$0] != nil }
-        #expect(keptDespite503.isEmpty, "creates answered 503 (the server is shutting down) were carried out anyway and are there after the restart: \(keptDespite503)")
+        #expect(
+            keptDespite503.isEmpty,
+            "creates answered 503 (the server is shutting down) were carried out anyway and are there after the restart: \(keptDespite503)")
         let keptUnanswered = droppedNames.filter { byName[$0] != nil }
         #expect(keptUnanswered.isEmpty, "creates the server carried out but never answered (the connection closed without an answer): \(keptUnanswered)")
         again.signal(SIGTERM)
         let secondExit = again.waitForExit(timeout: 10)
         #expect(secondExit == .exited(0), "the restarted server after SIGTERM: \(secondExit.map(\.description) ?? "still running")")
 
-        print(String(format: "Shutdown: exit %@ %.3f s after SIGTERM; %d creates acknowledged (%d after the SIGTERM), %d answered 503, %d refused, %d dropped unanswered (sent at %@ s); last request ended %.3f s after SIGTERM; polls: %@; restart %.3f s",
-                     exit.map(\.description) ?? "none", exitSeconds, acknowledged.count,
-                     results.filter { $0.ended >= term && $0.outcome.status == 201 }.count,
-                     answered503.count, refused, dropped.count, dropped.map { String(format: "%+.3f", $0) }.joined(separator: " "), slowest,
-                     answered.map { "\($0.key.split(separator: "?")[0]) \($0.value.0.status.map(String.init) ?? "-")" }.sorted().joined(separator: ", "),
-                     again.startupSeconds))
+        print(
+            String(
+                format:
+                    "Shutdown: exit %@ %.3f s after SIGTERM; %d creates acknowledged (%d after the SIGTERM), %d answered 503, %d refused, %d dropped unanswered (sent at %@ s); last request ended %.3f s after SIGTERM; polls: %@; restart %.3f s",
+                exit.map(\.description) ?? "none", exitSeconds, acknowledged.count,
+                results.filter { $0.ended >= term && $0.outcome.status == 201 }.count,
+                answered503.count, refused, dropped.count, dropped.map { String(format: "%+.3f", $0) }.joined(separator: " "), slowest,
+                answered.map { "\($0.key.split(separator: "?")[0]) \($0.value.0.status.map(String.init) ?? "-")" }.sorted().joined(separator: ", "),
+                again.startupSeconds))
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -16,7 +17,8 @@ struct AuthTests {
     /// server has them) an operation observer. Returns the ids.
     static func setUp() throws -> (Opqd, id: String, observer: String) {
         let server = try Opqd(["--token", write, "--read-token", read])
-        _ = try server.request("POST", "/v1/queues", json: #"{"name":"aq","isSuspended":true}"#, token: write).expecting(201, "creating aq with the write token")
+        _ = try server.request("POST", "/v1/queues", json: #"{"name":"aq","isSuspended":true}"#, token: write).expecting(
+            201, "creating aq with the write token")
         let op = try server.request("POST", "/v1/queues/aq/operations", json: #"{"kind":"delay","spec":{"seconds":30}}"#, token: write).expecting(201)
         let id = op.string("id") ?? "missing"
         let obs = try server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"http://127.0.0.1:9/hook"}"#, token: write)
@@ -35,7 +37,9 @@ struct AuthTests {
         return [queues, op, ops, events, observers].map { "\($0.status) \($0.text)" }.joined(separator: "\n")
     }
 
-    @Test("every route, the feed, the stream, /metrics, /openapi.yaml and unknown paths answer 401 with WWW-Authenticate: Bearer without a token, and change nothing")
+    @Test(
+        "every route, the feed, the stream, /metrics, /openapi.yaml and unknown paths answer 401 with WWW-Authenticate: Bearer without a token, and change nothing"
+    )
     func everyRouteNeedsAToken() async throws {
         let (server, id, observer) = try Self.setUp()
         try await blocking {
@@ -45,8 +49,9 @@ struct AuthTests {
                 for auth in [nil, "Bearer ", "Bearer wrong", "Basic \(Data("x:\(Self.write)".utf8).base64EncodedString())"] as [String?] {
                     var headers: [String: String] = [:]
                     if let auth { headers["Authorization"] = auth }
-                    let outcome = server.exchange(route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                                                  headers: headers, timeout: 5)
+                    let outcome = server.exchange(
+                        route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
+                        headers: headers, timeout: 5)
                     guard let r = outcome.response else {
                         Issue.record("\(route) with \(auth ?? "no Authorization"): \(outcome)")
                         continue
@@ -54,11 +59,13 @@ struct AuthTests {
                     // Another method on a path whose only route is open (POST /healthz) may be told
                     // 405: that tells nothing GET /healthz does not.
                     let openPath = target == "/healthz" || target == "/readyz"
-                    #expect(r.status == 401 || (openPath && r.status == 405),
-                            "\(route) (\(target)) with \(auth ?? "no Authorization") should be 401: \(r.status) \(r.text.prefix(200))")
+                    #expect(
+                        r.status == 401 || (openPath && r.status == 405),
+                        "\(route) (\(target)) with \(auth ?? "no Authorization") should be 401: \(r.status) \(r.text.prefix(200))")
                     if r.status == 401 {
-                        #expect(r.headers["www-authenticate"]?.lowercased().hasPrefix("bearer") == true,
-                                "\(route): 401 without WWW-Authenticate: Bearer (\(r.headers["www-authenticate"] ?? "none"))")
+                        #expect(
+                            r.headers["www-authenticate"]?.lowercased().hasPrefix("bearer") == true,
+                            "\(route): 401 without WWW-Authenticate: Bearer (\(r.headers["www-authenticate"] ?? "none"))")
                         if route.method != "HEAD" { #expect(r.mediaType == "application/problem+json", "\(route): 401 is not problem+json") }
                     }
                 }
@@ -91,8 +98,9 @@ struct AuthTests {
             let before = try Self.snapshot(server, id: id)
             for route in Route.all where !route.isRead && !route.path.hasPrefix("/healthz") && !route.path.hasPrefix("/readyz") {
                 let target = route.target(name: "aq", id: id, observer: observer)
-                let r = try server.request(route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                                           token: Self.read, timeout: 5)
+                let r = try server.request(
+                    route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
+                    token: Self.read, timeout: 5)
                 // An unknown path may be 404 and a known path with another method 405 once the
                 // caller is authenticated; anything a route would change must be 403.
                 if route.path == "/v1/nope" || route.method == "PUT" || route.method == "OPTIONS" {
@@ -137,8 +145,9 @@ struct AuthTests {
         try await blocking {
             for route in Route.all where !route.path.hasPrefix("/v1/events/stream") {
                 let target = route.target(name: "aq", id: id, observer: observer)
-                let r = try server.request(route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                                           token: Self.write, timeout: 5)
+                let r = try server.request(
+                    route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
+                    token: Self.write, timeout: 5)
                 #expect(r.status != 401 && r.status != 403, "\(route) with the write token: \(r.status) \(r.text.prefix(200))")
                 #expect(r.status < 500, "\(route) with the write token: \(r.status) \(r.text.prefix(200))")
             }
@@ -153,15 +162,20 @@ struct AuthTests {
         try await blocking {
             let before = try Self.snapshot(server, id: id)
             let body = #"{"name":"bypass"}"#
-            for target in ["x/v1/queues", "*", "http://127.0.0.1/v1/queues", "http://127.0.0.1:\(server.port)/v1/queues",
-                           "HTTP://127.0.0.1/v1/queues", "https://x/v1/queues", "v1/queues", "healthz/../v1/queues", "?/v1/queues",
-                           "%2Fv1/queues", "\\v1\\queues"] {
+            for target in [
+                "x/v1/queues", "*", "http://127.0.0.1/v1/queues", "http://127.0.0.1:\(server.port)/v1/queues",
+                "HTTP://127.0.0.1/v1/queues", "https://x/v1/queues", "v1/queues", "healthz/../v1/queues", "?/v1/queues",
+                "%2Fv1/queues", "\\v1\\queues",
+            ] {
                 for token in [nil, Self.write, Self.read] as [String?] {
-                    var head = "POST \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
+                    var head =
+                        "POST \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
                     if let token { head += "Authorization: Bearer \(token)\r\n" }
                     switch server.raw(head + "\r\n" + body, timeout: 5) {
                     case let .success(r):
-                        expectProblem(r, 400, slug: "bad-request-target", "POST \(target) with \(token == nil ? "no token" : token == Self.write ? "the write token" : "the read token")")
+                        expectProblem(
+                            r, 400, slug: "bad-request-target",
+                            "POST \(target) with \(token == nil ? "no token" : token == Self.write ? "the write token" : "the read token")")
                     case let .failure(e):
                         // Closing without an answer is a refusal too, but the contract asks for 400.
                         Issue.record("POST \(target): no answer (\(e)); API.md asks for 400")
@@ -169,8 +183,10 @@ struct AuthTests {
                 }
             }
             // Absolute paths that only look like others: never routed past authentication.
-            for target in ["//v1/queues", "/v1//queues", "/./v1/queues", "/healthz/../v1/queues", "/healthz/%2e%2e/v1/queues",
-                           "/healthz%2f..%2fv1%2fqueues", "/V1/queues", "/v1/queues/", "/v1/queues;x", "/v1/queues#x", "/%76%31/queues"] {
+            for target in [
+                "//v1/queues", "/v1//queues", "/./v1/queues", "/healthz/../v1/queues", "/healthz/%2e%2e/v1/queues",
+                "/healthz%2f..%2fv1%2fqueues", "/V1/queues", "/v1/queues/", "/v1/queues;x", "/v1/queues#x", "/%76%31/queues",
+            ] {
                 let r = try server.request("POST", target, json: body)
                 #expect(r.status == 400 || r.status == 401, "POST \(target) without a token: \(r.status) \(r.text.prefix(200))")
                 let r2 = try server.request("POST", target, json: body, token: Self.read)
@@ -194,7 +210,8 @@ struct AuthTests {
                 "Bearer \(String(repeating: "a", count: 10_000))", "Bearer \(w.dropFirst())", "Bearer \u{00e9}\(w)",
             ]
             for auth in wrong {
-                var head = "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
+                var head =
+                    "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n"
                 head += "Authorization: \(auth)\r\n\r\n"
                 switch server.raw(head + body, timeout: 5) {
                 case let .success(r):
@@ -206,7 +223,8 @@ struct AuthTests {
             // Two Authorization fields combine (RFC 9110 §5.3) into "Bearer a, Bearer b", which is
             // not the token: refused whichever order, also with the read token first.
             for (first, second) in [("Bearer wrong", "Bearer \(w)"), ("Bearer \(w)", "Bearer wrong"), ("Bearer \(Self.read)", "Bearer \(w)")] {
-                let head = "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nAuthorization: \(first)\r\nAuthorization: \(second)\r\n\r\n"
+                let head =
+                    "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nAuthorization: \(first)\r\nAuthorization: \(second)\r\n\r\n"
                 switch server.raw(head + body, timeout: 5) {
                 case let .success(r): #expect([400, 401, 403].contains(r.status), "two Authorization headers (\(first) / \(second)): \(r.status)")
                 case let .failure(e): Issue.record("two Authorization headers: no answer (\(e))")

@@ -2,6 +2,7 @@ import Foundation
 import Locking
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -66,7 +67,8 @@ struct DurabilityTests {
             var last = cursor
             for element in raw {
                 guard let object = try? JSONSerialization.jsonObject(with: Data(element)) as? [String: Any],
-                      let seq = (object["seq"] as? NSNumber)?.intValue else { continue }
+                    let seq = (object["seq"] as? NSNumber)?.intValue
+                else { continue }
                 out[seq] = element
                 last = max(last, seq)
             }
@@ -97,7 +99,10 @@ struct DurabilityTests {
                         defer { client.close() }
                         var n = 0
                         while !stop.withLock({ $0 }) {
-                            let kind = n % 3 == 0 ? #"{"kind":"delay","spec":{"seconds":0.02},"name":"w\#(w)-\#(n)"}"# : #"{"kind":"delay","spec":{"seconds":0},"queuePriority":"high"}"#
+                            let kind =
+                                n % 3 == 0
+                                ? #"{"kind":"delay","spec":{"seconds":0.02},"name":"w\#(w)-\#(n)"}"#
+                                : #"{"kind":"delay","spec":{"seconds":0},"queuePriority":"high"}"#
                             if (try? client.request("POST", "/v1/queues/d/operations", body: Array(kind.utf8))) == nil { usleep(20_000) }
                             n += 1
                         }
@@ -109,7 +114,10 @@ struct DurabilityTests {
                 server.killNine()
                 let seen = reader.seen.withLock { $0 }
                 stop.withLock { $0 = true }
-                #expect(enough, "cycle \(cycle): the stream showed only \(seen.count) events in 15 s (it stalled or ended: \(reader.ended.withLock { $0 } ? "ended" : "silent"))")
+                #expect(
+                    enough,
+                    "cycle \(cycle): the stream showed only \(seen.count) events in 15 s (it stalled or ended: \(reader.ended.withLock { $0 } ? "ended" : "silent"))"
+                )
                 return seen
             }
             seenInAll += seenBeforeKill.count
@@ -127,9 +135,14 @@ struct DurabilityTests {
                         different.append("seq \(seq): stream \(event.data) / feed \(String(decoding: stored, as: UTF8.self))")
                     }
                 }
-                print("Durability SSE cycle \(cycle): \(seenBeforeKill.count) events seen on the stream before kill -9 (last id \(seenBeforeKill.last?.id ?? "-")); feed after restart holds \(feed.count); missing \(missing.count), different \(different.count)")
-                #expect(missing.isEmpty, "cycle \(cycle): \(missing.count) events seen on the stream are not in the feed after the restart: \(missing.prefix(10))")
-                #expect(different.isEmpty, "cycle \(cycle): \(different.count) seqs name other content after the restart:\n\(different.prefix(5).joined(separator: "\n"))")
+                print(
+                    "Durability SSE cycle \(cycle): \(seenBeforeKill.count) events seen on the stream before kill -9 (last id \(seenBeforeKill.last?.id ?? "-")); feed after restart holds \(feed.count); missing \(missing.count), different \(different.count)"
+                )
+                #expect(
+                    missing.isEmpty, "cycle \(cycle): \(missing.count) events seen on the stream are not in the feed after the restart: \(missing.prefix(10))")
+                #expect(
+                    different.isEmpty,
+                    "cycle \(cycle): \(different.count) seqs name other content after the restart:\n\(different.prefix(5).joined(separator: "\n"))")
                 server.expectAlive("the restart")
             }
         }
@@ -153,9 +166,11 @@ struct DurabilityTests {
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"p"}"#).expecting(201)
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"idle","isSuspended":true}"#).expecting(201)
-            let id = try server.request("POST", "/v1/queues/p/operations", json: #"{"kind":"delay","spec":{"seconds":60},"retry":{"maxAttempts":10,"backoff":0.1}}"#)
+            let id =
+                try server.request("POST", "/v1/queues/p/operations", json: #"{"kind":"delay","spec":{"seconds":60},"retry":{"maxAttempts":10,"backoff":0.1}}"#)
                 .expecting(201).string("id") ?? ""
-            let bystander = try server.request("POST", "/v1/queues/idle/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? ""
+            let bystander =
+                try server.request("POST", "/v1/queues/idle/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? ""
             for stop in 1...3 {
                 let status = try Self.waitExecuting(server, id)
                 guard status?.string("state") == "executing" else {
@@ -167,8 +182,9 @@ struct DurabilityTests {
                 let after = try server.request("GET", "/v1/operations/\(id)")
                 if stop < 3 {
                     let poisoned = after.string("state") == "finished" && Self.errorType(after) == "crashed-server"
-                    #expect(poisoned == false,
-                            "after \(stop) unclean stop(s) the operation already failed as crashed-server: \(after.text)")
+                    #expect(
+                        poisoned == false,
+                        "after \(stop) unclean stop(s) the operation already failed as crashed-server: \(after.text)")
                     #expect(after.string("state") != "finished", "after \(stop) unclean stop(s): \(after.text)")
                 }
             }
@@ -177,8 +193,9 @@ struct DurabilityTests {
                 final = try server.request("GET", "/v1/operations/\(id)")
                 return final?.string("state") == "finished"
             }
-            #expect(finished && final?.string("outcome") == "failed" && Self.errorType(final) == "crashed-server",
-                    "after the 3rd unclean stop: \(final.map(\.text) ?? "no answer")")
+            #expect(
+                finished && final?.string("outcome") == "failed" && Self.errorType(final) == "crashed-server",
+                "after the 3rd unclean stop: \(final.map(\.text) ?? "no answer")")
             let other = try server.request("GET", "/v1/operations/\(bystander)")
             #expect(other.string("state") != "finished", "an operation that never executed was finished by the restarts: \(other.text)")
             server.expectAlive("three unclean stops")
@@ -190,7 +207,8 @@ struct DurabilityTests {
         let server = try Opqd()
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"p"}"#).expecting(201)
-            let id = try server.request("POST", "/v1/queues/p/operations", json: #"{"kind":"delay","spec":{"seconds":60},"retry":{"maxAttempts":10,"backoff":0.1}}"#)
+            let id =
+                try server.request("POST", "/v1/queues/p/operations", json: #"{"kind":"delay","spec":{"seconds":60},"retry":{"maxAttempts":10,"backoff":0.1}}"#)
                 .expecting(201).string("id") ?? ""
             for (n, clean) in [false, false, true, false, false].enumerated() {
                 let status = try Self.waitExecuting(server, id)

@@ -1,6 +1,7 @@
 import Foundation
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -9,8 +10,10 @@ import Glibc
 /// answers. Every failure is an `error.type` (plan8.md), never a trap.
 @Suite("Hostile targets of the http kind")
 struct HostileTargetTests {
-    static let errorTypes: Set<String> = ["http-status", "timeout", "connection-refused", "dns", "tls", "network",
-                                          "too-many-redirects", "redirect-refused", "invalid-response", "cancelled"]
+    static let errorTypes: Set<String> = [
+        "http-status", "timeout", "connection-refused", "dns", "tls", "network",
+        "too-many-redirects", "redirect-refused", "invalid-response", "cancelled",
+    ]
 
     /// Creates an http operation for `url` on queue `t`; returns its id.
     static func create(_ server: Opqd, _ url: String, timeout: Double = 5) throws -> String {
@@ -33,7 +36,9 @@ struct HostileTargetTests {
 
     static func errorType(_ r: TestResponse?) -> String? { (r?.object["error"] as? [String: Any])?["type"] as? String }
 
-    @Test("redirects to //[::1]/, ftp://, file:///etc/passwd, javascript: and broken URLs fail cleanly with redirect-refused or a network error; a 301 loop fails too-many-redirects")
+    @Test(
+        "redirects to //[::1]/, ftp://, file:///etc/passwd, javascript: and broken URLs fail cleanly with redirect-refused or a network error; a 301 loop fails too-many-redirects"
+    )
     func redirectTricks() async throws {
         let redirects: [String: String] = [
             "/ipv6-authority": "//[::1]/",
@@ -88,7 +93,9 @@ struct HostileTargetTests {
                 case "/ftp", "/file", "/js", "/data", "/gopher":
                     #expect(r?.string("outcome") == "failed" && type == "redirect-refused", "\(path) -> \(redirects[path] ?? ""): \(text.prefix(300))")
                 default:
-                    #expect(r?.string("outcome") == "failed" && type.map(Self.errorTypes.contains) == true, "\(path) -> \(redirects[path]?.prefix(60) ?? ""): \(text.prefix(300))")
+                    #expect(
+                        r?.string("outcome") == "failed" && type.map(Self.errorTypes.contains) == true,
+                        "\(path) -> \(redirects[path]?.prefix(60) ?? ""): \(text.prefix(300))")
                 }
             }
         }
@@ -98,8 +105,10 @@ struct HostileTargetTests {
     func endlessBodies() async throws {
         let target = try HostileTarget { path in
             switch path {
-            case "/fast": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n", piece: 65536, interval: 0, seconds: 15)
-            case "/fast-chunked": return .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n", piece: 65536, interval: 0, seconds: 15)
+            case "/fast":
+                return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n", piece: 65536, interval: 0, seconds: 15)
+            case "/fast-chunked":
+                return .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n", piece: 65536, interval: 0, seconds: 15)
             case "/declared": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n", piece: 65536, interval: 0, seconds: 15)
             case "/slow": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n", piece: 1, interval: 0.1, seconds: 15)
             case "/slow-head": return .endless(head: "HTTP/1.1 200 OK\r\nX-Slow: ", piece: 1, interval: 0.1, seconds: 15)
@@ -113,13 +122,16 @@ struct HostileTargetTests {
             let before = server.memory()
             let started = Date()
             var ids: [String: String] = [:]
-            for path in ["/fast", "/fast-chunked", "/declared", "/slow", "/slow-head", "/endless-head", "/hang"] { ids[path] = try Self.create(server, target.url(path), timeout: 3) }
+            for path in ["/fast", "/fast-chunked", "/declared", "/slow", "/slow-head", "/endless-head", "/hang"] {
+                ids[path] = try Self.create(server, target.url(path), timeout: 3)
+            }
             var peak = before.rss
             let last = try Self.finish(server, Array(ids.values), timeout: 15)
             peak = max(peak, server.memory().hwm)
             let after = server.memory()
-            print("Memory endless bodies: \(target.bytesSent / (1 << 20)) MiB sent by the target in \(String(format: "%.1f", Date().timeIntervalSince(started))) s; "
-                + "VmRSS \(before.rss / 1024) -> \(after.rss / 1024) MiB, VmHWM \(after.hwm / 1024) MiB")
+            print(
+                "Memory endless bodies: \(target.bytesSent / (1 << 20)) MiB sent by the target in \(String(format: "%.1f", Date().timeIntervalSince(started))) s; "
+                    + "VmRSS \(before.rss / 1024) -> \(after.rss / 1024) MiB, VmHWM \(after.hwm / 1024) MiB")
             server.expectAlive("endless bodies")
             for (path, id) in ids.sorted(by: { $0.key < $1.key }) {
                 let r = last[id]
@@ -185,8 +197,9 @@ struct HostileTargetTests {
                     #expect(Self.errorType(r).map(Self.errorTypes.contains) == true, "\(path): error \(r?.text.prefix(300) ?? "")")
                 }
                 if ["/garbage", "/letters", "/huge-status", "/negative-status", "/http09"].contains(path) {
-                    #expect(r?.string("outcome") == "failed" && ["invalid-response", "network"].contains(Self.errorType(r) ?? ""),
-                            "\(path): \(r?.text.prefix(300) ?? "")")
+                    #expect(
+                        r?.string("outcome") == "failed" && ["invalid-response", "network"].contains(Self.errorType(r) ?? ""),
+                        "\(path): \(r?.text.prefix(300) ?? "")")
                 }
             }
         }

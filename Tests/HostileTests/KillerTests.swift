@@ -1,6 +1,7 @@
 import Foundation
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -12,8 +13,10 @@ struct KillerTests {
     func lastEventIDOverflow() async throws {
         let server = try Opqd()
         try await blocking {
-            for value in ["18446744073709551615", "18446744073709551614", "9223372036854775807", "9223372036854775808",
-                          "-1", "1e3", "0x10", "99999999999999999999999999", " 5", "5 ", ""] {
+            for value in [
+                "18446744073709551615", "18446744073709551614", "9223372036854775807", "9223372036854775808",
+                "-1", "1e3", "0x10", "99999999999999999999999999", " 5", "5 ", "",
+            ] {
                 let c = try RawConnection(port: server.port, timeout: 5)
                 c.send("GET /v1/events/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nLast-Event-ID: \(value)\r\n\r\n")
                 let (bytes, _) = c.readAvailable(milliseconds: 400)
@@ -42,7 +45,9 @@ struct KillerTests {
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"real"}"#)
             for queue in ["any", "real"] {
-                for pattern in [#"1\u0301xx"#, "1\u{0301}xx", #"\u0661xx"#, "２xx", "9xx", "-1xx", "99999999999999999999", "2xxx", "", "xxx", #"2\u0000x"#, "۲۰۰"] {
+                for pattern in [
+                    #"1\u0301xx"#, "1\u{0301}xx", #"\u0661xx"#, "２xx", "9xx", "-1xx", "99999999999999999999", "2xxx", "", "xxx", #"2\u0000x"#, "۲۰۰",
+                ] {
                     let body = #"{"kind":"http","spec":{"method":"GET","url":"http://127.0.0.1:9/","expectStatus":["\#(pattern)"]}}"#
                     let r = try server.request("POST", "/v1/queues/\(queue)/operations", json: body)
                     #expect((400..<500).contains(r.status), "expectStatus \(pattern.debugDescription) on queue \(queue): \(r)")
@@ -65,9 +70,11 @@ struct KillerTests {
         let server = try Opqd()
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"q"}"#).expecting(201)
-            let op = try server.request("POST", "/v1/queues/q/operations",
-                                        json: #"{"kind":"http","spec":{"method":"GET","url":"\#(target.url("/start"))"},"timeout":5,"retry":{"maxAttempts":3,"backoff":0.1}}"#)
-                .expecting(201, "creating the http operation")
+            let op = try server.request(
+                "POST", "/v1/queues/q/operations",
+                json: #"{"kind":"http","spec":{"method":"GET","url":"\#(target.url("/start"))"},"timeout":5,"retry":{"maxAttempts":3,"backoff":0.1}}"#
+            )
+            .expecting(201, "creating the http operation")
             let id = op.string("id") ?? ""
             var last: TestResponse? = nil
             let finished = try waitUntil(timeout: 20, every: 0.1) {

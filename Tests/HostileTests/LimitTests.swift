@@ -1,6 +1,7 @@
 import Foundation
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -73,7 +74,8 @@ struct LimitTests {
             expectProblem(over, 422, slug: "too-many-dependencies", "1001 dependencies")
             #expect(try Self.ids(server, queue: "d").count == 1001, "the refused operation was created")
             // A PATCH to 1001 is refused the same way.
-            let patch = try server.request("PATCH", "/v1/operations/\(ids[0])", json: #"{"dependencies":[\#(ids.suffix(1000).map { "\"\($0)\"" }.joined(separator: ",")),"\#(ids[1])"]}"#)
+            let patch = try server.request(
+                "PATCH", "/v1/operations/\(ids[0])", json: #"{"dependencies":[\#(ids.suffix(1000).map { "\"\($0)\"" }.joined(separator: ",")),"\#(ids[1])"]}"#)
             #expect(patch.status == 422, "PATCH with 1001 dependencies: \(patch.status) \(patch.text.prefix(200))")
             let at = try server.request("POST", "/v1/queues/d/operations", json: #"{"kind":"delay","spec":{"seconds":1},"dependencies":[\#(list(1000))]}"#)
             #expect(at.status == 201, "1000 dependencies: \(at.status) \(at.text.prefix(200))")
@@ -88,7 +90,10 @@ struct LimitTests {
             for q in ["five", "six"] { _ = try server.request("POST", "/v1/queues", json: #"{"name":"\#(q)","isSuspended":true}"#).expecting(201) }
             var six: [String] = []
             for _ in 0..<5 { _ = try server.request("POST", "/v1/queues/five/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201) }
-            for _ in 0..<6 { six.append(try server.request("POST", "/v1/queues/six/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? "") }
+            for _ in 0..<6 {
+                six.append(
+                    try server.request("POST", "/v1/queues/six/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? "")
+            }
             #expect(try server.request("POST", "/v1/queues/five/barrier").status == 201, "a barrier over 5 unfinished operations")
             let r = try server.request("POST", "/v1/queues/six/barrier")
             expectProblem(r, 429, slug: "too-many-dependencies", "a barrier over 6 unfinished operations")
@@ -106,7 +111,8 @@ struct LimitTests {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"o","isSuspended":true}"#).expecting(201)
             let id = try server.request("POST", "/v1/queues/o/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? ""
             for i in 0..<16 {
-                _ = try server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"http://127.0.0.1:9/hook/\#(i)"}"#).expecting(201, "observer \(i + 1)")
+                _ = try server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"http://127.0.0.1:9/hook/\#(i)"}"#).expecting(
+                    201, "observer \(i + 1)")
             }
             let r = try server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"http://127.0.0.1:9/hook/17"}"#)
             expectProblem(r, 429, slug: "too-many-observers", "the 17th observer")
@@ -132,7 +138,9 @@ struct LimitTests {
             #expect(try Self.ids(server, queue: "i").count == 5, "the refused create happened")
             for k in 0..<5 {
                 let r = try server.request("POST", "/v1/queues/i/operations", json: body, headers: ["Idempotency-Key": "key-\(k)"])
-                #expect(r.status == 201 && r.string("id") == first["key-\(k)"], "replay of key-\(k): \(r.status) \(r.string("id") ?? "-") vs \(first["key-\(k)"] ?? "-")")
+                #expect(
+                    r.status == 201 && r.string("id") == first["key-\(k)"],
+                    "replay of key-\(k): \(r.status) \(r.string("id") ?? "-") vs \(first["key-\(k)"] ?? "-")")
             }
             #expect(try Self.ids(server, queue: "i").count == 5, "a replay created an operation")
             // Without a key, creates go on.
@@ -150,7 +158,9 @@ struct LimitTests {
             defer { client.close() }
             let name = String(repeating: "n", count: 60)
             for i in 0..<60 {
-                let r = try client.request("POST", "/v1/queues/p/operations", body: Array(#"{"kind":"delay","name":"\#(name)\#(i)","spec":{"seconds":1}}"#.utf8)).expecting(201)
+                let r = try client.request(
+                    "POST", "/v1/queues/p/operations", body: Array(#"{"kind":"delay","name":"\#(name)\#(i)","spec":{"seconds":1}}"#.utf8)
+                ).expecting(201)
                 created.append(r.string("id") ?? "")
             }
             var seen: [String] = []
@@ -197,7 +207,8 @@ struct LimitTests {
             #expect(result.string("detail")?.contains("result") == true, "the problem should name the field result: \(result.text)")
             let error = try server.request("POST", "/v1/operations/\(id)/finish", json: #"{"leaseToken":"\#(lease)","error":{"type":"x","detail":"\#(big)"}}"#)
             expectProblem(error, 422, slug: "result-too-large", "a 2 KB error")
-            let batch = try server.request("POST", "/v1/operations:finish", json: #"{"finishes":[{"id":"\#(id)","leaseToken":"\#(lease)","result":{"blob":"\#(big)"}}]}"#)
+            let batch = try server.request(
+                "POST", "/v1/operations:finish", json: #"{"finishes":[{"id":"\#(id)","leaseToken":"\#(lease)","result":{"blob":"\#(big)"}}]}"#)
             #expect(batch.text.contains(#""state":"finished""#) == false, "a batch finish with a 2 KB result finished it: \(batch.text.prefix(300))")
             let status = try server.request("GET", "/v1/operations/\(id)")
             #expect(status.string("state") == "executing", "after refused finishes: \(status.text.prefix(300))")

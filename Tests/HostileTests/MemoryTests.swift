@@ -2,6 +2,7 @@ import Foundation
 import Locking
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -19,7 +20,9 @@ struct MemoryTests {
         ProcessInfo.processInfo.environment[name].flatMap { Int($0) }.map { max(1, $0) } ?? value
     }
 
-    @Test("thousands (HOSTILE_FLOOD_KEYS, default 3000) of distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies")
+    @Test(
+        "thousands (HOSTILE_FLOOD_KEYS, default 3000) of distinct Idempotency-Keys on 100 KiB creates (half succeeding, half failing) cost far less memory than their bodies"
+    )
     func idempotencyFlood() async throws {
         let server = try Opqd(["--sync", "normal"])
         let total = Self.knob("HOSTILE_FLOOD_KEYS", 3000)
@@ -33,7 +36,9 @@ struct MemoryTests {
             if aborted.withLock({ $0 }) != nil { return }
             // One connection per thread, kept in thread-local storage.
             let client: KeepAliveClient
-            if let c = Thread.current.threadDictionary["client"] as? KeepAliveClient { client = c } else {
+            if let c = Thread.current.threadDictionary["client"] as? KeepAliveClient {
+                client = c
+            } else {
                 client = KeepAliveClient(port: server.port)
                 Thread.current.threadDictionary["client"] = client
             }
@@ -55,8 +60,10 @@ struct MemoryTests {
         let after = server.memory()
         let growth = after.rss - before.rss
         let counts = statuses.withLock { $0 }
-        print("Memory idempotency flood: \(total) keys x 100 KiB in \(String(format: "%.1f", seconds)) s; answers \(counts.sorted { $0.key < $1.key }); "
-            + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)) (growth \(Self.mib(growth))), VmHWM \(Self.mib(after.hwm)); bodies would be \(Self.mib(total * padding / 1024))")
+        print(
+            "Memory idempotency flood: \(total) keys x 100 KiB in \(String(format: "%.1f", seconds)) s; answers \(counts.sorted { $0.key < $1.key }); "
+                + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)) (growth \(Self.mib(growth))), VmHWM \(Self.mib(after.hwm)); bodies would be \(Self.mib(total * padding / 1024))"
+        )
         if let why = aborted.withLock({ $0 }) { Issue.record("stopped the flood: \(why)") }
         #expect(counts[201] == (total + 1) / 2, "succeeding creates: \(counts)")
         #expect(growth < 96 << 10, "VmRSS grew by \(Self.mib(growth)) for \(total) idempotency keys; the bodies alone are \(Self.mib(total * padding / 1024))")
@@ -131,8 +138,9 @@ struct MemoryTests {
             var text: [UInt8] = []
             var at = 0
             while let lineEnd = find(Array("\r\n".utf8), in: body, from: at),
-                  let size = Int(String(decoding: body[at..<lineEnd], as: UTF8.self).split(separator: ";").first ?? "", radix: 16),
-                  size > 0, body.count >= lineEnd + 2 + size {
+                let size = Int(String(decoding: body[at..<lineEnd], as: UTF8.self).split(separator: ";").first ?? "", radix: 16),
+                size > 0, body.count >= lineEnd + 2 + size
+            {
                 text += body[(lineEnd + 2)..<(lineEnd + 2 + size)]
                 at = lineEnd + 2 + size + 2
             }
@@ -178,9 +186,10 @@ struct MemoryTests {
         let closed = results.filter(\.1).count
         let whole = results.filter(\.2).count
         let maxBytes = results.map(\.0).max() ?? 0
-        print("Memory SSE: \(last) events produced in \(String(format: "%.1f", produced)) s; VmRSS \(Self.mib(m0.rss)) before, \(Self.mib(m1.rss)) after producing "
-            + "(5 silent clients), \(Self.mib(m2.rss)) with 20 more silent clients from after=0 (growth \(Self.mib(m2.rss - m1.rss))); VmHWM \(Self.mib(server.memory().hwm)); "
-            + "\(closed)/\(results.count) cut off, \(whole) ending on a whole event, at most \(maxBytes) bytes delivered to one")
+        print(
+            "Memory SSE: \(last) events produced in \(String(format: "%.1f", produced)) s; VmRSS \(Self.mib(m0.rss)) before, \(Self.mib(m1.rss)) after producing "
+                + "(5 silent clients), \(Self.mib(m2.rss)) with 20 more silent clients from after=0 (growth \(Self.mib(m2.rss - m1.rss))); VmHWM \(Self.mib(server.memory().hwm)); "
+                + "\(closed)/\(results.count) cut off, \(whole) ending on a whole event, at most \(maxBytes) bytes delivered to one")
         #expect(last >= events, "only \(last) of \(events) events were produced")
         #expect(closed == results.count, "\(results.count - closed) silent clients were not cut off")
         #expect(whole == results.count, "\(results.count - whole) silent clients were cut mid-event")
@@ -194,7 +203,10 @@ struct MemoryTests {
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"w","isSuspended":true}"#).expecting(201)
             var ids: [String] = []
-            for _ in 0..<20 { ids.append(try server.request("POST", "/v1/queues/w/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? "") }
+            for _ in 0..<20 {
+                ids.append(
+                    try server.request("POST", "/v1/queues/w/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201).string("id") ?? "")
+            }
             let before = server.memory()
             var created: [String: Int] = [:]
             var statuses: [Int: Int] = [:]
@@ -205,15 +217,18 @@ struct MemoryTests {
                 let url = "http://127.0.0.1:9/hook/\(i)/" + String(repeating: "p", count: 1000)
                 let r = try client.request("POST", "/v1/operations/\(id)/observers", body: Array(#"{"url":"\#(url)"}"#.utf8))
                 statuses[r.status, default: 0] += 1
-                if r.status == 201 { created[id, default: 0] += 1 } else if r.status != 429 {
+                if r.status == 201 {
+                    created[id, default: 0] += 1
+                } else if r.status != 429 {
                     Issue.record("observer \(i): \(r.status) \(r.text.prefix(200))")
                 }
             }
             let after = server.memory()
             // Queue-wide observers (POST /v1/queues/{name}/observers) arrive with issue 11; their
             // cap is tested there.
-            print("Memory webhooks: 1000 operation observer attempts -> \(statuses.sorted { $0.key < $1.key }); "
-                + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)), VmHWM \(Self.mib(after.hwm))")
+            print(
+                "Memory webhooks: 1000 operation observer attempts -> \(statuses.sorted { $0.key < $1.key }); "
+                    + "VmRSS \(Self.mib(before.rss)) -> \(Self.mib(after.rss)), VmHWM \(Self.mib(after.hwm))")
             #expect(statuses[201, default: 0] <= 100, "\(statuses[201, default: 0]) observers registered with --max-observers 100")
             #expect(created.values.allSatisfy { $0 <= 16 }, "an operation got more than 16 observers: \(created.values.max() ?? 0)")
             #expect(statuses[429, default: 0] >= 900, "the cap refused only \(statuses[429, default: 0]) of 1000")

@@ -1,6 +1,7 @@
 import Foundation
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -73,7 +74,8 @@ struct ProtocolTests {
             } catch { Issue.record("10 MiB declared: no 413 before the body was sent (\(error))") }
             c.close()
             // Chunked, over the limit in several chunks.
-            var chunked = "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            var chunked =
+                "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
             let piece = String(repeating: " ", count: 1000)
             chunked += "f\r\n{\"name\":\"chnk\"}\r\n"
             for _ in 0..<5 { chunked += "3e8\r\n\(piece)\r\n" }
@@ -83,7 +85,8 @@ struct ProtocolTests {
             case let .failure(e): Issue.record("chunked over the limit: no answer (\(e))")
             }
             // Chunked within the limit: fine.
-            let small = "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"nam\r\na\r\ne\":\"chok\"}\r\n0\r\n\r\n"
+            let small =
+                "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"nam\r\na\r\ne\":\"chok\"}\r\n0\r\n\r\n"
             switch server.raw(small) {
             case let .success(r): #expect(r.status == 201, "a small chunked create: \(r)")
             case let .failure(e): Issue.record("a small chunked create: \(e)")
@@ -115,7 +118,10 @@ struct ProtocolTests {
                 ("chunk size 8000000000000000", head + "Transfer-Encoding: chunked\r\n\r\n8000000000000000\r\n" + body + "\r\n0\r\n\r\n"),
                 ("chunk size 7fffffffffffffff", head + "Transfer-Encoding: chunked\r\n\r\n7fffffffffffffff\r\n" + body + "\r\n0\r\n\r\n"),
                 ("chunk size -1", head + "Transfer-Encoding: chunked\r\n\r\n-1\r\n" + body + "\r\n0\r\n\r\n"),
-                ("two chunks that add up past Int.max", head + "Transfer-Encoding: chunked\r\n\r\n7ffffffffffffff0\r\nab\r\n7ffffffffffffff0\r\ncd\r\n0\r\n\r\n"),
+                (
+                    "two chunks that add up past Int.max",
+                    head + "Transfer-Encoding: chunked\r\n\r\n7ffffffffffffff0\r\nab\r\n7ffffffffffffff0\r\ncd\r\n0\r\n\r\n"
+                ),
                 ("Transfer-Encoding gzip, chunked", head + "Transfer-Encoding: gzip, chunked\r\n\r\ne\r\n" + body + "\r\n0\r\n\r\n"),
             ]
             for (what, request) in cases {
@@ -139,9 +145,10 @@ struct ProtocolTests {
             let body = #"{"name":"piped"}"#
             let c = try RawConnection(port: server.port, timeout: 5)
             defer { c.close() }
-            c.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-                + "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
-                + "GET /v1/queues/piped HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            c.send(
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                    + "POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+                    + "GET /v1/queues/piped HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             let statuses = try (0..<3).map { i in try c.readResponse(requestMethod: i == 1 ? "POST" : "GET").status }
             #expect(statuses == [200, 201, 200], "pipelined answers: \(statuses)")
             server.expectAlive("pipelining")
@@ -161,11 +168,13 @@ struct ProtocolTests {
             case let .success(r): #expect(r.status == 200, "an HTTP/1.0 read: \(r)")
             case let .failure(e): Issue.record("an HTTP/1.0 read: \(e)")
             }
-            for request in ["GET /v1/queues\r\n\r\n", "GET /v1/queues HTTP/2.0\r\nHost: x\r\n\r\n", "GET /v1/queues HTTP/1.1\r\n\r\n",
-                            "GET /v1/queues HTTP/9.9\r\nHost: x\r\n\r\n", "GET /v1/queues HTTP/1.1 extra\r\nHost: x\r\n\r\n",
-                            "get /v1/queues HTTP/1.1\r\nHost: x\r\n\r\n", " GET /v1/queues HTTP/1.1\r\nHost: x\r\n\r\n",
-                            "GET  /v1/queues  HTTP/1.1\r\nHost: x\r\n\r\n", "\r\n\r\n\r\n", "GET /v1/queues HTTP/1.1\nHost: x\n\n",
-                            "GET /v1/queues HTTP/1.1\r\nHost: x\r\n folded: header\r\n\r\n", "GET /v1/queues HTTP/1.1\r\n: empty\r\n\r\n"] {
+            for request in [
+                "GET /v1/queues\r\n\r\n", "GET /v1/queues HTTP/2.0\r\nHost: x\r\n\r\n", "GET /v1/queues HTTP/1.1\r\n\r\n",
+                "GET /v1/queues HTTP/9.9\r\nHost: x\r\n\r\n", "GET /v1/queues HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+                "get /v1/queues HTTP/1.1\r\nHost: x\r\n\r\n", " GET /v1/queues HTTP/1.1\r\nHost: x\r\n\r\n",
+                "GET  /v1/queues  HTTP/1.1\r\nHost: x\r\n\r\n", "\r\n\r\n\r\n", "GET /v1/queues HTTP/1.1\nHost: x\n\n",
+                "GET /v1/queues HTTP/1.1\r\nHost: x\r\n folded: header\r\n\r\n", "GET /v1/queues HTTP/1.1\r\n: empty\r\n\r\n",
+            ] {
                 if case let .success(r) = server.raw(request, timeout: 3) {
                     #expect(r.status < 500 || r.status == 505, "\(request.debugDescription): \(r.status)")
                 }
@@ -199,34 +208,82 @@ struct ProtocolTests {
                 ("0xFF in a header value", request(Array("/v1/queues".utf8), headers: Array("X-Bad: ".utf8) + [0xFF, 0xFE] + Array("\r\n".utf8))),
                 ("NUL in a header value", request(Array("/v1/queues".utf8), headers: Array("X-Bad: a".utf8) + [0x00] + Array("b\r\n".utf8))),
                 ("0xFF in a header name", request(Array("/v1/queues".utf8), headers: [0xFF] + Array(": x\r\n".utf8))),
-                ("0xFF in an Idempotency-Key", request(Array("/v1/queues".utf8), headers: Array("Idempotency-Key: ".utf8) + [0xFF, 0xC3] + Array("\r\n".utf8),
-                                                        body: Array(#"{"name":"ik"}"#.utf8), method: "POST")),
+                (
+                    "0xFF in an Idempotency-Key",
+                    request(
+                        Array("/v1/queues".utf8), headers: Array("Idempotency-Key: ".utf8) + [0xFF, 0xC3] + Array("\r\n".utf8),
+                        body: Array(#"{"name":"ik"}"#.utf8), method: "POST")
+                ),
                 ("0xFF in If-None-Match", request(Array("/v1/queues/u".utf8), headers: Array("If-None-Match: \"".utf8) + [0xFF] + Array("\"\r\n".utf8))),
                 ("0xFF in Last-Event-ID", request(Array("/v1/events/stream".utf8), headers: Array("Last-Event-ID: ".utf8) + [0xFF] + Array("\r\n".utf8))),
                 ("0xFF in a JSON string", request(Array("/v1/queues".utf8), body: Array(#"{"name":""#.utf8) + [0xFF] + Array(#""}"#.utf8), method: "POST")),
-                ("0xFF as a JSON key", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{""#.utf8) + [0xFF] + Array(#"":1,"kind":"delay","spec":{"seconds":1}}"#.utf8), method: "POST")),
+                (
+                    "0xFF as a JSON key",
+                    request(
+                        Array("/v1/queues/u/operations".utf8), body: Array(#"{""#.utf8) + [0xFF] + Array(#"":1,"kind":"delay","spec":{"seconds":1}}"#.utf8),
+                        method: "POST")
+                ),
                 ("NUL in a JSON string", request(Array("/v1/queues".utf8), body: Array(#"{"name":"a"#.utf8) + [0x00] + Array(#"b"}"#.utf8), method: "POST")),
-                ("\\u0000 in a name", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","name":"a\u0000b","spec":{"seconds":1}}"#.utf8), method: "POST")),
-                ("a lone surrogate escape", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","name":"\ud800","spec":{"seconds":1}}"#.utf8), method: "POST")),
+                (
+                    "\\u0000 in a name",
+                    request(
+                        Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","name":"a\u0000b","spec":{"seconds":1}}"#.utf8), method: "POST")
+                ),
+                (
+                    "a lone surrogate escape",
+                    request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","name":"\ud800","spec":{"seconds":1}}"#.utf8), method: "POST")
+                ),
                 ("a UTF-16 BOM body", request(Array("/v1/queues".utf8), body: [0xFE, 0xFF, 0x00, 0x7B, 0x00, 0x7D], method: "POST")),
                 ("a body of NULs", request(Array("/v1/queues".utf8), body: [UInt8](repeating: 0, count: 64), method: "POST")),
-                ("deeply nested JSON", request(Array("/v1/queues/u/operations".utf8), body: Array((String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)).utf8), method: "POST")),
-                ("deeply nested spec", request(Array("/v1/queues/u/operations".utf8), body: Array((#"{"kind":"delay","spec":"# + String(repeating: #"{"a":"#, count: 50_000) + "1" + String(repeating: "}", count: 50_001)).utf8), method: "POST")),
-                ("huge numbers", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","spec":{"seconds":1e400},"timeout":-1e400,"retry":{"maxAttempts":1e30,"backoff":1e308,"multiplier":1e308}}"#.utf8), method: "POST")),
-                ("a delay of 1e18 seconds", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","spec":{"seconds":1e18}}"#.utf8), method: "POST")),
-                ("maxConcurrentOperationCount 2^63", request(Array("/v1/queues/u".utf8), body: Array(#"{"maxConcurrentOperationCount":9223372036854775808}"#.utf8), method: "PATCH")),
+                (
+                    "deeply nested JSON",
+                    request(
+                        Array("/v1/queues/u/operations".utf8),
+                        body: Array((String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)).utf8), method: "POST")
+                ),
+                (
+                    "deeply nested spec",
+                    request(
+                        Array("/v1/queues/u/operations".utf8),
+                        body: Array(
+                            (#"{"kind":"delay","spec":"# + String(repeating: #"{"a":"#, count: 50_000) + "1" + String(repeating: "}", count: 50_001)).utf8),
+                        method: "POST")
+                ),
+                (
+                    "huge numbers",
+                    request(
+                        Array("/v1/queues/u/operations".utf8),
+                        body: Array(
+                            #"{"kind":"delay","spec":{"seconds":1e400},"timeout":-1e400,"retry":{"maxAttempts":1e30,"backoff":1e308,"multiplier":1e308}}"#.utf8),
+                        method: "POST")
+                ),
+                (
+                    "a delay of 1e18 seconds",
+                    request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","spec":{"seconds":1e18}}"#.utf8), method: "POST")
+                ),
+                (
+                    "maxConcurrentOperationCount 2^63",
+                    request(Array("/v1/queues/u".utf8), body: Array(#"{"maxConcurrentOperationCount":9223372036854775808}"#.utf8), method: "PATCH")
+                ),
                 ("limit 2^64", request(Array("/v1/queues/u/operations?limit=18446744073709551616&after=99999999999999999999".utf8))),
                 ("wait 1e308", request(Array("/v1/queues/u/wait?timeout=1e308".utf8))),
                 ("wait NaN", request(Array("/v1/events?after=0&wait=nan".utf8))),
                 ("wait -inf", request(Array("/v1/operations/x/wait?timeout=-inf".utf8))),
                 ("claim max 2^63", request(Array("/v1/queues/u/claim?wait=0&max=9223372036854775807".utf8), method: "POST")),
-                ("notBefore year 99999", request(Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","spec":{"seconds":1},"notBefore":"99999-01-01T00:00:00Z"}"#.utf8), method: "POST")),
+                (
+                    "notBefore year 99999",
+                    request(
+                        Array("/v1/queues/u/operations".utf8), body: Array(#"{"kind":"delay","spec":{"seconds":1},"notBefore":"99999-01-01T00:00:00Z"}"#.utf8),
+                        method: "POST")
+                ),
             ]
             for (what, bytes) in cases {
                 switch server.raw(bytes, timeout: 5) {
                 case let .success(r):
                     #expect(r.status < 500, "\(what): \(r.status) \(r.text.prefix(200))")
-                    if r.status == 201, !what.contains("Idempotency-Key") { #expect(what.contains("0xFF") == false && what.contains("NUL") == false, "\(what) was accepted: \(r.text.prefix(200))") }
+                    if r.status == 201, !what.contains("Idempotency-Key") {
+                        #expect(what.contains("0xFF") == false && what.contains("NUL") == false, "\(what) was accepted: \(r.text.prefix(200))")
+                    }
                 case .failure:
                     break  // a connection closed on garbage is a refusal too
                 }

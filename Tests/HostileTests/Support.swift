@@ -2,6 +2,7 @@ import Foundation
 import Locking
 import TestKit
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -50,7 +51,9 @@ final class Opqd: @unchecked Sendable {  // used from one test at a time
     }
 
     /// One request; throws unless a complete answer came.
-    func request(_ method: String, _ target: String, json: String? = nil, token: String? = nil, headers: [String: String] = [:], timeout: Double = 10) throws -> TestResponse {
+    func request(_ method: String, _ target: String, json: String? = nil, token: String? = nil, headers: [String: String] = [:], timeout: Double = 10) throws
+        -> TestResponse
+    {
         var h = headers
         if let token { h["Authorization"] = "Bearer \(token)" }
         let outcome = exchange(method, target, json: json, headers: h, timeout: timeout)
@@ -151,7 +154,8 @@ func parallel(_ count: Int, threads: Int, _ job: @escaping @Sendable (_ thread: 
 func rawArrayElements(_ body: [UInt8], key: String) -> [[UInt8]] {
     let needle = Array("\"\(key)\":[".utf8)
     guard body.count >= needle.count,
-          let start = (0...(body.count - needle.count)).first(where: { Array(body[$0..<($0 + needle.count)]) == needle }) else { return [] }
+        let start = (0...(body.count - needle.count)).first(where: { Array(body[$0..<($0 + needle.count)]) == needle })
+    else { return [] }
     var out: [[UInt8]] = []
     var i = start + needle.count
     var depth = 0, inString = false, escaped = false, elementStart = -1

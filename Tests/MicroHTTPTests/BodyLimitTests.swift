@@ -16,7 +16,10 @@ struct BodyLimitTests {
             let response = try socket.readResponse()
             #expect(response.status == 413)
             #expect(response.headers["content-type"] == "application/problem+json")
-            #expect(response.text == #"{"type":"https://opqd.dev/problems/payload-too-large","title":"Payload Too Large","status":413,"detail":"request body is 20971520 bytes; the limit is 1048576 bytes (--max-body)"}"#)
+            #expect(
+                response.text
+                    == #"{"type":"https://opqd.dev/problems/payload-too-large","title":"Payload Too Large","status":413,"detail":"request body is 20971520 bytes; the limit is 1048576 bytes (--max-body)"}"#
+            )
             #expect(try socket.readsEOF(), "MHD closes a connection whose body it skipped")
             #expect(try fetch(port: server.port, "GET", "/after").status == 200)
         }

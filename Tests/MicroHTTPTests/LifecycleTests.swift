@@ -78,11 +78,13 @@ struct LifecycleTests {
     @Test("shutdown waits for a request still being answered")
     func shutdownWaitsForInFlight() throws {
         let entered = DispatchSemaphore(value: 0)
-        let server = HTTPServer(configuration: HTTPServerConfiguration(port: 0, threads: 2), handler: { _ in
-            entered.signal()
-            usleep(300_000)  // a slow handler (test only: real handlers must not block)
-            return text("finished")
-        })
+        let server = HTTPServer(
+            configuration: HTTPServerConfiguration(port: 0, threads: 2),
+            handler: { _ in
+                entered.signal()
+                usleep(300_000)  // a slow handler (test only: real handlers must not block)
+                return text("finished")
+            })
         try server.start()
         let socket = try RawConnection(port: server.port)
         socket.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -18,17 +18,21 @@ struct ProblemTests {
     func thrownErrorsAndRoutes() throws {
         let seen = Lock<[String]>([])
         let configuration = HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 100, connectionTimeout: 30)
-        let server = HTTPServer(configuration: configuration, handler: { request in
-            switch request.path {
-            case "/refuse": throw Refusal()
-            case "/bug": throw Bug()
-            case "/later":
-                return .routed("GET /later", .deferred { responder in
-                    DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) { responder.respond(HTTPResponse(status: 202)) }
-                })
-            default: return .routed("GET /ok", .response(HTTPResponse(status: 200)))
-            }
-        }, responseObserver: { route, status in seen.withLock { $0.append("\(route ?? "nil") \(status)") } })
+        let server = HTTPServer(
+            configuration: configuration,
+            handler: { request in
+                switch request.path {
+                case "/refuse": throw Refusal()
+                case "/bug": throw Bug()
+                case "/later":
+                    return .routed(
+                        "GET /later",
+                        .deferred { responder in
+                            DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) { responder.respond(HTTPResponse(status: 202)) }
+                        })
+                default: return .routed("GET /ok", .response(HTTPResponse(status: 200)))
+                }
+            }, responseObserver: { route, status in seen.withLock { $0.append("\(route ?? "nil") \(status)") } })
         try server.start()
         defer { server.shutdown(timeout: .seconds(2)) }
         let socket = try RawConnection(port: server.port)

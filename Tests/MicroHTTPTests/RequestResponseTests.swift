@@ -13,8 +13,10 @@ let echoHandler: HTTPHandler = { request in
     lines.append("header.x-custom=\(request.header("X-CUSTOM") ?? "<nil>")")
     lines.append("headers.keys.lowercased=\(request.headers.keys.allSatisfy { $0 == $0.lowercased() })")
     lines.append("body.count=\(request.body.count)")
-    return .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain"), ("X-Echo", "yes")],
-                                  body: Array(lines.joined(separator: "\n").utf8)))
+    return .response(
+        HTTPResponse(
+            status: 200, headers: [("Content-Type", "text/plain"), ("X-Echo", "yes")],
+            body: Array(lines.joined(separator: "\n").utf8)))
 }
 
 @Suite("Requests and responses")
@@ -28,17 +30,18 @@ struct RequestResponseTests {
             #expect(response.status == 200)
             #expect(response.headers["x-echo"] == "yes")
             #expect(response.headers["content-type"] == "text/plain")
-            #expect(response.text == """
-                method=GET
-                path=/echo/a%20b
-                id=1
-                query.flag=
-                query.x=3
-                query.y=two words
-                header.x-custom=Hello There
-                headers.keys.lowercased=true
-                body.count=0
-                """)
+            #expect(
+                response.text == """
+                    method=GET
+                    path=/echo/a%20b
+                    id=1
+                    query.flag=
+                    query.x=3
+                    query.y=two words
+                    header.x-custom=Hello There
+                    headers.keys.lowercased=true
+                    body.count=0
+                    """)
         }
     }
 
@@ -87,10 +90,13 @@ struct RequestResponseTests {
     func throwingHandler() throws {
         struct SecretFailure: Error {}
         let log = LogSink()
-        try withServer(log: log, handler: { request in
-            if request.path == "/boom" { throw SecretFailure() }
-            return text("fine")
-        }) { server throws in
+        try withServer(
+            log: log,
+            handler: { request in
+                if request.path == "/boom" { throw SecretFailure() }
+                return text("fine")
+            }
+        ) { server throws in
             let response = try fetch(port: server.port, "GET", "/boom")
             #expect(response.status == 500)
             #expect(response.headers["content-type"] == "application/problem+json")
@@ -168,10 +174,13 @@ struct RequestResponseTests {
         let calls = Atomic<Int>(0)
         // MHD 0.9.75's epoll loop can miss a FIN that arrives together with request data (it stops
         // reading after a short read); such a connection ends at its timeout, 1 s here.
-        try withServer(connectionTimeout: 1, handler: { request in
-            calls.add(1, ordering: .relaxed)
-            return text("got \(request.body.count)")
-        }) { server throws in
+        try withServer(
+            connectionTimeout: 1,
+            handler: { request in
+                calls.add(1, ordering: .relaxed)
+                return text("got \(request.body.count)")
+            }
+        ) { server throws in
             let head = "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
             let cutOff: [[String]] = [
                 [head],

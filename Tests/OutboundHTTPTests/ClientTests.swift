@@ -3,6 +3,7 @@ import Foundation
 import Locking
 import OutboundHTTP
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -87,15 +88,21 @@ extension Result {
     }
 
     static let echo: HostileServer.Route = { request, out in
-        out.write(reply(200, [("X-Method", request.method), ("X-Auth", request.headers["authorization"] ?? "none")],
-                        body: String(decoding: request.body, as: UTF8.self)))
+        out.write(
+            reply(
+                200, [("X-Method", request.method), ("X-Auth", request.headers["authorization"] ?? "none")],
+                body: String(decoding: request.body, as: UTF8.self)))
     }
 
     @Test func seeOtherTurnsPostIntoGet() throws {
         let server = try HostileServer(["/post": { _, out in out.write(reply(303, [("Location", "/echo")])) }, "/echo": Self.echo])
         defer { server.stop() }
-        let r = try #require(exchange(client, OutboundRequest(method: "POST", url: "\(server.base)/post",
-                                                              headers: [("Content-Type", "text/plain")], body: Array("data".utf8))))
+        let r = try #require(
+            exchange(
+                client,
+                OutboundRequest(
+                    method: "POST", url: "\(server.base)/post",
+                    headers: [("Content-Type", "text/plain")], body: Array("data".utf8))))
         let response = try #require(r.response, "\(r)")
         #expect(response.headers.first { $0.0 == "X-Method" }?.1 == "GET")
         #expect(response.body.isEmpty)
@@ -164,9 +171,13 @@ extension Result {
     }
 
     @Test func invalidUTF8HeaderValuesAreDecodedLossily() throws {
-        let server = try HostileServer(["/bad": { _, out in
-            out.write(Array("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\nX-Bad: a".utf8) + [0xFF, 0xFE, 0xC3] + Array("z\r\n\u{00}X: y\r\n\r\n".utf8))
-        }])
+        let server = try HostileServer([
+            "/bad": { _, out in
+                out.write(
+                    Array("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\nX-Bad: a".utf8) + [0xFF, 0xFE, 0xC3]
+                        + Array("z\r\n\u{00}X: y\r\n\r\n".utf8))
+            }
+        ])
         defer { server.stop() }
         let r = try #require(exchange(client, OutboundRequest(method: "GET", url: "\(server.base)/bad")))
         let value = r.response?.headers.first { $0.0 == "X-Bad" }?.1
@@ -174,7 +185,9 @@ extension Result {
     }
 
     @Test func garbageStatusLinesAreErrors() throws {
-        for garbage in ["FOO BAR\r\n\r\n", "HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "\u{16}\u{03}\u{01}\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n"] {
+        for garbage in [
+            "FOO BAR\r\n\r\n", "HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "\u{16}\u{03}\u{01}\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+        ] {
             let server = try HostileServer(["/g": { _, out in out.write(garbage) }])
             let r = try #require(exchange(client, OutboundRequest(method: "GET", url: "\(server.base)/g", timeout: 5)))
             #expect(["invalid-response", "network"].contains(r.error?.type ?? "success"), "\(garbage.debugDescription): \(r)")
@@ -195,15 +208,17 @@ extension Result {
 
     @Test func cancelAbortsPromptly() throws {
         let closed = Lock<Double?>(nil)
-        let server = try HostileServer(["/hang": { _, out in
-            // Waits for the client to close the connection, and notes when it did.
-            var byte: UInt8 = 0
-            var pfd = pollfd(fd: out.fd, events: Int16(POLLIN), revents: 0)
-            while !out.server.isStopping {
-                if poll(&pfd, 1, 5) > 0 { if recv(out.fd, &byte, 1, Int32(MSG_DONTWAIT)) <= 0 { break } }
+        let server = try HostileServer([
+            "/hang": { _, out in
+                // Waits for the client to close the connection, and notes when it did.
+                var byte: UInt8 = 0
+                var pfd = pollfd(fd: out.fd, events: Int16(POLLIN), revents: 0)
+                while !out.server.isStopping {
+                    if poll(&pfd, 1, 5) > 0 { if recv(out.fd, &byte, 1, Int32(MSG_DONTWAIT)) <= 0 { break } }
+                }
+                closed.withLock { $0 = now() }
             }
-            closed.withLock { $0 = now() }
-        }])
+        ])
         defer { server.stop() }
         let ended = Lock<(Double, OutboundError?)?>(nil)
         let task = client.send(OutboundRequest(method: "GET", url: "\(server.base)/hang")) { r in ended.withLock { $0 = (now(), r.error) } }
@@ -216,14 +231,20 @@ extension Result {
         #expect(completion.1?.type == "cancelled")
         while closed.value == nil && now() < deadline + 2 { usleep(200) }
         let close = try #require(closed.value)
-        print(String(format: "outbound cancel: completion after %.3f ms, cancel() returned after %.3f ms, connection closed after %.2f ms",
-                     (completion.0 - t0) * 1000, (returned - t0) * 1000, (close - t0) * 1000))
+        print(
+            String(
+                format: "outbound cancel: completion after %.3f ms, cancel() returned after %.3f ms, connection closed after %.2f ms",
+                (completion.0 - t0) * 1000, (returned - t0) * 1000, (close - t0) * 1000))
         #expect(close - t0 < 0.1)
         task.cancel()  // again: nothing
     }
 
     @Test func everyCompletionIsCalledExactlyOnce() throws {
-        let server = try HostileServer(["/ok": { _, out in usleep(UInt32.random(in: 0...3000)); out.write(reply(200, body: "x")) }])
+        let server = try HostileServer([
+            "/ok": { _, out in
+                usleep(UInt32.random(in: 0...3000)); out.write(reply(200, body: "x"))
+            }
+        ])
         defer { server.stop() }
         let calls = Lock<[Int: Int]>([:])
         var tasks: [OutboundTask] = []
@@ -239,7 +260,11 @@ extension Result {
     }
 
     @Test func timeoutCoversRedirects() throws {
-        let server = try HostileServer(["/slow": { _, out in usleep(200_000); out.write(reply(302, [("Location", "/slow")])) }])
+        let server = try HostileServer([
+            "/slow": { _, out in
+                usleep(200_000); out.write(reply(302, [("Location", "/slow")]))
+            }
+        ])
         defer { server.stop() }
         let t0 = now()
         let r = try #require(exchange(client, OutboundRequest(method: "GET", url: "\(server.base)/slow", timeout: 0.5)))
@@ -254,7 +279,9 @@ extension Result {
         let type = Lock<String?>(nil)
         do {
             let own = OutboundHTTPClient()
-            own.send(OutboundRequest(method: "GET", url: "\(server.base)/hang")) { r in type.withLock { $0 = r.error?.type }; done.signal() }
+            own.send(OutboundRequest(method: "GET", url: "\(server.base)/hang")) { r in
+                type.withLock { $0 = r.error?.type }; done.signal()
+            }
             usleep(50_000)
         }
         #expect(done.wait(timeout: .now() + 3) == .success)

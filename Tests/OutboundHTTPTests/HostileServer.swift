@@ -4,6 +4,7 @@ import Locking
 import Synchronization
 // The kit (closedPort, waitUntil) for every file of this target.
 @_exported import TestKit
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -26,8 +26,10 @@ import Testing
     }
 
     @Test func refusals() {
-        for location in ["ftp://x/", "file:///etc/passwd", "gopher://x/", "javascript:alert(1)", "data:text/plain,x", "http://",
-                         "/a\u{0}b", "/a\nb", "/" + String(repeating: "a", count: 9000), "http://[::1", "mailto:a@b"] {
+        for location in [
+            "ftp://x/", "file:///etc/passwd", "gopher://x/", "javascript:alert(1)", "data:text/plain,x", "http://",
+            "/a\u{0}b", "/a\nb", "/" + String(repeating: "a", count: 9000), "http://[::1", "mailto:a@b",
+        ] {
             #expect(failure(next(301, location)) == "redirect-refused", "\(location.prefix(40))")
         }
         #expect(failure(next(302, "/z", redirects: 5)) == "too-many-redirects")

@@ -276,8 +276,9 @@ extension Engine {
             f.kind.finish(other)
             #expect(try f.state(before) == .executing)
             #expect(try f.state(barrier) == .pending)
-            #expect(try f.state(after) != .executing,
-                    "API.md: every operation added after a barrier waits for it; replacing the dependencies must not drop that")
+            #expect(
+                try f.state(after) != .executing,
+                "API.md: every operation added after a barrier waits for it; replacing the dependencies must not drop that")
         }
     }
 }

@@ -1,7 +1,7 @@
 import Foundation
 import QueueEngine
-import Testing
 import TestKit
+import Testing
 
 /// The hand-written JSON codec (`JSONValue`, `JSONWriter`) and RFC 3339 code (`Timestamp`)
 /// checked against Foundation's `JSONSerialization` and `ISO8601DateFormatter` on generated and
@@ -26,8 +26,11 @@ import TestKit
 
         /// Characters JSON must escape, ASCII, two-, three- and four-byte UTF-8, combining marks.
         mutating func string() -> String {
-            let pool: [Unicode.Scalar] = ["\"", "\\", "/", "\n", "\r", "\t", "\u{0}", "\u{1}", "\u{1F}", "\u{7F}", "a", "Z", " ",
-                                          "é", "ß", "\u{301}", "€", "中", "\u{FFFD}", "😀", "\u{10FFFF}", "\u{2028}"]
+            let pool: [Unicode.Scalar] =
+                [
+                    "\"", "\\", "/", "\n", "\r", "\t", "\u{0}", "\u{1}", "\u{1F}", "\u{7F}", "a", "Z", " ",
+                    "é", "ß", "\u{301}", "€", "中", "\u{FFFD}", "😀", "\u{10FFFF}", "\u{2028}",
+                ]
                 + (byteOrderMarks ? ["\u{FEFF}"] : [])
             var s = String.UnicodeScalarView()
             for _ in 0..<below(12) { s.append(pool[below(pool.count)]) }
@@ -137,8 +140,10 @@ import TestKit
     }
 
     @Test func numbersMatchFoundation() throws {
-        for text in ["0", "-0", "1", "-1", "1e308", "1E+2", "2.5e-3", "0.1", "123456789012345678", "9007199254740993",
-                     "-1.7976931348623157e308", "5e-324", "1.0", "100000000000000000000"] {
+        for text in [
+            "0", "-0", "1", "-1", "1e308", "1E+2", "2.5e-3", "0.1", "123456789012345678", "9007199254740993",
+            "-1.7976931348623157e308", "5e-324", "1.0", "100000000000000000000",
+        ] {
             guard case let .number(ours) = try JSONValue.parse(text) else {
                 Issue.record("\(text) is not a number to us")
                 continue
@@ -162,14 +167,18 @@ import TestKit
         // Foundation accepts a trailing comma; RFC 8259 does not, and neither do we.
         for document in ["[1,]", #"{"a":1,}"#] {
             #expect(throws: JSONParseError.self, "\(document)") { try JSONValue.parse(document) }
-            #expect((try? JSONSerialization.jsonObject(with: Data(document.utf8), options: [.fragmentsAllowed])) != nil,
-                    "Foundation now refuses \(document) too: move it to the list below")
+            #expect(
+                (try? JSONSerialization.jsonObject(with: Data(document.utf8), options: [.fragmentsAllowed])) != nil,
+                "Foundation now refuses \(document) too: move it to the list below")
         }
-        for document in ["", "[1 2]", "{a:1}", "1.", ".5", "+1", "NaN", "tru", "1e", "-", "[",
-                         #""\x""#, "\"\u{01}\"", #""abc"#, "{\"a\"}", "[1]]"] {
+        for document in [
+            "", "[1 2]", "{a:1}", "1.", ".5", "+1", "NaN", "tru", "1e", "-", "[",
+            #""\x""#, "\"\u{01}\"", #""abc"#, "{\"a\"}", "[1]]",
+        ] {
             #expect(throws: JSONParseError.self, "\(document.debugDescription)") { try JSONValue.parse(document) }
-            #expect((try? JSONSerialization.jsonObject(with: Data(document.utf8), options: [.fragmentsAllowed])) == nil,
-                    "Foundation accepts \(document.debugDescription)")
+            #expect(
+                (try? JSONSerialization.jsonObject(with: Data(document.utf8), options: [.fragmentsAllowed])) == nil,
+                "Foundation accepts \(document.debugDescription)")
         }
     }
 
@@ -217,17 +226,25 @@ import TestKit
 
     @Test func parsingMatchesFoundation() throws {
         let fractional = Self.formatter(fractional: true), whole = Self.formatter(fractional: false)
-        var texts = ["1970-01-01T00:00:00Z", "2000-02-29T23:59:59.999Z", "2024-02-29T12:00:00+05:30", "1900-03-01T00:00:00-08:00",
-                     "2100-12-31T23:59:59.5-00:30", "2026-11-22T10:00:00.125Z", "1699-01-01T00:00:00Z", "2261-01-01T00:00:00Z"]
+        var texts = [
+            "1970-01-01T00:00:00Z", "2000-02-29T23:59:59.999Z", "2024-02-29T12:00:00+05:30", "1900-03-01T00:00:00-08:00",
+            "2100-12-31T23:59:59.5-00:30", "2026-11-22T10:00:00.125Z", "1699-01-01T00:00:00Z", "2261-01-01T00:00:00Z",
+        ]
         var generator = Generator(state: 7)
         for _ in 0..<300 {
             let (y, mo) = (1700 + generator.below(560), 1 + generator.below(12))
             let days = [31, (y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)) ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][mo - 1]
-            let offset = generator.below(3) == 0 ? "Z" : String(format: "%@%02d:%02d", generator.below(2) == 0 ? "+" : "-",
-                                                               generator.below(15), [0, 30, 45][generator.below(3)])
+            let offset =
+                generator.below(3) == 0
+                ? "Z"
+                : String(
+                    format: "%@%02d:%02d", generator.below(2) == 0 ? "+" : "-",
+                    generator.below(15), [0, 30, 45][generator.below(3)])
             let fraction = generator.below(2) == 0 ? "" : String(format: ".%03d", generator.below(1000))
-            texts.append(String(format: "%04d-%02d-%02dT%02d:%02d:%02d", y, mo, 1 + generator.below(days), generator.below(24),
-                                generator.below(60), generator.below(60)) + fraction + offset)
+            texts.append(
+                String(
+                    format: "%04d-%02d-%02dT%02d:%02d:%02d", y, mo, 1 + generator.below(days), generator.below(24),
+                    generator.below(60), generator.below(60)) + fraction + offset)
         }
         for text in texts {
             let ours = try #require(Timestamp(rfc3339: text), "\(text)")
@@ -252,8 +269,10 @@ import TestKit
 
     @Test func malformedTimesAreRefusedByBoth() {
         let f = Self.formatter(fractional: false)
-        for text in ["2026-13-01T00:00:00Z", "2026-00-10T00:00:00Z", "2026-01-01T00:60:00Z",
-                     "2026-01-01T00:00:00", "2026-01-01 T00:00:00Z", "2026-01-01T00:00:00.Z"] {
+        for text in [
+            "2026-13-01T00:00:00Z", "2026-00-10T00:00:00Z", "2026-01-01T00:60:00Z",
+            "2026-01-01T00:00:00", "2026-01-01 T00:00:00Z", "2026-01-01T00:00:00.Z",
+        ] {
             #expect(Timestamp(rfc3339: text) == nil, "\(text)")
             #expect(f.date(from: text) == nil, "Foundation accepts \(text)")
         }

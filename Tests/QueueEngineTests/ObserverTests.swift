@@ -1,6 +1,7 @@
 import Dispatch
 import QueueEngine
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -56,11 +57,12 @@ extension Engine {
             #expect(log.of(a).map(describe) == ["isReady: none->true"])
             try f.engine.resumeQueue("q")
             f.kind.finish(a)
-            #expect(log.of(a).map(describe) == [
-                "isReady: none->true",
-                "isReady: true->false", "isExecuting: false->true",
-                "isExecuting: true->false", "isFinished: false->true",
-            ])
+            #expect(
+                log.of(a).map(describe) == [
+                    "isReady: none->true",
+                    "isReady: true->false", "isExecuting: false->true",
+                    "isExecuting: true->false", "isFinished: false->true",
+                ])
             #expect(log.of(a).map(\.state) == [.ready, .executing, .executing, .finished, .finished])
             #expect(log.of(a).allSatisfy { $0.queue == "q" })
         }
@@ -86,11 +88,12 @@ extension Engine {
             let log = EventLog(f.engine)
             try f.engine.pause(a)
             try f.engine.resume(a)
-            #expect(log.of(a).map(describe) == [
-                "isExecuting: true->false", "isPaused: false->true",
-                "isPaused: true->false", "isReady: false->true",
-                "isReady: true->false", "isExecuting: false->true",
-            ])
+            #expect(
+                log.of(a).map(describe) == [
+                    "isExecuting: true->false", "isPaused: false->true",
+                    "isPaused: true->false", "isReady: false->true",
+                    "isReady: true->false", "isExecuting: false->true",
+                ])
         }
 
         @Test("cancelling an executing operation reports isCancelled, then isFinished when it stops")
@@ -104,8 +107,9 @@ extension Engine {
             #expect(log.of(a).map(describe) == ["isCancelled: false->true", "isExecuting: true->false", "isFinished: false->true"])
         }
 
-        @Test("cancelling an operation that has not started reports isCancelled as well as isFinished",
-              arguments: [OperationState.pending, .ready, .paused])
+        @Test(
+            "cancelling an operation that has not started reports isCancelled as well as isFinished",
+            arguments: [OperationState.pending, .ready, .paused])
         func cancelQueuedEvents(state: OperationState) throws {
             let f = Fixture()
             try f.queue("x")
@@ -149,10 +153,11 @@ extension Engine {
             f.kind.finish(b)
             #expect(seen.value.allSatisfy { $0.operation == b })
             #expect(seen.value.map(describe) == ["isExecuting: false->true", "isCancelled: false->true", "isExecuting: true->false"])
-            #expect(all.value.map(describe) == [
-                "isReady: true->false", "isExecuting: false->true", "isCancelled: false->true",
-                "isExecuting: true->false", "isFinished: false->true",
-            ])
+            #expect(
+                all.value.map(describe) == [
+                    "isReady: true->false", "isExecuting: false->true", "isCancelled: false->true",
+                    "isExecuting: true->false", "isFinished: false->true",
+                ])
         }
 
         @Test("a removed observer hears nothing more")
@@ -182,7 +187,9 @@ extension Engine {
                     if let s = try? engine.operation(e.operation) { reads.withLock { $0.append(s.state) } }
                 }
                 // A change from inside an observer, once.
-                if added.withLock({ n in n += 1; return n }) == 1 {
+                if added.withLock({ n in
+                    n += 1; return n
+                }) == 1 {
                     _ = try? engine.addOperationID(to: "side", OperationRequest(kind: "immediate"))
                 }
             }

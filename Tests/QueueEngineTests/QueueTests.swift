@@ -1,6 +1,7 @@
 import Dispatch
 import QueueEngine
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -242,8 +243,10 @@ extension Engine {
             #expect(f.engine.queues().count == 1)
         }
 
-        private func expectInvalidArgument(_ field: String, _ sourceLocation: SourceLocation = #_sourceLocation,
-                                           _ body: () throws -> Void) {
+        private func expectInvalidArgument(
+            _ field: String, _ sourceLocation: SourceLocation = #_sourceLocation,
+            _ body: () throws -> Void
+        ) {
             do {
                 try body()
                 Issue.record("expected invalidArgument(\(field)), nothing was thrown", sourceLocation: sourceLocation)
@@ -256,16 +259,18 @@ extension Engine {
             }
         }
 
-        @Test("queue names outside [A-Za-z0-9._-]{1,64} are invalidArgument",
-              arguments: ["", "a b", "a/b", "q?", "é", "tab\t", String(repeating: "x", count: 65)])
+        @Test(
+            "queue names outside [A-Za-z0-9._-]{1,64} are invalidArgument",
+            arguments: ["", "a b", "a/b", "q?", "é", "tab\t", String(repeating: "x", count: 65)])
         func invalidName(name: String) {
             let f = Fixture()
             expectInvalidArgument("name") { try f.engine.createQueue(name: name) }
             #expect(f.engine.queues().isEmpty)
         }
 
-        @Test("queue names inside [A-Za-z0-9._-]{1,64} are accepted",
-              arguments: ["a", "Q.1_x-Y", String(repeating: "z", count: 64), "-", "..."])
+        @Test(
+            "queue names inside [A-Za-z0-9._-]{1,64} are accepted",
+            arguments: ["a", "Q.1_x-Y", String(repeating: "z", count: 64), "-", "..."])
         func validName(name: String) throws {
             let f = Fixture()
             #expect(try f.engine.createQueue(name: name).name == name)
@@ -286,7 +291,9 @@ extension Engine {
             let f = Fixture()
             try f.queue("q")
             #expect(throws: EngineError.unknownKind("nope", allowed: f.engine.kindNames)) { try f.engine.addOperation(to: "q", OperationRequest(kind: "nope")) }
-            #expect(throws: EngineError.unknownKind("barrier", allowed: f.engine.kindNames)) { try f.engine.addOperation(to: "q", OperationRequest(kind: "barrier")) }
+            #expect(throws: EngineError.unknownKind("barrier", allowed: f.engine.kindNames)) {
+                try f.engine.addOperation(to: "q", OperationRequest(kind: "barrier"))
+            }
         }
 
         @Test("more unfinished operations than configured is limitReached")

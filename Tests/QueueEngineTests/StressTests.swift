@@ -220,7 +220,9 @@ extension Engine {
             // pausing an executing operation deterministically.
 
             let summary = counts.value.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-            print("stress\(isThreadSanitizerActive ? " (under TSan)" : ""): \(threads * actionsPerThread) actions (\(summary)) in \(Int(actionsMillis)) ms, drained after \(Int(totalMillis)) ms; \(check.events) events, peaks \(check.peak), \(check.pausedMidRun) paused mid-run, \(kind.starts.value) kind starts, \(kind.resumes.value) resumed starts")
+            print(
+                "stress\(isThreadSanitizerActive ? " (under TSan)" : ""): \(threads * actionsPerThread) actions (\(summary)) in \(Int(actionsMillis)) ms, drained after \(Int(totalMillis)) ms; \(check.events) events, peaks \(check.peak), \(check.pausedMidRun) paused mid-run, \(kind.starts.value) kind starts, \(kind.resumes.value) resumed starts"
+            )
         }
     }
 }

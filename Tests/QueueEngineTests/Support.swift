@@ -1,10 +1,11 @@
-import Locking
 import Dispatch
 import Foundation
+import Locking
 import QueueEngine
-import Testing
 // The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
 @_exported import TestKit
+import Testing
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -62,8 +63,9 @@ struct Fixture {
     init(configuration: EngineConfiguration = EngineConfiguration()) {
         kind = ManualKind()
         clock = ManualClock()
-        engine = QueueEngine(kinds: ["manual": kind, "immediate": ImmediateKind()], store: InMemoryStore(),
-                             clock: clock, scheduler: clock, configuration: configuration)
+        engine = QueueEngine(
+            kinds: ["manual": kind, "immediate": ImmediateKind()], store: InMemoryStore(),
+            clock: clock, scheduler: clock, configuration: configuration)
     }
 
     @discardableResult
@@ -72,11 +74,15 @@ struct Fixture {
     }
 
     /// Adds a `manual` operation.
-    func add(_ queue: String, name: String? = nil, priority: QueuePriority = .normal,
-             after dependencies: [OperationID] = [], notBefore: Timestamp? = nil) throws -> OperationID {
-        try engine.addOperationID(to: queue, OperationRequest(
-            kind: "manual", name: name, queuePriority: priority, dependencies: dependencies,
-            options: OperationOptions(notBefore: notBefore)))
+    func add(
+        _ queue: String, name: String? = nil, priority: QueuePriority = .normal,
+        after dependencies: [OperationID] = [], notBefore: Timestamp? = nil
+    ) throws -> OperationID {
+        try engine.addOperationID(
+            to: queue,
+            OperationRequest(
+                kind: "manual", name: name, queuePriority: priority, dependencies: dependencies,
+                options: OperationOptions(notBefore: notBefore)))
     }
 
     func state(_ id: OperationID) throws -> OperationState { try engine.operation(id).state }

@@ -7,7 +7,8 @@ import Testing
 /// executing→finished and pending/ready/paused→finished (cancel, marked cancelled);
 /// cancelling an executing operation asks its kind to stop (it stays executing).
 func expectedMove(_ state: OperationState, _ action: OperationAction, dependenciesMet: Bool)
-    -> (OperationState, TransitionEffect)? {
+    -> (OperationState, TransitionEffect)?
+{
     switch (state, action) {
     case (.pending, .dependenciesMet): return (.ready, .none)
     case (.ready, .dependencyAdded): return (.pending, .none)
@@ -25,8 +26,9 @@ func expectedMove(_ state: OperationState, _ action: OperationAction, dependenci
 extension Engine {
     @Suite("The transition table")
     struct TransitionTableTests {
-        @Test("every state and action pair either makes API.md's move or is an invalid transition",
-              arguments: OperationState.allCases, OperationAction.allCases)
+        @Test(
+            "every state and action pair either makes API.md's move or is an invalid transition",
+            arguments: OperationState.allCases, OperationAction.allCases)
         func everyPair(state: OperationState, action: OperationAction) {
             for met in [true, false] {
                 let expected = expectedMove(state, action, dependenciesMet: met)

@@ -48,8 +48,10 @@ extension Engine {
             let f = Fixture()
             try f.queue("q")
             // -1e300 s is -inf ns; a NaN backoff stays NaN. Both used to reach `Int(...)`.
-            for policy in [RetryPolicy(maxAttempts: 3, backoff: -1e300, multiplier: 1e10),
-                           RetryPolicy(maxAttempts: 3, backoff: .nan, multiplier: 2)] {
+            for policy in [
+                RetryPolicy(maxAttempts: 3, backoff: -1e300, multiplier: 1e10),
+                RetryPolicy(maxAttempts: 3, backoff: .nan, multiplier: 2),
+            ] {
                 let id = try f.engine.addOperationID(to: "q", OperationRequest(kind: "manual", options: OperationOptions(retry: policy)))
                 f.kind.finish(id, .failed(type: "x", detail: "1"))
                 f.clock.advance(seconds: 0)  // a backoff of 0: due at once
@@ -68,8 +70,10 @@ extension Engine {
             let clock = ManualClock(Timestamp(nanoseconds: -9_000_000_000_000_000_000))
             let engine = QueueEngine(kinds: ["manual": kind], clock: clock, scheduler: clock)
             try engine.createQueue(name: "q")
-            let id = try engine.addOperationID(to: "q", OperationRequest(
-                kind: "manual", options: OperationOptions(notBefore: Timestamp(nanoseconds: .max))))
+            let id = try engine.addOperationID(
+                to: "q",
+                OperationRequest(
+                    kind: "manual", options: OperationOptions(notBefore: Timestamp(nanoseconds: .max))))
             #expect(try engine.operation(id).state == .pending)
             clock.advance(seconds: 1e300)  // saturates at the end of time
             #expect(clock.now().nanoseconds == .max)
@@ -81,24 +85,28 @@ extension Engine {
             let kind = ManualKind()
             let clock = ManualClock()
             let engine = QueueEngine(kinds: ["manual": kind], clock: clock, scheduler: clock)
-            let q = QueueSnapshot(name: "q", maxConcurrentOperationCount: -1, effectiveMaxConcurrentOperationCount: 4,
-                                  isSuspended: false, operationCount: 0, counts: [:], revision: .max,
-                                  createdAt: Timestamp(nanoseconds: .min))
+            let q = QueueSnapshot(
+                name: "q", maxConcurrentOperationCount: -1, effectiveMaxConcurrentOperationCount: 4,
+                isSuspended: false, operationCount: 0, counts: [:], revision: .max,
+                createdAt: Timestamp(nanoseconds: .min))
             func op(_ raw: UInt64, state: OperationState, executed: Double, started: Timestamp?, attempt: Int = 1) -> OperationSnapshot {
-                OperationSnapshot(id: OperationID(raw: raw), queue: "q", name: nil, kind: "manual", spec: nil, state: state,
-                                  outcome: nil, isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil,
-                                  attempt: attempt, result: nil, error: nil, createdAt: Timestamp(nanoseconds: .min),
-                                  startedAt: started, finishedAt: nil, revision: .max,
-                                  options: OperationOptions(timeout: .nan, retry: RetryPolicy(maxAttempts: 5, backoff: -.infinity, multiplier: .nan)),
-                                  executedSeconds: executed)
+                OperationSnapshot(
+                    id: OperationID(raw: raw), queue: "q", name: nil, kind: "manual", spec: nil, state: state,
+                    outcome: nil, isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil,
+                    attempt: attempt, result: nil, error: nil, createdAt: Timestamp(nanoseconds: .min),
+                    startedAt: started, finishedAt: nil, revision: .max,
+                    options: OperationOptions(timeout: .nan, retry: RetryPolicy(maxAttempts: 5, backoff: -.infinity, multiplier: .nan)),
+                    executedSeconds: executed)
             }
-            let recovered = RecoveredState(queues: [q], operations: [
-                op(1, state: .executing, executed: .nan, started: Timestamp(nanoseconds: .min)),
-                op(2, state: .executing, executed: 1e300, started: Timestamp(nanoseconds: .min)),
-                op(3, state: .executing, executed: 0, started: Timestamp(nanoseconds: .min)),
-                op(4, state: .ready, executed: -1e300, started: nil),
-                op(UInt64.max, state: .ready, executed: 0, started: nil),
-            ], lastSeq: .max)
+            let recovered = RecoveredState(
+                queues: [q],
+                operations: [
+                    op(1, state: .executing, executed: .nan, started: Timestamp(nanoseconds: .min)),
+                    op(2, state: .executing, executed: 1e300, started: Timestamp(nanoseconds: .min)),
+                    op(3, state: .executing, executed: 0, started: Timestamp(nanoseconds: .min)),
+                    op(4, state: .ready, executed: -1e300, started: nil),
+                    op(UInt64.max, state: .ready, executed: 0, started: nil),
+                ], lastSeq: .max)
             engine.restore(recovered)
             #expect(engine.nextSequence < UInt64.max / 2)
             #expect((try? engine.operation(OperationID(raw: .max))) == nil, "an id the engine cannot hold is dropped")
@@ -122,14 +130,16 @@ extension Engine {
         @Test("restoring one operation with a high id allocates one table slot, not one per purged id")
         func highFirstID() throws {
             let engine = QueueEngine(kinds: ["manual": ManualKind()], clock: ManualClock())
-            let q = QueueSnapshot(name: "q", maxConcurrentOperationCount: -1, effectiveMaxConcurrentOperationCount: 4,
-                                  isSuspended: false, operationCount: 0, counts: [:], revision: 1, createdAt: Timestamp(nanoseconds: 0))
+            let q = QueueSnapshot(
+                name: "q", maxConcurrentOperationCount: -1, effectiveMaxConcurrentOperationCount: 4,
+                isSuspended: false, operationCount: 0, counts: [:], revision: 1, createdAt: Timestamp(nanoseconds: 0))
             // 10^8 operations were created and purged before the restart (the store keeps one).
             let id = OperationID(raw: 100_000_000)
-            let op = OperationSnapshot(id: id, queue: "q", name: nil, kind: "manual", spec: nil, state: .paused, outcome: nil,
-                                       isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil, attempt: 0,
-                                       result: nil, error: nil, createdAt: Timestamp(nanoseconds: 0), startedAt: nil,
-                                       finishedAt: nil, revision: 1, options: OperationOptions())
+            let op = OperationSnapshot(
+                id: id, queue: "q", name: nil, kind: "manual", spec: nil, state: .paused, outcome: nil,
+                isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil, attempt: 0,
+                result: nil, error: nil, createdAt: Timestamp(nanoseconds: 0), startedAt: nil,
+                finishedAt: nil, revision: 1, options: OperationOptions())
             engine.restore(RecoveredState(queues: [q], operations: [op], lastSeq: 5))
             #expect(try engine.operation(id).state == .paused)
             #expect(engine.tableSpan == 1)

@@ -2,6 +2,7 @@ import Foundation
 import QueueEngine
 import QueueKinds
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -54,7 +55,8 @@ extension KindsTests {
         }
 
         @Test func envAndCwdAreTheChildsWholeSetting() throws {
-            let op = try h.run("command", #"{"argv": ["/bin/sh", "-c", "echo $FOO; pwd; echo $PATH; echo ${HOME:-nohome}"], "env": {"FOO": "bar baz"}, "cwd": "/tmp"}"#)
+            let op = try h.run(
+                "command", #"{"argv": ["/bin/sh", "-c", "echo $FOO; pwd; echo $PATH; echo ${HOME:-nohome}"], "env": {"FOO": "bar baz"}, "cwd": "/tmp"}"#)
             #expect(op.result?["stdout"]?.string == "bar baz\n/tmp\n/usr/bin:/bin\nnohome\n")
         }
 

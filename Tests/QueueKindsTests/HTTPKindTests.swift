@@ -186,7 +186,11 @@ extension KindsTests {
             for (spec, field) in cases {
                 #expect(try h.refusal("http", spec) == field, "\(spec)")
             }
-            #expect(try h.refusal("http", #"{"method": "POST", "url": "https://example.com/a?b=c", "headers": {"X-A": "b"}, "body": [1], "expectStatus": [201, "3xx"], "timeout": 0.1}"#) == nil)
+            #expect(
+                try h.refusal(
+                    "http",
+                    #"{"method": "POST", "url": "https://example.com/a?b=c", "headers": {"X-A": "b"}, "body": [1], "expectStatus": [201, "3xx"], "timeout": 0.1}"#
+                ) == nil)
         }
     }
 }

@@ -27,8 +27,9 @@ extension KindsTests {
         }
 
         @Test func environmentDirectoryAndArgumentsAreTheChildsOwn() throws {
-            let request = SpawnRequest(["/bin/sh", "-c", "echo \"$0|$1|$GREETING|$HOME|$(pwd)\"", "zero", "one"],
-                                       environment: ["GREETING=hé llo"], directory: "/tmp")
+            let request = SpawnRequest(
+                ["/bin/sh", "-c", "echo \"$0|$1|$GREETING|$HOME|$(pwd)\"", "zero", "one"],
+                environment: ["GREETING=hé llo"], directory: "/tmp")
             let (output, status) = try run(request)
             #expect(Spawning.Spawner.decode(status).exitCode == 0)
             // $0 is argv[1] of `sh -c`; HOME is unset: the environment is replaced, not merged.

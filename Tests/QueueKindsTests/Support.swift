@@ -1,13 +1,14 @@
 import Dispatch
 import Foundation
-import QueueEngine
-import QueueKinds
 import Locking
 import MicroHTTP
+import QueueEngine
+import QueueKinds
 import Synchronization
-import Testing
 // The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
 @_exported import TestKit
+import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -35,8 +36,11 @@ struct Harness {
     }
 
     func add(_ kind: String, _ spec: String, timeout: Double? = nil) throws -> OperationID {
-        try engine.addOperationID(to: queue, OperationRequest(kind: kind, spec: try JSONValue.parse(spec),
-                                                              options: OperationOptions(timeout: timeout)))
+        try engine.addOperationID(
+            to: queue,
+            OperationRequest(
+                kind: kind, spec: try JSONValue.parse(spec),
+                options: OperationOptions(timeout: timeout)))
     }
 
     /// Waits until `id` is finished and returns it; records an issue if it does not finish.
@@ -100,7 +104,8 @@ func childProcesses() -> [(pid: pid_t, state: Character, argv: [String])] {
 /// Fields of /proc/PID/stat: state, parent, and CPU time (utime + stime, clock ticks).
 func procStat(_ pid: pid_t) -> (state: Character, ppid: pid_t, cpu: Int)? {
     guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = text.lastIndex(of: ")") else { return nil }
+        let close = text.lastIndex(of: ")")
+    else { return nil }
     let f = text[text.index(close, offsetBy: 2)...].split(separator: " ")
     guard f.count > 13, let ppid = pid_t(f[1]), let utime = Int(f[11]), let stime = Int(f[12]) else { return nil }
     return (f[0].first!, ppid, utime + stime)

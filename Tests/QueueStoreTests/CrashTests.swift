@@ -18,8 +18,9 @@ private let crashChildDirectory = ProcessInfo.processInfo.environment["OPQD_STOR
             let exe = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
             var environment = ProcessInfo.processInfo.environment
             environment["OPQD_STORE_CRASH_CHILD"] = dir.path
-            let child = try ChildProcess(exe, ["--testing-library", "swift-testing", "--filter", "childWritesUntilKilled"],
-                                         environment: environment)
+            let child = try ChildProcess(
+                exe, ["--testing-library", "swift-testing", "--filter", "childWritesUntilKilled"],
+                environment: environment)
 
             let acks = dir.file("acks")
             func acknowledged() -> [UInt64] {

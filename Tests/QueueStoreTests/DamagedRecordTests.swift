@@ -1,7 +1,8 @@
 import Foundation
 import QueueEngine
-@testable import QueueStore
 import Testing
+
+@testable import QueueStore
 
 /// A database that opens and passes `quick_check` but holds values opqd never writes
 /// (edited by hand, or a bug of another version). Each used to trap (`Int(1e300)`,
@@ -75,7 +76,9 @@ import Testing
     func anOutOfRangeLastSeqIsRefused(value: String) throws {
         try withTemporaryDirectory { dir in
             // -1 everywhere reads back as UInt64.max, whose `+ 1` trapped.
-            try damaged(dir, """
+            try damaged(
+                dir,
+                """
                 DELETE FROM events; INSERT OR REPLACE INTO meta(key, value) VALUES ('last_seq', \(value));
                 INSERT INTO events VALUES (\(value), 0, 'q', 1, 'isReady', NULL, 'true', 'ready')
                 """)

@@ -19,8 +19,11 @@ import Testing
             let d = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "d"))
             try engine.cancel(d)
             try engine.pause(a)  // executing -> paused: frees the slot
-            let e = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "e",
-                                                                            options: OperationOptions(timeout: 300)))
+            let e = try engine.addOperationID(
+                to: "work",
+                OperationRequest(
+                    kind: "manual", name: "e",
+                    options: OperationOptions(timeout: 300)))
             #expect(try engine.operation(e).state == .executing)
             kind.finish(e, .succeeded(.string("ok")))
             let h = try engine.addOperationID(to: "busy", OperationRequest(kind: "manual", name: "h"))

@@ -1,7 +1,8 @@
 import Foundation
 import QueueEngine
-@testable import QueueStore
 import Testing
+
+@testable import QueueStore
 
 /// Writes `bytes` over the file at `offset`.
 func overwrite(_ path: String, at offset: UInt64, with bytes: [UInt8]) throws {

@@ -7,12 +7,15 @@ func everyKindOfOperation() -> [OperationSnapshot] {
     var ops: [OperationSnapshot] = []
     var pending = operationSnapshot(1, queue: "alpha", state: .pending)
     pending.name = "résumé \"quoted\" \\ line\nbreak 🚀"
-    pending.spec = .object([("url", .string("https://example.com/?a=1&b=\u{1}")), ("n", .number(-12.5)), ("big", .number(1e300)),
-                            ("list", .array([.null, .bool(true), .bool(false), .object([])])), ("empty", .string(""))])
+    pending.spec = .object([
+        ("url", .string("https://example.com/?a=1&b=\u{1}")), ("n", .number(-12.5)), ("big", .number(1e300)),
+        ("list", .array([.null, .bool(true), .bool(false), .object([])])), ("empty", .string("")),
+    ])
     pending.queuePriority = .veryHigh
     pending.dependencies = [OperationID(raw: 2), OperationID(raw: 3), OperationID(raw: (1 << 62) + 5)]
-    pending.options = OperationOptions(timeout: 2.5, retry: RetryPolicy(maxAttempts: 3, backoff: 0.25, multiplier: 1.5),
-                                       notBefore: t0.adding(seconds: 60))
+    pending.options = OperationOptions(
+        timeout: 2.5, retry: RetryPolicy(maxAttempts: 3, backoff: 0.25, multiplier: 1.5),
+        notBefore: t0.adding(seconds: 60))
     ops.append(pending)
 
     var ready = operationSnapshot(2, queue: "alpha", state: .ready)
@@ -85,16 +88,19 @@ func everyKindOfEvent() -> [ChangeEvent] {
         (.attempt, .int(-3), .int(Int.max)),
     ]
     return values.enumerated().map { i, v in
-        event(UInt64(i + 1), UInt64(i % 4 + 1), queue: i % 4 < 3 ? "alpha" : "beta", key: v.0, old: v.1, new: v.2,
-              state: OperationState.allCases[i % 5])
+        event(
+            UInt64(i + 1), UInt64(i % 4 + 1), queue: i % 4 < 3 ? "alpha" : "beta", key: v.0, old: v.1, new: v.2,
+            state: OperationState.allCases[i % 5])
     }
 }
 
 @Suite struct RoundTripTests {
     @Test func everyFieldSurvivesCloseAndReopen() throws {
         try withTemporaryDirectory { dir in
-            let queues = [queueSnapshot("alpha", max: 2, effective: 2, suspended: false, revision: 3),
-                          queueSnapshot("beta", max: -1, effective: 4, suspended: true, revision: 9, createdAt: t0.adding(seconds: 0.5))]
+            let queues = [
+                queueSnapshot("alpha", max: 2, effective: 2, suspended: false, revision: 3),
+                queueSnapshot("beta", max: -1, effective: 4, suspended: true, revision: 9, createdAt: t0.adding(seconds: 0.5)),
+            ]
             let ops = everyKindOfOperation()
             let events = everyKindOfEvent()
             let store = try SQLiteStore(directory: dir.path)
@@ -158,12 +164,18 @@ func everyKindOfEvent() -> [ChangeEvent] {
     @Test func deletingAQueueDeletesItsOperationsAndEventsButNotTheSequence() throws {
         try withTemporaryDirectory { dir in
             let store = try SQLiteStore(directory: dir.path)
-            store.append([.queue(queueSnapshot("keep")), .queue(queueSnapshot("gone")),
-                          .operation(operationSnapshot(1, queue: "keep")), .event(event(1, 1, queue: "keep")),
-                          .operation(operationSnapshot(2, queue: "gone")), .event(event(2, 2, queue: "gone"))], upTo: 1)
+            store.append(
+                [
+                    .queue(queueSnapshot("keep")), .queue(queueSnapshot("gone")),
+                    .operation(operationSnapshot(1, queue: "keep")), .event(event(1, 1, queue: "keep")),
+                    .operation(operationSnapshot(2, queue: "gone")), .event(event(2, 2, queue: "gone")),
+                ], upTo: 1)
             // Deleted and recreated within one batch: the new queue starts empty.
-            store.append([.operation(operationSnapshot(3, queue: "gone")), .event(event(3, 3, queue: "gone")),
-                          .queueDeleted("gone"), .queue(queueSnapshot("gone", max: 7))], upTo: 2)
+            store.append(
+                [
+                    .operation(operationSnapshot(3, queue: "gone")), .event(event(3, 3, queue: "gone")),
+                    .queueDeleted("gone"), .queue(queueSnapshot("gone", max: 7)),
+                ], upTo: 2)
             #expect(waitDurable(store, 2))
             store.close()
             let reopened = try SQLiteStore(directory: dir.path)

@@ -1,16 +1,15 @@
 import Dispatch
 import Foundation
+import Locking
 import QueueEngine
 import QueueStore
-import Locking
-import Testing
 // The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
 @_exported import TestKit
+import Testing
 
 extension TemporaryDirectory {
     var database: String { file("opqd.sqlite") }
 }
-
 
 /// Blocks until `ticket` is durable or `timeout` seconds pass; true when it became durable.
 @discardableResult
@@ -31,10 +30,13 @@ func waitDurable(_ engine: QueueEngine, timeout: Double = 10) -> Bool {
 /// A fixed point in time for fixtures.
 let t0 = Timestamp(nanoseconds: 1_795_000_000_123_456_789)
 
-func queueSnapshot(_ name: String, max: Int = -1, effective: Int = 4, suspended: Bool = false, revision: UInt64 = 1,
-                   createdAt: Timestamp = t0) -> QueueSnapshot {
-    QueueSnapshot(name: name, maxConcurrentOperationCount: max, effectiveMaxConcurrentOperationCount: effective,
-                  isSuspended: suspended, operationCount: 0, counts: [:], revision: revision, createdAt: createdAt)
+func queueSnapshot(
+    _ name: String, max: Int = -1, effective: Int = 4, suspended: Bool = false, revision: UInt64 = 1,
+    createdAt: Timestamp = t0
+) -> QueueSnapshot {
+    QueueSnapshot(
+        name: name, maxConcurrentOperationCount: max, effectiveMaxConcurrentOperationCount: effective,
+        isSuspended: suspended, operationCount: 0, counts: [:], revision: revision, createdAt: createdAt)
 }
 
 func operationSnapshot(_ raw: UInt64, queue: String = "q", state: OperationState = .ready) -> OperationSnapshot {
@@ -44,10 +46,13 @@ func operationSnapshot(_ raw: UInt64, queue: String = "q", state: OperationState
         attempt: 0, result: nil, error: nil, createdAt: t0, startedAt: nil, finishedAt: nil, revision: 1, options: OperationOptions())
 }
 
-func event(_ seq: UInt64, _ op: UInt64, queue: String = "q", key: ChangeKey = .isReady, old: ChangeValue = .none,
-           new: ChangeValue = .bool(true), state: OperationState = .ready) -> ChangeEvent {
-    ChangeEvent(seq: seq, time: t0.adding(seconds: Double(seq)), queue: queue, operation: OperationID(raw: op),
-                key: key, old: old, new: new, state: state)
+func event(
+    _ seq: UInt64, _ op: UInt64, queue: String = "q", key: ChangeKey = .isReady, old: ChangeValue = .none,
+    new: ChangeValue = .bool(true), state: OperationState = .ready
+) -> ChangeEvent {
+    ChangeEvent(
+        seq: seq, time: t0.adding(seconds: Double(seq)), queue: queue, operation: OperationID(raw: op),
+        key: key, old: old, new: new, state: state)
 }
 
 /// A kind whose work ends only when the test says so.

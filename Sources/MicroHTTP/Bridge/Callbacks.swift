@@ -26,17 +26,18 @@ enum Callbacks {
     /// target as sent (the only place MHD shows the path before percent-decoding it). Its result
     /// becomes the request's `con_cls`: the connection's context (not retained: it lives as long
     /// as the connection).
-    static let requestStarted: @convention(c) (
-        UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?
-    ) -> UnsafeMutableRawPointer? = { cls, uri, connection in
-        guard let cls, let connection, let raw = CMicroHTTPD_connection_socket_context(connection) else { return nil }
-        let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
-        let context = raw.assumingMemoryBound(to: ConnectionState.self)
-        server.finishRequest(context)  // not expected: the previous request completed
-        context.pointee.beginRequest(path: uri.map(rawPath) ?? "/", targetBytes: uri.map { strlen($0) } ?? 0)
-        server.inFlight.add(1, ordering: .relaxed)
-        return raw
-    }
+    static let requestStarted:
+        @convention(c) (
+            UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?
+        ) -> UnsafeMutableRawPointer? = { cls, uri, connection in
+            guard let cls, let connection, let raw = CMicroHTTPD_connection_socket_context(connection) else { return nil }
+            let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
+            let context = raw.assumingMemoryBound(to: ConnectionState.self)
+            server.finishRequest(context)  // not expected: the previous request completed
+            context.pointee.beginRequest(path: uri.map(rawPath) ?? "/", targetBytes: uri.map { strlen($0) } ?? 0)
+            server.inFlight.add(1, ordering: .relaxed)
+            return raw
+        }
 
     /// MHD_OPTION_NOTIFY_COMPLETED: the request is over (answered, failed, client gone or daemon
     /// stopping). Tells its responder or stream.
@@ -184,8 +185,9 @@ extension ServerCore {
             // A Content-Length that is not one plain number (repeated, signed, hex, overflowing),
             // or one next to Transfer-Encoding, is how requests get smuggled past proxies: refuse.
             if let declared = headers["content-length"],
-               declared.isEmpty || declared.utf8.count > 19 || !declared.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 })
-                || headers["transfer-encoding"] != nil {
+                declared.isEmpty || declared.utf8.count > 19 || !declared.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 })
+                    || headers["transfer-encoding"] != nil
+            {
                 context.pointee.phase = .done
                 return queue(.badFraming, on: connection)
             }

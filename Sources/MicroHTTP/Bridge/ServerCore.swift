@@ -87,7 +87,8 @@ final class ServerCore: Sendable {
 
             // EPOLL_INTERNAL_THREAD implies INTERNAL_POLLING_THREAD; ALLOW_SUSPEND_RESUME brings the
             // inter-thread channel that MHD_resume_connection needs.
-            let flags = MHD_USE_EPOLL_INTERNAL_THREAD.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
+            let flags =
+                MHD_USE_EPOLL_INTERNAL_THREAD.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue
                 | MHD_USE_ERROR_LOG.rawValue
             let context = Unmanaged.passRetained(self).toOpaque()
             startupMessages.withLock { $0 = [] }
@@ -105,12 +106,15 @@ final class ServerCore: Sendable {
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
-                    option(.NOTIFY_CONNECTION, unsafeBitCast(Callbacks.connectionChanged, to: Int.self),
-                           pointer: context),
-                    option(.URI_LOG_CALLBACK, unsafeBitCast(Callbacks.requestStarted, to: Int.self),
-                           pointer: context),
-                    option(.NOTIFY_COMPLETED, unsafeBitCast(Callbacks.requestCompleted, to: Int.self),
-                           pointer: context),
+                    option(
+                        .NOTIFY_CONNECTION, unsafeBitCast(Callbacks.connectionChanged, to: Int.self),
+                        pointer: context),
+                    option(
+                        .URI_LOG_CALLBACK, unsafeBitCast(Callbacks.requestStarted, to: Int.self),
+                        pointer: context),
+                    option(
+                        .NOTIFY_COMPLETED, unsafeBitCast(Callbacks.requestCompleted, to: Int.self),
+                        pointer: context),
                     option(.END),
                 ]
                 return options.withUnsafeMutableBufferPointer { options in

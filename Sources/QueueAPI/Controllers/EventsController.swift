@@ -45,8 +45,9 @@ struct EventsController: Sendable {
 
     static func expired(after: UInt64, oldest: UInt64) -> Problem {
         // `oldest` is at least 1 whenever events were dropped.
-        Problem(410, "cursor-expired", "Gone",
-                "events after \(after) are no longer kept; the oldest kept event is \(oldest); restart from after=\(oldest &- 1)")
+        Problem(
+            410, "cursor-expired", "Gone",
+            "events after \(after) are no longer kept; the oldest kept event is \(oldest); restart from after=\(oldest &- 1)")
     }
 
     func stream(_ req: HTTPRequest) throws -> HTTPHandlerResult {

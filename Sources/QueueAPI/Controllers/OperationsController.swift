@@ -130,7 +130,9 @@ struct OperationsController: Sendable {
         return durability.ack(json(200, op.json, [("ETag", ETag.operation(op.revision))]))
     }
 
-    func action(_ req: HTTPRequest, _ idText: String, query: [String] = [], _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws -> HTTPHandlerResult {
+    func action(_ req: HTTPRequest, _ idText: String, query: [String] = [], _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws
+        -> HTTPHandlerResult
+    {
         _ = try Query(req, allowed: query)
         let id = try parseOperationID(idText)
         try requireNoBody(req)
@@ -146,7 +148,8 @@ struct OperationsController: Sendable {
         _ = try engine.revision(of: id)
         // Committed events only, like the feed: from the store (which keeps every event of the
         // operation until retention), else from the in-memory ring.
-        let list: [(seq: UInt64, json: [UInt8])] = store.history(of: id, after: after, limit: limit + 1)?.map { ($0.seq, $0.json) }
+        let list: [(seq: UInt64, json: [UInt8])] =
+            store.history(of: id, after: after, limit: limit + 1)?.map { ($0.seq, $0.json) }
             ?? Array(events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit + 1))
         let budget = pageBudget(limits)
         var o = JSONOut(capacity: 4096)

@@ -20,8 +20,10 @@ struct ServiceController: Sendable {
         r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
         r.add("GET", "/readyz", access: .open) { _, _ in readyz() }
         r.add("GET", "/metrics") { _, _ in
-            .response(HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                                   body: metrics.render(engine: engine, lastSeq: events.lastSeq, store: store.storeStats)))
+            .response(
+                HTTPResponse(
+                    status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+                    body: metrics.render(engine: engine, lastSeq: events.lastSeq, store: store.storeStats)))
         }
         r.add("GET", "/openapi.yaml") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))

@@ -106,8 +106,9 @@ struct WorkersController: Sendable {
             if let v = b[field] {
                 let size = v.bytes.count
                 if size > maxResult {
-                    throw Problem(422, "result-too-large", "Result too large",
-                                  "\(field): \(size) bytes of JSON; the limit (--max-result-bytes) is \(maxResult) bytes")
+                    throw Problem(
+                        422, "result-too-large", "Result too large",
+                        "\(field): \(size) bytes of JSON; the limit (--max-result-bytes) is \(maxResult) bytes")
                 }
             }
         }

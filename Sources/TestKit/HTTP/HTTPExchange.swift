@@ -1,4 +1,5 @@
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -48,8 +49,9 @@ public enum HTTPExchange {
             return .failed("\(error)")
         }
         defer { connection.close() }
-        let head = RawConnection.head(method, path, headers: body == nil ? headers : headers.merging(["Content-Type": "application/json"]) { a, _ in a },
-                                      contentLength: body?.count)
+        let head = RawConnection.head(
+            method, path, headers: body == nil ? headers : headers.merging(["Content-Type": "application/json"]) { a, _ in a },
+            contentLength: body?.count)
         // A send that fails is fine: the server may have answered and closed; read what it said.
         connection.send(Array(head.utf8) + (body ?? []))
         do {

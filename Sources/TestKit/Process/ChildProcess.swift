@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Spawning
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,6 +1,7 @@
 import Foundation
 import Locking
 import Spawning
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -74,8 +75,10 @@ public final class ServerProcess: Sendable {
     /// throws (with the log) if it does not print its listening line within `timeout`. The child
     /// gets this process's environment without its OPQD_* settings (which would change the server)
     /// unless `keepOpqdSettings`.
-    public init(binary: String, data: String, logPath: String, extraArguments: [String] = [], timeout: Double = 30,
-                logLevel: String = "warning", keepOpqdSettings: Bool = false) throws {
+    public init(
+        binary: String, data: String, logPath: String, extraArguments: [String] = [], timeout: Double = 30,
+        logLevel: String = "warning", keepOpqdSettings: Bool = false
+    ) throws {
         let arguments = [binary, "--host", "127.0.0.1", "--port", "0", "--data", data, "--log-level", logLevel] + extraArguments
         let environment = ProcessInfo.processInfo.environment.filter { keepOpqdSettings || !$0.key.hasPrefix("OPQD_") }
         var request = SpawnRequest(arguments, environment: environment.map { "\($0.key)=\($0.value)" })
@@ -123,7 +126,8 @@ public final class ServerProcess: Sendable {
             while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
             close(fds[0])
             let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
-            throw TestClientError("opqd printed no listening line within \(timeout) s (got \(String(decoding: line, as: UTF8.self).debugDescription)); log:\n\(log.suffix(4000))")
+            throw TestClientError(
+                "opqd printed no listening line within \(timeout) s (got \(String(decoding: line, as: UTF8.self).debugDescription)); log:\n\(log.suffix(4000))")
         }
         self.pid = pid
         self.logPath = logPath
@@ -195,4 +199,3 @@ public final class ServerProcess: Sendable {
         return r
     }
 }
-

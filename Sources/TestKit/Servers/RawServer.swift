@@ -2,6 +2,7 @@ import CSystem
 import Dispatch
 import Foundation
 import Locking
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -55,7 +56,9 @@ public final class RawServer: Sendable {
     /// listening descriptor is closed only after the accept thread has left `accept`, so its
     /// number cannot be reused by another socket while that thread might still accept on it.
     public func stop() {
-        let first = state.withLock { s -> Bool in defer { s.stopped = true }; return !s.stopped }
+        let first = state.withLock { s -> Bool in
+            defer { s.stopped = true }; return !s.stopped
+        }
         guard first else { return }
         shutdown(listener, Int32(SHUT_RDWR))
         acceptDone.wait()

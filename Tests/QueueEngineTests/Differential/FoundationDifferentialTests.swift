@@ -6,8 +6,10 @@ extension Engine {
     struct FoundationDifferentialTests {
         @Test("a serial queue filled while suspended starts by priority, then in the order added")
         func priorityOrder() throws {
-            let priorities: [QueuePriority] = [.normal, .low, .high, .veryHigh, .normal, .veryLow,
-                                               .high, .low, .veryHigh, .normal, .veryLow, .high]
+            let priorities: [QueuePriority] = [
+                .normal, .low, .high, .veryHigh, .normal, .veryLow,
+                .high, .low, .veryHigh, .normal, .veryLow, .high,
+            ]
             var steps: [Step] = [.queue("S", max: 1, suspended: true)]
             for (i, p) in priorities.enumerated() { steps.append(.add("p\(i)", to: "S", priority: p, held: false)) }
             steps.append(.resume("S"))
@@ -154,8 +156,9 @@ extension Engine {
             let foundation = runFoundation(steps, startsAfterStep: [0, 0, 1, 1, 1, 1, 2, 2, 2])
             #expect(engine.outcomes == foundation.outcomes)
             #expect(engine.steps[5] == ["B:d"], "engine: d starts when p is cancelled")
-            #expect(foundation.steps[5] == [] && foundation.steps[6] == ["B:d"],
-                    "Foundation: d starts only once a1 has freed A's slot for the cancelled p\n\(sideBySide(steps, engine: engine, foundation: foundation))")
+            #expect(
+                foundation.steps[5] == [] && foundation.steps[6] == ["B:d"],
+                "Foundation: d starts only once a1 has freed A's slot for the cancelled p\n\(sideBySide(steps, engine: engine, foundation: foundation))")
         }
 
         @Test("a priority changed and changed back keeps its place in the order added")

@@ -180,9 +180,11 @@ func runEngine(_ steps: [Step]) throws -> (trace: Trace, startsAfterStep: [Int])
         case let .queue(name, max, suspended):
             try engine.createQueue(name: name, maxConcurrentOperationCount: max, isSuspended: suspended)
         case let .add(name, queue, priority, after, held):
-            ids[name] = try engine.addOperationID(to: queue, OperationRequest(
-                kind: "scenario", name: name, queuePriority: priority, dependencies: after.map { ids[$0]! },
-                spec: .array([.string(name), .bool(held)])))
+            ids[name] = try engine.addOperationID(
+                to: queue,
+                OperationRequest(
+                    kind: "scenario", name: name, queuePriority: priority, dependencies: after.map { ids[$0]! },
+                    spec: .array([.string(name), .bool(held)])))
         case let .barrier(name, queue):
             ids[name] = try engine.addBarrier(to: queue, name: name).id
         case let .finish(name):
@@ -335,8 +337,9 @@ func sideBySide(_ steps: [Step], engine: Trace, foundation: Trace) -> String {
 func expectSameAsFoundation(_ steps: [Step], sourceLocation: SourceLocation = #_sourceLocation) throws -> (engine: Trace, foundation: Trace) {
     let (engine, hints) = try runEngine(steps)
     let foundation = runFoundation(steps, startsAfterStep: hints)
-    #expect(engine.steps == foundation.steps, "starts differ:\n\(sideBySide(steps, engine: engine, foundation: foundation))",
-            sourceLocation: sourceLocation)
+    #expect(
+        engine.steps == foundation.steps, "starts differ:\n\(sideBySide(steps, engine: engine, foundation: foundation))",
+        sourceLocation: sourceLocation)
     #expect(engine.outcomes == foundation.outcomes, sourceLocation: sourceLocation)
     #expect(engine.maxRunning == foundation.maxRunning, sourceLocation: sourceLocation)
     return (engine, foundation)
