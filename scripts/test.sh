@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: unit and end-to-end tests, the hostile-client suite against the real
+# The whole test suite: swift-format lint, unit and end-to-end tests, the hostile-client suite against the real
 # binary, the OpenAPI document (validated, in step with the served copy, and fuzzed by
 # schemathesis against a live server, with and without a token), libFuzzer on the request path
 # and on the http kind's response handling, and the suite again under ThreadSanitizer.
@@ -11,24 +11,31 @@ scripts/deps.sh test
 
 step() { printf '\n=== %s\n' "$*"; }
 
+# logged NAME LOG COMMAND...: runs COMMAND with its output shown and kept in LOG; fails the
+# suite naming NAME and the exit status.
+logged() {
+    local name="$1" log="$2"; shift 2
+    set +e
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" -eq 0 ] || { echo "$name failed (exit $rc)"; exit 1; }
+}
+
+step "swift format lint (.swift-format; scripts/lint.sh --fix rewrites)"
+scripts/lint.sh
+
 step "build"
 swift build --build-tests
 
 step "swift test"
-set +e
-swift test --skip-build --skip HostileTests 2>&1 | tee .build/test-output.txt
-rc=${PIPESTATUS[0]}
-set -e
-[ "$rc" -eq 0 ] || { echo "swift test failed (exit $rc)"; exit 1; }
+mkdir -p .build
+logged "swift test" .build/test-output.txt swift test --skip-build --skip HostileTests
 
 step "hostile clients and targets (Tests/HostileTests, the real binary)"
 # On their own: their floods would otherwise load the machine under the timing bounds of the
 # other end-to-end tests.
-set +e
-swift test --skip-build --filter HostileTests 2>&1 | tee .build/hostile-output.txt
-rc=${PIPESTATUS[0]}
-set -e
-[ "$rc" -eq 0 ] || { echo "hostile tests failed (exit $rc)"; exit 1; }
+logged "hostile tests" .build/hostile-output.txt swift test --skip-build --filter HostileTests
 
 step "openapi.yaml"
 python3 -m openapi_spec_validator openapi.yaml
@@ -67,17 +74,14 @@ step "libFuzzer: request path and http responses (scripts/fuzz.sh, 60 s each)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 step "swift test under ThreadSanitizer"
-set +e
 # One test at a time: ThreadSanitizer slows everything 5-10x, and the end-to-end tests’
 # timing bounds (a long poll answering within its wait, a delay still running) would
 # measure the sanitizer's load instead of the server.
 # HostileTests are left out: they drive the opqd binary as a separate process (its floods
 # under the sanitizer would take many minutes), and what they exercise in-process is the
 # same code the other suites run here.
-TSAN_OPTIONS="halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan --no-parallel --skip HostileTests 2>&1 | tee .build/tsan-output.txt
-rc=${PIPESTATUS[0]}
-set -e
-[ "$rc" -eq 0 ] || { echo "tests under ThreadSanitizer failed (exit $rc)"; exit 1; }
+TSAN_OPTIONS="halt_on_error=1" logged "tests under ThreadSanitizer" .build/tsan-output.txt \
+    swift test --sanitize=thread --scratch-path .build-tsan --no-parallel --skip HostileTests
 if grep -q "WARNING: ThreadSanitizer" .build/tsan-output.txt; then echo "ThreadSanitizer reported a race"; exit 1; fi
 
 step "all checks passed"
