@@ -4,6 +4,17 @@
 /// The handler runs on a server thread and must not block it: long polls use
 /// `HTTPHandlerResult.deferred`, event streams `HTTPHandlerResult.stream`. Once started it runs
 /// until `shutdown`, even if this object is released.
+/// A request refused on its head alone (`headCheck`): its answer, and the route the
+/// `responseObserver` is told (nil: counted as the server's own).
+public struct HeadRefusal: Sendable {
+    public var response: HTTPResponse
+    public var route: String?
+    public init(_ response: HTTPResponse, route: String? = nil) {
+        self.response = response
+        self.route = route
+    }
+}
+
 public final class HTTPServer: Sendable {
     let core: ServerCore
 
@@ -21,7 +32,7 @@ public final class HTTPServer: Sendable {
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in },
         responseObserver: (@Sendable (_ route: String?, _ status: Int) -> Void)? = nil,
-        headCheck: (@Sendable (_ head: HTTPRequest) -> HTTPResponse?)? = nil
+        headCheck: (@Sendable (_ head: HTTPRequest) -> HeadRefusal?)? = nil
     ) {
         core = ServerCore(
             configuration: configuration, handler: handler, log: log, responseObserver: responseObserver,

@@ -93,8 +93,8 @@ struct APIDispatcher: Sendable {
     let log: @Sendable (_ request: HTTPRequest, _ error: any Error) -> Void
 
     /// The target and token checks of `handle`, on the head alone (before the body is read).
-    func refusal(_ head: HTTPRequest) -> HTTPResponse? {
-        access.refusal(head, match: router.match(method: head.method, path: head.path))?.response
+    func refusal(_ head: HTTPRequest) -> HeadRefusal? {
+        access.refusal(head, match: router.match(method: head.method, path: head.path)).map { HeadRefusal($0.response, route: Router.unmatched) }
     }
 
     func handle(_ request: HTTPRequest) -> HTTPHandlerResult {

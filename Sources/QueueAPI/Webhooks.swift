@@ -169,7 +169,11 @@ final class Webhooks: Sendable {
             let waiters = state.withLock { $0.uncommitted.removeValue(forKey: id) } ?? []
             for w in waiters { w() }
         }
-        if !store.setMeta([(Self.metaPrefix + id, Self.encode(hook))], then: committed) { remove(id) }
+        if !store.setMeta([(Self.metaPrefix + id, Self.encode(hook))], then: committed) {
+            // The store is closing: never answer 201 for a registration that was not kept.
+            remove(id)
+            throw Problem.shuttingDown
+        }
         return hook
     }
 

@@ -8,6 +8,10 @@ public protocol OperationKind: Sendable {
     /// naming the field (`spec.seconds`, ...) and what is allowed, or `.notPermitted` for a
     /// well-formed spec this server refuses to run.
     func validate(spec: JSONValue?) throws(EngineError)
+    /// Refuses, before anything else about a request is checked, a spec this server will not
+    /// run however the rest is fixed: throw `.notPermitted` (e.g. an executable that is not
+    /// allowed). `validate` must refuse it too (it runs on every path that adds operations).
+    func permit(spec: JSONValue?) throws(EngineError)
     /// The retry policy of an operation created without one (nil: no retries).
     var defaultRetry: RetryPolicy? { get }
     /// Starts the work, or continues it when `context.isResume` (after a pause).
@@ -37,6 +41,7 @@ public enum Recovery: Sendable, Equatable {
 
 extension OperationKind {
     public func validate(spec: JSONValue?) throws(EngineError) {}
+    public func permit(spec: JSONValue?) throws(EngineError) {}
     public var defaultRetry: RetryPolicy? { nil }
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }

@@ -20,6 +20,13 @@ extension QueueEngine {
         try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { $0.snapshot() }
     }
 
+    /// The first check of a create: the kind exists and permits this spec (`OperationKind.permit`),
+    /// so a refused request hears that before any complaint about its other fields.
+    public func checkPermitted(kind: String, spec: JSONValue?) throws(EngineError) {
+        guard let k = kinds[kind], kind != "barrier" else { throw .unknownKind(kind, allowed: kindNames) }
+        try k.permit(spec: spec)
+    }
+
     /// The kinds a client may name, sorted (the barrier kind is internal).
     public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
 

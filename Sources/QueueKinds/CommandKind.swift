@@ -61,6 +61,13 @@ public final class CommandKind: OperationKind {
 
     // MARK: - spec
 
+    /// An `argv[0]` this server does not allow is refused whatever else the spec says.
+    public func permit(spec: JSONValue?) throws(EngineError) {
+        if case let .array(argv)? = spec?["argv"], case let .string(exe)? = argv.first, !Self.isAllowed(exe, in: configuration) {
+            throw notAllowed(exe)
+        }
+    }
+
     private func notAllowed(_ exe: String) -> EngineError {
         let allowed =
             configuration.allowCommands.isEmpty
@@ -75,9 +82,7 @@ public final class CommandKind: OperationKind {
     /// `command-not-allowed`) before anything else about the spec: whatever else is wrong with
     /// it, it would not run here. Then checks argv, env, cwd and timeout.
     public func validate(spec: JSONValue?) throws(EngineError) {
-        if case let .array(argv)? = spec?["argv"], case let .string(exe)? = argv.first, !Self.isAllowed(exe, in: configuration) {
-            throw notAllowed(exe)
-        }
+        try permit(spec: spec)
         let parsed = try CommandSpec(spec)
         guard Self.isAllowed(parsed.argv[0], in: configuration) else { throw notAllowed(parsed.argv[0]) }
         if let cwd = parsed.cwd {

@@ -267,6 +267,17 @@ struct ObservationTests {
         }
     }
 
+    @Test("refusals made on the request head (token, target) are counted as route unmatched")
+    func headRefusalsCounted() async throws {
+        try await withLiveServer({ $0.token = "metrics-token" }) { server in
+            #expect(try await server.request("GET", "/v1/queues").status == 401)
+            let r = try await server.request("GET", "/metrics", headers: ["Authorization": "Bearer metrics-token"])
+            #expect(r.status == 200)
+            let lines = Set(r.text.split(separator: "\n").map(String.init))
+            #expect(lines.contains(#"opqd_http_requests_total{method="-",route="unmatched",code="401"} 1"#), "\(r.text)")
+        }
+    }
+
     @Test("a refused command is 403 command-not-allowed, and external operations retry by default (both decided by the kinds)")
     func kindRules() async throws {
         try await withLiveServer({ $0.allowCommands = ["/bin/echo"] }) { server in
@@ -275,6 +286,9 @@ struct ObservationTests {
             #expect(refused.status == 403)
             #expect(refused.string("type")?.hasSuffix("/command-not-allowed") == true, "\(refused.text)")
             #expect(refused.string("detail")?.contains("spec.argv[0]") == true && refused.string("detail")?.contains("/bin/echo") == true)
+            // Refused before the other fields are looked at, as the route did before the kinds decided.
+            let first = try await server.request("POST", "/v1/queues/k/operations", json: #"{"kind":"command","spec":{"argv":["/bin/sh"]},"timeout":0}"#)
+            #expect(first.status == 403, "\(first.text)")
             let external = try await server.request("POST", "/v1/queues/k/operations", json: #"{"kind":"external","spec":{"lease":30}}"#)
             #expect(external.status == 201)
             #expect(external.text.contains(#""maxAttempts":3"#), "\(external.text)")

@@ -197,7 +197,7 @@ extension ServerCore {
                 let head = HTTPRequest(method: method.map(methodName) ?? "GET", path: context.pointee.path, headers: headers)
                 if let refusal = headCheck(head) {
                     context.pointee.phase = .done
-                    return queue(refusal, on: connection)
+                    return queue(refusal.response, on: connection, route: refusal.route)
                 }
             }
             if let declared = headers["content-length"], case let length = Int(declared) ?? Int.max, length > 0 {

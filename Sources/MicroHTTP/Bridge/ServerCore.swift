@@ -31,7 +31,7 @@ final class ServerCore: Sendable {
     let responseObserver: (@Sendable (String?, Int) -> Void)?
     /// Asked once the head is in (method, path, headers; no query, no body): a response answers
     /// at once and the body is never read.
-    let headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)?
+    let headCheck: (@Sendable (HTTPRequest) -> HeadRefusal?)?
     /// After the limit we keep reading (and discarding) a chunked body this far so the client
     /// can get its 413 (MHD cannot queue a response while body data is being delivered); past
     /// it the connection is dropped.
@@ -54,7 +54,7 @@ final class ServerCore: Sendable {
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (String, String) -> Void,
         responseObserver: (@Sendable (String?, Int) -> Void)? = nil,
-        headCheck: (@Sendable (HTTPRequest) -> HTTPResponse?)? = nil
+        headCheck: (@Sendable (HTTPRequest) -> HeadRefusal?)? = nil
     ) {
         self.headCheck = headCheck
         self.configuration = configuration

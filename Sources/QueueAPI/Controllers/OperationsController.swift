@@ -37,6 +37,8 @@ struct OperationsController: Sendable {
         guard let kind = try b.string("kind", maxLength: 64) else {
             throw Problem.invalid("kind", "is required: one of \(engine.kindNames.joined(separator: ", "))")
         }
+        // An unknown kind, or a spec the kind will not run here (403), before the other fields.
+        try engine.checkPermitted(kind: kind, spec: b["spec"])
         var request = OperationRequest(kind: kind)
         request.name = try b.string("name", maxLength: 256)
         request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
