@@ -205,22 +205,8 @@ public struct OpqdConfiguration: Sendable {
         for o in options { if let v = environment[o.env] { try o.apply(&c, v) } }
         // A flag wins over its variable: a repeatable flag given on the command line replaces the list.
         if arguments.contains(where: { $0 == "--allow-command" || $0.hasPrefix("--allow-command=") }) { c.allowCommands = [] }
-        var i = 0
-        while i < arguments.count {
-            let arg = arguments[i]
-            var name = arg, value: String? = nil
-            if let eq = arg.firstIndex(of: "=") { name = String(arg[..<eq]); value = String(arg[arg.index(after: eq)...]) }
-            guard let o = options.first(where: { $0.flag == name }) else {
-                throw ConfigurationError("unknown option '\(arg)'; see --help")
-            }
-            if value == nil {
-                i += 1
-                guard i < arguments.count else { throw ConfigurationError("\(name) needs a value") }
-                value = arguments[i]
-            }
-            guard let given = value else { throw ConfigurationError("\(name) needs a value") }
-            try o.apply(&c, given)
-            i += 1
+        for (flag, value) in try flagPairs(arguments, known: { name in options.contains { $0.flag == name } }) {
+            try options.first { $0.flag == flag }?.apply(&c, value)
         }
         if c.readToken != nil && c.token == nil {
             throw ConfigurationError("--read-token needs --token as well (a read-only token alone would leave writes open)")
@@ -231,20 +217,46 @@ public struct OpqdConfiguration: Sendable {
         return c
     }
 
+    /// `arguments` as (flag, value) pairs, from `--flag value` or `--flag=value`, in order.
+    /// `known` is asked before a value is looked for, so a typo is reported as an unknown
+    /// option, not as one that needs a value. Shared by `opqd` and `opqd healthcheck`.
+    static func flagPairs(_ arguments: [String], known: (String) -> Bool) throws -> [(flag: String, value: String)] {
+        var pairs: [(flag: String, value: String)] = []
+        var i = 0
+        while i < arguments.count {
+            let arg = arguments[i]
+            var name = arg, value: String? = nil
+            if let eq = arg.firstIndex(of: "=") { name = String(arg[..<eq]); value = String(arg[arg.index(after: eq)...]) }
+            guard known(name) else { throw ConfigurationError("unknown option '\(arg)'; see opqd --help") }
+            if value == nil {
+                i += 1
+                guard i < arguments.count else { throw ConfigurationError("\(name) needs a value") }
+                value = arguments[i]
+            }
+            pairs.append((name, value ?? ""))
+            i += 1
+        }
+        return pairs
+    }
+
     /// The `--help` text.
     public static var help: String {
         var s = """
             opqd — operation queues with NSOperation semantics over HTTP.
 
             usage: opqd [options]
+                   opqd healthcheck [--url URL] [--timeout SECONDS]
 
             Every option can also be set with its environment variable; a flag wins over the variable.
 
             """
-        for o in options {
-            s += "  \(o.flag.padding(toLength: 30, withPad: " ", startingAt: 0)) \(o.env.padding(toLength: 34, withPad: " ", startingAt: 0)) \(o.help)\n"
+        func row(_ flag: String, _ env: String, _ help: String) -> String {
+            "  \(flag.padding(toLength: 30, withPad: " ", startingAt: 0)) \(env.padding(toLength: 34, withPad: " ", startingAt: 0)) \(help)\n"
         }
-        s += "  --help                                                  this text\n"
+        s += row("flag", "variable", "meaning (default)")
+        for o in options { s += row(o.flag, o.env, o.help) }
+        s += row("--help, -h", "", "this text") + "\n"
+        s += HealthcheckOptions.help
         return s
     }
 }

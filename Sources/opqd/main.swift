@@ -5,6 +5,12 @@ import QueueAPI
 import Glibc
 #endif
 
+// `opqd healthcheck` is a client of a running server: it parses its own options and exits
+// before anything of the server (signal mask, logging, store) is set up.
+if CommandLine.arguments.dropFirst().first == "healthcheck" {
+    exit(Healthcheck.run(arguments: Array(CommandLine.arguments.dropFirst(2)), environment: ProcessEnvironment.all()))
+}
+
 // Block SIGINT/SIGTERM first, so every thread started later (libmicrohttpd's, Dispatch's)
 // inherits the mask and the signals reach only the sigwait below.
 var signals = sigset_t()
