@@ -353,8 +353,9 @@ state2=$(api GET "/v1/operations/$op" | python3 -c 'import json,sys; d=json.load
 echo "after restart: queue $queue there, operation $op: $state2"
 stop_opqd
 if [ "$healthcheck_skipped" = 0 ]; then
-    # Nothing listens now: the healthcheck must say so (non-zero, one line).
-    if reason=$(timeout $((HEALTHCHECK_TIMEOUT + 5)) "${in_root[@]}" "${HEALTHCHECK[@]}" 2>&1); then
+    # Nothing listens now: the healthcheck must say so (non-zero, one line). In an empty network
+    # namespace, so that nothing else on this machine's port can answer for it.
+    if reason=$(timeout $((HEALTHCHECK_TIMEOUT + 5)) unshare --net -- "${in_root[@]}" "${HEALTHCHECK[@]}" 2>&1); then
         fail "HEALTHCHECK exited 0 with no server running"
     fi
     echo "HEALTHCHECK with no server: non-zero, \"$reason\""
