@@ -51,7 +51,7 @@ let package = Package(
         // Hands control to libFuzzer's driver when linked with -sanitize=fuzzer (weak symbol).
         .target(name: "CFuzzDriver"),
         .executableTarget(name: "fuzz-http", dependencies: ["OutboundHTTP", "QueueKinds", "QueueEngine", "CFuzzDriver"]),
-        // SHA-256 (idempotency body hashes) and HMAC-SHA256 (not used yet). Always optimised:
+        // SHA-256 (idempotency body hashes) and HMAC-SHA256 (webhook signatures). Always optimised:
         // unoptimised, hashing a 100 KiB body took ~25 ms in debug builds, which every test runs.
         .target(name: "Digest", swiftSettings: [.unsafeFlags(["-O"])]),
         // Routes, DTOs, error mapping.

@@ -1,6 +1,6 @@
 /// SHA-256 (FIPS 180-4), small and allocation-light: identifies request bodies for
-/// `Idempotency-Key` (a hash an attacker cannot collide, unlike FNV). `hmac` is for the webhook
-/// signatures of API.md (`X-Opqd-Signature`), which this build does not send yet.
+/// `Idempotency-Key` (a hash an attacker cannot collide, unlike FNV). `hmac` signs webhook
+/// deliveries (API.md `X-Opqd-Signature`, with `--webhook-secret`).
 /// Checked against the FIPS/NIST test vectors in the tests.
 public struct SHA256 {
     private static let k: [UInt32] = [

@@ -44,7 +44,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
             ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
         })
     let webhooks = Webhooks(
-        logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
+        logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, secret: configuration.webhookSecret, store: store,
         limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)

@@ -28,6 +28,9 @@ public struct OpqdConfiguration: Sendable {
     public var token: String? = nil
     /// When set (with `token`), this token may make GET/HEAD requests only.
     public var readToken: String? = nil
+    /// When set, webhook deliveries carry `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body>`
+    /// keyed with it, so receivers can tell opqd's POSTs from anyone else's. Never logged.
+    public var webhookSecret: String? = nil
     /// Every bound on what a client can make the server hold.
     public var limits = Limits()
 
@@ -105,6 +108,13 @@ public struct OpqdConfiguration: Sendable {
         ) { c, v in
             guard !v.isEmpty else { throw ConfigurationError("--read-token must not be empty") }
             c.readToken = v
+        },
+        Option(
+            flag: "--webhook-secret", env: "OPQD_WEBHOOK_SECRET",
+            help: "signs webhook deliveries: X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body> (default: none, unsigned)"
+        ) { c, v in
+            guard !v.isEmpty else { throw ConfigurationError("--webhook-secret must not be empty") }
+            c.webhookSecret = v
         },
         Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
             c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))

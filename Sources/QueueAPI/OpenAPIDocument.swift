@@ -1131,7 +1131,9 @@ paths:
       summary: Register a webhook
       description: |
         Each matching change of the operation is POSTed to `url` as the event JSON, in `seq`
-        order, with the `X-Opqd-Event-Seq` header; a failed delivery (no 2xx within 5 s) is
+        order, with the `X-Opqd-Event-Seq` header and, when the server has a `--webhook-secret`,
+        `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the raw body keyed with the secret>`
+        (compare it in constant time before trusting a delivery); a failed delivery (no 2xx within 5 s) is
         tried twice more, 1 s and 2 s later, then dropped. 409 when the operation has already
         finished.
       requestBody:

@@ -1,3 +1,4 @@
+import Digest
 import Dispatch
 import Locking
 import Logging
@@ -33,10 +34,21 @@ final class Delivery: Sendable {
     let logger: Logger
     let id: String
     let scheduler: any EngineScheduler
+    /// The `--webhook-secret` bytes; nil sends deliveries unsigned.
+    let secret: [UInt8]?
     private let state = Lock(State())
 
-    init(transport: any WebhookTransport, target: String, logger: Logger, id: String, scheduler: any EngineScheduler) {
+    /// The headers of one delivery: the event's seq and, with a secret, the body's HMAC-SHA256
+    /// (API.md: `X-Opqd-Signature: sha256=<hex HMAC of the body>`), over the exact bytes sent.
+    static func headers(for event: ChangeEvent, secret: [UInt8]?) -> [(String, String)] {
+        var headers = [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")]
+        if let secret { headers.append(("X-Opqd-Signature", "sha256=" + SHA256.hex(SHA256.hmac(key: secret, message: event.json)))) }
+        return headers
+    }
+
+    init(transport: any WebhookTransport, target: String, logger: Logger, id: String, scheduler: any EngineScheduler, secret: [UInt8]?) {
         self.transport = transport; self.target = target; self.logger = logger; self.id = id; self.scheduler = scheduler
+        self.secret = secret
     }
 
     func enqueue(_ event: ChangeEvent) {
@@ -67,7 +79,7 @@ final class Delivery: Sendable {
 
     private func send(_ event: ChangeEvent, attempt: Int) {
         transport.post(
-            url: target, body: event.json, headers: [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")],
+            url: target, body: event.json, headers: Self.headers(for: event, secret: secret),
             timeout: 5
         ) { [self] ok in
             if !ok && attempt < 3 && !state.withLock({ $0.stopped }) {
@@ -120,13 +132,18 @@ final class Webhooks: Sendable {
     private let logger: Logger
     private let transport: any WebhookTransport
     private let scheduler: any EngineScheduler
+    private let secret: [UInt8]?
     private let store: any ServiceStore
     let limits: Limits
     private let state = Lock(State())
     static let metaPrefix = "observer:"
 
-    init(logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, store: any ServiceStore, limits: Limits) {
+    init(
+        logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any ServiceStore,
+        limits: Limits
+    ) {
         self.logger = logger; self.transport = transport; self.scheduler = scheduler; self.store = store; self.limits = limits
+        self.secret = secret.map { Array($0.utf8) }
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
             guard let hook = Self.decode(id: String(key.dropFirst(Self.metaPrefix.count)), value) else {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
@@ -140,7 +157,7 @@ final class Webhooks: Sendable {
         s.hooks[hook.id] = hook
         s.byOperation[hook.operation.raw, default: []].append(hook.id)
         s.perQueue[hook.queue, default: 0] += 1
-        s.deliveries[hook.id] = Delivery(transport: transport, target: hook.url, logger: logger, id: hook.id, scheduler: scheduler)
+        s.deliveries[hook.id] = Delivery(transport: transport, target: hook.url, logger: logger, id: hook.id, scheduler: scheduler, secret: secret)
     }
 
     var count: Int { state.withLock { $0.hooks.count } }

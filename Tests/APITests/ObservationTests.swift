@@ -1,3 +1,4 @@
+import Digest
 import Foundation
 import QueueTesting
 import Testing
@@ -190,11 +191,39 @@ struct ObservationTests {
             #expect(hooks.allSatisfy { $0.method == "POST" && $0.path == "/hook" })
             #expect(hooks.allSatisfy { $0.object["operation"] as? String == id }, "only its own operation: \(hooks.map(\.text))")
             #expect(hooks.allSatisfy { $0.headers["content-type"]?.hasPrefix("application/json") == true })
+            #expect(hooks.allSatisfy { $0.headers["x-opqd-signature"] == nil }, "unsigned without --webhook-secret")
             #expect(hooks.contains { $0.object["key"] as? String == "isExecuting" && $0.object["new"] as? Bool == true })
             // Each is a feed event: the same seq and content as the feed has.
             let feed = try await server.request("GET", "/v1/operations/\(id)/events").objects("events")
             let feedSeqs = Set(feed.compactMap { $0["seq"] as? Int })
             #expect(hooks.allSatisfy { ($0.object["seq"] as? Int).map(feedSeqs.contains) == true })
+        }
+    }
+
+    @Test("with --webhook-secret every delivery carries X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the exact body>")
+    func signedWebhook() async throws {
+        let receiver = try WebhookReceiver()
+        defer { receiver.close() }
+        let secret = "webhook-secret-\(UInt32.random(in: 0...UInt32.max))"
+        try await withLiveServer({ $0.webhookSecret = secret }) { server in
+            try await server.createQueue("signed", suspended: true)
+            let id = try await server.addDelay("signed", seconds: 0.01)
+            #expect(try await server.request("POST", "/v1/operations/\(id)/observers", json: #"{"url":"\#(receiver.url)"}"#).status == 201)
+            _ = try await server.request("POST", "/v1/queues/signed/resume").expecting(200)
+            let arrived = await receiver.waitFor(timeout: 5) { requests in
+                requests.contains { $0.object["key"] as? String == "isFinished" }
+            }
+            #expect(arrived, "got: \(receiver.requests.map(\.text))")
+            let hooks = receiver.requests
+            #expect(!hooks.isEmpty)
+            for hook in hooks {
+                // Digest's HMAC is checked against the RFC 4231 vectors in SHA256Tests.
+                let expected = "sha256=" + SHA256.hex(SHA256.hmac(key: Array(secret.utf8), message: hook.body))
+                #expect(hook.headers["x-opqd-signature"] == expected, "\(hook.headers)")
+                #expect(hook.headers["x-opqd-event-seq"] == (hook.object["seq"] as? Int).map(String.init))
+                // A different key (or a changed body) does not verify.
+                #expect(hook.headers["x-opqd-signature"] != "sha256=" + SHA256.hex(SHA256.hmac(key: Array("other".utf8), message: hook.body)))
+            }
         }
     }
 
