@@ -85,6 +85,12 @@ public struct OpqdConfiguration: Sendable {
         return v
     }
 
+    /// A secret (token, webhook key): any bytes, but not none.
+    static func secret(_ s: String, _ flag: String) throws -> String {
+        guard !s.isEmpty else { throw ConfigurationError("\(flag) must not be empty") }
+        return s
+    }
+
     static let options: [Option] = [
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
@@ -98,24 +104,16 @@ public struct OpqdConfiguration: Sendable {
             c.sync = v
         },
         Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every request but /healthz and /readyz (default: none)") {
-            c, v in
-            guard !v.isEmpty else { throw ConfigurationError("--token must not be empty") }
-            c.token = v
+            c, v in c.token = try secret(v, "--token")
         },
         Option(
             flag: "--read-token", env: "OPQD_READ_TOKEN",
             help: "a second token that may only read (GET/HEAD, incl. /metrics and the stream); needs --token (default: none)"
-        ) { c, v in
-            guard !v.isEmpty else { throw ConfigurationError("--read-token must not be empty") }
-            c.readToken = v
-        },
+        ) { c, v in c.readToken = try secret(v, "--read-token") },
         Option(
             flag: "--webhook-secret", env: "OPQD_WEBHOOK_SECRET",
             help: "signs webhook deliveries: X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body> (default: none, unsigned)"
-        ) { c, v in
-            guard !v.isEmpty else { throw ConfigurationError("--webhook-secret must not be empty") }
-            c.webhookSecret = v
-        },
+        ) { c, v in c.webhookSecret = try secret(v, "--webhook-secret") },
         Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
             c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))
         },

@@ -13,7 +13,7 @@ struct Durability: Sendable {
 
     /// Answers a change only once it is durable.
     func ack(_ response: HTTPResponse) -> HTTPHandlerResult {
-        guard engine.store.wantsRecords else { return .response(response) }
+        guard store.isDurable else { return .response(response) }
         let engine = self.engine
         return .deferred { responder in
             // The change is made: at shutdown this answer is waited for, never replaced by a 503.

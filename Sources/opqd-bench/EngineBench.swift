@@ -99,26 +99,13 @@ enum EngineBench {
         }
         row(["workload", "ops", "engine ops/s", "Foundation ops/s", "ratio"])
         row([String(repeating: "-", count: 33), "---", "------------", "----------------", "-----"])
-        row([
-            "flat (trivial ops)", String(eFlat.ops), fmt(eFlat.opsPerSecond), fmt(fFlat.opsPerSecond),
-            String(format: "%.1fx", ratio(eFlat.opsPerSecond, fFlat.opsPerSecond)),
-        ])
-        row([
-            "chain (each depends on previous)", String(eChain.ops), fmt(eChain.opsPerSecond), fmt(fChain.opsPerSecond),
-            String(format: "%.1fx", ratio(eChain.opsPerSecond, fChain.opsPerSecond)),
-        ])
-        row([
-            "fan-in (1 depends on \(faninN))", String(eFanin.ops), fmt(eFanin.opsPerSecond), fmt(fFanin.opsPerSecond),
-            String(format: "%.1fx", ratio(eFanin.opsPerSecond, fFanin.opsPerSecond)),
-        ])
-        row([
-            "chain, built suspended", String(eChainSusp.ops), fmt(eChainSusp.opsPerSecond), fmt(fChainSusp.opsPerSecond),
-            String(format: "%.1fx", ratio(eChainSusp.opsPerSecond, fChainSusp.opsPerSecond)),
-        ])
-        row([
-            "fan-in, built suspended", String(eFaninSusp.ops), fmt(eFaninSusp.opsPerSecond), fmt(fFaninSusp.opsPerSecond),
-            String(format: "%.1fx", ratio(eFaninSusp.opsPerSecond, fFaninSusp.opsPerSecond)),
-        ])
+        for (name, e, f) in [
+            ("flat (trivial ops)", eFlat, fFlat), ("chain (each depends on previous)", eChain, fChain),
+            ("fan-in (1 depends on \(faninN))", eFanin, fFanin), ("chain, built suspended", eChainSusp, fChainSusp),
+            ("fan-in, built suspended", eFaninSusp, fFaninSusp),
+        ] {
+            row([name, String(e.ops), fmt(e.opsPerSecond), fmt(f.opsPerSecond), String(format: "%.1fx", ratio(e.opsPerSecond, f.opsPerSecond))])
+        }
         print("")
         print("memory per queued op (\(memN) ops on a suspended queue, RSS growth):")
         print("  engine     \(fmt(eBytes)) B/op  (rss +\(Int(num(eMem["rss_growth"])) / 1024) KiB, hwm +\(Int(num(eMem["hwm_growth"])) / 1024) KiB)")
