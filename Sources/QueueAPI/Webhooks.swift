@@ -289,3 +289,10 @@ final class Webhooks: Sendable {
         return Hook(id: id, operation: operation, queue: queue, url: url, keys: keys, createdAt: created)
     }
 }
+
+extension Webhooks {
+    /// Counters for `/metrics`.
+    func metrics() -> WebhookMetrics {
+        WebhookMetrics(observers: count)
+    }
+}
