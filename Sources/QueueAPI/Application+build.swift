@@ -45,7 +45,11 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         })
     let webhooks = Webhooks(
         logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, secret: configuration.webhookSecret, store: store,
-        limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers))
+        limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers),
+        policy: DeliveryPolicy(
+            timeout: configuration.webhookTimeout, backoff: configuration.webhookBackoff,
+            maxBackoff: max(configuration.webhookBackoff, configuration.webhookMaxBackoff), maxBuffered: configuration.webhookBuffer),
+        newestSeq: { events.lastSeq })
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
 

@@ -45,7 +45,8 @@ public final class OpqdApplication: Sendable {
             let cutoff = SystemClock().now().adding(seconds: -retain)
             while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
             if webhooks.count > 0 {
-                webhooks.removeOrphans { id in (try? engine.revision(of: id)) != nil }
+                webhooks.removeOrphans(
+                    operationExists: { id in (try? engine.revision(of: id)) != nil }, queueExists: { name in (try? engine.queue(named: name)) != nil })
             }
             while store.purge(finishedBefore: cutoff, limit: 1000) == 1000 {}
             _ = store.purgeIdempotency(before: cutoff)
@@ -54,8 +55,9 @@ public final class OpqdApplication: Sendable {
         let heartbeat = DispatchSource.makeTimerSource(queue: .global())
         heartbeat.schedule(deadline: .now() + 1, repeating: 1)
         let ticks = Locking.Lock<Int>(0)
-        heartbeat.setEventHandler { [events] in
+        heartbeat.setEventHandler { [events, webhooks] in
             events.cutOffStalled()
+            webhooks.persistCursors()
             let tick = ticks.withLock { t in
                 t += 1; return t
             }
@@ -63,6 +65,7 @@ public final class OpqdApplication: Sendable {
         }
         heartbeat.resume()
         timers.set([purge, heartbeat])
+        webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
             logger.warning(
                 "listening on a non-loopback address without a token: anyone who can reach \(configuration.host):\(port) can create, cancel and delete queues and operations, and run what --allow-command allows; set --token (OPQD_TOKEN)"
@@ -80,6 +83,7 @@ public final class OpqdApplication: Sendable {
         timers.cancelAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
+        webhooks.stop()
         if store.isDurable {
             // A clean stop: operations executing now were not part of a crash. One job, so the
             // counts never go without the marker that explains why.

@@ -31,6 +31,14 @@ public struct OpqdConfiguration: Sendable {
     /// When set, webhook deliveries carry `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body>`
     /// keyed with it, so receivers can tell opqd's POSTs from anyone else's. Never logged.
     public var webhookSecret: String? = nil
+    /// Seconds one webhook POST may take before it counts as failed.
+    public var webhookTimeout: Double = 10
+    /// The first retry's delay after a failed delivery (seconds); each next one doubles.
+    public var webhookBackoff: Double = 1
+    /// The longest delay between retries of a delivery (seconds).
+    public var webhookMaxBackoff: Double = 300
+    /// Events one observer holds in memory; past it, it reads them back from the store.
+    public var webhookBuffer = 1_000
     /// Every bound on what a client can make the server hold.
     public var limits = Limits()
 
@@ -78,6 +86,13 @@ public struct OpqdConfiguration: Sendable {
         return l
     }
 
+    static func seconds(_ s: String, _ flag: String, _ range: ClosedRange<Double>) throws -> Double {
+        guard let v = Double(s), v.isFinite, range.contains(v) else {
+            throw ConfigurationError("\(flag) must be a number of seconds from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        }
+        return v
+    }
+
     static func int(_ s: String, _ flag: String, _ range: ClosedRange<Int>) throws -> Int {
         guard let v = Int(s), range.contains(v) else {
             throw ConfigurationError("\(flag) must be an integer from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
@@ -114,6 +129,21 @@ public struct OpqdConfiguration: Sendable {
             flag: "--webhook-secret", env: "OPQD_WEBHOOK_SECRET",
             help: "signs webhook deliveries: X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body> (default: none, unsigned)"
         ) { c, v in c.webhookSecret = try secret(v, "--webhook-secret") },
+        Option(flag: "--webhook-timeout", env: "OPQD_WEBHOOK_TIMEOUT", help: "seconds a webhook POST may take before it is retried (default 10)") { c, v in
+            c.webhookTimeout = try seconds(v, "--webhook-timeout", 0.1...3600)
+        },
+        Option(
+            flag: "--webhook-backoff", env: "OPQD_WEBHOOK_BACKOFF", help: "seconds before the first retry of a failed delivery; doubles each time (default 1)"
+        ) {
+            c, v in c.webhookBackoff = try seconds(v, "--webhook-backoff", 0.01...3600)
+        },
+        Option(flag: "--webhook-max-backoff", env: "OPQD_WEBHOOK_MAX_BACKOFF", help: "the longest wait between retries of a delivery (default 300)") {
+            c, v in c.webhookMaxBackoff = try seconds(v, "--webhook-max-backoff", 0.01...86_400)
+        },
+        Option(
+            flag: "--webhook-buffer", env: "OPQD_WEBHOOK_BUFFER",
+            help: "events one webhook observer holds in memory; a slower one reads the rest back from the store (default 1000)"
+        ) { c, v in c.webhookBuffer = try int(v, "--webhook-buffer", 1...1_000_000) },
         Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
             c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))
         },

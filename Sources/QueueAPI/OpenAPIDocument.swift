@@ -27,7 +27,8 @@ info:
     * A 2xx answer to a create or a change is sent only once the change is durable (with
       the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
       fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
-      registrations (`/v1/operations/{id}/observers`) are durable like everything else.
+      registrations (`/v1/operations/{id}/observers`, `/v1/queues/{name}/observers`) and
+      their delivery cursors are durable like everything else.
     * Every change event is shown (feed, stream, long poll, webhook) only once it is
       committed, so a `seq` once seen always names the same change, also after a crash.
     * Limits are server options with safe defaults; hitting one answers a problem naming
@@ -300,6 +301,7 @@ paths:
             minimum: 1
             maximum: 100000
             default: 100000
+        - $ref: '#/components/parameters/IfNoneMatch'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -307,8 +309,16 @@ paths:
           $ref: '#/components/responses/Unauthorized'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '304':
+          $ref: '#/components/responses/NotModified'
         '200':
-          description: The queues.
+          description: |
+            The queues. The `ETag` comes from the queues' revisions (each moves with every
+            change to its queue or its operations' states), so a poll that finds nothing
+            changed gets 304 without the list being built.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
           content:
             application/json:
               schema:
@@ -1130,12 +1140,10 @@ paths:
       tags: [observation]
       summary: Register a webhook
       description: |
-        Each matching change of the operation is POSTed to `url` as the event JSON, in `seq`
-        order, with the `X-Opqd-Event-Seq` header and, when the server has a `--webhook-secret`,
-        `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the raw body keyed with the secret>`
-        (compare it in constant time before trusting a delivery); a failed delivery (no 2xx within 5 s) is
-        tried twice more, 1 s and 2 s later, then dropped. 409 when the operation has already
-        finished.
+        Each matching change of the operation committed after this call is POSTed to `url`
+        as the event JSON (see the `WebhookDelivery` schema for the rules: order, retries,
+        headers, signature, restarts). 409 when the operation has already finished. The
+        observer goes when the operation is purged.
       requestBody:
         required: true
         content:
@@ -1185,8 +1193,14 @@ paths:
       operationId: listObservers
       tags: [observation]
       summary: The operation's webhooks
-      description: Sorted by id. Refuses unknown query parameters.
+      description: |
+        Sorted by id; registrations only (the delivery state is on each observer). The
+        `ETag` moves with every registration and removal. Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
       responses:
+        '304':
+          $ref: '#/components/responses/NotModified'
         '400':
           $ref: '#/components/responses/BadRequest'
         '401':
@@ -1195,17 +1209,13 @@ paths:
           $ref: '#/components/responses/HeadersTooLarge'
         '200':
           description: The webhooks.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
           content:
             application/json:
               schema:
-                type: object
-                additionalProperties: false
-                required: [observers]
-                properties:
-                  observers:
-                    type: array
-                    items:
-                      $ref: '#/components/schemas/Webhook'
+                $ref: '#/components/schemas/WebhookList'
         '404':
           $ref: '#/components/responses/NotFound'
         '422':
@@ -1223,7 +1233,7 @@ paths:
     get:
       operationId: getObserver
       tags: [observation]
-      summary: One webhook
+      summary: One webhook, with its delivery state
       description: Refuses unknown query parameters.
       responses:
         '400':
@@ -1244,6 +1254,146 @@ paths:
           $ref: '#/components/responses/Unprocessable'
     delete:
       operationId: removeObserver
+      tags: [observation]
+      summary: Remove a webhook
+      description: No more changes are POSTed to its URL. Refuses unknown query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '204':
+          description: Removed.
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/queues/{name}/observers:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    post:
+      operationId: addQueueObserver
+      tags: [observation]
+      summary: Register a webhook for every operation of the queue
+      description: |
+        Each matching change of every operation of the queue, present and future, committed
+        after this call is POSTed to `url` as the event JSON (see the `WebhookDelivery` schema
+        for the rules: order, retries, headers, signature, restarts). It counts against
+        `--max-observers-per-queue` and `--max-observers`. The observer goes when the queue
+        is deleted.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/WebhookCreate'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '201':
+          description: Registered.
+          headers:
+            Location:
+              $ref: '#/components/headers/Location'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Webhook'
+          links:
+            GetObserver:
+              operationId: getQueueObserver
+              parameters:
+                name: '$response.body#/queue'
+                observer: '$response.body#/id'
+            RemoveObserver:
+              operationId: removeQueueObserver
+              parameters:
+                name: '$response.body#/queue'
+                observer: '$response.body#/id'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    get:
+      operationId: listQueueObservers
+      tags: [observation]
+      summary: The queue's webhooks (queue-wide ones only)
+      description: |
+        Sorted by id; registrations only (the delivery state is on each observer). The
+        `ETag` moves with every registration and removal. Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The webhooks.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/WebhookList'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/queues/{name}/observers/{observer}:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - name: observer
+        in: path
+        required: true
+        description: The webhook's id (from its creation). One that is not a queue-wide webhook of this queue is 404.
+        schema:
+          $ref: '#/components/schemas/WebhookId'
+    get:
+      operationId: getQueueObserver
+      tags: [observation]
+      summary: One webhook, with its delivery state
+      description: Refuses unknown query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The webhook.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Webhook'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    delete:
+      operationId: removeQueueObserver
       tags: [observation]
       summary: Remove a webhook
       description: No more changes are POSTed to its URL. Refuses unknown query parameters.
@@ -1459,10 +1609,12 @@ components:
   headers:
     ETag:
       required: true
-      description: Changes whenever the resource's `revision` does.
+      description: |
+        Changes whenever the resource's `revision` does; a listing's whenever any item in it
+        (or the set of items) changes. Opaque: compare, never parse.
       schema:
         type: string
-        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+)"$'
+        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+|l[0-9a-z]+-[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+)"$'
     Location:
       required: true
       description: Path of the created resource.
@@ -2304,10 +2456,15 @@ components:
     Webhook:
       type: object
       additionalProperties: false
-      required: [id, operation, url, keys]
+      required: [id, queue, url, keys, createdAt]
+      description: |
+        A webhook observer: of one operation (`operation` present) or of every operation of
+        `queue`. `delivery` is shown by the create and single-observer answers, not by lists.
       properties:
         id:
           $ref: '#/components/schemas/WebhookId'
+        queue:
+          $ref: '#/components/schemas/QueueName'
         operation:
           $ref: '#/components/schemas/OperationId'
         url:
@@ -2317,6 +2474,89 @@ components:
           items:
             $ref: '#/components/schemas/ChangeKey'
           description: The keys observed, sorted.
+        createdAt:
+          type: string
+          format: date-time
+        delivery:
+          $ref: '#/components/schemas/WebhookDelivery'
+
+    WebhookList:
+      type: object
+      additionalProperties: false
+      required: [observers]
+      properties:
+        observers:
+          type: array
+          items:
+            $ref: '#/components/schemas/Webhook'
+
+    WebhookDelivery:
+      type: object
+      additionalProperties: false
+      required: [state, cursor, lastDeliveredSeq, pending, behind, delivered, failures, consecutiveFailures, dropped, lastError, lastAttemptAt, lastSuccessAt, nextAttemptAt]
+      description: |
+        How an observer's deliveries stand. The rules: each matching event is POSTed on its
+        own (the event JSON as the body, `Content-Type: application/json`) with
+        `X-Opqd-Event-Seq: <seq>`, `X-Opqd-Observer: <id>` and, when the server has a
+        `--webhook-secret`, `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the raw body keyed
+        with the secret>` (compare it in constant time). One POST at a time per observer, in
+        `seq` order; the next is sent only once the receiver answered 2xx. Anything else (a
+        non-2xx, no answer within `--webhook-timeout`, no connection) is retried, the same
+        event, after `--webhook-backoff` seconds doubling up to `--webhook-max-backoff`, for as
+        long as the observer exists: delivery is at least once, so receivers deduplicate by
+        `X-Opqd-Event-Seq`. The cursor (the last acknowledged seq) is stored about once a second
+        and at a clean stop; after a crash, events after the stored cursor are sent again. An
+        observer that falls behind by more than `--webhook-buffer` events reads the rest back
+        from the store, so it costs bounded memory and loses nothing. A receiver that fails or
+        hangs delays only its own observer. With `--store memory` (no history kept), events past
+        the buffer are dropped and counted in `dropped`.
+      properties:
+        state:
+          type: string
+          enum: [idle, sending, retrying, catchingUp]
+          description: "`idle`: nothing owed; `sending`: a POST in flight; `retrying`: waiting for `nextAttemptAt` after a failure; `catchingUp`: reading missed events back from the store."
+        cursor:
+          type: integer
+          minimum: 0
+          description: Every matching event up to this seq has been acknowledged (the value stored for restarts).
+        lastDeliveredSeq:
+          type: [integer, 'null']
+          minimum: 0
+          description: The seq of the last event a receiver acknowledged since this server started; null before the first.
+        pending:
+          type: integer
+          minimum: 0
+          description: Matched events held in memory, not yet acknowledged.
+        behind:
+          type: integer
+          minimum: 0
+          description: Seqs between `cursor` and the newest durable event (an upper bound of what is owed).
+        delivered:
+          type: integer
+          minimum: 0
+          description: Deliveries acknowledged since this server started.
+        failures:
+          type: integer
+          minimum: 0
+          description: Failed attempts since this server started.
+        consecutiveFailures:
+          type: integer
+          minimum: 0
+        dropped:
+          type: integer
+          minimum: 0
+        lastError:
+          type: [string, 'null']
+          description: Why the last failed attempt failed (e.g. "the receiver answered 500", "timeout …").
+        lastAttemptAt:
+          type: [string, 'null']
+          format: date-time
+        lastSuccessAt:
+          type: [string, 'null']
+          format: date-time
+        nextAttemptAt:
+          type: [string, 'null']
+          format: date-time
 
     WebhookId:
       type: string

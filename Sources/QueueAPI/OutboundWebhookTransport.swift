@@ -7,12 +7,15 @@ struct OutboundWebhookTransport: WebhookTransport {
     /// One client (one thread running curl's multi loop) for every webhook.
     let client = OutboundHTTPClient()
 
-    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void) {
+    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void) {
         let request = OutboundRequest(
             method: "POST", url: url, headers: headers, body: body, timeout: timeout,
             maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
         client.send(request) { result in
-            done((try? result.get()).map { (200..<300).contains($0.status) } ?? false)
+            switch result {
+            case let .success(response): done((200..<300).contains(response.status) ? nil : "the receiver answered \(response.status)")
+            case let .failure(error): done("\(error.type): \(error.detail)")
+            }
         }
     }
 }

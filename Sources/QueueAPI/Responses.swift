@@ -15,6 +15,28 @@ enum ETag {
     static func queue(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(bootNonce)-\(q.revision)\"" }
     static let bootNonce = String(UInt32.random(in: 0...UInt32.max), radix: 36)
 
+    /// A listing's ETag from what each item's revision says (name, a creation stamp, the
+    /// revision), hashed in order with FNV-1a: the same items at the same revisions give the
+    /// same tag within one process; any change, addition or removal gives another.
+    static func list<S: Sequence>(_ items: S) -> String where S.Element == (String, UInt64, UInt64) {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        var n: UInt64 = 0
+        func mix(_ v: UInt64) {
+            var v = v
+            for _ in 0..<8 {
+                h = (h ^ (v & 0xff)) &* 0x100_0000_01b3
+                v >>= 8
+            }
+        }
+        for (name, created, revision) in items {
+            for b in name.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            h = (h ^ 0xff) &* 0x100_0000_01b3  // never in UTF-8: ends the name
+            mix(created); mix(revision)
+            n &+= 1
+        }
+        return "\"l\(bootNonce)-\(n)-\(String(h, radix: 36))\""
+    }
+
     static func matches(_ req: HTTPRequest, _ etag: String) -> Bool {
         guard let inm = req.header("if-none-match") else { return false }
         if inm == etag || inm == "*" { return true }

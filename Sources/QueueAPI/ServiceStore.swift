@@ -23,6 +23,9 @@ protocol ServiceStore: AnyObject, Sendable {
     /// Events of one operation after `after`, or nil when the store does not keep them (the
     /// caller falls back to the in-memory ring).
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]?
+    /// Events of one queue with `after` < seq <= `through`, or nil when the store keeps none
+    /// (webhook deliveries that fell behind catch up from here).
+    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]?
     func meta(prefix: String) -> [(key: String, value: String)]
     /// Writes (nil deletes) in one commit; `then` runs once committed. False when the store is
     /// closing (then `then` never runs).
@@ -42,6 +45,9 @@ extension SQLiteStore: ServiceStore {
     var storeStats: StoreStats? { stats }
     func recoverState() throws -> RecoveredState? { try load() }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
+    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]? {
+        events(inQueue: queue, after: after, through: through, limit: limit)
+    }
 }
 
 /// `--store memory`: the engine's in-memory store; meta values live as long as the process,
@@ -57,6 +63,7 @@ final class MemoryServiceStore: ServiceStore {
     func recoverState() throws -> RecoveredState? { nil }
     func recentEvents(limit: Int) -> [ChangeEvent] { [] }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { nil }
+    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]? { nil }
 
     func meta(prefix: String) -> [(key: String, value: String)] {
         values.withLock { v in v.filter { $0.key.hasPrefix(prefix) }.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }

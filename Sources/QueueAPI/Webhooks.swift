@@ -1,120 +1,40 @@
-import Digest
 import Dispatch
 import Locking
 import Logging
 import MicroHTTP
 import QueueEngine
 import QueueStore
-import Synchronization
 
-/// Sends a webhook's POST. Failure modes are results, never traps: the implementation is the
-/// outbound client that the `http` kind uses too (up to 5 redirects, as `OutboundWebhookTransport` says).
-protocol WebhookTransport: Sendable {
-    /// POSTs `body` to `url`; `done(true)` for a 2xx answer, `done(false)` for anything else.
-    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (Bool) -> Void)
-}
-
-/// Sends one webhook's events in order, one request at a time, without blocking a thread:
-/// the next POST starts from the completion of the previous one. Its backlog is bounded: a
-/// receiver that hangs delays only its own observer and costs bounded memory.
-final class Delivery: Sendable {
-    struct State: Sendable {
-        var pending: [ChangeEvent] = []
-        var head = 0
-        var sending = false
-        var stopped = false
-        var dropped = 0
-    }
-    /// Events one webhook may have waiting (its receiver slow or down); past it the newest are
-    /// dropped and counted (`dropped`, logged): bounded memory over a lossless promise until
-    /// deliveries read from the durable feed by cursor (issue 11).
-    static let maxPending = 1_000
-    let transport: any WebhookTransport
-    let target: String
-    let logger: Logger
-    let id: String
-    let scheduler: any EngineScheduler
-    /// The `--webhook-secret` bytes; nil sends deliveries unsigned.
-    let secret: [UInt8]?
-    private let state = Lock(State())
-
-    /// The headers of one delivery: the event's seq and, with a secret, the body's HMAC-SHA256
-    /// (API.md: `X-Opqd-Signature: sha256=<hex HMAC of the body>`), over the exact bytes sent.
-    static func headers(for event: ChangeEvent, secret: [UInt8]?) -> [(String, String)] {
-        var headers = [("Content-Type", "application/json"), ("X-Opqd-Event-Seq", "\(event.seq)")]
-        if let secret { headers.append(("X-Opqd-Signature", "sha256=" + SHA256.hex(SHA256.hmac(key: secret, message: event.json)))) }
-        return headers
-    }
-
-    init(transport: any WebhookTransport, target: String, logger: Logger, id: String, scheduler: any EngineScheduler, secret: [UInt8]?) {
-        self.transport = transport; self.target = target; self.logger = logger; self.id = id; self.scheduler = scheduler
-        self.secret = secret
-    }
-
-    func enqueue(_ event: ChangeEvent) {
-        let start: ChangeEvent? = state.withLock { s in
-            if s.stopped { return nil }
-            if s.sending {
-                if s.pending.count - s.head >= Self.maxPending {
-                    s.dropped += 1
-                    if s.dropped == 1 || s.dropped % 1000 == 0 {
-                        logger.warning("webhook backlog full: dropping events", metadata: ["webhook": "\(id)", "dropped": "\(s.dropped)"])
-                    }
-                    return nil
-                }
-                s.pending.append(event)
-                return nil
-            }
-            s.sending = true
-            return event
-        }
-        if let start { send(start, attempt: 1) }
-    }
-
-    func stop() {
-        state.withLock {
-            $0.stopped = true; $0.pending = []; $0.head = 0
-        }
-    }
-
-    private func send(_ event: ChangeEvent, attempt: Int) {
-        transport.post(
-            url: target, body: event.json, headers: Self.headers(for: event, secret: secret),
-            timeout: 5
-        ) { [self] ok in
-            if !ok && attempt < 3 && !state.withLock({ $0.stopped }) {
-                scheduler.after(seconds: Double(attempt)) { self.send(event, attempt: attempt + 1) }
-                return
-            }
-            if !ok {
-                logger.warning("webhook delivery failed", metadata: ["webhook": "\(id)", "seq": "\(event.seq)"])
-            }
-            let next: ChangeEvent? = state.withLock { s in
-                if s.stopped || s.head >= s.pending.count { s.sending = false; s.pending = []; s.head = 0; return nil }
-                let e = s.pending[s.head]
-                s.head += 1
-                if s.head > 1024 { s.pending.removeFirst(s.head); s.head = 0 }
-                return e
-            }
-            if let next { send(next, attempt: 1) }
-        }
-    }
-}
-
-/// `POST /v1/operations/{id}/observers`: each matching change is POSTed to a URL as the
-/// event JSON, in order, one delivery at a time per webhook, with retries.
+/// Webhook observers: `POST /v1/operations/{id}/observers` (the changes of one operation) and
+/// `POST /v1/queues/{name}/observers` (of every operation of the queue, present and future).
+/// Each matching change is POSTed to the observer's URL as the event JSON by its `Delivery`: in
+/// `seq` order, at least once, retried with backoff.
 ///
-/// Registrations are durable (kept in the store's `meta` table, answered only once committed)
-/// and bounded per operation, per queue and in all. Deliveries are fed only with committed
-/// events. A registration goes when it is deleted or when its operation is purged.
+/// Registrations are durable (the store's `meta` table, answered only once committed) and
+/// bounded per operation, per queue and in all; so is each delivery's cursor (written about
+/// once a second and at a clean stop), so a restart sends what was not acknowledged. An
+/// operation's observers go when it is purged, a queue's when the queue is deleted.
 final class Webhooks: Sendable {
     struct Hook: Sendable {
         let id: String
-        let operation: OperationID
-        let queue: String
+        let scope: ObserverScope
         let url: String
         let keys: Set<ChangeKey>?
         let createdAt: Timestamp
+
+        var queue: String { scope.queue }
+        var operation: OperationID? {
+            if case let .operation(id, _) = scope { return id }
+            return nil
+        }
+
+        func matches(_ e: ChangeEvent) -> Bool {
+            switch scope {
+            case let .operation(id, _): if e.operation != id { return false }
+            case let .queue(q): if e.queue != q { return false }
+            }
+            return keys?.contains(e.key) ?? true
+        }
     }
     struct Limits: Sendable {
         var perOperation: Int
@@ -124,69 +44,127 @@ final class Webhooks: Sendable {
     struct State: Sendable {
         var hooks: [String: Hook] = [:]
         var byOperation: [UInt64: [String]] = [:]
+        /// Queue-wide observers by queue.
+        var byQueue: [String: [String]] = [:]
+        /// Observers (of both scopes) counted against each queue's limit.
         var perQueue: [String: Int] = [:]
         var deliveries: [String: Delivery] = [:]
         /// Registrations not committed yet, with who waits for them.
         var uncommitted: [String: [@Sendable () -> Void]] = [:]
+        /// Moves on every registration and removal: the listings' ETag.
+        var revision: UInt64 = 0
+        /// Counters of observers that were removed, so `/metrics` counters never go back.
+        var retired = WebhookMetrics()
+        var started = false
     }
     private let logger: Logger
     private let transport: any WebhookTransport
     private let scheduler: any EngineScheduler
     private let secret: [UInt8]?
     private let store: any ServiceStore
+    private let policy: DeliveryPolicy
+    /// The newest durable seq (the feed's): where a new observer starts.
+    private let newestSeq: @Sendable () -> UInt64
     let limits: Limits
     private let state = Lock(State())
     static let metaPrefix = "observer:"
+    static let cursorPrefix = "observer-cursor:"
 
     init(
         logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any ServiceStore,
-        limits: Limits
+        limits: Limits, policy: DeliveryPolicy = DeliveryPolicy(), newestSeq: @escaping @Sendable () -> UInt64
     ) {
         self.logger = logger; self.transport = transport; self.scheduler = scheduler; self.store = store; self.limits = limits
+        self.policy = policy; self.newestSeq = newestSeq
         self.secret = secret.map { Array($0.utf8) }
+        var cursors: [String: UInt64] = [:]
+        for (key, value) in store.meta(prefix: Self.cursorPrefix) {
+            if let n = UInt64(value) { cursors[String(key.dropFirst(Self.cursorPrefix.count))] = n }
+        }
+        let newest = newestSeq()
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
-            guard let hook = Self.decode(id: String(key.dropFirst(Self.metaPrefix.count)), value) else {
+            let id = String(key.dropFirst(Self.metaPrefix.count))
+            guard let hook = Self.decode(id: id, value) else {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
                 continue
             }
-            state.withLock { s in add(hook, to: &s) }
+            // An observer stored without a cursor (an older version) starts at its creation.
+            let cursor = min(cursors[id] ?? (hook.startSeq ?? newest), newest)
+            state.withLock { s in add(hook.hook, cursor: cursor, to: &s) }
         }
     }
 
-    private func add(_ hook: Hook, to s: inout State) {
+    private func add(_ hook: Hook, cursor: UInt64, to s: inout State) {
         s.hooks[hook.id] = hook
-        s.byOperation[hook.operation.raw, default: []].append(hook.id)
+        switch hook.scope {
+        case let .operation(op, _): s.byOperation[op.raw, default: []].append(hook.id)
+        case let .queue(q): s.byQueue[q, default: []].append(hook.id)
+        }
         s.perQueue[hook.queue, default: 0] += 1
-        s.deliveries[hook.id] = Delivery(transport: transport, target: hook.url, logger: logger, id: hook.id, scheduler: scheduler, secret: secret)
+        s.revision += 1
+        let (store, scope, keys) = (self.store, hook.scope, hook.keys)
+        s.deliveries[hook.id] = Delivery(
+            id: hook.id, scope: hook.scope, target: hook.url, cursor: cursor, newestSeq: newestSeq, transport: transport, logger: logger,
+            scheduler: scheduler, secret: secret, policy: policy, keepsHistory: store.isDurable,
+            history: { after, through, limit in
+                let read: [ChangeEvent]?
+                switch scope {
+                case let .operation(op, _): read = store.history(of: op, after: after, limit: limit)
+                case let .queue(q): read = store.history(ofQueue: q, after: after, through: through, limit: limit)
+                }
+                guard let read else { return nil }
+                // A full read stops at its last row; the rest of the window comes next time.
+                let scanned = read.count >= limit ? min(read.last?.seq ?? through, through) : through
+                let events = read.filter { e in e.seq <= scanned && (keys?.contains(e.key) ?? true) }
+                return (events, scanned)
+            })
     }
 
     var count: Int { state.withLock { $0.hooks.count } }
 
-    /// Registers a webhook (see `whenCommitted` for when it is durable). Throws a 429 problem
-    /// when a limit is reached (nothing changes then).
-    func register(operation: OperationID, queue: String, url: String, keys: Set<ChangeKey>?) throws(Problem) -> Hook {
+    /// Starts the deliveries that have something owed from before a restart.
+    func start() {
+        let all = state.withLock { s in
+            s.started = true
+            return Array(s.deliveries.values)
+        }
+        for d in all { d.pump() }
+    }
+
+    /// Registers an observer (see `whenCommitted` for when it is durable); it is sent the
+    /// changes committed after this call. Throws a 429 problem when a limit is reached (nothing
+    /// changes then).
+    func register(_ scope: ObserverScope, url: String, keys: Set<ChangeKey>?) throws(Problem) -> Hook {
         let id = "wh-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
-        let hook = Hook(id: id, operation: operation, queue: queue, url: url, keys: keys, createdAt: SystemClock().now())
-        try state.withLock { (s: inout State) throws(Problem) in
-            let onOperation = s.byOperation[operation.raw]?.count ?? 0
-            if onOperation >= limits.perOperation {
-                throw Self.tooMany("operation \(operation) has \(onOperation) observers; the limit is \(limits.perOperation) (--max-observers-per-operation)")
+        let hook = Hook(id: id, scope: scope, url: url, keys: keys, createdAt: SystemClock().now())
+        let start: UInt64 = try state.withLock { (s: inout State) throws(Problem) in
+            if case let .operation(operation, _) = scope {
+                let onOperation = s.byOperation[operation.raw]?.count ?? 0
+                if onOperation >= limits.perOperation {
+                    throw Self.tooMany(
+                        "operation \(operation) has \(onOperation) observers; the limit is \(limits.perOperation) (--max-observers-per-operation)")
+                }
             }
-            let onQueue = s.perQueue[queue] ?? 0
+            let onQueue = s.perQueue[scope.queue] ?? 0
             if onQueue >= limits.perQueue {
-                throw Self.tooMany("queue '\(queue)' has \(onQueue) observers; the limit is \(limits.perQueue) (--max-observers-per-queue)")
+                throw Self.tooMany("queue '\(scope.queue)' has \(onQueue) observers; the limit is \(limits.perQueue) (--max-observers-per-queue)")
             }
             if s.hooks.count >= limits.total {
                 throw Self.tooMany("the server has \(s.hooks.count) observers; the limit is \(limits.total) (--max-observers)")
             }
-            add(hook, to: &s)
+            // Read under the lock `deliver` takes: a batch is either in the feed already (and
+            // so before `start`) or is pushed to the new delivery.
+            let start = newestSeq()
+            add(hook, cursor: start, to: &s)
             s.uncommitted[id] = []
+            return start
         }
         let committed: @Sendable () -> Void = { [self] in
             let waiters = state.withLock { $0.uncommitted.removeValue(forKey: id) } ?? []
             for w in waiters { w() }
         }
-        if !store.setMeta([(Self.metaPrefix + id, Self.encode(hook))], then: committed) {
+        let writes: [(key: String, value: String?)] = [(Self.metaPrefix + id, Self.encode(hook, start: start)), (Self.cursorPrefix + id, "\(start)")]
+        if !store.setMeta(writes, then: committed) {
             // The store is closing: never answer 201 for a registration that was not kept.
             remove(id)
             throw Problem.shuttingDown
@@ -209,27 +187,60 @@ final class Webhooks: Sendable {
         Problem(429, "too-many-observers", "Too Many Requests", detail, headers: [("Retry-After", "60")])
     }
 
-    func hook(_ id: String, of operation: OperationID) -> Hook? {
-        state.withLock { s in s.hooks[id].flatMap { $0.operation == operation ? $0 : nil } }
+    /// The observer `id` if it has this scope.
+    func hook(_ id: String, in scope: ObserverScopeQuery) -> Hook? {
+        state.withLock { s in
+            guard let h = s.hooks[id] else { return nil }
+            switch (scope, h.scope) {
+            case let (.operation(want), .operation(have, _)): return want == have ? h : nil
+            case let (.queue(want), .queue(have)): return want == have ? h : nil
+            default: return nil
+            }
+        }
     }
 
-    func hooks(of operation: OperationID) -> [Hook] {
-        state.withLock { s in (s.byOperation[operation.raw] ?? []).compactMap { s.hooks[$0] } }.sorted { $0.id < $1.id }
+    /// The observers of one scope, by id, and the revision of the whole registry (for ETags).
+    func hooks(in scope: ObserverScopeQuery) -> (hooks: [Hook], revision: UInt64) {
+        state.withLock { s in
+            let ids: [String]
+            switch scope {
+            case let .operation(op): ids = s.byOperation[op.raw] ?? []
+            case let .queue(q): ids = s.byQueue[q] ?? []
+            }
+            return (ids.compactMap { s.hooks[$0] }.sorted { $0.id < $1.id }, s.revision)
+        }
     }
 
-    /// Removes a webhook; `durable` runs once the removal is committed.
+    func delivery(_ id: String) -> Delivery.Snapshot? {
+        state.withLock { $0.deliveries[id] }?.snapshot()
+    }
+
+    /// Removes an observer; `durable` runs once the removal is committed.
     func remove(_ id: String, durable: (@Sendable () -> Void)? = nil) {
         var waiting: [@Sendable () -> Void] = []
         let removed: Hook? = state.withLock { s in
             guard let h = s.hooks.removeValue(forKey: id) else { return nil }
             // Whoever waits for the registration's commit is answered with the removal's.
             waiting = s.uncommitted.removeValue(forKey: id) ?? []
-            s.deliveries.removeValue(forKey: id)?.stop()
-            if var list = s.byOperation[h.operation.raw] {
-                list.removeAll { $0 == id }
-                s.byOperation[h.operation.raw] = list.isEmpty ? nil : list
+            if let d = s.deliveries.removeValue(forKey: id) {
+                d.stop()
+                let snap = d.snapshot()
+                s.retired.delivered += snap.delivered; s.retired.failed += snap.failures; s.retired.dropped += snap.dropped
+            }
+            switch h.scope {
+            case let .operation(op, _):
+                if var list = s.byOperation[op.raw] {
+                    list.removeAll { $0 == id }
+                    s.byOperation[op.raw] = list.isEmpty ? nil : list
+                }
+            case let .queue(q):
+                if var list = s.byQueue[q] {
+                    list.removeAll { $0 == id }
+                    s.byQueue[q] = list.isEmpty ? nil : list
+                }
             }
             if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
+            s.revision += 1
             return h
         }
         let done: @Sendable () -> Void = { [waiting] in
@@ -238,45 +249,93 @@ final class Webhooks: Sendable {
         }
         if removed != nil {
             // A store that is closing never calls `done`: the answers then become shutdown's 503.
-            store.setMeta([(Self.metaPrefix + id, nil)], then: done)
+            store.setMeta([(Self.metaPrefix + id, nil), (Self.cursorPrefix + id, nil)], then: done)
         } else {
             done()
         }
     }
 
-    /// Committed changes, in `seq` order: each goes to the webhooks of its operation.
+    /// Committed changes, in `seq` order: each observer gets the ones it matches.
     func deliver(_ events: [ChangeEvent]) {
-        for e in events {
-            let targets: [Delivery] = state.withLock { s in
-                guard let ids = s.byOperation[e.operation.raw] else { return [] }
-                return ids.compactMap { id in
-                    guard let h = s.hooks[id], h.keys?.contains(e.key) ?? true else { return nil }
-                    return s.deliveries[id]
-                }
+        guard let last = events.last?.seq else { return }
+        let work: [(Delivery, [ChangeEvent])] = state.withLock { s in
+            if s.hooks.isEmpty { return [] }
+            var matched: [String: [ChangeEvent]] = [:]
+            for e in events {
+                for id in s.byOperation[e.operation.raw] ?? [] where s.hooks[id]?.matches(e) ?? false { matched[id, default: []].append(e) }
+                for id in s.byQueue[e.queue] ?? [] where s.hooks[id]?.matches(e) ?? false { matched[id, default: []].append(e) }
             }
-            for d in targets { d.enqueue(e) }
+            return matched.compactMap { id, list in s.deliveries[id].map { ($0, list) } }
+        }
+        for (d, list) in work { d.push(list, last: last) }
+    }
+
+    /// Writes the cursors that moved (about once a second, and at a clean stop).
+    func persistCursors() {
+        let all = state.withLock { Array($0.deliveries.values) }
+        var writes: [(key: String, value: String?)] = []
+        for d in all {
+            if let c = d.cursorToPersist() { writes.append((Self.cursorPrefix + d.id, "\(c)")) }
+        }
+        if !writes.isEmpty { store.setMeta(writes, then: nil) }
+    }
+
+    /// Stops every delivery (server stop) after writing the cursors.
+    func stop() {
+        persistCursors()
+        let all = state.withLock { Array($0.deliveries.values) }
+        for d in all { d.stop() }
+    }
+
+    /// Drops the observers of operations that no longer exist (purged, or their queue
+    /// deleted) and of deleted queues.
+    func removeOrphans(operationExists: (OperationID) -> Bool, queueExists: (String) -> Bool) {
+        let all = state.withLock { s in s.hooks.values.map { ($0.id, $0.scope) } }
+        for (id, scope) in all {
+            switch scope {
+            case let .operation(op, _): if !operationExists(op) { remove(id) }
+            case let .queue(q): if !queueExists(q) { remove(id) }
+            }
         }
     }
 
-    /// Drops the webhooks of operations that no longer exist (purged, or their queue deleted).
-    func removeOrphans(exists: (OperationID) -> Bool) {
-        let all = state.withLock { s in s.hooks.values.map { ($0.id, $0.operation) } }
-        for (id, op) in all where !exists(op) { remove(id) }
+    /// Counters for `/metrics`.
+    func metrics() -> WebhookMetrics {
+        let (deliveries, retired) = state.withLock { s in (Array(s.deliveries.values), s.retired) }
+        var m = retired
+        m.observers = deliveries.count
+        for d in deliveries {
+            let snap = d.snapshot()
+            m.delivered += snap.delivered; m.failed += snap.failures; m.dropped += snap.dropped
+            m.pending += UInt64(snap.pending)
+        }
+        return m
     }
 
-    static func encode(_ h: Hook) -> String {
-        var members: [(String, JSONValue)] = [
-            ("operation", .string(h.operation.description)), ("queue", .string(h.queue)), ("url", .string(h.url)),
-            ("createdAt", .number(Double(h.createdAt.nanoseconds))),
+    static func encode(_ h: Hook, start: UInt64) -> String {
+        var members: [(String, JSONValue)] = []
+        switch h.scope {
+        case let .operation(op, _): members.append(("operation", .string(op.description)))
+        case .queue: members.append(("scope", .string("queue")))
+        }
+        members += [
+            ("queue", .string(h.queue)), ("url", .string(h.url)), ("createdAt", .number(Double(h.createdAt.nanoseconds))),
+            ("start", .number(Double(min(start, 1 << 52)))),
         ]
         if let keys = h.keys { members.append(("keys", .array(keys.map(\.rawValue).sorted().map { .string($0) }))) }
         return JSONValue.object(members).text
     }
 
-    static func decode(id: String, _ text: String) -> Hook? {
-        guard let v = try? JSONValue.parse(text), case let .string(op)? = v["operation"], let operation = OperationID(op),
-            case let .string(queue)? = v["queue"], case let .string(url)? = v["url"]
-        else { return nil }
+    static func decode(id: String, _ text: String) -> (hook: Hook, startSeq: UInt64?)? {
+        guard let v = try? JSONValue.parse(text), case let .string(queue)? = v["queue"], case let .string(url)? = v["url"] else { return nil }
+        let scope: ObserverScope
+        if case let .string(op)? = v["operation"], let operation = OperationID(op) {
+            scope = .operation(operation, queue: queue)
+        } else if case .string("queue")? = v["scope"] {
+            scope = .queue(queue)
+        } else {
+            return nil
+        }
         var keys: Set<ChangeKey>? = nil
         if case let .array(items)? = v["keys"] {
             keys = Set(
@@ -286,13 +345,14 @@ final class Webhooks: Sendable {
         }
         var created = Timestamp(nanoseconds: 0)
         if case let .number(n)? = v["createdAt"], n.isFinite, abs(n) < 9e18 { created = Timestamp(nanoseconds: Int64(n)) }
-        return Hook(id: id, operation: operation, queue: queue, url: url, keys: keys, createdAt: created)
+        var start: UInt64? = nil
+        if case let .number(n)? = v["start"], n.isFinite, n >= 0, n < 9e18 { start = UInt64(n) }
+        return (Hook(id: id, scope: scope, url: url, keys: keys, createdAt: created), start)
     }
 }
 
-extension Webhooks {
-    /// Counters for `/metrics`.
-    func metrics() -> WebhookMetrics {
-        WebhookMetrics(observers: count)
-    }
+/// Which observers a request names: an operation's or a queue's.
+enum ObserverScopeQuery: Sendable {
+    case operation(OperationID)
+    case queue(String)
 }

@@ -30,6 +30,12 @@ extension SQLiteStore {
         (try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
     }
 
+    /// Kept events of one queue with `after` < seq <= `through`, oldest first, at most `limit`.
+    public func events(inQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent] {
+        guard through > after, limit > 0 else { return [] }
+        return (try? reader.withLock { r throws(SQLiteFailure) in try r.events(inQueue: queue, after: after, through: through, limit: limit) }) ?? []
+    }
+
     /// The seq of the oldest kept event; one past the newest when none is kept. Clients that
     /// resume a feed from before it have missed events.
     public var oldestEventSeq: UInt64 {

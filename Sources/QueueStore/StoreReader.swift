@@ -3,7 +3,7 @@ import QueueEngine
 /// The read connection and its statements; lives under `SQLiteStore.reader`'s lock.
 final class StoreReader {
     private let connection: SQLiteConnection
-    private let recent, byOperation, minSeq: SQLiteStatement
+    private let recent, byOperation, byQueue, minSeq: SQLiteStatement
     private var closed = false
 
     init(path: String) throws(SQLiteFailure) {
@@ -13,6 +13,10 @@ final class StoreReader {
         recent = try connection.prepare("SELECT \(Schema.eventColumns) FROM events ORDER BY seq DESC LIMIT ?1")
         byOperation = try connection.prepare("SELECT \(Schema.eventColumns) FROM events WHERE operation = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
         minSeq = try connection.prepare("SELECT min(seq) FROM events WHERE seq > 0")
+        // A window of seqs (the primary key), so a queue with few events among many costs a
+        // bounded scan per call.
+        byQueue = try connection.prepare(
+            "SELECT \(Schema.eventColumns) FROM events WHERE seq > ?1 AND seq <= ?2 AND queue = ?3 ORDER BY seq LIMIT ?4")
     }
 
     func close() {
@@ -46,6 +50,15 @@ final class StoreReader {
         byOperation.bind(2, Int64(clamping: after))
         byOperation.bind(3, Int64(clamping: limit))
         return try rows(byOperation, RecordDecoder.event)
+    }
+
+    func events(inQueue queue: String, after: UInt64, through: UInt64, limit: Int) throws(SQLiteFailure) -> [ChangeEvent] {
+        try ensureOpen()
+        byQueue.bind(1, Int64(clamping: after))
+        byQueue.bind(2, Int64(clamping: through))
+        byQueue.bind(3, text: queue)
+        byQueue.bind(4, Int64(clamping: limit))
+        return try rows(byQueue, RecordDecoder.event)
     }
 
     func oldestSeq() throws(SQLiteFailure) -> UInt64? {

@@ -2,21 +2,52 @@ import MicroHTTP
 import OutboundHTTP
 import QueueEngine
 
-/// Webhook observers of one operation: register, list, read, delete.
+/// Webhook observers of one operation or of a whole queue: register, list, read (with the
+/// delivery's state), delete.
 struct ObserversController: Sendable {
     let engine: QueueEngine
     let webhooks: Webhooks
 
     func addRoutes(to r: inout Router) {
-        r.add("POST", "/v1/operations/{id}/observers") { req, p in try add(req, p[0]) }
-        r.add("GET", "/v1/operations/{id}/observers") { req, p in try list(req, p[0]) }
-        r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in try get(req, p[0], p[1]) }
-        r.add("DELETE", "/v1/operations/{id}/observers/{observer}") { req, p in try delete(req, p[0], p[1]) }
+        r.add("POST", "/v1/operations/{id}/observers") { req, p in try add(req, try operationScope(p[0])) }
+        r.add("GET", "/v1/operations/{id}/observers") { req, p in try list(req, try operationScope(p[0])) }
+        r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in try get(req, try operationScope(p[0]), p[1]) }
+        r.add("DELETE", "/v1/operations/{id}/observers/{observer}") { req, p in try delete(req, try operationScope(p[0]), p[1]) }
+        r.add("POST", "/v1/queues/{name}/observers") { req, p in try add(req, try queueScope(p[0])) }
+        r.add("GET", "/v1/queues/{name}/observers") { req, p in try list(req, try queueScope(p[0])) }
+        r.add("GET", "/v1/queues/{name}/observers/{observer}") { req, p in try get(req, try queueScope(p[0]), p[1]) }
+        r.add("DELETE", "/v1/queues/{name}/observers/{observer}") { req, p in try delete(req, try queueScope(p[0]), p[1]) }
     }
 
-    func add(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+    /// A request's scope, and what a new observer there watches. An operation must exist (404),
+    /// a finished one reports no more changes (409 when adding).
+    struct Scope {
+        let query: ObserverScopeQuery
+        let path: String
+        let name: String
+        let resolve: () throws -> ObserverScope
+    }
+
+    func operationScope(_ text: String) throws -> Scope {
+        let id = try parseOperationID(text)
+        let engine = self.engine
+        return Scope(query: .operation(id), path: "/v1/operations/\(id)", name: "operation \(id)") {
+            let op = try engine.operation(id)
+            if op.isFinished { throw Problem.conflict("operation \(id) has finished; it will report no more changes") }
+            return .operation(id, queue: op.queue)
+        }
+    }
+
+    func queueScope(_ name: String) throws -> Scope {
+        let engine = self.engine
+        return Scope(query: .queue(name), path: "/v1/queues/\(name)", name: "queue '\(name)'") {
+            _ = try engine.queue(named: name)
+            return .queue(name)
+        }
+    }
+
+    func add(_ req: HTTPRequest, _ scope: Scope) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["url", "keys"])
         guard let url = try b.string("url", maxLength: 2048) else { throw Problem.invalid("url", "is required: an http or https URL") }
         guard url.hasPrefix("http://") || url.hasPrefix("https://"), case .success = OutboundURL.check(url) else {
@@ -34,12 +65,10 @@ struct ObserversController: Sendable {
             }
             keys = set
         }
-        let op = try engine.operation(id)
-        if op.isFinished { throw Problem.conflict("operation \(id) has finished; it will report no more changes") }
-        let hook = try webhooks.register(operation: id, queue: op.queue, url: url, keys: keys)
+        let hook = try webhooks.register(try scope.resolve(), url: url, keys: keys)
         var o = JSONOut()
-        Self.write(hook, to: &o)
-        let response = json(201, o.bytes, [("Location", "/v1/operations/\(id)/observers/\(hook.id)")])
+        Self.write(hook, delivery: webhooks.delivery(hook.id), to: &o)
+        let response = json(201, o.bytes, [("Location", "\(scope.path)/observers/\(hook.id)")])
         let (webhooks, hookID) = (self.webhooks, hook.id)
         // Answered once the registration is committed, like every other 2xx change.
         return .deferred { responder in
@@ -49,30 +78,35 @@ struct ObserversController: Sendable {
         }
     }
 
-    func list(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+    /// Registrations only (no delivery state), so the ETag is the registry's revision and a
+    /// poll that finds nothing new gets a 304.
+    func list(_ req: HTTPRequest, _ scope: Scope) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try parseOperationID(idText)
-        _ = try engine.revision(of: id)
+        switch scope.query {
+        case let .operation(id): _ = try engine.revision(of: id)
+        case let .queue(name): _ = try engine.queue(named: name)
+        }
+        let (hooks, revision) = webhooks.hooks(in: scope.query)
+        let etag = "\"o\(ETag.bootNonce)-\(revision)\""
+        if ETag.matches(req, etag) { return ETag.notModified(etag) }
         var o = JSONOut()
         o.open(); o.key("observers"); o.openArray()
-        for h in webhooks.hooks(of: id) { Self.write(h, to: &o) }
+        for h in hooks { Self.write(h, delivery: nil, to: &o) }
         o.closeArray(); o.close()
-        return .response(json(200, o.bytes))
+        return .response(json(200, o.bytes, [("ETag", etag)]))
     }
 
-    func get(_ req: HTTPRequest, _ idText: String, _ observer: String) throws -> HTTPHandlerResult {
+    func get(_ req: HTTPRequest, _ scope: Scope, _ observer: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try parseOperationID(idText)
-        guard let h = webhooks.hook(observer, of: id) else { throw Problem.notFound("no observer '\(observer)' on operation \(idText)") }
+        guard let h = webhooks.hook(observer, in: scope.query) else { throw Problem.notFound("no observer '\(observer)' on \(scope.name)") }
         var o = JSONOut()
-        Self.write(h, to: &o)
+        Self.write(h, delivery: webhooks.delivery(h.id), to: &o)
         return .response(json(200, o.bytes))
     }
 
-    func delete(_ req: HTTPRequest, _ idText: String, _ observer: String) throws -> HTTPHandlerResult {
+    func delete(_ req: HTTPRequest, _ scope: Scope, _ observer: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let id = try parseOperationID(idText)
-        guard webhooks.hook(observer, of: id) != nil else { throw Problem.notFound("no observer '\(observer)' on operation \(idText)") }
+        guard webhooks.hook(observer, in: scope.query) != nil else { throw Problem.notFound("no observer '\(observer)' on \(scope.name)") }
         let webhooks = self.webhooks
         return .deferred { responder in
             responder.answerBeforeShutdown()
@@ -80,14 +114,40 @@ struct ObserversController: Sendable {
         }
     }
 
-    static func write(_ h: Webhooks.Hook, to o: inout JSONOut) {
+    static func write(_ h: Webhooks.Hook, delivery: Delivery.Snapshot?, to o: inout JSONOut) {
         o.open()
         o.key("id"); o.string(h.id)
-        o.key("operation"); o.string(h.operation.description)
+        o.key("queue"); o.string(h.queue)
+        if let op = h.operation {
+            o.key("operation"); o.string(op.description)
+        }
         o.key("url"); o.string(h.url)
         o.key("keys"); o.openArray()
         for k in (h.keys.map { Array($0) } ?? ChangeKey.allCases).map(\.rawValue).sorted() { o.string(k) }
         o.closeArray()
+        o.key("createdAt"); o.time(h.createdAt)
+        if let d = delivery {
+            o.key("delivery"); o.open()
+            o.key("state"); o.string(d.state)
+            o.key("cursor"); o.int(d.cursor)
+            o.key("lastDeliveredSeq")
+            if let s = d.lastDelivered { o.int(s) } else { o.null() }
+            o.key("pending"); o.int(UInt64(d.pending))
+            o.key("behind"); o.int(d.behind)
+            o.key("delivered"); o.int(d.delivered)
+            o.key("failures"); o.int(d.failures)
+            o.key("consecutiveFailures"); o.int(UInt64(d.consecutiveFailures))
+            o.key("dropped"); o.int(d.dropped)
+            o.key("lastError")
+            if let e = d.lastError { o.string(e) } else { o.null() }
+            for (key, time): (StaticString, Timestamp?) in [
+                ("lastAttemptAt", d.lastAttemptAt), ("lastSuccessAt", d.lastSuccessAt), ("nextAttemptAt", d.nextAttemptAt),
+            ] {
+                o.key(key)
+                if let t = time { o.time(t) } else { o.null() }
+            }
+            o.close()
+        }
         o.close()
     }
 }

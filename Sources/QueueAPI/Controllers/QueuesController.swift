@@ -46,13 +46,18 @@ struct QueuesController: Sendable {
         let after = q.values["after"]
         let limit = try q.int("limit", in: 1...100_000) ?? 100_000
         let budget = pageBudget(limits)
+        let queues = engine.queues()
+        // Every queue's revision moves with each change to it or its operations' states, so
+        // the list's ETag comes from the revisions alone, before anything is encoded.
+        let etag = ETag.list(queues.lazy.map { ($0.name, UInt64(bitPattern: $0.createdAt.nanoseconds), $0.revision) })
+        if ETag.matches(req, etag) { return ETag.notModified(etag) }
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("queues"); o.openArray()
         // Sorted by name; a page ends at `limit` or the byte budget, and `next` carries on.
         var count = 0
         var next: String? = nil
         var lastName: String? = nil
-        for queue in engine.queues() where after.map({ queue.name > $0 }) ?? true {
+        for queue in queues where after.map({ queue.name > $0 }) ?? true {
             if count == limit { next = lastName; break }
             let before = o.bytes.count
             queue.write(to: &o)
@@ -64,7 +69,7 @@ struct QueuesController: Sendable {
         o.key("next")
         if let next { o.string(next) } else { o.null() }
         o.close()
-        return .response(json(200, o.bytes))
+        return .response(json(200, o.bytes, [("ETag", etag)]))
     }
 
     func get(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {

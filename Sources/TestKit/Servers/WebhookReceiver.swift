@@ -41,11 +41,16 @@ public final class WebhookReceiver: Sendable {
 
     public var url: String { "http://127.0.0.1:\(port)/hook" }
 
-    public init() throws {
+    /// `status` picks each answer's status from the request (and how many came before it);
+    /// every request is recorded, whatever it is answered.
+    public init(status: @escaping @Sendable (_ request: ReceivedRequest, _ index: Int) -> Int = { _, _ in 200 }) throws {
         let received = self.received
         server = HTTPServer(configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2)) { request in
-            received.withLock { $0.append(ReceivedRequest(request)) }
-            return .response(HTTPResponse(status: 200))
+            let r = ReceivedRequest(request)
+            let index = received.withLock { list in
+                list.append(r); return list.count - 1
+            }
+            return .response(HTTPResponse(status: status(r, index)))
         }
         try server.start()
         port = server.port
