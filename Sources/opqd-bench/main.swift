@@ -4,6 +4,7 @@
 //   opqd-bench http [--quick]        scripts/bench-http.sh: bare libmicrohttpd vs opqd (HTTPBench.swift)
 //   opqd-bench store [--quick]       durable creates/s over HTTP, restart time (StoreBench.swift)
 //   opqd-bench workers [--quick]     external jobs/s with claim/finish workers (WorkersBench.swift)
+//   opqd-bench watch [--quick]       SSE latency, many SSE clients, webhook fan-out (WatchBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -33,6 +34,11 @@ let usage = """
       workers [--workers 8] [--jobs N] [--max-concurrent 64] [--stores memory,normal,full] [--quick]
                          external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
                          finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
+      watch [--quick] [--clients 1000] [--observers 100] [--rate 10000]
+                         change -> SSE client latency p50/p99 idle and under --rate changes/s (sync full
+                         and memory); N concurrent SSE clients with server RSS per client and the time
+                         one change takes to reach them all; webhook fan-out to a local receiver with
+                         M queue observers (deliveries/s, order). --quick: fewer samples.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -57,6 +63,8 @@ case "store-build":
     exit(StoreBench.buildChild(args))
 case "workers":
     exit(WorkersBench.main(args))
+case "watch":
+    exit(WatchBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
