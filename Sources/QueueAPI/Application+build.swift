@@ -100,7 +100,7 @@ func buildRouter(
 ) -> Router {
     var router = Router()
     ServiceController(engine: engine, events: events, metrics: metrics, store: store, lifecycle: lifecycle).addRoutes(to: &router)
-    QueuesController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
+    QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
     OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)

@@ -287,6 +287,12 @@ final class Webhooks: Sendable {
         for d in all { d.stop() }
     }
 
+    /// Removes every observer of a deleted queue: queue-wide ones and those of its operations.
+    func removeAll(inQueue queue: String) {
+        let ids = state.withLock { s in s.hooks.values.filter { $0.queue == queue }.map(\.id) }
+        for id in ids { remove(id) }
+    }
+
     /// Drops the observers of operations that no longer exist (purged, or their queue
     /// deleted) and of deleted queues.
     func removeOrphans(operationExists: (OperationID) -> Bool, queueExists: (String) -> Bool) {

@@ -86,6 +86,12 @@ struct WebhookTests {
             _ = try await server.addDelay("wq", seconds: 0.01)
             try await Task.sleep(for: .milliseconds(300))
             #expect(receiver.requests.count == count, "a deleted observer is sent nothing more")
+
+            // Deleting the queue removes its observers at once: a new queue of that name has none.
+            _ = try await server.request("POST", "/v1/queues/wq/observers", json: #"{"url":"\#(receiver.url)"}"#).expecting(201)
+            _ = try await server.request("DELETE", "/v1/queues/wq?force=true").expecting(204)
+            try await server.createQueue("wq")
+            #expect(try await server.request("GET", "/v1/queues/wq/observers").expecting(200).objects("observers").isEmpty)
         }
     }
 

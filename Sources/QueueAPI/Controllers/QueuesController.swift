@@ -6,6 +6,7 @@ import QueueEngine
 struct QueuesController: Sendable {
     let engine: QueueEngine
     let durability: Durability
+    let webhooks: Webhooks
     let limits: OpqdConfiguration.Limits
 
     func addRoutes(to r: inout Router) {
@@ -92,6 +93,8 @@ struct QueuesController: Sendable {
     func delete(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["force"])
         try engine.deleteQueue(name, force: try q.bool("force") ?? false)
+        // Its observers go with it, at once: a queue created again under this name starts with none.
+        webhooks.removeAll(inQueue: name)
         return durability.ack(HTTPResponse(status: 204))
     }
 
