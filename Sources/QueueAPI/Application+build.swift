@@ -87,6 +87,10 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
                 "operations": "\(recovered.operations.count)", "lastSeq": "\(recovered.lastSeq)",
                 "poisoned": "\(recovered.poisoned.count)",
             ])
+        // Observers whose queue or operation went in a crash before their own removal was
+        // committed go now, before a queue of the same name can be created again.
+        webhooks.removeOrphans(
+            operationExists: { id in (try? engine.revision(of: id)) != nil }, queueExists: { name in (try? engine.queue(named: name)) != nil })
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,

@@ -38,7 +38,7 @@ public struct OpqdConfiguration: Sendable {
     /// The longest delay between retries of a delivery (seconds).
     public var webhookMaxBackoff: Double = 300
     /// Events one observer holds in memory; past it, it reads them back from the store.
-    public var webhookBuffer = 1_000
+    public var webhookBuffer = 256
     /// Every bound on what a client can make the server hold.
     public var limits = Limits()
 
@@ -142,7 +142,7 @@ public struct OpqdConfiguration: Sendable {
         },
         Option(
             flag: "--webhook-buffer", env: "OPQD_WEBHOOK_BUFFER",
-            help: "events one webhook observer holds in memory; a slower one reads the rest back from the store (default 1000)"
+            help: "events one webhook observer holds in memory; a slower one reads the rest back from the store (default 256)"
         ) { c, v in c.webhookBuffer = try int(v, "--webhook-buffer", 1...1_000_000) },
         Option(flag: "--max-header-bytes", env: "OPQD_MAX_HEADER_BYTES", help: "request line plus headers in bytes (default 16384); larger gets 431") { c, v in
             c.limits.headerBytes = try int(v, "--max-header-bytes", 1024...(1 << 20))

@@ -22,6 +22,18 @@ struct Durability: Sendable {
         }
     }
 
+    /// `ack`, also waiting for `other` (another write that must be durable before the answer,
+    /// started when the answer is deferred) to call back.
+    func ack(_ response: HTTPResponse, alsoAfter other: @escaping @Sendable (_ done: @escaping @Sendable () -> Void) -> Void) -> HTTPHandlerResult {
+        let (engine, durable) = (self.engine, store.isDurable)
+        return .deferred { responder in
+            responder.answerBeforeShutdown()
+            other {
+                if durable { engine.whenDurable { responder.respond(response) } } else { responder.respond(response) }
+            }
+        }
+    }
+
     /// A create: answered once durable; with an `Idempotency-Key`, a repeat gets the first
     /// answer instead of creating a second resource.
     func idempotent(_ req: HTTPRequest, _ body: () throws -> HTTPResponse) throws -> HTTPHandlerResult {

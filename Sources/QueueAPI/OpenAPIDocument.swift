@@ -2449,9 +2449,10 @@ components:
           description: An `http://` or `https://` URL (at most 2048 UTF-8 bytes); one that is not a valid URL is 422.
         keys:
           type: array
+          minItems: 1
           items:
             $ref: '#/components/schemas/ChangeKey'
-          description: Only changes of these keys (default all).
+          description: Only changes of these keys (default all); an empty list is 422.
 
     Webhook:
       type: object
@@ -2509,7 +2510,9 @@ components:
         observer that falls behind by more than `--webhook-buffer` events reads the rest back
         from the store, so it costs bounded memory and loses nothing. A receiver that fails or
         hangs delays only its own observer. With `--store memory` (no history kept), events past
-        the buffer are dropped and counted in `dropped`.
+        the buffer are dropped and counted in `dropped`. Not sent either: events of operations
+        purged (`--retain`) before they were delivered, and anything owed when the observer goes
+        (deleted, or its queue deleted, or its operation purged).
       properties:
         state:
           type: string

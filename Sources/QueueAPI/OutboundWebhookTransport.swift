@@ -7,15 +7,18 @@ struct OutboundWebhookTransport: WebhookTransport {
     /// One client (one thread running curl's multi loop) for every webhook.
     let client = OutboundHTTPClient()
 
-    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void) {
+    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void)
+        -> @Sendable () -> Void
+    {
         let request = OutboundRequest(
             method: "POST", url: url, headers: headers, body: body, timeout: timeout,
             maxResponseBytes: 4096, maxHeaderBytes: 16 * 1024)
-        client.send(request) { result in
+        let task = client.send(request) { result in
             switch result {
             case let .success(response): done((200..<300).contains(response.status) ? nil : "the receiver answered \(response.status)")
             case let .failure(error): done("\(error.type): \(error.detail)")
             }
         }
+        return { task.cancel() }
     }
 }

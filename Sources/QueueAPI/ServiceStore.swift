@@ -23,9 +23,10 @@ protocol ServiceStore: AnyObject, Sendable {
     /// Events of one operation after `after`, or nil when the store does not keep them (the
     /// caller falls back to the in-memory ring).
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]?
-    /// Events of one queue with `after` < seq <= `through`, or nil when the store keeps none
-    /// (webhook deliveries that fell behind catch up from here).
-    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]?
+    /// Stored events of a queue (or one operation) with `after` < seq <= `through`, reading at
+    /// most `limit` rows; nil when the read failed or the store keeps none (webhook deliveries
+    /// that fell behind catch up from here).
+    func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) -> EventWindow?
     func meta(prefix: String) -> [(key: String, value: String)]
     /// Writes (nil deletes) in one commit; `then` runs once committed. False when the store is
     /// closing (then `then` never runs).
@@ -45,9 +46,6 @@ extension SQLiteStore: ServiceStore {
     var storeStats: StoreStats? { stats }
     func recoverState() throws -> RecoveredState? { try load() }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
-    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]? {
-        events(inQueue: queue, after: after, through: through, limit: limit)
-    }
 }
 
 /// `--store memory`: the engine's in-memory store; meta values live as long as the process,
@@ -63,7 +61,7 @@ final class MemoryServiceStore: ServiceStore {
     func recoverState() throws -> RecoveredState? { nil }
     func recentEvents(limit: Int) -> [ChangeEvent] { [] }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { nil }
-    func history(ofQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent]? { nil }
+    func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) -> EventWindow? { nil }
 
     func meta(prefix: String) -> [(key: String, value: String)] {
         values.withLock { v in v.filter { $0.key.hasPrefix(prefix) }.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } }

@@ -8,7 +8,10 @@ import QueueEngine
 /// outbound client that the `http` kind uses too (`OutboundWebhookTransport`).
 protocol WebhookTransport: Sendable {
     /// POSTs `body` to `url`; `done(nil)` for a 2xx answer, `done(reason)` for anything else.
+    /// Returns what cancels the POST (then `done` is called with a reason).
+    @discardableResult
     func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void)
+        -> @Sendable () -> Void
 }
 
 /// What one webhook observer watches: the changes of one operation, or of every operation of a
@@ -33,7 +36,7 @@ struct DeliveryPolicy: Sendable {
     var backoff: Double = 1
     var maxBackoff: Double = 300
     /// Matched events an observer holds in memory; past it, it reads them back from the store.
-    var maxBuffered = 1_000
+    var maxBuffered = 256
     /// Seqs scanned per read from the store while catching up.
     var window: UInt64 = 10_000
 }
@@ -74,10 +77,16 @@ final class Delivery: Sendable {
         var lastSuccessAt: Timestamp? = nil
         var nextAttemptAt: Timestamp? = nil
         var sending = false
+        /// Cancels the POST in flight, the one numbered `sends`.
+        var cancel: (@Sendable () -> Void)? = nil
+        var sends: UInt64 = 0
 
         var buffered: Int { buffer.count - head }
-        /// The cursor worth keeping: past non-matching events once everything is sent.
-        var durableCursor: UInt64 { live && buffered == 0 && !sending ? max(cursor, covered) : cursor }
+        /// The cursor worth keeping: past non-matching events once everything is sent (up to
+        /// what every observer was pushed, `pushedThrough`).
+        func durableCursor(pushedThrough: UInt64) -> UInt64 {
+            live && buffered == 0 && !busy ? max(cursor, covered, pushedThrough) : cursor
+        }
     }
 
     /// What `GET …/observers/{observer}` shows of a delivery.
@@ -168,13 +177,14 @@ final class Delivery: Sendable {
 
     /// Starts whatever is due: the next POST, or the next read from the store.
     func pump() {
-        enum Next { case send(ChangeEvent), read(after: UInt64, through: UInt64) }
+        enum Next { case send(ChangeEvent, UInt64), read(after: UInt64, through: UInt64) }
         let next: Next? = state.withLock { s in
             guard !s.stopped, !s.busy else { return nil }
             if s.buffered > 0 {
                 s.busy = true; s.sending = true
                 s.lastAttemptAt = SystemClock().now()
-                return .send(s.buffer[s.head])
+                s.sends &+= 1
+                return .send(s.buffer[s.head], s.sends)
             }
             guard !s.live else { return nil }
             let newest = newestSeq()
@@ -187,32 +197,50 @@ final class Delivery: Sendable {
             return .read(after: s.covered, through: through)
         }
         switch next {
-        case let .send(event)?: send(event)
-        case let .read(after, through)?: DispatchQueue.global().async { self.catchUp(after: after, through: through) }
+        case let .send(event, number)?: send(event, number)
+        case let .read(after, through)?: Self.readQueue.async { self.catchUp(after: after, through: through) }
         case nil: break
         }
     }
 
+    /// Store reads of every observer, one at a time: a restart with many observers behind
+    /// must not queue a thread per observer on the store's one read connection.
+    static let readQueue = DispatchQueue(label: "opqd.webhooks.catch-up")
+
     private func catchUp(after: UInt64, through: UInt64) {
         let limit = policy.maxBuffered
         let read = history(after, through, limit)
-        state.withLock { s in
-            s.busy = false
+        let failed: Bool = state.withLock { s in
+            guard !s.stopped else { return false }
             guard let read else {
-                // No history after all: carry on live from here.
-                s.live = true; s.covered = max(s.covered, through)
-                return
+                // The read failed: nothing is taken for read; the same window again after a while.
+                s.failures += 1
+                s.lastError = "reading missed events back from the store failed"
+                return true
             }
+            s.busy = false
             for e in read.events where e.seq > s.covered && e.seq <= read.scanned { s.buffer.append(e) }
             s.covered = max(s.covered, min(read.scanned, through))
+            return false
+        }
+        if failed {
+            logger.warning("webhook catch-up: reading events from the store failed; retrying", metadata: ["observer": "\(id)"])
+            scheduler.after(seconds: policy.backoff) { [self] in
+                state.withLock { $0.busy = false }
+                pump()
+            }
+            return
         }
         pump()
     }
 
-    private func send(_ event: ChangeEvent) {
+    private func send(_ event: ChangeEvent, _ number: UInt64) {
         let body = event.json
-        transport.post(url: target, body: body, headers: Self.headers(for: event, body: body, observer: id, secret: secret), timeout: policy.timeout) {
+        let cancel = transport.post(
+            url: target, body: body, headers: Self.headers(for: event, body: body, observer: id, secret: secret), timeout: policy.timeout
+        ) {
             [self] failure in
+            state.withLock { $0.cancel = nil }
             if let failure {
                 let delay: Double = state.withLock { s in
                     s.sending = false
@@ -252,25 +280,42 @@ final class Delivery: Sendable {
             }
             pump()
         }
-    }
-
-    func stop() {
-        state.withLock { s in
-            s.stopped = true; s.buffer = []; s.head = 0
+        // Kept so `stop` can cancel it, unless it already completed (or a later POST is out).
+        let cancelNow: Bool = state.withLock { s in
+            guard s.sends == number, s.sending else { return false }
+            if s.stopped { return true }
+            s.cancel = cancel
+            return false
         }
+        if cancelNow { cancel() }
     }
 
-    /// The cursor to write if it moved since the last write (and marks it written).
-    func cursorToPersist() -> UInt64? {
+    /// Stops for good (the observer was removed or the server stops): a POST in flight is
+    /// cancelled. Returns the final counters.
+    @discardableResult
+    func stop() -> Snapshot {
+        let cancel: (@Sendable () -> Void)? = state.withLock { s in
+            s.stopped = true; s.buffer = []; s.head = 0
+            defer { s.cancel = nil }
+            return s.cancel
+        }
+        cancel?()
+        return snapshot(pushedThrough: 0)
+    }
+
+    /// The cursor to write if it moved since the last write (and marks it written); nil once
+    /// stopped, so a removed observer's cursor is not written back after its deletion.
+    func cursorToPersist(pushedThrough: UInt64) -> UInt64? {
         state.withLock { s in
-            let c = s.durableCursor
+            guard !s.stopped else { return nil }
+            let c = s.durableCursor(pushedThrough: pushedThrough)
             guard c != s.persisted else { return nil }
             s.persisted = c
             return c
         }
     }
 
-    func snapshot() -> Snapshot {
+    func snapshot(pushedThrough: UInt64) -> Snapshot {
         let newest = newestSeq()
         return state.withLock { s in
             let status: String
@@ -283,7 +328,7 @@ final class Delivery: Sendable {
             } else {
                 status = "idle"
             }
-            let cursor = s.durableCursor
+            let cursor = s.durableCursor(pushedThrough: pushedThrough)
             return Snapshot(
                 state: status, cursor: cursor, lastDelivered: s.lastDelivered, pending: s.buffered, delivered: s.delivered, failures: s.failures,
                 consecutiveFailures: s.consecutiveFailures, dropped: s.dropped, lastError: s.lastError, lastAttemptAt: s.lastAttemptAt,

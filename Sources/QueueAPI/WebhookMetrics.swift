@@ -6,8 +6,8 @@ struct WebhookMetrics: Sendable {
     var delivered: UInt64 = 0
     /// Attempts that failed (a non-2xx answer, a timeout, no connection); each is retried.
     var failed: UInt64 = 0
-    /// Events an observer can no longer be sent (its backlog passed the bound with a store that
-    /// keeps no history, or the events were purged before they were delivered).
+    /// Events an observer could not hold (its backlog passed `--webhook-buffer` with a store that
+    /// keeps no history, `--store memory`).
     var dropped: UInt64 = 0
     /// Events matched by an observer and not delivered yet, summed over observers.
     var pending: UInt64 = 0

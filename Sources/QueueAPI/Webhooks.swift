@@ -4,6 +4,7 @@ import Logging
 import MicroHTTP
 import QueueEngine
 import QueueStore
+import Synchronization
 
 /// Webhook observers: `POST /v1/operations/{id}/observers` (the changes of one operation) and
 /// `POST /v1/queues/{name}/observers` (of every operation of the queue, present and future).
@@ -55,7 +56,6 @@ final class Webhooks: Sendable {
         var revision: UInt64 = 0
         /// Counters of observers that were removed, so `/metrics` counters never go back.
         var retired = WebhookMetrics()
-        var started = false
     }
     private let logger: Logger
     private let transport: any WebhookTransport
@@ -67,6 +67,9 @@ final class Webhooks: Sendable {
     private let newestSeq: @Sendable () -> UInt64
     let limits: Limits
     private let state = Lock(State())
+    /// The newest seq whose batch has been pushed to every observer it matched: an observer that
+    /// is live with nothing owed has acknowledged every match up to it.
+    private let pushedThrough: Atomic<UInt64>
     static let metaPrefix = "observer:"
     static let cursorPrefix = "observer-cursor:"
 
@@ -76,10 +79,11 @@ final class Webhooks: Sendable {
     ) {
         self.logger = logger; self.transport = transport; self.scheduler = scheduler; self.store = store; self.limits = limits
         self.policy = policy; self.newestSeq = newestSeq
+        pushedThrough = Atomic(newestSeq())
         self.secret = secret.map { Array($0.utf8) }
         var cursors: [String: UInt64] = [:]
         for (key, value) in store.meta(prefix: Self.cursorPrefix) {
-            if let n = UInt64(value) { cursors[String(key.dropFirst(Self.cursorPrefix.count))] = n }
+            cursors[String(key.dropFirst(Self.cursorPrefix.count))] = UInt64(value) ?? 0
         }
         let newest = newestSeq()
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
@@ -92,6 +96,9 @@ final class Webhooks: Sendable {
             let cursor = min(cursors[id] ?? (hook.startSeq ?? newest), newest)
             state.withLock { s in add(hook.hook, cursor: cursor, to: &s) }
         }
+        // Cursors whose observer is gone (a cursor written while its removal was committed).
+        let orphans = state.withLock { s in cursors.keys.filter { s.hooks[$0] == nil } }
+        if !orphans.isEmpty { store.setMeta(orphans.map { (Self.cursorPrefix + $0, nil) }, then: nil) }
     }
 
     private func add(_ hook: Hook, cursor: UInt64, to s: inout State) {
@@ -107,16 +114,15 @@ final class Webhooks: Sendable {
             id: hook.id, scope: hook.scope, target: hook.url, cursor: cursor, newestSeq: newestSeq, transport: transport, logger: logger,
             scheduler: scheduler, secret: secret, policy: policy, keepsHistory: store.isDurable,
             history: { after, through, limit in
-                let read: [ChangeEvent]?
+                let window: EventWindow?
                 switch scope {
-                case let .operation(op, _): read = store.history(of: op, after: after, limit: limit)
-                case let .queue(q): read = store.history(ofQueue: q, after: after, through: through, limit: limit)
+                case let .operation(op, _): window = store.eventWindow(queue: nil, operation: op, after: after, through: through, limit: limit)
+                case let .queue(q): window = store.eventWindow(queue: q, operation: nil, after: after, through: through, limit: limit)
                 }
-                guard let read else { return nil }
+                guard let window else { return nil }
                 // A full read stops at its last row; the rest of the window comes next time.
-                let scanned = read.count >= limit ? min(read.last?.seq ?? through, through) : through
-                let events = read.filter { e in e.seq <= scanned && (keys?.contains(e.key) ?? true) }
-                return (events, scanned)
+                let scanned = window.rows >= limit ? window.lastSeq : through
+                return (window.events.filter { keys?.contains($0.key) ?? true }, scanned)
             })
     }
 
@@ -124,10 +130,7 @@ final class Webhooks: Sendable {
 
     /// Starts the deliveries that have something owed from before a restart.
     func start() {
-        let all = state.withLock { s in
-            s.started = true
-            return Array(s.deliveries.values)
-        }
+        let all = state.withLock { Array($0.deliveries.values) }
         for d in all { d.pump() }
     }
 
@@ -212,47 +215,59 @@ final class Webhooks: Sendable {
     }
 
     func delivery(_ id: String) -> Delivery.Snapshot? {
-        state.withLock { $0.deliveries[id] }?.snapshot()
+        state.withLock { $0.deliveries[id] }?.snapshot(pushedThrough: pushedThrough.load(ordering: .acquiring))
     }
 
     /// Removes an observer; `durable` runs once the removal is committed.
     func remove(_ id: String, durable: (@Sendable () -> Void)? = nil) {
+        remove([id], durable: durable)
+    }
+
+    /// Removes observers in one commit; `durable` runs once it is committed. The deletion is
+    /// written even for ids already gone: a repeated DELETE is answered only once the first
+    /// one's deletion is committed (the writer is first in, first out).
+    func remove(_ ids: [String], durable: (@Sendable () -> Void)? = nil) {
         var waiting: [@Sendable () -> Void] = []
-        let removed: Hook? = state.withLock { s in
-            guard let h = s.hooks.removeValue(forKey: id) else { return nil }
-            // Whoever waits for the registration's commit is answered with the removal's.
-            waiting = s.uncommitted.removeValue(forKey: id) ?? []
-            if let d = s.deliveries.removeValue(forKey: id) {
-                d.stop()
-                let snap = d.snapshot()
-                s.retired.delivered += snap.delivered; s.retired.failed += snap.failures; s.retired.dropped += snap.dropped
-            }
-            switch h.scope {
-            case let .operation(op, _):
-                if var list = s.byOperation[op.raw] {
-                    list.removeAll { $0 == id }
-                    s.byOperation[op.raw] = list.isEmpty ? nil : list
+        var stopped: [Delivery] = []
+        state.withLock { s in
+            for id in ids {
+                guard let h = s.hooks.removeValue(forKey: id) else { continue }
+                // Whoever waits for the registration's commit is answered with the removal's.
+                waiting += s.uncommitted.removeValue(forKey: id) ?? []
+                if let d = s.deliveries.removeValue(forKey: id) { stopped.append(d) }
+                switch h.scope {
+                case let .operation(op, _):
+                    if var list = s.byOperation[op.raw] {
+                        list.removeAll { $0 == id }
+                        s.byOperation[op.raw] = list.isEmpty ? nil : list
+                    }
+                case let .queue(q):
+                    if var list = s.byQueue[q] {
+                        list.removeAll { $0 == id }
+                        s.byQueue[q] = list.isEmpty ? nil : list
+                    }
                 }
-            case let .queue(q):
-                if var list = s.byQueue[q] {
-                    list.removeAll { $0 == id }
-                    s.byQueue[q] = list.isEmpty ? nil : list
-                }
+                if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
+                s.revision += 1
             }
-            if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
-            s.revision += 1
-            return h
+        }
+        // Outside the registry's lock: stopping cancels a POST in flight.
+        var retired = WebhookMetrics()
+        for d in stopped {
+            let snap = d.stop()
+            retired.delivered += snap.delivered; retired.failed += snap.failures; retired.dropped += snap.dropped
+        }
+        if !stopped.isEmpty {
+            state.withLock { s in
+                s.retired.delivered += retired.delivered; s.retired.failed += retired.failed; s.retired.dropped += retired.dropped
+            }
         }
         let done: @Sendable () -> Void = { [waiting] in
             for w in waiting { w() }
             durable?()
         }
-        if removed != nil {
-            // A store that is closing never calls `done`: the answers then become shutdown's 503.
-            store.setMeta([(Self.metaPrefix + id, nil), (Self.cursorPrefix + id, nil)], then: done)
-        } else {
-            done()
-        }
+        // A store that is closing never calls `done`: the answers then become shutdown's 503.
+        store.setMeta(ids.flatMap { [(Self.metaPrefix + $0, nil), (Self.cursorPrefix + $0, nil)] }, then: done)
     }
 
     /// Committed changes, in `seq` order: each observer gets the ones it matches.
@@ -268,14 +283,17 @@ final class Webhooks: Sendable {
             return matched.compactMap { id, list in s.deliveries[id].map { ($0, list) } }
         }
         for (d, list) in work { d.push(list, last: last) }
+        // Only after the pushes: a cursor taken from it is never ahead of a buffered event.
+        pushedThrough.store(last, ordering: .releasing)
     }
 
     /// Writes the cursors that moved (about once a second, and at a clean stop).
     func persistCursors() {
         let all = state.withLock { Array($0.deliveries.values) }
         var writes: [(key: String, value: String?)] = []
+        let through = pushedThrough.load(ordering: .acquiring)
         for d in all {
-            if let c = d.cursorToPersist() { writes.append((Self.cursorPrefix + d.id, "\(c)")) }
+            if let c = d.cursorToPersist(pushedThrough: through) { writes.append((Self.cursorPrefix + d.id, "\(c)")) }
         }
         if !writes.isEmpty { store.setMeta(writes, then: nil) }
     }
@@ -288,21 +306,25 @@ final class Webhooks: Sendable {
     }
 
     /// Removes every observer of a deleted queue: queue-wide ones and those of its operations.
-    func removeAll(inQueue queue: String) {
+    /// Events not yet delivered to them are not sent (the queue's events leave the store with
+    /// it). `durable` runs once the removal is committed.
+    func removeAll(inQueue queue: String, durable: @escaping @Sendable () -> Void) {
         let ids = state.withLock { s in s.hooks.values.filter { $0.queue == queue }.map(\.id) }
-        for id in ids { remove(id) }
+        remove(ids, durable: durable)
     }
 
     /// Drops the observers of operations that no longer exist (purged, or their queue
     /// deleted) and of deleted queues.
     func removeOrphans(operationExists: (OperationID) -> Bool, queueExists: (String) -> Bool) {
         let all = state.withLock { s in s.hooks.values.map { ($0.id, $0.scope) } }
+        var gone: [String] = []
         for (id, scope) in all {
             switch scope {
-            case let .operation(op, _): if !operationExists(op) { remove(id) }
-            case let .queue(q): if !queueExists(q) { remove(id) }
+            case let .operation(op, _): if !operationExists(op) { gone.append(id) }
+            case let .queue(q): if !queueExists(q) { gone.append(id) }
             }
         }
+        if !gone.isEmpty { remove(gone) }
     }
 
     /// Counters for `/metrics`.
@@ -310,8 +332,9 @@ final class Webhooks: Sendable {
         let (deliveries, retired) = state.withLock { s in (Array(s.deliveries.values), s.retired) }
         var m = retired
         m.observers = deliveries.count
+        let through = pushedThrough.load(ordering: .acquiring)
         for d in deliveries {
-            let snap = d.snapshot()
+            let snap = d.snapshot(pushedThrough: through)
             m.delivered += snap.delivered; m.failed += snap.failures; m.dropped += snap.dropped
             m.pending += UInt64(snap.pending)
         }

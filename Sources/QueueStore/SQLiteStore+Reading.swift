@@ -30,10 +30,14 @@ extension SQLiteStore {
         (try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
     }
 
-    /// Kept events of one queue with `after` < seq <= `through`, oldest first, at most `limit`.
-    public func events(inQueue queue: String, after: UInt64, through: UInt64, limit: Int) -> [ChangeEvent] {
-        guard through > after, limit > 0 else { return [] }
-        return (try? reader.withLock { r throws(SQLiteFailure) in try r.events(inQueue: queue, after: after, through: through, limit: limit) }) ?? []
+    /// Kept events of one queue, or of one operation, with `after` < seq <= `through`, oldest
+    /// first, reading at most `limit` rows; nil when the read failed (unlike the feed's readers,
+    /// a webhook catching up must not take a failed read for an empty one).
+    public func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) -> EventWindow? {
+        guard through > after, limit > 0 else { return EventWindow(events: [], rows: 0, lastSeq: after) }
+        return try? reader.withLock { r throws(SQLiteFailure) in
+            try r.eventWindow(queue: queue, operation: operation, after: after, through: through, limit: limit)
+        }
     }
 
     /// The seq of the oldest kept event; one past the newest when none is kept. Clients that
@@ -42,4 +46,14 @@ extension SQLiteStore {
         let next = writer.lastSeq.load(ordering: .relaxed) + 1
         return (try? reader.withLock { r throws(SQLiteFailure) in try r.oldestSeq() }) ?? next
     }
+}
+
+/// A window of stored events read for a webhook that catches up.
+public struct EventWindow: Sendable {
+    /// The rows that decoded, in seq order.
+    public var events: [ChangeEvent]
+    /// Rows read, decodable or not.
+    public var rows: Int
+    /// The seq of the last row read (`after` when none was).
+    public var lastSeq: UInt64
 }

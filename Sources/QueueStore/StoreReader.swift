@@ -52,13 +52,35 @@ final class StoreReader {
         return try rows(byOperation, RecordDecoder.event)
     }
 
-    func events(inQueue queue: String, after: UInt64, through: UInt64, limit: Int) throws(SQLiteFailure) -> [ChangeEvent] {
+    /// Events of a queue (or of one operation) with `after` < seq <= `through`, at most `limit`
+    /// rows; also how many rows were read and the last seq read, decodable or not, so a reader
+    /// that resumes after it skips nothing and repeats nothing.
+    func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) throws(SQLiteFailure) -> EventWindow {
         try ensureOpen()
-        byQueue.bind(1, Int64(clamping: after))
-        byQueue.bind(2, Int64(clamping: through))
-        byQueue.bind(3, text: queue)
-        byQueue.bind(4, Int64(clamping: limit))
-        return try rows(byQueue, RecordDecoder.event)
+        let st: SQLiteStatement
+        if let operation {
+            st = byOperation
+            st.bind(1, operation.raw)
+            st.bind(2, Int64(clamping: after))
+            st.bind(3, Int64(clamping: limit))
+        } else {
+            st = byQueue
+            st.bind(1, Int64(clamping: after))
+            st.bind(2, Int64(clamping: through))
+            st.bind(3, text: queue ?? "")
+            st.bind(4, Int64(clamping: limit))
+        }
+        defer { st.reset() }
+        var window = EventWindow(events: [], rows: 0, lastSeq: after)
+        while try st.step() {
+            let seq = st.uint64(0)
+            // The operation's statement has no upper bound: stop at it.
+            if seq > through { break }
+            window.rows += 1
+            window.lastSeq = seq
+            if let e = try? RecordDecoder.event(st) { window.events.append(e) }
+        }
+        return window
     }
 
     func oldestSeq() throws(SQLiteFailure) -> UInt64? {

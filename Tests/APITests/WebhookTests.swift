@@ -78,6 +78,8 @@ struct WebhookTests {
             expectProblem(try await server.request("GET", "/v1/queues/other/observers/\(observer)"), 404)
             expectProblem(try await server.request("POST", "/v1/queues/nope/observers", json: #"{"url":"\#(receiver.url)"}"#), 404)
             expectProblem(try await server.request("POST", "/v1/queues/wq/observers", json: #"{"url":"ftp://x"}"#), 422, mentioning: ["url"])
+            expectProblem(
+                try await server.request("POST", "/v1/queues/wq/observers", json: #"{"url":"\#(receiver.url)","keys":[]}"#), 422, mentioning: ["keys"])
 
             #expect(try await server.request("DELETE", "/v1/queues/wq/observers/\(observer)").status == 204)
             let emptied = try await server.request("GET", "/v1/queues/wq/observers", headers: ["If-None-Match": etag])

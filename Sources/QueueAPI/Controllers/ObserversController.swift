@@ -55,7 +55,10 @@ struct ObserversController: Sendable {
         }
         var keys: Set<ChangeKey>? = nil
         if let k = b["keys"] {
-            guard case let .array(items) = k else { throw Problem.invalid("keys", "must be an array of keys; got \(k.typeName)") }
+            guard case let .array(items) = k, !items.isEmpty else {
+                let got = if case .array = k { "an empty array" } else { k.typeName }
+                throw Problem.invalid("keys", "must be a non-empty array of keys (leave it out for every key); got \(got)")
+            }
             var set = Set<ChangeKey>()
             for item in items {
                 guard case let .string(s) = item, let key = ChangeKey(rawValue: s) else {
@@ -66,6 +69,14 @@ struct ObserversController: Sendable {
             keys = set
         }
         let hook = try webhooks.register(try scope.resolve(), url: url, keys: keys)
+        do {
+            // Again after registering: a queue deleted (or an operation finished) in between
+            // would otherwise keep an observer that outlives it.
+            _ = try scope.resolve()
+        } catch {
+            webhooks.remove(hook.id)
+            throw error
+        }
         var o = JSONOut()
         Self.write(hook, delivery: webhooks.delivery(hook.id), to: &o)
         let response = json(201, o.bytes, [("Location", "\(scope.path)/observers/\(hook.id)")])

@@ -93,9 +93,10 @@ struct QueuesController: Sendable {
     func delete(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["force"])
         try engine.deleteQueue(name, force: try q.bool("force") ?? false)
-        // Its observers go with it, at once: a queue created again under this name starts with none.
-        webhooks.removeAll(inQueue: name)
-        return durability.ack(HTTPResponse(status: 204))
+        // Its observers go with it, at once and durably before the answer: a queue created again
+        // under this name starts with none, also after a crash.
+        let webhooks = self.webhooks
+        return durability.ack(HTTPResponse(status: 204)) { done in webhooks.removeAll(inQueue: name, durable: done) }
     }
 
     func action(_ req: HTTPRequest, _ action: () throws(EngineError) -> QueueSnapshot) throws -> HTTPHandlerResult {
