@@ -1,0 +1,508 @@
+"""The dashboard in a real browser: headless Chromium driven over the Chrome DevTools Protocol.
+
+usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot PATH]
+                                          [--skip-scale] [--only basic|token|scale]
+(scripts/dashboard-check.sh installs Chromium and websocket-client, then runs this.)
+
+Three runs, each on a fresh opqd (127.0.0.1, a free port, a temporary --data):
+  basic  3 queues with executing and finished operations: the page shows them with the server's
+         counts; a change made through the API after the page loaded shows up without a reload;
+         a suspend clicked and confirmed on the page changes the server's state; the queue and
+         operation views render, hostile names stay text; no console errors or CSP refusals;
+         at 375 px the page does not scroll sideways.
+  token  --token and --read-token: the page asks for a token; with the read token no action is
+         offered; with the full token they are.
+  scale  100 queues and 100,000 operations (--store memory): the first render of the queue
+         table (a performance.mark the page sets) must come within 1 s of navigation start, and
+         the page load must fetch under 200 KB (CDP Network encodedDataLength).
+Exits 1 on any failure, printing what was expected and what was seen.
+"""
+import argparse
+import base64
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import websocket  # websocket-client
+
+RENDER_BUDGET_MS = 1000
+BYTES_BUDGET = 200 * 1024
+failures = []
+
+
+def check(ok, what):
+    print(("  ok    " if ok else "  FAIL  ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def wait_for(what, fn, timeout=10.0, every=0.05):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+class Server:
+    """opqd on 127.0.0.1 with a port the kernel picks, in a temporary data directory."""
+
+    def __init__(self, binary, *args):
+        self.data = tempfile.mkdtemp(prefix="opqd-dash-")
+        self.log = open(os.path.join(self.data, "server.log"), "w+")
+        self.proc = subprocess.Popen(
+            [binary, "--host", "127.0.0.1", "--port", "0", "--data", os.path.join(self.data, "db"),
+             "--log-level", "warning", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.token = None
+
+        def listening():
+            self.log.flush()
+            with open(self.log.name) as f:
+                m = re.search(r"http://127\.0\.0\.1:(\d+)", f.read())
+            if self.proc.poll() is not None:
+                raise RuntimeError("opqd exited: " + open(self.log.name).read()[-2000:])
+            return m and int(m.group(1))
+
+        self.port = wait_for("opqd to listen", listening, timeout=20)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def request(self, method, path, body=None, token=None, timeout=10):
+        token = token or self.token
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if token:
+            headers["Authorization"] = "Bearer " + token
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        try:
+            parsed = json.loads(data) if data else None
+        except ValueError:
+            parsed = None
+        return r.status, parsed
+
+    def must(self, method, path, body=None, status=(200, 201)):
+        code, data = self.request(method, path, body)
+        if code not in status:
+            raise RuntimeError(f"{method} {path} answered {code}: {data}")
+        return data
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+class Browser:
+    """Headless Chromium and one page, spoken to over the DevTools websocket."""
+
+    def __init__(self, chromium):
+        self.profile = tempfile.mkdtemp(prefix="opqd-chromium-")
+        self.proc = subprocess.Popen(
+            [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+             f"--user-data-dir={self.profile}", "--window-size=1400,900", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, text=True)
+        port_file = os.path.join(self.profile, "DevToolsActivePort")
+        first = wait_for("Chromium's DevTools port", lambda: os.path.exists(port_file) and open(port_file).read().split("\n")[0],
+                         timeout=30)
+        self.port = int(first)
+        targets = wait_for("a page target", lambda: [t for t in self._json("/json/list") if t.get("type") == "page"], timeout=10)
+        self.ws = websocket.create_connection(targets[0]["webSocketDebuggerUrl"], timeout=30, suppress_origin=True)
+        self.next_id = 0
+        self.events = []
+        self.send("Page.enable")
+        self.send("Runtime.enable")
+        self.send("Network.enable")
+        self.send("Log.enable")
+
+    def _json(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            return json.loads(r.read())
+
+    def send(self, method, params=None, timeout=30):
+        self.next_id += 1
+        mid = self.next_id
+        self.ws.send(json.dumps({"id": mid, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == mid:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self.events.append(msg)
+        raise TimeoutError(method)
+
+    def pump(self, seconds):
+        """Collects events for a while (they only arrive while something reads the socket)."""
+        self.ws.settimeout(0.05)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
+            if "method" in msg:
+                self.events.append(msg)
+        self.ws.settimeout(30)
+
+    def eval(self, expr):
+        r = self.send("Runtime.evaluate", {"expression": expr, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr[:80]}…: {r['exceptionDetails'].get('exception', {}).get('description')}")
+        return r.get("result", {}).get("value")
+
+    def until(self, what, expr, timeout=10.0):
+        return wait_for(what, lambda: self.eval(expr), timeout=timeout, every=0.05)
+
+    def goto(self, url, width=1400, height=900, mobile=False):
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
+        self.events.clear()
+        self.send("Page.navigate", {"url": url})
+        wait_for("the load event", lambda: self._seen("Page.loadEventFired") or self.pump(0.05), timeout=15)
+
+    def _seen(self, method):
+        return any(e["method"] == method for e in self.events)
+
+    def problems(self):
+        """Console errors, uncaught exceptions and CSP refusals seen so far."""
+        out = []
+        for e in self.events:
+            p = e.get("params", {})
+            if e["method"] == "Runtime.exceptionThrown":
+                out.append("exception: " + json.dumps(p.get("exceptionDetails", {}).get("exception", {}).get("description")))
+            elif e["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+                text = p["entry"].get("text", "")
+                # A 401 the page asked for on purpose (to learn that it needs a token) is not a fault.
+                if "401" in text and "Unauthorized" in text:
+                    continue
+                out.append("log: " + text)
+            elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") == "error":
+                out.append("console: " + json.dumps([a.get("value") for a in p.get("args", [])]))
+        return out
+
+    def screenshot(self, path):
+        data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False})["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+    def close(self):
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+QUEUE_ROWS = """[...document.querySelectorAll('#queues-body tr')].map(tr => ({
+  name: tr.dataset.queue,
+  counts: Object.fromEntries([...tr.querySelectorAll('td[data-state]')].map(td => [td.dataset.state, Number(td.textContent.replace(/,/g, ''))])),
+  badge: tr.querySelector('.badge').textContent,
+  toggle: tr.querySelector('.q-toggle') ? tr.querySelector('.q-toggle').textContent : null }))"""
+
+
+def add_delay(server, queue, seconds, name=None):
+    body = {"kind": "delay", "spec": {"seconds": seconds}}
+    if name is not None:
+        body["name"] = name
+    return server.must("POST", f"/v1/queues/{queue}/operations", body)["id"]
+
+
+def server_counts(server):
+    return {q["name"]: {s: q["counts"].get(s, 0) for s in ("pending", "ready", "executing", "paused", "finished")}
+            for q in server.must("GET", "/v1/queues")["queues"]}
+
+
+def run_basic(binary, browser, screenshot):
+    print("\n== basic: 3 queues, live events, an action, the views", flush=True)
+    server = Server(binary)
+    try:
+        for name, limit in (("emails", 2), ("images", 1), ("reports", 3)):
+            server.must("POST", "/v1/queues", {"name": name, "maxConcurrentOperationCount": limit})
+        done = [add_delay(server, "reports", 0.01, f"report-{i}") for i in range(4)]
+        for i in range(3):
+            add_delay(server, "emails", 30, f"send-{i}")        # 2 execute, 1 waits (ready)
+        for i in range(2):
+            add_delay(server, "images", 30, f"resize-{i}")      # 1 executes, 1 waits
+        add_delay(server, "reports", 30, "quarterly")
+        wait_for("the short operations to finish",
+                 lambda: all(server.must("GET", f"/v1/operations/{i}")["state"] == "finished" for i in done))
+        expected = wait_for("3 executing", lambda: (c := server_counts(server)) and
+                            sum(q["executing"] for q in c.values()) == 4 and c)
+
+        browser.goto(server.base + "/")
+        browser.until("the queue table", "document.body.dataset.queuesRendered === 'true' && document.querySelectorAll('#queues-body tr').length === 3")
+        rows = browser.eval(QUEUE_ROWS)
+        shown = {r["name"]: r["counts"] for r in rows}
+        check(sorted(shown) == ["emails", "images", "reports"], f"the page lists the 3 queues: {sorted(shown)}")
+        for name, counts in expected.items():
+            check(shown.get(name) == counts, f"{name}: page shows {shown.get(name)}, server says {counts}")
+        check(browser.eval("document.getElementById('conn').textContent") == "live", "the stream is live")
+        check(browser.eval("!!document.querySelector('#queues-body .q-toggle')"), "actions are offered without a token")
+
+        # A change after the page loaded: a new operation, and the tail and counts follow it.
+        browser.eval("window.__sameDocument = 'yes'")
+        new_id = add_delay(server, "reports", 30, "after-load")
+        browser.until("the new operation in the live tail",
+                      f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('{new_id}'))", timeout=10)
+        check(True, f"an event of {new_id} (created after the page loaded) is in the live tail")
+        want = server_counts(server)["reports"]["executing"]
+        browser.until("the reports row to count it",
+                      f"document.querySelector('tr[data-queue=reports] td[data-state=executing]').textContent === '{want}'", timeout=10)
+        check(True, f"the reports row shows executing {want} without a reload")
+        check(browser.eval("window.__sameDocument") == "yes" and browser.eval("performance.getEntriesByType('navigation').length") == 1,
+              "no reload happened")
+
+        # An action through the page: suspend, confirmed in the page's own dialog.
+        before = server.must("GET", "/v1/queues/emails")["isSuspended"]
+        check(before is False, "emails is not suspended before the click")
+        browser.eval("document.querySelector('tr[data-queue=emails] .q-toggle').click()")
+        browser.until("the confirmation dialog", "document.getElementById('confirm').open")
+        check(server.must("GET", "/v1/queues/emails")["isSuspended"] is False, "nothing changes before confirming")
+        browser.eval("document.getElementById('confirm-yes').click()")
+        wait_for("emails suspended on the server", lambda: server.must("GET", "/v1/queues/emails")["isSuspended"])
+        check(True, "clicking Suspend and confirming suspended emails on the server")
+        browser.until("the row to say suspended",
+                      "document.querySelector('tr[data-queue=emails] .badge').textContent === 'suspended'")
+        check(True, "the emails row says suspended")
+
+        # The queue view: operations by state, cursor-paged; names are text, never markup.
+        hostile = "<img src=x id=pwned onerror=\"document.title='pwned'\">"
+        add_delay(server, "images", 30, hostile)
+        browser.eval("location.hash = '#/q/images'")
+        browser.until("the images operations", "document.querySelectorAll('#ops-body tr').length === 3")
+        names = browser.eval("[...document.querySelectorAll('#ops-body tr td:nth-child(2)')].map(td => td.textContent)")
+        check(hostile in names, "a name with markup is shown as text")
+        check(browser.eval("document.getElementById('pwned') === null && document.title !== 'pwned'"), "and never becomes an element")
+        browser.eval("document.getElementById('q-filter-state').value = 'executing'; document.getElementById('q-filter-state').dispatchEvent(new Event('change'))")
+        browser.until("the executing filter", "document.querySelectorAll('#ops-body tr').length === 1")
+        check(True, "state=executing lists the 1 executing operation of images")
+
+        # One operation: status, spec, history.
+        op = server.must("GET", "/v1/queues/emails/operations?limit=1")["operations"][0]
+        browser.eval(f"location.hash = '#/op/{op['id']}'")
+        browser.until("the operation view", f"document.getElementById('op-id').textContent === '{op['id']}' && "
+                      "document.getElementById('op-spec').textContent.includes('seconds') && "
+                      "document.querySelectorAll('#op-events-body tr').length > 0")
+        check(browser.eval("document.getElementById('op-state').textContent") == op["state"],
+              f"the operation view shows state {op['state']}")
+        browser.eval("location.hash = '#/'")
+
+        problems = browser.problems()
+        check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
+
+        # Phone width: readable without sideways scrolling of the page itself.
+        browser.goto(server.base + "/", width=375, height=740, mobile=True)
+        browser.until("the queue table at 375 px", "document.body.dataset.queuesRendered === 'true'")
+        width = browser.eval("document.documentElement.scrollWidth")
+        check(width <= 375, f"at 375 px the page is {width} px wide")
+
+        if screenshot:
+            browser.goto(server.base + "/", width=1400, height=800)
+            browser.until("the queue table", "document.body.dataset.queuesRendered === 'true'")
+            add_delay(server, "images", 0.2, "thumbnail")
+            browser.until("a few tail entries", "document.querySelectorAll('#tail-list li').length >= 3", timeout=10)
+            browser.pump(0.5)
+            browser.screenshot(screenshot)
+            print(f"  saved {screenshot}")
+    finally:
+        server.stop()
+
+
+def run_token(binary, browser):
+    print("\n== token: --token and --read-token", flush=True)
+    server = Server(binary, "--token", "full-token-x", "--read-token", "read-token-y")
+    server.token = "full-token-x"
+    try:
+        server.must("POST", "/v1/queues", {"name": "billing"})
+        op_id = add_delay(server, "billing", 30, "invoice")
+        browser.goto(server.base + "/")
+        browser.until("the token form", "!document.getElementById('login').hidden")
+        check(browser.eval("document.getElementById('view-queues').hidden"), "no queues are shown before a token is given")
+        browser.eval("document.getElementById('login-token').value = 'read-token-y'; document.getElementById('login-form').requestSubmit()")
+        browser.until("the queue table with the read token", "document.querySelectorAll('#queues-body tr').length === 1")
+        check(browser.eval("sessionStorage.getItem('opqd.token')") == "read-token-y", "the token is in sessionStorage")
+        check(browser.eval("localStorage.length") == 0 and browser.eval("document.cookie") == "", "and nowhere else")
+        check(browser.eval("document.querySelectorAll('#queues-body button').length") == 0, "read token: no queue actions")
+        browser.eval(f"location.hash = '#/op/{op_id}'")
+        browser.until("the operation view", f"document.getElementById('op-id').textContent === '{op_id}' && document.getElementById('op-state').textContent !== ''")
+        actions = "['q-suspend', 'q-resume', 'q-conc', 'q-bulk-state', 'op-cancel', 'op-pause', 'op-resume', 'op-copy']"
+        check(browser.eval(f"{actions}.every(id => document.getElementById(id) === null) && "
+                           "document.querySelectorAll('button.danger, .q-toggle').length === 0"),
+              "read token: no queue or operation action is in the page")
+        check("read-only" in browser.eval("document.getElementById('mode').textContent"), "the page says it is read-only")
+
+        # Forget it, give the full token: actions come back.
+        browser.eval("document.getElementById('forget').click()")
+        browser.until("the token form again", "document.readyState === 'complete' && !document.getElementById('login').hidden", timeout=15)
+        check(browser.eval("sessionStorage.getItem('opqd.token')") is None, "Forget token removes it")
+        browser.eval("document.getElementById('login-token').value = 'wrong'; document.getElementById('login-form').requestSubmit()")
+        browser.until("the refusal", "document.getElementById('login-error').textContent.includes('refused')")
+        check(True, "a wrong token is refused on the form")
+        browser.eval("document.getElementById('login-token').value = 'full-token-x'; document.getElementById('login-form').requestSubmit()")
+        browser.until("the queue table with the full token", "document.querySelectorAll('#queues-body .q-toggle').length === 1")
+        check(True, "full token: actions are offered")
+    finally:
+        server.stop()
+
+
+def create_many(server, queues, per_queue):
+    """queues × per_queue delay operations on suspended queues, over parallel keep-alive connections."""
+    for i in range(queues):
+        server.must("POST", "/v1/queues", {"name": f"q{i:03d}", "isSuspended": True, "maxConcurrentOperationCount": 4})
+
+    def worker(qs):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        body = json.dumps({"kind": "delay", "spec": {"seconds": 3600}})
+        made = 0
+        for q in qs:
+            for _ in range(per_queue):
+                conn.request("POST", f"/v1/queues/{q}/operations", body=body, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                if r.status != 201:
+                    raise RuntimeError(f"create in {q}: {r.status}")
+                made += 1
+        conn.close()
+        return made
+
+    names = [f"q{i:03d}" for i in range(queues)]
+    threads = 8
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(worker, [names[i::threads] for i in range(threads)]))
+
+
+def measure_load(browser, url, settle=1.0):
+    """Loads url with the cache off; returns (first render ms, bytes fetched, per-URL bytes)."""
+    browser.send("Network.setCacheDisabled", {"cacheDisabled": True})
+    browser.goto(url)
+    browser.until("the first render", "performance.getEntriesByName('opqd-queues-rendered').length > 0", timeout=15)
+    browser.pump(settle)
+    render = browser.eval("performance.getEntriesByName('opqd-queues-rendered')[0].startTime")
+    urls, finished, streamed = {}, {}, {}
+    for e in browser.events:
+        p = e.get("params", {})
+        if e["method"] == "Network.requestWillBeSent":
+            urls[p["requestId"]] = p["request"]["url"]
+        elif e["method"] == "Network.loadingFinished":
+            finished[p["requestId"]] = p.get("encodedDataLength", 0)
+        elif e["method"] == "Network.dataReceived":
+            streamed[p["requestId"]] = streamed.get(p["requestId"], 0) + p.get("encodedDataLength", 0)
+    per_url = {}
+    for rid, url in urls.items():
+        n = finished.get(rid, streamed.get(rid, 0))
+        per_url[url] = per_url.get(url, 0) + n
+    browser.send("Network.setCacheDisabled", {"cacheDisabled": False})
+    return render, sum(per_url.values()), per_url
+
+
+def run_scale(binary, browser, queues=100, per_queue=1000):
+    print(f"\n== scale: {queues} queues, {queues * per_queue:,} operations", flush=True)
+    server = Server(binary, "--store", "memory")
+    try:
+        t0 = time.monotonic()
+        made = create_many(server, queues, per_queue)
+        print(f"  created {made:,} operations in {time.monotonic() - t0:.1f} s")
+        total = sum(sum(c.values()) for c in server_counts(server).values())
+        check(total == queues * per_queue, f"the server counts {total:,} operations")
+
+        render, fetched, per_url = measure_load(browser, server.base + "/")
+        rows = browser.eval("document.querySelectorAll('#queues-body tr').length")
+        check(rows == queues, f"the page lists {rows} queues")
+        shown = browser.eval("document.querySelector('tr[data-queue=q042] td[data-state=ready]').textContent")
+        check(shown == f"{per_queue:,}", f"q042 shows ready {shown}")
+        for url, n in sorted(per_url.items(), key=lambda kv: -kv[1]):
+            print(f"    {n:>8,} B  {url.replace(server.base, '')}")
+        print(f"  FIGURES first render {render:.0f} ms, fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
+              f"with {queues} queues and {total:,} operations")
+        check(render <= RENDER_BUDGET_MS, f"first render {render:.0f} ms <= {RENDER_BUDGET_MS} ms")
+        check(fetched <= BYTES_BUDGET, f"fetched {fetched:,} B <= {BYTES_BUDGET:,} B")
+
+        # A queue's operations: one page, never everything.
+        browser.events.clear()
+        t = time.monotonic()
+        browser.eval("location.hash = '#/q/q007'")
+        browser.until("a page of q007", "document.querySelectorAll('#ops-body tr').length > 0")
+        ms = (time.monotonic() - t) * 1000
+        browser.pump(0.3)
+        got = sum(e["params"].get("encodedDataLength", 0) for e in browser.events if e["method"] == "Network.loadingFinished")
+        rows = browser.eval("document.querySelectorAll('#ops-body tr').length")
+        print(f"  FIGURES queue view of {per_queue:,} operations: {rows} rows in {ms:.0f} ms, {got:,} bytes")
+        check(rows <= 100 and browser.eval("!document.getElementById('ops-more').hidden"), "the list is one page with a Load more")
+    finally:
+        server.stop()
+
+
+def main():
+    # `timeout` (scripts/dashboard-check.sh) ends a run that hangs with SIGTERM: unwind through
+    # the finally blocks, so the servers and Chromium started here are stopped and removed.
+    def terminated(*_):
+        raise SystemExit("dashboard-check: terminated")
+    signal.signal(signal.SIGTERM, terminated)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default=".build/debug/opqd")
+    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
+    ap.add_argument("--screenshot", help="save a screenshot of the basic run here")
+    ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--only", choices=["basic", "token", "scale"])
+    ap.add_argument("--per-queue", type=int, default=1000)
+    args = ap.parse_args()
+    if not os.access(args.binary, os.X_OK):
+        sys.exit(f"dashboard-check: {args.binary} is not an executable; build first")
+
+    browser = Browser(args.chromium)
+    try:
+        if args.only in (None, "basic"):
+            run_basic(args.binary, browser, args.screenshot)
+        if args.only in (None, "token"):
+            run_token(args.binary, browser)
+        if args.only == "scale" or (args.only is None and not args.skip_scale):
+            run_scale(args.binary, browser, per_queue=args.per_queue)
+    except Exception as e:  # a timeout or a broken step: report it as a failure, clean up below
+        failures.append(f"{type(e).__name__}: {e}")
+        print(f"  FAIL  {type(e).__name__}: {e}", flush=True)
+    finally:
+        browser.close()
+    if failures:
+        print(f"\ndashboard-check: {len(failures)} failure(s):")
+        for f in failures:
+            print("  - " + f)
+        sys.exit(1)
+    print("\ndashboard-check: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
