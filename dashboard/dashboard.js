@@ -301,8 +301,10 @@
     const now = performance.now();
     let wait = 0;
     // Many dirty queues: one list read is cheaper than a request each.
-    if (S.dirtyQueues.size > 8 || S.inFlight.has('*')) {
-      const w = S.inFlight.has('*') ? REFETCH_MS : due('*', now);
+    if (S.inFlight.has('*')) {
+      // The whole list is being read; its answer reschedules what is still dirty.
+    } else if (S.dirtyQueues.size > 8) {
+      const w = due('*', now);
       if (w === 0) {
         S.fetchedAt.set('*', now);
         S.dirtyQueues.clear();
@@ -345,6 +347,8 @@
       if (e instanceof Problem && e.status === 404) removeQueue(name);
     } finally {
       S.inFlight.delete(key);
+      // Events that came while it was in flight wait for this answer, not for another event.
+      if (S.dirtyQueues.has(name)) schedule();
     }
   }
 
@@ -361,6 +365,8 @@
     const i = s % 60;
     if (t.sec[i] !== s) { t.sec[i] = s; t.n[i] = 0; }
     t.n[i]++;
+    const entry = S.queues.get(queue);
+    if (entry) setText(entry.cells.rate, perMinute(queue));
   }
   function perMinute(queue) {
     const t = S.throughput.get(queue);
@@ -391,6 +397,7 @@
     } finally {
       S.inFlight.delete('*');
       markRendered();
+      if (S.dirtyQueues.size) schedule();
     }
   }
 
@@ -664,6 +671,7 @@
       if (S.op === op) failed('Reading operation ' + op.id, e);
     } finally {
       S.inFlight.delete('op');
+      if (S.opDirty) schedule();
     }
   }
 

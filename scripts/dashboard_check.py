@@ -283,6 +283,13 @@ def run_basic(binary, browser, screenshot):
         browser.until("the reports row to count it",
                       f"document.querySelector('tr[data-queue=reports] td[data-state=executing]').textContent === '{want}'", timeout=10)
         check(True, f"the reports row shows executing {want} without a reload")
+        # A burst (created, started, finished within 0.2 s): the counts settle on the server's.
+        quick = add_delay(server, "reports", 0.2, "quick")
+        wait_for("quick to finish", lambda: server.must("GET", f"/v1/operations/{quick}")["state"] == "finished")
+        want = server_counts(server)["reports"]
+        browser.until("the reports row to settle", f"JSON.stringify(({QUEUE_ROWS}).find(r => r.name === 'reports').counts) === "
+                      f"JSON.stringify({json.dumps(want)})", timeout=5)
+        check(True, f"after a burst of events the reports row settles on the server's counts {want}")
         check(browser.eval("window.__sameDocument") == "yes" and browser.eval("performance.getEntriesByType('navigation').length") == 1,
               "no reload happened")
 
@@ -331,10 +338,13 @@ def run_basic(binary, browser, screenshot):
         check(width <= 375, f"at 375 px the page is {width} px wide")
 
         if screenshot:
-            browser.goto(server.base + "/", width=1400, height=800)
+            browser.goto(server.base + "/", width=1400, height=460)
             browser.until("the queue table", "document.body.dataset.queuesRendered === 'true'")
-            add_delay(server, "images", 0.2, "thumbnail")
-            browser.until("a few tail entries", "document.querySelectorAll('#tail-list li').length >= 3", timeout=10)
+            weekly = add_delay(server, "reports", 0.2, "weekly")
+            wait_for("weekly to finish", lambda: server.must("GET", f"/v1/operations/{weekly}")["state"] == "finished")
+            finished = server_counts(server)["reports"]["finished"]
+            browser.until("the reports row to count the finish",
+                          f"document.querySelector('tr[data-queue=reports] td[data-state=finished]').textContent === '{finished}'")
             browser.pump(0.5)
             browser.screenshot(screenshot)
             print(f"  saved {screenshot}")

@@ -4,7 +4,7 @@
 
 /// dashboard/index.html, served at the dashboard route for it.
 let dashboardHTML = DashboardAsset(
-    contentType: "text/html; charset=utf-8", etag: "\"32f0848d0543b4477c61cd611ff3a165\"",
+    contentType: "text/html; charset=utf-8", etag: "\"267652621881b06475e50c711f06c627\"",
     text: #"""
 <!doctype html>
 <html lang="en">
@@ -27,6 +27,7 @@ let dashboardHTML = DashboardAsset(
 </header>
 
 <main id="main" tabindex="-1">
+ <div class="views">
   <div id="notice" class="notice" role="alert" hidden>
     <p id="notice-text"></p>
     <button type="button" id="notice-close">Dismiss</button>
@@ -155,6 +156,8 @@ let dashboardHTML = DashboardAsset(
     <p><button type="button" id="op-events-more" hidden>Load more</button></p>
   </section>
 
+ </div>
+
   <section id="tail" class="panel" hidden aria-labelledby="tail-title">
     <h2 id="tail-title">Live events</h2>
     <ol id="tail-list" class="tail" aria-live="polite" aria-relevant="additions"></ol>
@@ -176,7 +179,7 @@ let dashboardHTML = DashboardAsset(
 
 /// dashboard/dashboard.css, served at the dashboard route for it.
 let dashboardCSS = DashboardAsset(
-    contentType: "text/css; charset=utf-8", etag: "\"4db3c5f17b1e862fe310b6ff77b9c31b\"",
+    contentType: "text/css; charset=utf-8", etag: "\"af2ea47a147bda69970ca118a3eb3256\"",
     text: #"""
 /* opqd dashboard. Colours keep WCAG AA contrast (4.5:1 for text) on their backgrounds. */
 :root {
@@ -219,7 +222,8 @@ code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consola
 
 main { padding: 0.75rem 1rem 2rem; display: grid; gap: 1rem; }
 main:focus { outline: none; }
-.panel { min-width: 0; }
+.panel, .views { min-width: 0; }
+.views { display: grid; gap: 1rem; align-content: start; }
 h2 { font-size: 1.1rem; margin: 0 0 0.5rem; }
 h3 { font-size: 1rem; margin: 1rem 0 0.3rem; }
 .muted { color: var(--muted); font-weight: normal; }
@@ -287,8 +291,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 }
 @media (min-width: 75rem) {
   main { grid-template-columns: minmax(0, 3fr) minmax(18rem, 1fr); align-items: start; }
-  main > #notice, main > #login { grid-column: 1 / -1; }
-  main > #tail { grid-column: 2; grid-row: 2 / span 4; position: sticky; top: 0.5rem; }
+  main > #tail { position: sticky; top: 0.5rem; }
   .tail { max-height: calc(100vh - 6rem); }
 }
 
@@ -296,7 +299,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"18090eaa607e5dc9f3e2e243e5cc9315\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"bd6913f3059581802be206447800bd7b\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -601,8 +604,10 @@ let dashboardJS = DashboardAsset(
     const now = performance.now();
     let wait = 0;
     // Many dirty queues: one list read is cheaper than a request each.
-    if (S.dirtyQueues.size > 8 || S.inFlight.has('*')) {
-      const w = S.inFlight.has('*') ? REFETCH_MS : due('*', now);
+    if (S.inFlight.has('*')) {
+      // The whole list is being read; its answer reschedules what is still dirty.
+    } else if (S.dirtyQueues.size > 8) {
+      const w = due('*', now);
       if (w === 0) {
         S.fetchedAt.set('*', now);
         S.dirtyQueues.clear();
@@ -645,6 +650,8 @@ let dashboardJS = DashboardAsset(
       if (e instanceof Problem && e.status === 404) removeQueue(name);
     } finally {
       S.inFlight.delete(key);
+      // Events that came while it was in flight wait for this answer, not for another event.
+      if (S.dirtyQueues.has(name)) schedule();
     }
   }
 
@@ -661,6 +668,8 @@ let dashboardJS = DashboardAsset(
     const i = s % 60;
     if (t.sec[i] !== s) { t.sec[i] = s; t.n[i] = 0; }
     t.n[i]++;
+    const entry = S.queues.get(queue);
+    if (entry) setText(entry.cells.rate, perMinute(queue));
   }
   function perMinute(queue) {
     const t = S.throughput.get(queue);
@@ -691,6 +700,7 @@ let dashboardJS = DashboardAsset(
     } finally {
       S.inFlight.delete('*');
       markRendered();
+      if (S.dirtyQueues.size) schedule();
     }
   }
 
@@ -964,6 +974,7 @@ let dashboardJS = DashboardAsset(
       if (S.op === op) failed('Reading operation ' + op.id, e);
     } finally {
       S.inFlight.delete('op');
+      if (S.opDirty) schedule();
     }
   }
 
