@@ -213,7 +213,7 @@
       if (streamReady) { streamReady(); streamReady = null; }
       setConn('reconnecting…', 'down');
       await new Promise((r) => setTimeout(r, delay));
-      delay = Math.min(delay * 2, 15000);
+      delay = Math.min(delay * 2, 5000);
     }
   }
 

@@ -299,7 +299,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"bd6913f3059581802be206447800bd7b\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"ce61d60e62986cc7f3a4244674ed9ae4\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -516,7 +516,7 @@ let dashboardJS = DashboardAsset(
       if (streamReady) { streamReady(); streamReady = null; }
       setConn('reconnecting…', 'down');
       await new Promise((r) => setTimeout(r, delay));
-      delay = Math.min(delay * 2, 15000);
+      delay = Math.min(delay * 2, 5000);
     }
   }
 
