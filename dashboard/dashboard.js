@@ -124,7 +124,7 @@
   function needToken(message) {
     stopStream();
     S.started = false;
-    for (const id of ['view-queues', 'view-queue', 'view-op', 'tail']) $(id).hidden = true;
+    for (const id of ['view-queues', 'view-queue', 'view-op', 'tail', 'find-form']) $(id).hidden = true;
     $('login').hidden = false;
     $('forget').hidden = !S.token;
     setText($('login-error'), message || '');
@@ -153,6 +153,7 @@
     document.body.classList.toggle('read-only', !canWrite());
     if (!canWrite()) for (const id of ['q-actions', 'op-actions', 'confirm']) $(id).remove();
     $('tail').hidden = false;
+    $('find-form').hidden = false;
     // The stream first, so no change between the first read and the stream is missed.
     await openStreamOnce();
     await loadQueues();
@@ -344,7 +345,10 @@
         known && known.etag ? {'If-None-Match': known.etag} : undefined);
       if (r.status !== 304) upsertQueue(r.body, r.etag);
     } catch (e) {
-      if (e instanceof Problem && e.status === 404) removeQueue(name);
+      if (e instanceof Problem && e.status === 404) {
+        removeQueue(name);
+        if (S.view.name === 'queue' && S.view.queue === name) setText($('q-summary'), 'There is no queue named ' + name + '.');
+      }
     } finally {
       S.inFlight.delete(key);
       // Events that came while it was in flight wait for this answer, not for another event.
@@ -420,7 +424,7 @@
     const tr = el('tr', {'data-queue': name});
     tr.append(el('th', {scope: 'row'}, link));
     for (const st of STATES) {
-      cells[st] = el('td', {class: 'num' + (st === 'paused' || st === 'pending' ? ' opt' : ''), 'data-state': st});
+      cells[st] = el('td', {class: 'num' + (st === 'paused' ? ' opt' : ''), 'data-state': st});
       tr.append(cells[st]);
     }
     cells.conc = el('td', {class: 'num opt'});
@@ -618,11 +622,26 @@
     return el('tr', {'data-op': op.id},
       el('td', null, el('a', {href: '#/op/' + seg(op.id), class: 'mono', text: op.id})),
       el('td', {text: op.name || ''}),
-      el('td', {text: op.kind || ''}),
+      el('td', {class: 'opt', text: op.kind || ''}),
       state,
       el('td', {class: 'opt', text: op.queuePriority || ''}),
       el('td', {class: 'num opt', text: op.attempt ?? ''}),
       el('td', {class: 'opt', text: op.createdAt || ''}));
+  }
+
+  const OP_ID = /^op-[0-9a-f]{16}$/;
+
+  async function find(event) {
+    event.preventDefault();
+    const text = $('find-id').value.trim();
+    if (!OP_ID.test(text)) { notify('An operation id looks like op- and 16 hex digits; got "' + text + '".'); return; }
+    try {
+      await api('GET', '/v1/operations/' + seg(text));
+      $('notice').hidden = true;
+      location.hash = '#/op/' + seg(text);
+    } catch (e) {
+      failed('Looking up ' + text, e);
+    }
   }
 
   async function search(event) {
@@ -632,7 +651,7 @@
     const text = $('q-search').value.trim();
     const state = $('q-filter-state').value;
     // An id opens that operation; anything else is a name prefix.
-    if (/^op-[0-9a-f]{16}$/.test(text)) {
+    if (OP_ID.test(text)) {
       try {
         const r = await api('GET', '/v1/operations/' + seg(text));
         if (r.body && r.body.id) { location.hash = '#/op/' + seg(r.body.id); return; }
@@ -815,6 +834,7 @@
     setInterval(refreshRates, 5000);  // local only: ages the per-minute counts, no requests
 
     $('q-search-form').addEventListener('submit', search);
+    $('find-form').addEventListener('submit', find);
     $('q-filter-state').addEventListener('change', () => {
       if (S.view.queue) loadOps(S.view.queue, $('q-filter-state').value, $('q-search').value.trim(), true);
     });

@@ -4,7 +4,7 @@
 
 /// dashboard/index.html, served at the dashboard route for it.
 let dashboardHTML = DashboardAsset(
-    contentType: "text/html; charset=utf-8", etag: "\"267652621881b06475e50c711f06c627\"",
+    contentType: "text/html; charset=utf-8", etag: "\"1eb29be584fe0c6c06b6e9e13cffa5b5\"",
     text: #"""
 <!doctype html>
 <html lang="en">
@@ -22,6 +22,11 @@ let dashboardHTML = DashboardAsset(
 <header class="top">
   <h1><a href="#/">opqd</a></h1>
   <p id="conn" class="conn" role="status">starting…</p>
+  <form id="find-form" class="find" role="search" novalidate hidden>
+    <label for="find-id">Operation id</label>
+    <input id="find-id" type="search" autocomplete="off" spellcheck="false" maxlength="100" placeholder="op-…">
+    <button type="submit">Open</button>
+  </form>
   <p id="mode" class="mode" hidden></p>
   <button type="button" id="forget" hidden>Forget token</button>
 </header>
@@ -54,10 +59,10 @@ let dashboardHTML = DashboardAsset(
             <th scope="col" class="num">Pending</th>
             <th scope="col" class="num">Ready</th>
             <th scope="col" class="num">Executing</th>
-            <th scope="col" class="num">Paused</th>
+            <th scope="col" class="num opt">Paused</th>
             <th scope="col" class="num">Finished</th>
-            <th scope="col" class="num">Running / limit</th>
-            <th scope="col" class="num" title="operations finished in the last minute, seen live">Done / min</th>
+            <th scope="col" class="num opt">Running / limit</th>
+            <th scope="col" class="num opt" title="operations finished in the last minute, seen live">Done / min</th>
             <th scope="col">State</th>
             <th scope="col" class="act-col">Actions</th>
           </tr>
@@ -117,11 +122,11 @@ let dashboardHTML = DashboardAsset(
           <tr>
             <th scope="col">Id</th>
             <th scope="col">Name</th>
-            <th scope="col">Kind</th>
+            <th scope="col" class="opt">Kind</th>
             <th scope="col">State</th>
-            <th scope="col">Priority</th>
-            <th scope="col" class="num">Attempt</th>
-            <th scope="col">Created</th>
+            <th scope="col" class="opt">Priority</th>
+            <th scope="col" class="num opt">Attempt</th>
+            <th scope="col" class="opt">Created</th>
           </tr>
         </thead>
         <tbody id="ops-body"></tbody>
@@ -179,7 +184,7 @@ let dashboardHTML = DashboardAsset(
 
 /// dashboard/dashboard.css, served at the dashboard route for it.
 let dashboardCSS = DashboardAsset(
-    contentType: "text/css; charset=utf-8", etag: "\"af2ea47a147bda69970ca118a3eb3256\"",
+    contentType: "text/css; charset=utf-8", etag: "\"644bee3ffea3d440d9f1ef45c2830f2b\"",
     text: #"""
 /* opqd dashboard. Colours keep WCAG AA contrast (4.5:1 for text) on their backgrounds. */
 :root {
@@ -219,6 +224,9 @@ code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consola
 .conn.down::before { color: var(--danger); }
 .mode { padding: 0.1rem 0.5rem; border-radius: 999px; background: var(--warn-bg); color: var(--warn-fg); }
 #forget { margin-left: auto; }
+.find { display: inline-flex; gap: 0.3rem; align-items: center; margin: 0; }
+.find input { width: 13rem; }
+::placeholder { color: var(--muted); opacity: 1; }
 
 main { padding: 0.75rem 1rem 2rem; display: grid; gap: 1rem; }
 main:focus { outline: none; }
@@ -243,7 +251,7 @@ input[type="number"] { width: 7rem; }
 label { margin-right: 0.3rem; }
 form.inline { display: inline-flex; flex-wrap: wrap; gap: 0.3rem; align-items: center; margin: 0; }
 .actions { display: flex; flex-wrap: wrap; gap: 0.5rem; align-items: center; margin: 0.5rem 0; }
-.filters fieldset { border: 1px solid var(--line); border-radius: 4px; display: flex; flex-wrap: wrap; gap: 0.4rem; align-items: center; }
+.filters fieldset { min-width: 0; border: 1px solid var(--line); border-radius: 4px; display: flex; flex-wrap: wrap; gap: 0.4rem; align-items: center; }
 #login form { display: flex; flex-wrap: wrap; gap: 0.5rem; align-items: center; max-width: 40rem; }
 #login .hint, #login .error { flex-basis: 100%; margin: 0; }
 
@@ -282,11 +290,14 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
   main { padding: 0.5rem; }
   .top { padding: 0.5rem; }
   #forget { margin-left: 0; }
+  .find { width: 100%; }
+  .find input { flex: 1 1 8rem; width: auto; }
   .grid th, .grid td { padding: 0.25rem 0.35rem; }
   #queues .opt, #ops .opt { display: none; }
   .fields { grid-template-columns: 1fr; }
   .fields dd { margin-bottom: 0.3rem; }
-  .filters fieldset, form.inline { width: 100%; }
+  .filters fieldset, form.inline { width: 100%; box-sizing: border-box; }
+  .filters fieldset { margin: 0; }
   #q-search { flex: 1 1 10rem; }
 }
 @media (min-width: 75rem) {
@@ -299,7 +310,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"ce61d60e62986cc7f3a4244674ed9ae4\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"9ed7a7029a1a648a0cc8d522cefc6584\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -427,7 +438,7 @@ let dashboardJS = DashboardAsset(
   function needToken(message) {
     stopStream();
     S.started = false;
-    for (const id of ['view-queues', 'view-queue', 'view-op', 'tail']) $(id).hidden = true;
+    for (const id of ['view-queues', 'view-queue', 'view-op', 'tail', 'find-form']) $(id).hidden = true;
     $('login').hidden = false;
     $('forget').hidden = !S.token;
     setText($('login-error'), message || '');
@@ -456,6 +467,7 @@ let dashboardJS = DashboardAsset(
     document.body.classList.toggle('read-only', !canWrite());
     if (!canWrite()) for (const id of ['q-actions', 'op-actions', 'confirm']) $(id).remove();
     $('tail').hidden = false;
+    $('find-form').hidden = false;
     // The stream first, so no change between the first read and the stream is missed.
     await openStreamOnce();
     await loadQueues();
@@ -647,7 +659,10 @@ let dashboardJS = DashboardAsset(
         known && known.etag ? {'If-None-Match': known.etag} : undefined);
       if (r.status !== 304) upsertQueue(r.body, r.etag);
     } catch (e) {
-      if (e instanceof Problem && e.status === 404) removeQueue(name);
+      if (e instanceof Problem && e.status === 404) {
+        removeQueue(name);
+        if (S.view.name === 'queue' && S.view.queue === name) setText($('q-summary'), 'There is no queue named ' + name + '.');
+      }
     } finally {
       S.inFlight.delete(key);
       // Events that came while it was in flight wait for this answer, not for another event.
@@ -723,7 +738,7 @@ let dashboardJS = DashboardAsset(
     const tr = el('tr', {'data-queue': name});
     tr.append(el('th', {scope: 'row'}, link));
     for (const st of STATES) {
-      cells[st] = el('td', {class: 'num' + (st === 'paused' || st === 'pending' ? ' opt' : ''), 'data-state': st});
+      cells[st] = el('td', {class: 'num' + (st === 'paused' ? ' opt' : ''), 'data-state': st});
       tr.append(cells[st]);
     }
     cells.conc = el('td', {class: 'num opt'});
@@ -921,11 +936,26 @@ let dashboardJS = DashboardAsset(
     return el('tr', {'data-op': op.id},
       el('td', null, el('a', {href: '#/op/' + seg(op.id), class: 'mono', text: op.id})),
       el('td', {text: op.name || ''}),
-      el('td', {text: op.kind || ''}),
+      el('td', {class: 'opt', text: op.kind || ''}),
       state,
       el('td', {class: 'opt', text: op.queuePriority || ''}),
       el('td', {class: 'num opt', text: op.attempt ?? ''}),
       el('td', {class: 'opt', text: op.createdAt || ''}));
+  }
+
+  const OP_ID = /^op-[0-9a-f]{16}$/;
+
+  async function find(event) {
+    event.preventDefault();
+    const text = $('find-id').value.trim();
+    if (!OP_ID.test(text)) { notify('An operation id looks like op- and 16 hex digits; got "' + text + '".'); return; }
+    try {
+      await api('GET', '/v1/operations/' + seg(text));
+      $('notice').hidden = true;
+      location.hash = '#/op/' + seg(text);
+    } catch (e) {
+      failed('Looking up ' + text, e);
+    }
   }
 
   async function search(event) {
@@ -935,7 +965,7 @@ let dashboardJS = DashboardAsset(
     const text = $('q-search').value.trim();
     const state = $('q-filter-state').value;
     // An id opens that operation; anything else is a name prefix.
-    if (/^op-[0-9a-f]{16}$/.test(text)) {
+    if (OP_ID.test(text)) {
       try {
         const r = await api('GET', '/v1/operations/' + seg(text));
         if (r.body && r.body.id) { location.hash = '#/op/' + seg(r.body.id); return; }
@@ -1118,6 +1148,7 @@ let dashboardJS = DashboardAsset(
     setInterval(refreshRates, 5000);  // local only: ages the per-minute counts, no requests
 
     $('q-search-form').addEventListener('submit', search);
+    $('find-form').addEventListener('submit', find);
     $('q-filter-state').addEventListener('change', () => {
       if (S.view.queue) loadOps(S.view.queue, $('q-filter-state').value, $('q-search').value.trim(), true);
     });
