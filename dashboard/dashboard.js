@@ -23,6 +23,7 @@
     started: false,
     queues: new Map(),        // name -> {data, etag, row, cells}
     queuesRendered: false,
+    listEtag: null,           // of GET /v1/queues when it fits one page
     lastSeq: null,            // the last seq seen on the stream
     streamAbort: null,
     dirtyQueues: new Set(),
@@ -388,7 +389,11 @@
       let after = null;
       const seen = new Set();
       for (let pages = 0; pages < 1000; pages++) {
-        const r = await api('GET', '/v1/queues' + (after ? '?after=' + seg(after) : ''));
+        // A one-page list is revalidated with its ETag, where the server gives one.
+        const tag = !after && S.listEtag ? {'If-None-Match': S.listEtag} : undefined;
+        const r = await api('GET', '/v1/queues' + (after ? '?after=' + seg(after) : ''), undefined, tag);
+        if (r.status === 304) return;
+        if (!after) S.listEtag = r.body && !r.body.next ? r.etag : null;
         const list = (r.body && r.body.queues) || [];
         for (const q of list) { seen.add(q.name); upsertQueue(q, null); }
         markRendered();

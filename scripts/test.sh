@@ -33,7 +33,8 @@ step "dashboard in headless Chromium (scripts/dashboard-check.sh)"
 # The page against the debug binary: queues and counts rendered, a change after load shown
 # live, a suspend clicked on the page reaches the server, the token form and the read-only
 # page, and 100 queues / 100,000 operations under 1 s to first render and 200 KB fetched.
-# Installs chromium and websocket-client (into .build-py/) when missing. ~1 min.
+# Installs chromium and websocket-client (into .build-py/) when missing. 1-2 min, most of it
+# creating the 100,000 operations.
 scripts/embed-dashboard.sh --check
 logged "dashboard check" .build/dashboard-output.txt scripts/dashboard-check.sh --binary .build/debug/opqd
 

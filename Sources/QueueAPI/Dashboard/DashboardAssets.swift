@@ -310,7 +310,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"9ed7a7029a1a648a0cc8d522cefc6584\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"4ac598f1aa1d0b5d5d83a7d620a37cdd\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -337,6 +337,7 @@ let dashboardJS = DashboardAsset(
     started: false,
     queues: new Map(),        // name -> {data, etag, row, cells}
     queuesRendered: false,
+    listEtag: null,           // of GET /v1/queues when it fits one page
     lastSeq: null,            // the last seq seen on the stream
     streamAbort: null,
     dirtyQueues: new Set(),
@@ -702,7 +703,11 @@ let dashboardJS = DashboardAsset(
       let after = null;
       const seen = new Set();
       for (let pages = 0; pages < 1000; pages++) {
-        const r = await api('GET', '/v1/queues' + (after ? '?after=' + seg(after) : ''));
+        // A one-page list is revalidated with its ETag, where the server gives one.
+        const tag = !after && S.listEtag ? {'If-None-Match': S.listEtag} : undefined;
+        const r = await api('GET', '/v1/queues' + (after ? '?after=' + seg(after) : ''), undefined, tag);
+        if (r.status === 304) return;
+        if (!after) S.listEtag = r.body && !r.body.next ? r.etag : null;
         const list = (r.body && r.body.queues) || [];
         for (const q of list) { seen.add(q.name); upsertQueue(q, null); }
         markRendered();
