@@ -37,6 +37,8 @@
     list: null,               // the open operations list: {queue, state, prefix, next, rows: Map}
     op: null,                 // the open operation: {id, data, etag, events: Set of seq, next}
     opDirty: false,
+    resumedFrom: null,        // the Last-Event-ID the open stream resumed after
+    firstOfStream: false,
   };
 
   // ---- DOM helpers: text and properties only, nothing is parsed as markup ----
@@ -206,6 +208,8 @@
         }
         if (!res.ok || !res.body) throw new Error('HTTP ' + res.status);
         setConn('live', 'live');
+        S.resumedFrom = resumed ? S.lastSeq : null;
+        S.firstOfStream = true;
         if (streamReady) { streamReady(); streamReady = null; } else if (!resumed) refreshAll();
         delay = 500;
         await readEvents(res.body);
@@ -254,6 +258,15 @@
     let ev;
     try { ev = JSON.parse(data); } catch (_) { return; }
     const seq = Number(id !== null ? id : ev.seq);
+    if (S.firstOfStream) {
+      S.firstOfStream = false;
+      // Resumed after N, the server only sends seqs above N, unless it lost its history (a
+      // --store memory server restarted): then its seqs start over, and what is shown is stale.
+      if (S.resumedFrom !== null && seq <= S.resumedFrom) {
+        S.lastSeq = null;
+        refreshAll();
+      }
+    }
     if (Number.isFinite(seq)) {
       if (S.lastSeq !== null && seq <= S.lastSeq) return;
       S.lastSeq = seq;

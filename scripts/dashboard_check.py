@@ -600,6 +600,21 @@ def run_resume(binary, browser):
         late = add_delay(server, "ingest", 30, "after-410")
         browser.until("a live event after 410", f"document.getElementById('tail-list').textContent.includes('{late}')", timeout=10)
         check(True, "and follows new events again")
+
+        # A server that lost its history (--store memory, restarted): its seqs start over below
+        # the page's cursor; the page must take them, not drop them as already seen.
+        offline(browser, True)
+        server.halt()
+        browser.until("the page to notice", "document.getElementById('conn').textContent.startsWith('reconnecting')", timeout=10)
+        server.start(port, "--store", "memory")
+        server.must("POST", "/v1/queues", {"name": "fresh"})
+        offline(browser, False)
+        browser.until("the page to reconnect", "document.getElementById('conn').textContent === 'live'", timeout=20)
+        anew = add_delay(server, "fresh", 30, "after-reset")
+        # (Ids start over too, so the tail's newest entry is looked for by its queue.)
+        browser.until("the new server's event", f"(li => li && li.textContent.includes('fresh {anew}'))(document.querySelector('#tail-list li'))", timeout=10)
+        browser.until("the new server's queues", "[...document.querySelectorAll('#queues-body tr')].map(tr => tr.dataset.queue).join() === 'fresh'", timeout=10)
+        check(True, "after a restart that reset the seqs, the page shows the new server's events and queues only")
     finally:
         offline(browser, False)
         server.stop()

@@ -310,7 +310,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"4ac598f1aa1d0b5d5d83a7d620a37cdd\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"35dd00bea9345319a4940a4005b854c1\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -351,6 +351,8 @@ let dashboardJS = DashboardAsset(
     list: null,               // the open operations list: {queue, state, prefix, next, rows: Map}
     op: null,                 // the open operation: {id, data, etag, events: Set of seq, next}
     opDirty: false,
+    resumedFrom: null,        // the Last-Event-ID the open stream resumed after
+    firstOfStream: false,
   };
 
   // ---- DOM helpers: text and properties only, nothing is parsed as markup ----
@@ -520,6 +522,8 @@ let dashboardJS = DashboardAsset(
         }
         if (!res.ok || !res.body) throw new Error('HTTP ' + res.status);
         setConn('live', 'live');
+        S.resumedFrom = resumed ? S.lastSeq : null;
+        S.firstOfStream = true;
         if (streamReady) { streamReady(); streamReady = null; } else if (!resumed) refreshAll();
         delay = 500;
         await readEvents(res.body);
@@ -568,6 +572,15 @@ let dashboardJS = DashboardAsset(
     let ev;
     try { ev = JSON.parse(data); } catch (_) { return; }
     const seq = Number(id !== null ? id : ev.seq);
+    if (S.firstOfStream) {
+      S.firstOfStream = false;
+      // Resumed after N, the server only sends seqs above N, unless it lost its history (a
+      // --store memory server restarted): then its seqs start over, and what is shown is stale.
+      if (S.resumedFrom !== null && seq <= S.resumedFrom) {
+        S.lastSeq = null;
+        refreshAll();
+      }
+    }
     if (Number.isFinite(seq)) {
       if (S.lastSeq !== null && seq <= S.lastSeq) return;
       S.lastSeq = seq;
