@@ -1,20 +1,25 @@
 """The dashboard in a real browser: headless Chromium driven over the Chrome DevTools Protocol.
 
 usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot PATH]
-                                          [--skip-scale] [--only basic|token|scale]
+                                          [--skip-scale] [--only basic|resume|token|scale]
 (scripts/dashboard-check.sh installs Chromium and websocket-client, then runs this.)
 
-Three runs, each on a fresh opqd (127.0.0.1, a free port, a temporary --data):
+Four runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary --data):
   basic  3 queues with executing and finished operations: the page shows them with the server's
          counts; a change made through the API after the page loaded shows up without a reload;
-         a suspend clicked and confirmed on the page changes the server's state; the queue and
-         operation views render, hostile names stay text; no console errors or CSP refusals;
-         at 375 px the page does not scroll sideways.
+         a suspend clicked and confirmed on the page changes the server's state, and so does
+         every other action; the queue and operation views, searches, results and errors
+         render, hostile names stay text; AA contrast, named controls, Tab order with a visible
+         focus; no console errors or CSP refusals; at 375 px the page does not scroll sideways.
+  resume the server goes away while the page is offline: the stream resumes with
+         Last-Event-ID and delivers what was missed; after 410 it restarts from now and
+         re-reads; after a restart that reset the seqs (--store memory) it starts over.
   token  --token and --read-token: the page asks for a token; with the read token no action is
          offered; with the full token they are.
   scale  100 queues and 100,000 operations (--store memory): the first render of the queue
          table (a performance.mark the page sets) must come within 1 s of navigation start, and
-         the page load must fetch under 200 KB (CDP Network encodedDataLength).
+         the page load must fetch under 200 KB (CDP Network encodedDataLength); a queue's view
+         reads one page; a storm of changes in 20 queues costs about one read a second.
 Exits 1 on any failure, printing what was expected and what was seen.
 """
 import argparse
@@ -346,7 +351,7 @@ def run_basic(binary, browser, screenshot):
                      "document.getElementById('q-search-form').requestSubmit()")
         prefix_rows = "[...document.querySelectorAll('#ops-body tr td:nth-child(2)')].map(td => td.textContent)"
         expect_done_or_problem(server, browser, "Search by name prefix", "GET", "/v1/queues/images/operations?namePrefix=resize&limit=50", None,
-                               lambda: (names := browser.eval(prefix_rows)) == ["resize-0", "resize-1"])
+                               lambda: browser.eval(prefix_rows) == ["resize-0", "resize-1"])
         browser.eval("document.getElementById('notice-close').click()")
         some = server.must("GET", "/v1/queues/reports/operations?limit=1")["operations"][0]["id"]
         browser.eval(f"document.getElementById('q-search').value = '{some}'; document.getElementById('q-search-form').requestSubmit()")
@@ -368,6 +373,20 @@ def run_basic(binary, browser, screenshot):
                       "document.querySelectorAll('#op-events-body tr').length > 0")
         check(browser.eval("document.getElementById('op-state').textContent") == op["state"],
               f"the operation view shows state {op['state']}")
+        # A failed operation shows its error; a succeeded one its result.
+        failed_op = server.must("POST", "/v1/queues/reports/operations",
+                                {"kind": "http", "name": "unreachable", "spec": {"method": "GET", "url": "http://127.0.0.1:1/"}})["id"]
+        wait_for("the http operation to fail", lambda: op_state(server, failed_op).get("outcome") == "failed")
+        browser.eval(f"location.hash = '#/op/{failed_op}'")
+        browser.until("its error", "document.getElementById('op-outcome-title').textContent === 'Error' && "
+                      f"document.getElementById('op-outcome').textContent.includes({json.dumps(op_state(server, failed_op)['error']['type'])})")
+        check(browser.eval("document.getElementById('op-state').textContent") == "finished (failed)", "a failed operation shows finished (failed) and its error")
+        browser.eval(f"location.hash = '#/op/{done[0]}'")
+        browser.until("its result", f"document.getElementById('op-id').textContent === '{done[0]}' && "
+                      "document.getElementById('op-outcome-title').textContent === 'Result' && "
+                      "document.getElementById('op-outcome').textContent.includes('seconds')")
+        check(True, "a succeeded operation shows its result")
+
         run_actions(server, browser)
         check_accessibility(browser)
         browser.eval("location.hash = '#/'")
@@ -466,9 +485,13 @@ def run_actions(server, browser):
     first = add_delay(server, "reports", 30, "parent")
     body = {"kind": "delay", "spec": {"seconds": 1}, "name": "child", "dependencies": [first]}
     child = server.must("POST", "/v1/queues/images/operations", body)["id"]
-    browser.eval(f"location.hash = '#/op/{first}'")
+    # The dependent's view links to the operation it depends on.
+    browser.eval(f"location.hash = '#/op/{child}'")
+    browser.until("the dependent's view", f"document.getElementById('op-id').textContent === '{child}' && document.querySelector('#op-deps a') !== null")
+    browser.eval("document.querySelector('#op-deps a').click()")
     browser.until("the parent's view", f"document.getElementById('op-id').textContent === '{first}' && document.getElementById('op-state').textContent !== ''")
-    browser.until("the dependent's live history", f"document.querySelectorAll('#op-events-body tr').length > 0")
+    browser.until("the parent's history", "document.querySelectorAll('#op-events-body tr').length > 0")
+    check(True, "the dependent's view links to its dependency, and the link opens it")
     click(browser, "#op-cancel")
     check(op_state(server, first)["state"] != "finished", "nothing is cancelled before confirming")
     confirm(browser, cascade=True)
