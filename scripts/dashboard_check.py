@@ -671,6 +671,11 @@ def run_token(binary, browser):
                            "document.querySelectorAll('button.danger, .q-toggle').length === 0"),
               "read token: no queue or operation action is in the page")
         check("read-only" in browser.eval("document.getElementById('mode').textContent"), "the page says it is read-only")
+        status = browser.eval("fetch('/v1/queues/billing/suspend', {method: 'POST', headers: {Authorization: 'Bearer ' + "
+                              "sessionStorage.getItem('opqd.token')}}).then(r => r.status)")
+        check(status == 403 and server.must("GET", "/v1/queues/billing")["isSuspended"] is False,
+              f"and the server refuses an action with that token anyway: {status}")
+        browser.expected_refusals.append((r"/v1/queues/billing/suspend$", r"status of 403"))
 
         # Forget it, give the full token: actions come back.
         browser.eval("document.getElementById('forget').click()")
@@ -682,6 +687,8 @@ def run_token(binary, browser):
         browser.eval("document.getElementById('login-token').value = 'full-token-x'; document.getElementById('login-form').requestSubmit()")
         browser.until("the queue table with the full token", "document.querySelectorAll('#queues-body .q-toggle').length === 1")
         check(True, "full token: actions are offered")
+        problems = browser.problems()
+        check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
     finally:
         server.stop()
 
