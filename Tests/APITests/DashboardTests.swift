@@ -85,6 +85,23 @@ struct DashboardTests {
         }
     }
 
+    @Test("the page opens its stream past the last seq to start from now: no replay, then the next event")
+    func streamFromNow() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let old = try await server.addDelay("q")
+            #expect(try await server.request("GET", "/v1/events?after=0").objects("events").count > 0)
+            // What dashboard.js sends as ?after= on its first connection.
+            async let stream = server.readEventStream("/v1/events/stream?after=9223372036854775807", count: 1, timeout: 5)
+            try await Task.sleep(nanoseconds: 200_000_000)
+            let new = try await server.addDelay("q")
+            let (head, events) = try await stream
+            #expect(head.status == 200)
+            let first = try #require(events.first, "an event after the stream opened")
+            #expect(first.object["operation"] as? String == new, "the first event is the new one, not a replay of \(old)")
+        }
+    }
+
     @Test("GET /v1/access: write without a token configured, write or read by the token presented, 401 without one")
     func access() async throws {
         try await withLiveServer { server in
