@@ -298,6 +298,7 @@ def run_basic(binary, browser, screenshot):
         for name, counts in expected.items():
             check(shown.get(name) == counts, f"{name}: page shows {shown.get(name)}, server says {counts}")
         check(browser.eval("document.getElementById('conn').textContent") == "live", "the stream is live")
+        check(browser.eval("document.getElementById('tail-list').getAttribute('aria-live')") == "polite", "the live tail is an aria-live region")
         check(browser.eval("!!document.querySelector('#queues-body .q-toggle')"), "actions are offered without a token")
 
         # A change after the page loaded: a new operation, and the tail and counts follow it.
@@ -323,6 +324,17 @@ def run_basic(binary, browser, screenshot):
         # An action through the page: suspend, confirmed in the page's own dialog.
         before = server.must("GET", "/v1/queues/emails")["isSuspended"]
         check(before is False, "emails is not suspended before the click")
+        # By keyboard: focus the row's button, Enter opens the dialog, Escape closes it.
+        browser.eval("document.querySelector('tr[data-queue=emails] .q-toggle').focus()")
+        key(browser, "Enter", "Enter", 13, text="\r")
+        browser.until("the confirmation dialog", "document.getElementById('confirm').open")
+        check(browser.eval("document.activeElement.id") == "confirm-no", "Enter on Suspend opens the dialog, its focus on Keep (the safe answer)")
+        key(browser, "Escape", "Escape", 27)
+        browser.until("Escape to close the dialog", "!document.getElementById('confirm').open")
+        browser.pump(0.3)
+        check(server.must("GET", "/v1/queues/emails")["isSuspended"] is False and
+              browser.eval("document.activeElement.classList.contains('q-toggle')"),
+              "Escape closes it, changes nothing, and gives the focus back to the button")
         browser.eval("document.querySelector('tr[data-queue=emails] .q-toggle').click()")
         browser.until("the confirmation dialog", "document.getElementById('confirm').open")
         check(server.must("GET", "/v1/queues/emails")["isSuspended"] is False, "nothing changes before confirming")
@@ -419,6 +431,14 @@ def run_basic(binary, browser, screenshot):
             print(f"  saved {screenshot}")
     finally:
         server.stop()
+
+
+def key(browser, name, code, vk, text=None):
+    down = {"type": "keyDown", "key": name, "code": code, "windowsVirtualKeyCode": vk}
+    if text:
+        down["text"] = text
+    browser.send("Input.dispatchKeyEvent", down)
+    browser.send("Input.dispatchKeyEvent", {"type": "keyUp", "key": name, "code": code, "windowsVirtualKeyCode": vk})
 
 
 def op_state(server, op_id):
@@ -552,8 +572,7 @@ def check_accessibility(browser):
     browser.eval("location.hash = '#/'; document.activeElement.blur()")
     seen = []
     for _ in range(40):
-        browser.send("Input.dispatchKeyEvent", {"type": "keyDown", "key": "Tab", "code": "Tab", "windowsVirtualKeyCode": 9})
-        browser.send("Input.dispatchKeyEvent", {"type": "keyUp", "key": "Tab", "code": "Tab", "windowsVirtualKeyCode": 9})
+        key(browser, "Tab", "Tab", 9)
         seen.append(browser.eval("(e => e.tagName + ':' + e.textContent.trim().slice(0, 20) + ':' + getComputedStyle(e).outlineStyle)(document.activeElement)"))
     check(any(x.startswith("A:emails") for x in seen) and any(x.startswith("BUTTON:Suspend") or x.startswith("BUTTON:Resume") for x in seen),
           "Tab reaches the queue links and their buttons")
