@@ -795,6 +795,11 @@ def run_scale(binary, browser, queues=100, per_queue=1000):
         rows = browser.eval("document.querySelectorAll('#ops-body tr').length")
         print(f"  FIGURES queue view of {per_queue:,} operations: {rows} rows in {ms:.0f} ms, {got:,} bytes")
         check(rows <= 100 and browser.eval("!document.getElementById('ops-more').hidden"), "the list is one page with a Load more")
+        browser.eval("document.getElementById('ops-more').click()")
+        browser.until("the next page", f"document.querySelectorAll('#ops-body tr').length === {2 * rows}")
+        ids = browser.eval("[...document.querySelectorAll('#ops-body tr')].map(tr => tr.dataset.op)")
+        first = [o["id"] for o in server.must("GET", f"/v1/queues/q007/operations?limit={2 * rows}")["operations"]]
+        check(ids == first, f"Load more appends the next {rows} by the cursor, in order, no repeats")
 
         # A storm of changes in 20 queues: the page's reads stay bounded (a list read a second
         # at most when many queues change), however many events come.
