@@ -21,6 +21,7 @@
     token: sessionStorage.getItem(TOKEN_KEY) || '',
     access: null,             // 'write' | 'read'
     started: false,
+    everStarted: false,       // a token worked once in this page (a new one reloads it)
     queues: new Map(),        // name -> {data, etag, row, cells}
     queuesRendered: false,
     listEtag: null,           // of GET /v1/queues when it fits one page
@@ -155,6 +156,7 @@
     setText(mode, 'read-only token: actions hidden');
     document.body.classList.toggle('read-only', !canWrite());
     if (!canWrite()) for (const id of ['q-actions', 'op-actions', 'confirm']) $(id).remove();
+    S.everStarted = true;
     $('tail').hidden = false;
     $('find-form').hidden = false;
     // The stream first, so no change between the first read and the stream is missed.
@@ -841,7 +843,9 @@
       sessionStorage.setItem(TOKEN_KEY, t);
       $('login-token').value = '';
       setText($('login-error'), '');
-      start();
+      // A page that ran with another token may show what that one could do: start afresh.
+      if (S.everStarted) location.reload();
+      else start();
     });
     $('forget').addEventListener('click', () => {
       sessionStorage.removeItem(TOKEN_KEY);

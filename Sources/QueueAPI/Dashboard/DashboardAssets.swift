@@ -310,7 +310,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"35dd00bea9345319a4940a4005b854c1\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"38a40a79b23f7973bd9a79e887acf1c0\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -335,6 +335,7 @@ let dashboardJS = DashboardAsset(
     token: sessionStorage.getItem(TOKEN_KEY) || '',
     access: null,             // 'write' | 'read'
     started: false,
+    everStarted: false,       // a token worked once in this page (a new one reloads it)
     queues: new Map(),        // name -> {data, etag, row, cells}
     queuesRendered: false,
     listEtag: null,           // of GET /v1/queues when it fits one page
@@ -469,6 +470,7 @@ let dashboardJS = DashboardAsset(
     setText(mode, 'read-only token: actions hidden');
     document.body.classList.toggle('read-only', !canWrite());
     if (!canWrite()) for (const id of ['q-actions', 'op-actions', 'confirm']) $(id).remove();
+    S.everStarted = true;
     $('tail').hidden = false;
     $('find-form').hidden = false;
     // The stream first, so no change between the first read and the stream is missed.
@@ -1155,7 +1157,9 @@ let dashboardJS = DashboardAsset(
       sessionStorage.setItem(TOKEN_KEY, t);
       $('login-token').value = '';
       setText($('login-error'), '');
-      start();
+      // A page that ran with another token may show what that one could do: start afresh.
+      if (S.everStarted) location.reload();
+      else start();
     });
     $('forget').addEventListener('click', () => {
       sessionStorage.removeItem(TOKEN_KEY);
