@@ -202,10 +202,10 @@
         const res = await fetch(url, {headers: h, cache: 'no-store', signal: abort.signal});
         if (res.status === 401) { needToken('The token was refused.'); return; }
         if (res.status === 410) {
-          // The events after our cursor are gone: start from now and re-read what is shown.
+          // The events after our cursor are gone: start from now, and once that stream is open
+          // re-read what is shown (below), so nothing between the two is missed.
           S.lastSeq = null;
           setConn('resynchronising', 'down');
-          await refreshAll();
           continue;
         }
         if (!res.ok || !res.body) throw new Error('HTTP ' + res.status);
@@ -234,10 +234,10 @@
       const {value, done} = await reader.read();
       if (done) return;
       buf += value;
-      let nl;
-      while ((nl = buf.indexOf('\n')) >= 0) {
-        let line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
+      let start = 0, nl;
+      while ((nl = buf.indexOf('\n', start)) >= 0) {
+        let line = buf.slice(start, nl);
+        start = nl + 1;
         if (line.endsWith('\r')) line = line.slice(0, -1);
         if (line === '') {
           if (data.length) dispatch(id, event, data.join('\n'));
@@ -253,6 +253,7 @@
         else if (field === 'event') event = val;
         else if (field === 'data') data.push(val);
       }
+      buf = buf.slice(start);
     }
   }
 

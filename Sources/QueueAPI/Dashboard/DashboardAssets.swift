@@ -310,7 +310,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"38a40a79b23f7973bd9a79e887acf1c0\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"8e504767f662b8fcb7cdad2f05e92dc0\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -516,10 +516,10 @@ let dashboardJS = DashboardAsset(
         const res = await fetch(url, {headers: h, cache: 'no-store', signal: abort.signal});
         if (res.status === 401) { needToken('The token was refused.'); return; }
         if (res.status === 410) {
-          // The events after our cursor are gone: start from now and re-read what is shown.
+          // The events after our cursor are gone: start from now, and once that stream is open
+          // re-read what is shown (below), so nothing between the two is missed.
           S.lastSeq = null;
           setConn('resynchronising', 'down');
-          await refreshAll();
           continue;
         }
         if (!res.ok || !res.body) throw new Error('HTTP ' + res.status);
@@ -548,10 +548,10 @@ let dashboardJS = DashboardAsset(
       const {value, done} = await reader.read();
       if (done) return;
       buf += value;
-      let nl;
-      while ((nl = buf.indexOf('\n')) >= 0) {
-        let line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
+      let start = 0, nl;
+      while ((nl = buf.indexOf('\n', start)) >= 0) {
+        let line = buf.slice(start, nl);
+        start = nl + 1;
         if (line.endsWith('\r')) line = line.slice(0, -1);
         if (line === '') {
           if (data.length) dispatch(id, event, data.join('\n'));
@@ -567,6 +567,7 @@ let dashboardJS = DashboardAsset(
         else if (field === 'event') event = val;
         else if (field === 'data') data.push(val);
       }
+      buf = buf.slice(start);
     }
   }
 
