@@ -2,7 +2,7 @@
 
 usage: python3 scripts/openapi_require_token.py IN OUT   (scripts/schemathesis.sh with ST_TOKEN)
 The document says auth is optional (a server without --token needs none); a server with a
-token requires it on every operation but /healthz and /readyz (security: []).
+token requires it on every operation but /healthz, /readyz and the dashboard page (security: []).
 """
 import sys
 text = open(sys.argv[1]).read()

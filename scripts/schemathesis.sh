@@ -15,7 +15,7 @@
 #   ST_STATEFUL       1 (default) runs the stateful phase too; 0 leaves it out
 #   ST_TOKEN          the server runs with `--token ST_TOKEN`: every request carries
 #                     `Authorization: Bearer ST_TOKEN`, and the document is read with the
-#                     bearer scheme required (only /healthz and /readyz stay open), so the
+#                     bearer scheme required (only /healthz, /readyz and the dashboard page stay open), so the
 #                     `ignored_auth` check probes every operation without and with a wrong token
 #
 # Non-interactive (CI=true, no stdin): installs schemathesis quietly with pip when it is

@@ -2,7 +2,7 @@
 # The whole test suite: swift-format lint, unit and end-to-end tests, the hostile-client suite against the real
 # binary, the OpenAPI document (validated, in step with the served copy, and fuzzed by
 # schemathesis against a live server, with and without a token), the Docker image's runtime stage
-# (scripts/image-check.sh), libFuzzer on the request path
+# (scripts/image-check.sh), the dashboard in headless Chromium (scripts/dashboard-check.sh), libFuzzer on the request path
 # and on the http kind's response handling, and the suite again under ThreadSanitizer.
 # Installs what is missing first. Exits non-zero on any failure.
 set -euo pipefail
@@ -28,6 +28,15 @@ scripts/lint.sh
 
 step "build"
 swift build --build-tests
+
+step "dashboard in headless Chromium (scripts/dashboard-check.sh)"
+# The page against the debug binary: queues and counts rendered, a change after load shown
+# live, a suspend clicked on the page reaches the server, the token form and the read-only
+# page, and 100 queues / 100,000 operations under 1 s to first render and 200 KB fetched.
+# Installs chromium and websocket-client (into .build-py/) when missing. 1-2 min, most of it
+# creating the 100,000 operations.
+scripts/embed-dashboard.sh --check
+logged "dashboard check" .build/dashboard-output.txt scripts/dashboard-check.sh --binary .build/debug/opqd
 
 step "image (scripts/image-check.sh: the Dockerfile's runtime stage in a debootstrap root, no Docker engine)"
 # hadolint, the release binary built as the build stage builds it, the runtime stage's RUN in a

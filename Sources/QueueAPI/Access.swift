@@ -45,7 +45,7 @@ struct Access: Sendable {
 
     static let unauthorized = Problem(
         401, "unauthorized", "Unauthorized",
-        "this server needs an Authorization: Bearer <token> header (only GET /healthz and GET /readyz are open)",
+        "this server needs an Authorization: Bearer <token> header (only GET /healthz, GET /readyz and the dashboard page at GET / are open)",
         headers: [("WWW-Authenticate", "Bearer realm=\"opqd\"")])
 
     /// 400 for a target that is not an absolute path, 401/403 for a missing, wrong or read-only

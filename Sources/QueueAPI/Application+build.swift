@@ -54,10 +54,11 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
 
     let metrics = Metrics()
+    let access = Access(token: configuration.token, readToken: configuration.readToken)
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
-        store: store, lifecycle: lifecycle, limits: limits)
-    let dispatcher = APIDispatcher(router: router, access: Access(token: configuration.token, readToken: configuration.readToken)) { [logger] request, error in
+        store: store, lifecycle: lifecycle, limits: limits, access: access)
+    let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
         logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
     }
     let server = HTTPServer(
@@ -100,7 +101,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 /// Every route of the API, each controller holding only what it uses.
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
-    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits
+    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access
 ) -> Router {
     var router = Router()
     ServiceController(engine: engine, events: events, metrics: metrics, store: store, lifecycle: lifecycle).addRoutes(to: &router)
@@ -109,6 +110,7 @@ func buildRouter(
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)
+    DashboardController(access: access).addRoutes(to: &router)
     return router
 }
 

@@ -24,7 +24,7 @@ public struct OpqdConfiguration: Sendable {
     public var store = "sqlite"
     /// SQLite's synchronous level: `full` (fsync at every commit) or `normal`.
     public var sync = "full"
-    /// When set, every request but `/healthz`, `/readyz` needs `Authorization: Bearer <token>`.
+    /// When set, every request but `/healthz`, `/readyz` and the dashboard page needs `Authorization: Bearer <token>`.
     public var token: String? = nil
     /// When set (with `token`), this token may make GET/HEAD requests only.
     public var readToken: String? = nil
@@ -118,7 +118,10 @@ public struct OpqdConfiguration: Sendable {
             guard v == "full" || v == "normal" else { throw ConfigurationError("--sync must be full or normal; got '\(v)'") }
             c.sync = v
         },
-        Option(flag: "--token", env: "OPQD_TOKEN", help: "require 'Authorization: Bearer TOKEN' on every request but /healthz and /readyz (default: none)") {
+        Option(
+            flag: "--token", env: "OPQD_TOKEN",
+            help: "require 'Authorization: Bearer TOKEN' on every request but /healthz, /readyz and the dashboard page / (default: none)"
+        ) {
             c, v in c.token = try secret(v, "--token")
         },
         Option(

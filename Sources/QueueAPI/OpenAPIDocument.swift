@@ -48,7 +48,8 @@ info:
       the feed, the stream and unknown paths included; 404 and 405 come only after
       authentication); without it the answer is 401 `application/problem+json`
       (`unauthorized`) with `WWW-Authenticate: Bearer realm="opqd"`, and nothing changes.
-      Only `GET /healthz` and `GET /readyz` stay open. With `--read-token`
+      Only `GET /healthz`, `GET /readyz` and the dashboard (`GET /`, `/dashboard.css`,
+      `/dashboard.js`) stay open. With `--read-token`
       (`OPQD_READ_TOKEN`) also set, that token may make `GET`/`HEAD` requests and gets 403
       (`read-only-token`) on any other method. The decision is made on the route that
       matched, never on a prefix of the raw path. Without `--token` no header is needed.
@@ -189,6 +190,120 @@ paths:
                   openapi:
                     type: string
                     pattern: '^3\.1\.[0-9]+$'
+
+  /:
+    get:
+      operationId: dashboard
+      security: []
+      tags: [service]
+      summary: The dashboard page
+      description: |
+        The dashboard (HTML; its stylesheet and script are the two paths below), compiled into
+        the binary. Open without a token: the page asks for one and keeps it in the browser's
+        session storage. Served with a strict `Content-Security-Policy`,
+        `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer` and an `ETag`
+        (304 to a matching `If-None-Match`). Query parameters are ignored.
+      responses:
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The page.
+          headers:
+            Content-Security-Policy:
+              $ref: '#/components/headers/DashboardCSP'
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+          content:
+            text/html:
+              schema:
+                type: string
+        '304':
+          description: Unchanged since the `ETag` given in `If-None-Match`. No body.
+          headers:
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+
+  /dashboard.css:
+    get:
+      operationId: dashboardStylesheet
+      security: []
+      tags: [service]
+      summary: The dashboard's stylesheet
+      description: Open like `/`, with the same headers. Query parameters are ignored.
+      responses:
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The stylesheet.
+          headers:
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+          content:
+            text/css:
+              schema:
+                type: string
+        '304':
+          description: Unchanged since the `ETag` given in `If-None-Match`. No body.
+          headers:
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+
+  /dashboard.js:
+    get:
+      operationId: dashboardScript
+      security: []
+      tags: [service]
+      summary: The dashboard's script
+      description: Open like `/`, with the same headers. Query parameters are ignored.
+      responses:
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The script.
+          headers:
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+          content:
+            text/javascript:
+              schema:
+                type: string
+        '304':
+          description: Unchanged since the `ETag` given in `If-None-Match`. No body.
+          headers:
+            ETag:
+              $ref: '#/components/headers/DashboardETag'
+
+  /v1/access:
+    get:
+      operationId: access
+      tags: [service]
+      summary: What the caller's token may do
+      description: |
+        `write` when the request carries the full token (or the server has no token), `read`
+        when it carries the read-only token (`--read-token`). Needs a token like every other
+        `/v1` route, so a missing or wrong one gets 401. The dashboard asks it to know whether
+        to offer actions (the server refuses them to the read token anyway). Refuses unknown
+        query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: What the presented token may do.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [access]
+                properties:
+                  access:
+                    enum: [write, read]
 
   /v1/queues:
     post:
@@ -1607,6 +1722,17 @@ components:
         type: string
 
   headers:
+    DashboardETag:
+      required: true
+      description: A hash of the file's bytes (a strong validator).
+      schema:
+        type: string
+        pattern: '^"[0-9a-f]{32}"$'
+    DashboardCSP:
+      required: true
+      description: Scripts, styles and requests from this origin only; no framing, forms or base URL.
+      schema:
+        const: "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ETag:
       required: true
       description: |

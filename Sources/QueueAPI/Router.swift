@@ -37,7 +37,10 @@ struct Router: Sendable {
 
     /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else.
     mutating func add(_ method: String, _ pattern: String, access: RouteAccess? = nil, _ handler: @escaping RouteHandler) {
-        let segs = pattern.split(separator: "/").map { s -> String? in s.hasPrefix("{") ? nil : String(s) }
+        // Split as `match` splits a path, so `/` is one empty segment and matches only `/`.
+        let segs = pattern.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map { s -> String? in
+            s.hasPrefix("{") ? nil : String(s)
+        }
         routes.append(
             Route(
                 method: method, pattern: pattern, label: method + " " + pattern, segments: segs, access: access ?? (method == "GET" ? .read : .write),

@@ -290,11 +290,16 @@ struct Route: Sendable, CustomStringConvertible {
         Route(method: "GET", path: "/v1/operations/{id}/observers/{observer}", body: nil),
         Route(method: "DELETE", path: "/v1/operations/{id}/observers/{observer}", body: nil),
         Route(method: "GET", path: "/v1/workers", body: nil),
+        Route(method: "GET", path: "/v1/access", body: nil),
         Route(method: "GET", path: "/v1/events?after=0", body: nil),
         Route(method: "GET", path: "/v1/events/stream?after=0", body: nil),
         Route(method: "DELETE", path: "/v1/queues/{name}", body: nil),
         // Paths no route matches: 404 only after authentication.
         Route(method: "GET", path: "/nope", body: nil),
+        // Next to the open dashboard page: the page's files are open, nothing else near them.
+        Route(method: "GET", path: "/index.html", body: nil),
+        Route(method: "GET", path: "/dashboard.js.map", body: nil),
+        Route(method: "GET", path: "//", body: nil),
         Route(method: "GET", path: "/v1", body: nil),
         Route(method: "GET", path: "/v1/", body: nil),
         Route(method: "GET", path: "/v1/nope", body: nil),
