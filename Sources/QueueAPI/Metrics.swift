@@ -18,8 +18,8 @@ final class Metrics: Sendable {
     /// Route label of the server's own answers (413, 431, 400, 503 while stopping).
     static let serverAnswer = "- server"
 
-    private let engineSide = Lock(EngineSide())
-    private let http = Lock(HTTPSide())
+    private let engineSide = Lock(MetricsEngineSide())
+    private let http = Lock(MetricsHTTPSide())
     /// Open connections of the HTTP server, set once the server exists (it is built after the
     /// router that serves `/metrics`).
     private let connections = Lock<(@Sendable () -> Int)?>(nil)
@@ -50,7 +50,7 @@ final class Metrics: Sendable {
             } else {
                 // Once per route: the label set is bounded by the router's table.
                 i = h.series.count
-                h.series.append(RouteSeries(label: key))
+                h.series.append(MetricsRouteSeries(label: key))
                 h.index[key] = i
             }
             h.series[i].count(status)
@@ -84,33 +84,33 @@ final class Metrics: Sendable {
 
         out.family("opqd_operations", .gauge, "Operations by queue and state.")
         for (queue, perState) in counts.sorted(by: { $0.queue < $1.queue }) {
-            let q = escaped(queue)
+            let q = prometheusEscaped(queue)
             for st in OperationState.allCases {
                 out.sample("opqd_operations", "queue=\"\(q)\",state=\"\(st.rawValue)\"", perState[st] ?? 0)
             }
         }
         out.family("opqd_operations_created_total", .counter, "Operations created, by queue.")
-        for (queue, series) in queues { out.sample("opqd_operations_created_total", "queue=\"\(escaped(queue))\"", series.created) }
+        for (queue, series) in queues { out.sample("opqd_operations_created_total", "queue=\"\(prometheusEscaped(queue))\"", series.created) }
         out.family(
             "opqd_transitions_total", .counter,
             "Operations that moved into a state, by queue and that state (creation is counted in opqd_operations_created_total).")
         for (queue, series) in queues {
-            let q = escaped(queue)
+            let q = prometheusEscaped(queue)
             for st in OperationState.allCases {
                 out.sample("opqd_transitions_total", "queue=\"\(q)\",to=\"\(st.rawValue)\"", series.transitions[st.metricsIndex])
             }
         }
         out.family("opqd_operation_retries_total", .counter, "Attempts that failed and were tried again, by queue.")
-        for (queue, series) in queues { out.sample("opqd_operation_retries_total", "queue=\"\(escaped(queue))\"", series.retries) }
+        for (queue, series) in queues { out.sample("opqd_operation_retries_total", "queue=\"\(prometheusEscaped(queue))\"", series.retries) }
         out.family(
             "opqd_operation_queue_wait_seconds", .histogram,
             "Time an operation waited for a slot: from becoming ready (at creation or later) to starting to execute, by queue.")
         for (queue, series) in queues {
-            out.histogram("opqd_operation_queue_wait_seconds", "queue=\"\(escaped(queue))\"", Self.operationBounds, series.wait)
+            out.histogram("opqd_operation_queue_wait_seconds", "queue=\"\(prometheusEscaped(queue))\"", Self.operationBounds, series.wait)
         }
         out.family("opqd_operation_duration_seconds", .histogram, "Time from an operation's first start to its finish, by queue.")
         for (queue, series) in queues {
-            out.histogram("opqd_operation_duration_seconds", "queue=\"\(escaped(queue))\"", Self.operationBounds, series.duration)
+            out.histogram("opqd_operation_duration_seconds", "queue=\"\(prometheusEscaped(queue))\"", Self.operationBounds, series.duration)
         }
 
         out.family("opqd_events_total", .counter, "Changes reported (each is one event of the feed); events per second is rate() of it.")
@@ -198,7 +198,7 @@ final class Metrics: Sendable {
 
 /// Counts of one histogram: `counts[i]` observations fell in bucket `i` (not cumulative; the
 /// last is above every bound). Cumulated when rendered.
-struct Histogram: Sendable {
+struct MetricsHistogram: Sendable {
     var counts: [UInt64]
     var sum: Double = 0
     var count: UInt64 = 0
@@ -213,13 +213,13 @@ struct Histogram: Sendable {
 }
 
 /// One queue's counters and histograms.
-struct QueueSeries: Sendable {
+struct MetricsQueueSeries: Sendable {
     var created: UInt64 = 0
     var retries: UInt64 = 0
     /// Indexed by `OperationState.metricsIndex`.
     var transitions = [UInt64](repeating: 0, count: OperationState.allCases.count)
-    var wait = Histogram(buckets: Metrics.operationBounds.count)
-    var duration = Histogram(buckets: Metrics.operationBounds.count)
+    var wait = MetricsHistogram(buckets: Metrics.operationBounds.count)
+    var duration = MetricsHistogram(buckets: Metrics.operationBounds.count)
     /// The scrape generation that last saw this queue (see `prune`).
     var touched: UInt64 = 0
 
@@ -227,8 +227,8 @@ struct QueueSeries: Sendable {
 }
 
 /// Per-queue series and what the histograms need to remember per unfinished operation.
-struct EngineSide: Sendable {
-    var queues: [String: QueueSeries] = [:]
+struct MetricsEngineSide: Sendable {
+    var queues: [String: MetricsQueueSeries] = [:]
     /// Operation → its queue and when it became ready (cleared when it starts or leaves ready).
     var readySince: [UInt64: (queue: String, at: Int64)] = [:]
     /// Operation → its queue and when it first started executing (cleared when it finishes).
@@ -254,7 +254,7 @@ struct EngineSide: Sendable {
         switch e.key {
         case .isReady:
             if case .none = e.old {
-                queues[e.queue, default: QueueSeries(touched: g)].created &+= 1
+                queues[e.queue, default: MetricsQueueSeries(touched: g)].created &+= 1
                 if on { readySince[id] = (e.queue, t) }
             } else if on {
                 bump(e.queue, .ready)
@@ -283,7 +283,7 @@ struct EngineSide: Sendable {
                 observe(\.duration, e.queue, seconds(from: start.at, to: t))
             }
         case .attempt:
-            queues[e.queue, default: QueueSeries(touched: g)].retries &+= 1
+            queues[e.queue, default: MetricsQueueSeries(touched: g)].retries &+= 1
         default:
             break
         }
@@ -291,13 +291,13 @@ struct EngineSide: Sendable {
 
     private mutating func bump(_ queue: String, _ state: OperationState) {
         let g = generation
-        queues[queue, default: QueueSeries(touched: g)].transitions[state.metricsIndex] &+= 1
+        queues[queue, default: MetricsQueueSeries(touched: g)].transitions[state.metricsIndex] &+= 1
     }
 
-    private mutating func observe(_ histogram: WritableKeyPath<QueueSeries, Histogram>, _ queue: String, _ seconds: Double) {
+    private mutating func observe(_ histogram: WritableKeyPath<MetricsQueueSeries, MetricsHistogram>, _ queue: String, _ seconds: Double) {
         let bucket = Metrics.bucket(of: seconds, in: Metrics.operationBounds)
         let g = generation
-        queues[queue, default: QueueSeries(touched: g)][keyPath: histogram].observe(bucket: bucket, value: seconds)
+        queues[queue, default: MetricsQueueSeries(touched: g)][keyPath: histogram].observe(bucket: bucket, value: seconds)
     }
 
     private func seconds(from start: Int64, to end: Int64) -> Double {
@@ -312,7 +312,7 @@ struct EngineSide: Sendable {
     /// queues that exist.
     mutating func prune(keeping live: Set<String>) {
         generation &+= 1
-        for name in live { queues[name, default: QueueSeries()].touched = generation }
+        for name in live { queues[name, default: MetricsQueueSeries()].touched = generation }
         // `touched` is set to the current generation for live queues above; a queue that is
         // gone keeps the generation of the scrape that last saw it.
         let gone = queues.filter { !live.contains($0.key) && $0.value.touched &+ 1 < generation }.map(\.key)
@@ -325,19 +325,19 @@ struct EngineSide: Sendable {
 }
 
 /// One route's answers: counts by status and the latency histogram.
-struct RouteSeries: Sendable {
+struct MetricsRouteSeries: Sendable {
     let label: String
     /// `method="GET",route="/v1/queues/{name}"`, made once when the route is first seen.
     let labels: String
     /// A handful of statuses per route: a short array beats a dictionary here.
     var statuses: [(status: Int, count: UInt64)] = []
-    var latency = Histogram(buckets: Metrics.httpBounds.count)
+    var latency = MetricsHistogram(buckets: Metrics.httpBounds.count)
 
     init(label: String) {
         self.label = label
         let parts = label.split(separator: " ", maxSplits: 1)
         let (method, route) = parts.count == 2 ? (String(parts[0]), String(parts[1])) : ("-", label)
-        labels = "method=\"\(escaped(method))\",route=\"\(escaped(route))\""
+        labels = "method=\"\(prometheusEscaped(method))\",route=\"\(prometheusEscaped(route))\""
     }
 
     mutating func count(_ status: Int) {
@@ -349,9 +349,9 @@ struct RouteSeries: Sendable {
     }
 }
 
-struct HTTPSide: Sendable {
+struct MetricsHTTPSide: Sendable {
     var index: [String: Int] = [:]
-    var series: [RouteSeries] = []
+    var series: [MetricsRouteSeries] = []
 }
 
 extension OperationState {
@@ -370,7 +370,7 @@ extension OperationState {
 // MARK: - the text format
 
 /// A label value escaped for the text format: backslash, double quote and line feed.
-func escaped(_ value: String) -> String {
+func prometheusEscaped(_ value: String) -> String {
     guard value.utf8.contains(where: { $0 == 0x5C || $0 == 0x22 || $0 == 0x0A }) else { return value }
     var out = ""
     out.reserveCapacity(value.utf8.count + 8)
@@ -386,7 +386,7 @@ func escaped(_ value: String) -> String {
 }
 
 /// A sample value as the text format writes it (`+Inf`, `-Inf`, `NaN` for the special ones).
-func formatted(_ value: Double) -> String {
+func prometheusNumber(_ value: Double) -> String {
     if value.isNaN { return "NaN" }
     if value.isInfinite { return value > 0 ? "+Inf" : "-Inf" }
     if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
@@ -415,11 +415,11 @@ struct Exposition {
     }
 
     mutating func sample(_ name: String, _ labels: String, _ value: Double) {
-        text += labels.isEmpty ? "\(name) \(formatted(value))\n" : "\(name){\(labels)} \(formatted(value))\n"
+        text += labels.isEmpty ? "\(name) \(prometheusNumber(value))\n" : "\(name){\(labels)} \(prometheusNumber(value))\n"
     }
 
     /// `_bucket` lines (cumulative, ending with `+Inf` equal to `_count`), `_sum`, `_count`.
-    mutating func histogram(_ name: String, _ labels: String, _ bounds: [Double], _ h: Histogram) {
+    mutating func histogram(_ name: String, _ labels: String, _ bounds: [Double], _ h: MetricsHistogram) {
         histogram(name, labels, bounds: bounds, counts: h.counts, sum: h.sum, count: h.count)
     }
 
@@ -432,11 +432,11 @@ struct Exposition {
         var cumulative: UInt64 = 0
         for (i, bound) in bounds.enumerated() where i < counts.count {
             cumulative &+= counts[i]
-            text += "\(name)_bucket{\(prefix)le=\"\(formatted(bound))\"} \(cumulative)\n"
+            text += "\(name)_bucket{\(prefix)le=\"\(prometheusNumber(bound))\"} \(cumulative)\n"
         }
         text += "\(name)_bucket{\(prefix)le=\"+Inf\"} \(count)\n"
         let braces = labels.isEmpty ? "" : "{\(labels)}"
-        text += "\(name)_sum\(braces) \(formatted(sum))\n\(name)_count\(braces) \(count)\n"
+        text += "\(name)_sum\(braces) \(prometheusNumber(sum))\n\(name)_count\(braces) \(count)\n"
     }
 }
 

@@ -154,14 +154,14 @@ struct MetricsTests {
 
     @Test("label values and HELP text are escaped as the exposition format says")
     func escaping() {
-        #expect(escaped(#"a"b\c"# + "\nd") == #"a\"b\\c\nd"#)
-        #expect(escaped("plain-name_1.2") == "plain-name_1.2")
-        #expect(formatted(.infinity) == "+Inf" && formatted(-.infinity) == "-Inf" && formatted(.nan) == "NaN")
-        #expect(formatted(2) == "2" && formatted(0.25) == "0.25")
+        #expect(prometheusEscaped(#"a"b\c"# + "\nd") == #"a\"b\\c\nd"#)
+        #expect(prometheusEscaped("plain-name_1.2") == "plain-name_1.2")
+        #expect(prometheusNumber(.infinity) == "+Inf" && prometheusNumber(-.infinity) == "-Inf" && prometheusNumber(.nan) == "NaN")
+        #expect(prometheusNumber(2) == "2" && prometheusNumber(0.25) == "0.25")
         var e = Exposition()
         e.family("x_total", .counter, "one \\ two\nthree")
         #expect(String(decoding: e.bytes, as: UTF8.self) == "# HELP x_total one \\\\ two\\nthree\n# TYPE x_total counter\n")
-        var h = Histogram(buckets: 2)
+        var h = MetricsHistogram(buckets: 2)
         h.observe(bucket: Metrics.bucket(of: 0.5, in: [1, 2]), value: 0.5)
         h.observe(bucket: Metrics.bucket(of: 3, in: [1, 2]), value: 3)
         var out = Exposition()
@@ -183,7 +183,7 @@ struct MetricsTests {
 
 /// One scrape of `/metrics`, parsed line by line; anything that is not a comment, a blank line
 /// or a well-formed sample of a declared family is recorded in `problems`.
-struct Scrape {
+struct MetricsPage {
     struct Sample {
         var name: String
         var labels: [String: String]
@@ -326,9 +326,9 @@ struct Scrape {
 
 extension LiveServer {
     /// `GET /metrics`, checked and parsed.
-    func scrape() async throws -> Scrape {
+    func scrape() async throws -> MetricsPage {
         let r = try await request("GET", "/metrics").expecting(200, "scraping /metrics")
         #expect(r.headers["content-type"]?.hasPrefix("text/plain; version=0.0.4") == true)
-        return Scrape(r.text)
+        return MetricsPage(r.text)
     }
 }
