@@ -100,7 +100,7 @@ final class Metrics: Sendable {
                 out.sample("opqd_transitions_total", "queue=\"\(q)\",to=\"\(st.rawValue)\"", series.transitions[st.metricsIndex])
             }
         }
-        out.family("opqd_operation_retries_total", .counter, "Attempts that failed and were tried again, by queue.")
+        out.family("opqd_operation_retries_total", .counter, "Operations run again after a failed attempt (retry) or an unclean stop, by queue.")
         for (queue, series) in queues { out.sample("opqd_operation_retries_total", "queue=\"\(prometheusEscaped(queue))\"", series.retries) }
         out.family(
             "opqd_operation_queue_wait_seconds", .histogram,
