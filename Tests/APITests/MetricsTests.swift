@@ -90,6 +90,24 @@ struct MetricsTests {
         }
     }
 
+    @Test("a failed attempt that is retried counts in opqd_operation_retries_total")
+    func retriesCounted() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("flaky")
+            let id = try #require(
+                try await server.request(
+                    "POST", "/v1/queues/flaky/operations", json: #"{"kind":"external","spec":{"lease":30},"retry":{"maxAttempts":2,"backoff":0}}"#
+                ).expecting(201, "create").string("id"))
+            #expect(try await server.scrape().value("opqd_operation_retries_total", ["queue": "flaky"]) == 0)
+            let claim = try await server.request("POST", "/v1/queues/flaky/claim?wait=2", json: "{}").expecting(200, "claim")
+            let token = try #require((claim.object["lease"] as? [String: Any])?["token"] as? String)
+            try await server.request(
+                "POST", "/v1/operations/\(id)/finish", json: #"{"leaseToken":"\#(token)","error":{"type":"flaky","detail":"first try"}}"#
+            ).expecting(200, "finish with an error")
+            #expect(try await eventually { try await server.scrape().value("opqd_operation_retries_total", ["queue": "flaky"]) == 1 })
+        }
+    }
+
     @Test("the latency histogram counts each answer under its route, a long poll with the time it was held")
     func latencyHistogram() async throws {
         try await withLiveServer { server in
