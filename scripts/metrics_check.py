@@ -34,6 +34,7 @@ PROMISED = {
     "opqd_http_requests": "counter",
     "opqd_http_request_duration_seconds": "histogram",
     "opqd_http_open_connections": "gauge",
+    "opqd_http_requests_in_flight": "gauge",
     "opqd_webhook_observers": "gauge",
     "opqd_webhook_deliveries": "counter",
     "opqd_webhook_delivery_failures": "counter",

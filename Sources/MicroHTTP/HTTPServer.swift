@@ -52,6 +52,12 @@ public final class HTTPServer: Sendable {
         core.openConnections.load(ordering: .relaxed)
     }
 
+    /// Requests whose request line has arrived and that have not completed (answered and sent,
+    /// or their client gone); held long polls and open streams included.
+    public var requestsInFlight: Int {
+        core.inFlight.load(ordering: .relaxed)
+    }
+
     /// The bound port once started (the real one when the configuration asked for port 0); 0 before.
     public var port: Int {
         core.boundPort.load(ordering: .acquiring)

@@ -68,7 +68,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         responseObserver: { route, status, duration in metrics.answered(route: route, status: status, duration: duration) },
         headCheck: { head in dispatcher.refusal(head) })
     // Weak: the server's handler holds the router, which holds `metrics`.
-    metrics.countConnections { [weak server] in server?.openConnections ?? 0 }
+    metrics.readServer { [weak server] in (server?.openConnections ?? 0, server?.requestsInFlight ?? 0) }
 
     _ = engine.observeAll { batch in metrics.observe(batch) }
     // Clients are shown only committed changes: a seq once shown always names the same event.

@@ -20,18 +20,18 @@ final class Metrics: Sendable {
 
     private let engineSide = Lock(MetricsEngineSide())
     private let http = Lock(MetricsHTTPSide())
-    /// Open connections of the HTTP server, set once the server exists (it is built after the
-    /// router that serves `/metrics`).
-    private let connections = Lock<(@Sendable () -> Int)?>(nil)
+    /// The HTTP server's open connections and requests in flight, set once the server exists
+    /// (it is built after the router that serves `/metrics`).
+    private let server = Lock<(@Sendable () -> (connections: Int, inFlight: Int))?>(nil)
     private let processStart: Double
 
     init() {
         processStart = ProcessStats.startTime() ?? ProcessStats.now()
     }
 
-    /// Tells where the open-connection gauge comes from.
-    func countConnections(_ count: @escaping @Sendable () -> Int) {
-        connections.withLock { $0 = count }
+    /// Tells where the server's gauges come from.
+    func readServer(_ read: @escaping @Sendable () -> (connections: Int, inFlight: Int)) {
+        server.withLock { $0 = read }
     }
 
     // MARK: - HTTP answers (every request)
@@ -134,8 +134,13 @@ final class Metrics: Sendable {
             "Time from a request's arrival (its request line) until its answer was queued for sending (a deferred answer: when it was given; a stream: its head), by method and route pattern."
         )
         for r in routes { out.histogram("opqd_http_request_duration_seconds", r.labels, Self.httpBounds, r.latency) }
+        let (connections, inFlight) = server.withLock { $0 }?() ?? (0, 0)
         out.family("opqd_http_open_connections", .gauge, "Open HTTP connections, idle keep-alive ones included.")
-        out.sample("opqd_http_open_connections", "", connections.withLock { $0 }?() ?? 0)
+        out.sample("opqd_http_open_connections", "", connections)
+        out.family(
+            "opqd_http_requests_in_flight", .gauge,
+            "Requests received and not yet completed (this scrape, held long polls and open streams included).")
+        out.sample("opqd_http_requests_in_flight", "", inFlight)
 
         out.family("opqd_webhook_observers", .gauge, "Registered webhook observers (operation and queue observers).")
         out.sample("opqd_webhook_observers", "", webhooks.observers)

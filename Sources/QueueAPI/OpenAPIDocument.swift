@@ -162,7 +162,8 @@ paths:
           targets, `route="server"` for the server's own 400/413/431/503);
           `opqd_http_request_duration_seconds{method,route}` histogram: from the request
           line's arrival until the answer is queued for sending (a long poll: until it is
-          answered; a stream: its head); `opqd_http_open_connections` gauge.
+          answered; a stream: its head); `opqd_http_open_connections` and
+          `opqd_http_requests_in_flight` (held long polls and open streams included) gauges.
         * `opqd_webhook_observers` and `opqd_webhook_events_pending` gauges,
           `opqd_webhook_deliveries_total`, `opqd_webhook_delivery_failures_total`,
           `opqd_webhook_events_dropped_total` counters.

@@ -16,7 +16,8 @@ struct MetricsTests {
         ("opqd_operation_retries_total", "counter"), ("opqd_operation_queue_wait_seconds", "histogram"),
         ("opqd_operation_duration_seconds", "histogram"), ("opqd_events_total", "counter"), ("opqd_event_sequence", "gauge"),
         ("opqd_sse_streams", "gauge"), ("opqd_http_requests_total", "counter"), ("opqd_http_request_duration_seconds", "histogram"),
-        ("opqd_http_open_connections", "gauge"), ("opqd_webhook_observers", "gauge"), ("opqd_webhook_deliveries_total", "counter"),
+        ("opqd_http_open_connections", "gauge"), ("opqd_http_requests_in_flight", "gauge"), ("opqd_webhook_observers", "gauge"),
+        ("opqd_webhook_deliveries_total", "counter"),
         ("opqd_webhook_delivery_failures_total", "counter"), ("opqd_webhook_events_dropped_total", "counter"),
         ("opqd_webhook_events_pending", "gauge"), ("opqd_store_commits_total", "counter"), ("opqd_store_records_total", "counter"),
         ("opqd_store_largest_commit", "gauge"), ("opqd_store_failures_total", "counter"),
@@ -139,10 +140,14 @@ struct MetricsTests {
             #expect(try await eventually { try await server.scrape().value("opqd_http_open_connections", [:]) ?? 99 <= base })
 
             #expect(try await server.scrape().value("opqd_sse_streams", [:]) == 0)
+            // The scrape itself is in flight while it is rendered (eventually: the previous
+            // request completes on its server thread a moment after its last byte went out).
+            #expect(try await eventually { try await server.scrape().value("opqd_http_requests_in_flight", [:]) == 1 })
             let stream = try RawConnection(port: port, timeout: 5)
             stream.send(RawConnection.head("GET", "/v1/events/stream", headers: [:], contentLength: nil))
             _ = try stream.readHead()
             #expect(try await eventually { try await server.scrape().value("opqd_sse_streams", [:]) == 1 })
+            #expect(try await eventually { try await server.scrape().value("opqd_http_requests_in_flight", [:]) == 2 })
             stream.close()
             // A waiting stream is suspended, and MHD does not watch a suspended connection: the
             // server notices the client left when a write to it fails (the first write after
