@@ -2,7 +2,8 @@
 # The whole test suite: swift-format lint, unit and end-to-end tests, the hostile-client suite against the real
 # binary, the OpenAPI document (validated, in step with the served copy, and fuzzed by
 # schemathesis against a live server, with and without a token), the Docker image's runtime stage
-# (scripts/image-check.sh), the dashboard in headless Chromium (scripts/dashboard-check.sh), libFuzzer on the request path
+# (scripts/image-check.sh), the dashboard in headless Chromium (scripts/dashboard-check.sh),
+# /metrics scraped by a real Prometheus (scripts/metrics-check.sh), libFuzzer on the request path
 # and on the http kind's response handling, and the suite again under ThreadSanitizer.
 # Installs what is missing first. Exits non-zero on any failure.
 set -euo pipefail
@@ -52,6 +53,11 @@ step "hostile clients and targets (Tests/HostileTests, the real binary)"
 # On their own: their floods would otherwise load the machine under the timing bounds of the
 # other end-to-end tests.
 logged "hostile tests" .build/hostile-output.txt swift test --skip-build --filter HostileTests
+
+step "/metrics scraped by a real Prometheus (scripts/metrics-check.sh)"
+# Debian's prometheus scrapes a live opqd every second and is asked for series that must have
+# changed; the exposition is also parsed strictly by prometheus-client. ~10 s warm.
+logged "metrics check" .build/metrics-check-output.txt scripts/metrics-check.sh .build/debug/opqd
 
 step "openapi.yaml"
 python3 -m openapi_spec_validator openapi.yaml

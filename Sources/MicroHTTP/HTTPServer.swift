@@ -24,14 +24,16 @@ public final class HTTPServer: Sendable {
     /// about misbehaving clients) or `"info"` (started, stopped). `responseObserver` is told the
     /// status of every answer as it leaves (deferred ones when they are answered), with the route the
     /// handler named through `HTTPHandlerResult.routed` (nil for the server's own answers: 413,
-    /// 431, 400, 503 while stopping, a head check's refusal), e.g. for metrics.
+    /// 431, 400, 503 while stopping, a head check's refusal) and the time from the request line's
+    /// arrival until the answer was queued for sending (a stream: its head), e.g. for metrics.
+    /// It runs on a server thread for every request: keep it cheap.
     /// `headCheck` sees each request's method, path and headers before its body is read; a
     /// response it returns is sent at once (e.g. 401 for a missing token) and the body skipped.
     public init(
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (_ level: String, _ message: String) -> Void = { _, _ in },
-        responseObserver: (@Sendable (_ route: String?, _ status: Int) -> Void)? = nil,
+        responseObserver: (@Sendable (_ route: String?, _ status: Int, _ duration: Duration) -> Void)? = nil,
         headCheck: (@Sendable (_ head: HTTPRequest) -> HeadRefusal?)? = nil
     ) {
         core = ServerCore(
@@ -43,6 +45,17 @@ public final class HTTPServer: Sendable {
     /// is not an IPv4 address, or the server was already started).
     public func start() throws {
         try core.start()
+    }
+
+    /// Connections open now, idle keep-alive ones included.
+    public var openConnections: Int {
+        core.openConnections.load(ordering: .relaxed)
+    }
+
+    /// Requests whose request line has arrived and that have not completed (answered and sent,
+    /// or their client gone); held long polls and open streams included.
+    public var requestsInFlight: Int {
+        core.inFlight.load(ordering: .relaxed)
     }
 
     /// The bound port once started (the real one when the configuration asked for port 0); 0 before.

@@ -70,8 +70,10 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         log: { [logger] level, message in
             logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
         },
-        responseObserver: { route, status in metrics.countRequest(route: route, status: status) },
+        responseObserver: { route, status, duration in metrics.answered(route: route, status: status, duration: duration) },
         headCheck: { head in dispatcher.refusal(head) })
+    // Weak: the server's handler holds the router, which holds `metrics`.
+    metrics.readServer { [weak server] in (server?.openConnections ?? 0, server?.requestsInFlight ?? 0) }
 
     _ = engine.observeAll { batch in metrics.observe(batch) }
     // Clients are shown only committed changes: a seq once shown always names the same event.
@@ -104,7 +106,8 @@ func buildRouter(
     store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access
 ) -> Router {
     var router = Router()
-    ServiceController(engine: engine, events: events, metrics: metrics, store: store, lifecycle: lifecycle).addRoutes(to: &router)
+    ServiceController(engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle).addRoutes(
+        to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
     OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)

@@ -146,11 +146,38 @@ paths:
       tags: [service]
       summary: Prometheus metrics
       description: |
-        Prometheus text exposition format 0.0.4: operations by queue and state, state
-        transitions, operation durations, HTTP answers by method, route pattern and status
-        as they leave (`opqd_http_requests_total{method,route,code}`; route `unmatched` for
-        404/405 and refused tokens, `server` for the server's own 413/431/503), the newest
-        event's sequence number and, with the SQLite store, its commits (`opqd_store_*`).
+        Prometheus text exposition format 0.0.4 (`text/plain; version=0.0.4`), every family
+        with `# HELP` and `# TYPE`, label values escaped as the format says. Families:
+
+        * `opqd_operations{queue,state}` gauge: operations by queue and state.
+        * `opqd_operations_created_total{queue}`, `opqd_transitions_total{queue,to}` (moves
+          into `to`, one of the five states; creation counts only as created) and
+          `opqd_operation_retries_total{queue}` counters.
+        * `opqd_operation_queue_wait_seconds{queue}` histogram: from becoming ready (at
+          creation or later) to starting to execute; `opqd_operation_duration_seconds{queue}`
+          histogram: from the first start to the finish.
+        * `opqd_events_total` counter (events per second is its `rate()`),
+          `opqd_event_sequence` gauge (the newest durable event's `seq`),
+          `opqd_sse_streams` gauge (open event streams).
+        * `opqd_http_requests_total{method,route,code}` counter: answers as they leave, by the
+          route pattern that matched (`route="unmatched"` for 404/405 and refused tokens or
+          targets, `route="server"` for the server's own 400/413/431/503);
+          `opqd_http_request_duration_seconds{method,route}` histogram: from the request
+          line's arrival until the answer is queued for sending (a long poll: until it is
+          answered; a stream: its head); `opqd_http_open_connections` and
+          `opqd_http_requests_in_flight` (held long polls and open streams included) gauges.
+        * `opqd_webhook_observers` and `opqd_webhook_events_pending` gauges,
+          `opqd_webhook_deliveries_total`, `opqd_webhook_delivery_failures_total`,
+          `opqd_webhook_events_dropped_total` counters.
+        * With the SQLite store: `opqd_store_commits_total`, `opqd_store_records_total`,
+          `opqd_store_failures_total` counters, `opqd_store_largest_commit` gauge,
+          `opqd_store_commit_duration_seconds` and `opqd_store_commit_records` (records per
+          commit) histograms.
+        * `process_start_time_seconds`, `process_cpu_seconds_total`,
+          `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+          `process_open_fds` (Linux, from `/proc/self`).
+
+        Series of a deleted queue disappear at a later scrape.
         Query parameters are ignored.
       responses:
         '400':

@@ -16,8 +16,44 @@ public struct StoreStats: Sendable, Equatable {
     public var busySeconds: Double
     /// CPU seconds the writer thread used inside transactions.
     public var cpuSeconds: Double
+    /// How long each commit took (wall clock, fsync included), in seconds.
+    public var commitSeconds = StoreHistogram(bounds: StoreHistogram.secondsBounds)
+    /// Records each commit carried: how much group commit batches.
+    public var commitRecords = StoreHistogram(bounds: StoreHistogram.recordsBounds)
     /// Mean records per commit: how much group commit batches.
     public var recordsPerCommit: Double { commits == 0 ? 0 : Double(records) / Double(commits) }
+}
+
+/// A fixed-bucket histogram of the writer's commits (Prometheus-style: `counts[i]` observations
+/// were at most `bounds[i]` and above the bound before; the last count is above every bound).
+public struct StoreHistogram: Sendable, Equatable {
+    /// Commit latency buckets: 100 µs (no fsync) to 2.5 s (a stalled disk).
+    public static let secondsBounds: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
+    /// Records per commit: 1 (one request alone) to 10,000 (a batch create under load).
+    public static let recordsBounds: [Double] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+    /// Upper bounds, ascending.
+    public let bounds: [Double]
+    /// Observations per bucket (not cumulative); one more than `bounds`.
+    public private(set) var counts: [UInt64]
+    /// Sum of the observed values.
+    public private(set) var sum: Double = 0
+    /// Number of observations.
+    public private(set) var count: UInt64 = 0
+
+    /// An empty histogram over `bounds`.
+    public init(bounds: [Double]) {
+        self.bounds = bounds
+        counts = [UInt64](repeating: 0, count: bounds.count + 1)
+    }
+
+    /// Counts one observation.
+    public mutating func observe(_ value: Double) {
+        var i = 0
+        while i < bounds.count && value > bounds[i] { i += 1 }
+        counts[i] &+= 1
+        sum += value
+        count &+= 1
+    }
 }
 
 // How the writer is doing: its counters (in /metrics and the store benchmark) and its last error.
@@ -29,7 +65,8 @@ extension SQLiteStore {
             appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
             failures: writer.failures.load(ordering: .relaxed),
             busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
-            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9)
+            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9,
+            commitSeconds: writer.commitSeconds.withLock { $0 }, commitRecords: writer.commitRecords.withLock { $0 })
     }
 
     /// The error of the last commit if it failed (the writer keeps retrying it); nil when healthy.

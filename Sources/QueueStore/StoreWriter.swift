@@ -71,6 +71,10 @@ final class StoreWriter: @unchecked Sendable {
     let busyNanos = Atomic<Int>(0)
     let cpuNanos = Atomic<Int>(0)
     let lastError = StoreLock<StoreError?>(nil)
+    /// Per commit: its wall-clock seconds and its records (one lock each per commit, taken
+    /// only by the writer thread and by `/metrics`).
+    let commitSeconds = StoreLock(StoreHistogram(bounds: StoreHistogram.secondsBounds))
+    let commitRecords = StoreLock(StoreHistogram(bounds: StoreHistogram.recordsBounds))
     /// The newest event seq committed.
     let lastSeq: Atomic<UInt64>
 
@@ -226,7 +230,10 @@ final class StoreWriter: @unchecked Sendable {
             do throws(SQLiteFailure) {
                 let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
                 let outcome = try apply(jobs, replacingEvents: replacing)
-                busyNanos.add(clockNanos(CLOCK_MONOTONIC) - wall0, ordering: .relaxed)
+                let wall = clockNanos(CLOCK_MONOTONIC) - wall0
+                busyNanos.add(wall, ordering: .relaxed)
+                commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
+                commitRecords.withLock { $0.observe(Double(outcome.records)) }
                 cpuNanos.add(clockNanos(CLOCK_THREAD_CPUTIME_ID) - cpu0, ordering: .relaxed)
                 lastError.withLock { $0 = nil }
                 afterCommit(outcome)

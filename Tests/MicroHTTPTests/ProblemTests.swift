@@ -32,7 +32,7 @@ struct ProblemTests {
                         })
                 default: return .routed("GET /ok", .response(HTTPResponse(status: 200)))
                 }
-            }, responseObserver: { route, status in seen.withLock { $0.append("\(route ?? "nil") \(status)") } })
+            }, responseObserver: { route, status, _ in seen.withLock { $0.append("\(route ?? "nil") \(status)") } })
         try server.start()
         defer { server.shutdown(timeout: .seconds(2)) }
         let socket = try RawConnection(port: server.port)

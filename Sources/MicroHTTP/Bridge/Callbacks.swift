@@ -11,14 +11,17 @@ enum Callbacks {
     /// when it closes, finishing a request that MHD never reported as completed.
     static let connectionChanged: MHD_NotifyConnectionCallback = { cls, _, socketContext, code in
         guard let cls, let socketContext else { return }
+        let server = Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue()
         if code == .CONNECTION_NOTIFY_STARTED {
             socketContext.pointee = UnsafeMutableRawPointer(ConnectionState.allocate())
+            server.openConnections.add(1, ordering: .relaxed)
             return
         }
         guard let raw = socketContext.pointee else { return }
         socketContext.pointee = nil
+        server.openConnections.subtract(1, ordering: .relaxed)
         let context = raw.assumingMemoryBound(to: ConnectionState.self)
-        Unmanaged<ServerCore>.fromOpaque(cls).takeUnretainedValue().finishRequest(context)
+        server.finishRequest(context)
         ConnectionState.free(context)
     }
 
@@ -170,7 +173,7 @@ extension ServerCore {
             if refusing.load(ordering: .relaxed) {
                 // Shutting down: nothing new starts; the client may retry elsewhere or later.
                 context.pointee.phase = .done
-                return queue(.shuttingDown, on: connection)
+                return queue(.shuttingDown, on: connection, context: context)
             }
             context.pointee.phase = .body
             let headers = Self.values(of: .HEADER_KIND, on: connection, iterator: Callbacks.collectHeader)
@@ -180,7 +183,7 @@ extension ServerCore {
             for (name, value) in headers { headerBytes &+= name.utf8.count &+ value.utf8.count &+ 4 }
             if headerBytes > maxHeaderBytes {
                 context.pointee.phase = .done
-                return queue(.headersTooLarge(bytes: headerBytes, limit: maxHeaderBytes), on: connection)
+                return queue(.headersTooLarge(bytes: headerBytes, limit: maxHeaderBytes), on: connection, context: context)
             }
             // A Content-Length that is not one plain number (repeated, signed, hex, overflowing),
             // or one next to Transfer-Encoding, is how requests get smuggled past proxies: refuse.
@@ -189,7 +192,7 @@ extension ServerCore {
                     || headers["transfer-encoding"] != nil
             {
                 context.pointee.phase = .done
-                return queue(.badFraming, on: connection)
+                return queue(.badFraming, on: connection, context: context)
             }
             if let headCheck {
                 // Decided on the head alone, before a byte of the body is read: a caller without
@@ -197,7 +200,7 @@ extension ServerCore {
                 let head = HTTPRequest(method: method.map(methodName) ?? "GET", path: context.pointee.path, headers: headers)
                 if let refusal = headCheck(head) {
                     context.pointee.phase = .done
-                    return queue(refusal.response, on: connection, route: refusal.route)
+                    return queue(refusal.response, on: connection, context: context, route: refusal.route)
                 }
             }
             if let declared = headers["content-length"], case let length = Int(declared) ?? Int.max, length > 0 {
@@ -205,7 +208,7 @@ extension ServerCore {
                     // Answering before the body is read makes MHD skip it and close the connection;
                     // with `Expect: 100-continue` the client never sends it.
                     context.pointee.phase = .done
-                    return queue(.payloadTooLarge(bodyBytes: length, limit: maxBodyBytes), on: connection)
+                    return queue(.payloadTooLarge(bodyBytes: length, limit: maxBodyBytes), on: connection, context: context)
                 }
                 // Capped: a declared length is a promise, not memory we owe before the bytes arrive.
                 context.pointee.body.reserveCapacity(min(length, 64 * 1024))
@@ -235,7 +238,7 @@ extension ServerCore {
             }
             context.pointee.phase = .done
             if context.pointee.tooLarge {
-                return queue(.payloadTooLarge(bodyBytes: context.pointee.received, limit: maxBodyBytes), on: connection)
+                return queue(.payloadTooLarge(bodyBytes: context.pointee.received, limit: maxBodyBytes), on: connection, context: context)
             }
             return runHandler(context, connection: connection, method: method)
 
@@ -282,7 +285,7 @@ extension ServerCore {
             if !(error is any ProblemConvertible) {
                 log("error", "request \(request.id) \(request.method) \(request.path) failed: \(String(describing: error))")
             }
-            return queue(Problem.from(error, requestID: request.id).response, on: connection, route: nil)
+            return queue(Problem.from(error, requestID: request.id).response, on: connection, context: context, route: nil)
         }
         if case let .routed(route, inner) = result {
             context.pointee.route = route
@@ -291,11 +294,11 @@ extension ServerCore {
         let route = context.pointee.route
         switch result {
         case .response(let response):
-            return queue(response, on: connection, route: route)
+            return queue(response, on: connection, context: context, route: route)
         case .routed(_, let inner):
             // One level of routing is all a handler gives; an answer nested deeper is still sent.
-            if case let .response(response) = inner { return queue(response, on: connection, route: route) }
-            return queue(Problem.internalError(requestID: request.id).response, on: connection, route: route)
+            if case let .response(response) = inner { return queue(response, on: connection, context: context, route: route) }
+            return queue(Problem.internalError(requestID: request.id).response, on: connection, context: context, route: route)
         case .deferred(let body):
             let responder = HTTPResponder(connection: MHDConnection(raw: connection))
             context.pointee.responder = responder
@@ -316,7 +319,7 @@ extension ServerCore {
         switch responder.takeResponseOrSuspend() {
         case .response(let response):
             context.pointee.phase = .done
-            return queue(response, on: connection, route: context.pointee.route)
+            return queue(response, on: connection, context: context, route: context.pointee.route)
         case .suspended:
             return .YES
         case .ended:
@@ -355,15 +358,16 @@ extension ServerCore {
         }
         context.pointee.stream = stream
         context.pointee.phase = .done
-        responseObserver?(context.pointee.route, status)
+        responseObserver?(context.pointee.route, status, context.pointee.elapsed())
         let accepted = register(stream)
         start(stream)
         if !accepted { stream.close() }
         return .YES
     }
 
-    /// Queues a complete response (MHD copies the body).
-    func queue(_ response: HTTPResponse, on connection: OpaquePointer, route: String? = nil) -> MHD_Result {
+    /// Queues a complete response (MHD copies the body) and tells `responseObserver`, with the
+    /// time since the request line arrived (for a deferred answer: until it was finally queued).
+    func queue(_ response: HTTPResponse, on connection: OpaquePointer, context: ConnectionContext, route: String? = nil) -> MHD_Result {
         let count = response.body.count
         let created: OpaquePointer? =
             count == 0
@@ -378,7 +382,7 @@ extension ServerCore {
         if !response.headers.isEmpty { addHeaders(response.headers, to: mhdResponse) }
         let queued = MHD_queue_response(connection, statusCode(response.status), mhdResponse)
         MHD_destroy_response(mhdResponse)
-        if queued == .YES { responseObserver?(route, response.status) }
+        if queued == .YES, let responseObserver { responseObserver(route, response.status, context.pointee.elapsed()) }
         if queued != .YES { log("error", "could not queue a response with status \(response.status)") }
         return queued
     }

@@ -1,3 +1,5 @@
+import Glibc
+
 /// State of one connection and of the request it is currently serving, across MHD's several
 /// access-handler calls per request (headers, each body chunk, final).
 ///
@@ -39,6 +41,8 @@ struct ConnectionState {
     var route: String?
     var responder: HTTPResponder?
     var stream: HTTPStream?
+    /// When the request line arrived (CLOCK_MONOTONIC nanoseconds), for the answer's latency.
+    var arrived: UInt64 = 0
 
     static func allocate() -> ConnectionContext {
         let context = ConnectionContext.allocate(capacity: 1)
@@ -59,5 +63,20 @@ struct ConnectionState {
         received = 0
         tooLarge = false
         route = nil
+        arrived = monotonicNanos()
     }
+
+    /// Time since the request line arrived.
+    func elapsed() -> Duration {
+        let now = monotonicNanos()
+        return .nanoseconds(Int64(truncatingIfNeeded: now &- min(arrived, now)))
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (a vDSO call: tens of nanoseconds, no system call).
+@inline(__always)
+func monotonicNanos() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(truncatingIfNeeded: ts.tv_sec) &* 1_000_000_000 &+ UInt64(truncatingIfNeeded: ts.tv_nsec)
 }

@@ -27,8 +27,9 @@ final class ServerCore: Sendable {
     let log: @Sendable (String, String) -> Void
     let maxBodyBytes: Int
     let maxHeaderBytes: Int
-    /// Told the status of every answer that leaves (complete responses and stream heads).
-    let responseObserver: (@Sendable (String?, Int) -> Void)?
+    /// Told the route, status and latency of every answer that leaves (complete responses and
+    /// stream heads).
+    let responseObserver: (@Sendable (String?, Int, Duration) -> Void)?
     /// Asked once the head is in (method, path, headers; no query, no body): a response answers
     /// at once and the body is never read.
     let headCheck: (@Sendable (HTTPRequest) -> HeadRefusal?)?
@@ -41,6 +42,8 @@ final class ServerCore: Sendable {
     let lastRequestID = Atomic<UInt64>(0)
     /// Requests whose line has been parsed and that have not completed yet.
     let inFlight = Atomic<Int>(0)
+    /// Connections open now (MHD_OPTION_NOTIFY_CONNECTION started minus closed).
+    let openConnections = Atomic<Int>(0)
     /// Set when shutdown starts: requests that arrive from then on are answered 503 at once
     /// (this replaces MHD_quiesce_daemon, see `shutdown`).
     let refusing = Atomic<Bool>(false)
@@ -53,7 +56,7 @@ final class ServerCore: Sendable {
         configuration: HTTPServerConfiguration,
         handler: @escaping HTTPHandler,
         log: @escaping @Sendable (String, String) -> Void,
-        responseObserver: (@Sendable (String?, Int) -> Void)? = nil,
+        responseObserver: (@Sendable (String?, Int, Duration) -> Void)? = nil,
         headCheck: (@Sendable (HTTPRequest) -> HeadRefusal?)? = nil
     ) {
         self.headCheck = headCheck

@@ -13,6 +13,7 @@ struct ServiceController: Sendable {
     let engine: QueueEngine
     let events: EventLog
     let metrics: Metrics
+    let webhooks: Webhooks
     let store: any ServiceStore
     let lifecycle: Lifecycle
 
@@ -23,7 +24,7 @@ struct ServiceController: Sendable {
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                    body: metrics.render(engine: engine, lastSeq: events.lastSeq, store: store.storeStats)))
+                    body: metrics.render(engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats)))
         }
         r.add("GET", "/openapi.yaml") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
