@@ -149,7 +149,9 @@ final class Metrics: Sendable {
         out.family(
             "opqd_webhook_delivery_failures_total", .counter, "Webhook delivery attempts that failed (non-2xx, timeout, no connection); each is retried.")
         out.sample("opqd_webhook_delivery_failures_total", "", webhooks.failed)
-        out.family("opqd_webhook_events_dropped_total", .counter, "Events a webhook observer can no longer be sent.")
+        out.family(
+            "opqd_webhook_events_dropped_total", .counter,
+            "Events a webhook observer could not hold (past --webhook-buffer with --store memory, which keeps no history to read them back from).")
         out.sample("opqd_webhook_events_dropped_total", "", webhooks.dropped)
         out.family("opqd_webhook_events_pending", .gauge, "Events matched by webhook observers and not delivered yet, summed over observers.")
         out.sample("opqd_webhook_events_pending", "", webhooks.pending)

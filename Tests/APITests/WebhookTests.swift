@@ -123,6 +123,16 @@ struct WebhookTests {
             #expect(delivery["consecutiveFailures"] as? Int == 0)
             #expect((delivery["lastError"] as? String)?.contains("500") == true, "\(state.text)")
             #expect(delivery["lastDeliveredSeq"] as? Int == expected.last)
+
+            // The same counts in /metrics.
+            let metrics = try await server.request("GET", "/metrics").expecting(200).text
+            func value(_ name: String) -> Double? {
+                metrics.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
+            }
+            #expect(value("opqd_webhook_deliveries_total") == Double(expected.count), "\(metrics)")
+            #expect(value("opqd_webhook_delivery_failures_total") == 3)
+            #expect(value("opqd_webhook_observers") == 1)
+            #expect(value("opqd_webhook_events_pending") == 0)
         }
     }
 
