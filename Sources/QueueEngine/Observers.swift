@@ -40,6 +40,15 @@ final class ObserverHub: Sendable {
         }
     }
 
+    /// Removes an observer of one operation without looking through every operation's list.
+    func remove(_ token: ObserverToken, of operation: OperationID) {
+        registry.withLock { r in
+            guard let list = r.perOperation[operation] else { return }
+            let rest = list.filter { $0.token != token }
+            r.perOperation[operation] = rest.isEmpty ? nil : rest
+        }
+    }
+
     func deliver(_ events: [ChangeEvent]) {
         let (global, hasPer) = registry.withLock { r in (r.global, !r.perOperation.isEmpty) }
         for g in global { g.batch(events) }
