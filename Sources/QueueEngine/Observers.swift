@@ -40,6 +40,9 @@ final class ObserverHub: Sendable {
         }
     }
 
+    /// Observers registered for single operations (not yet dropped or removed).
+    var perOperationCount: Int { registry.withLock { r in r.perOperation.values.reduce(0) { $0 + $1.count } } }
+
     /// Removes an observer of one operation without looking through every operation's list.
     func remove(_ token: ObserverToken, of operation: OperationID) {
         registry.withLock { r in

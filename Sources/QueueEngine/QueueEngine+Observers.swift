@@ -57,6 +57,10 @@ extension QueueEngine {
         return nil
     }
 
+    /// How many observers of single operations (finish waiters included) are registered: what
+    /// long polls hold on to, so tests can see that a waiter whose client went away is let go.
+    public var operationObserverCount: Int { observers.perOperationCount }
+
     /// Forgets a finish waiter (its long poll timed out). Safe after it fired.
     public func cancelFinishWait(_ token: ObserverToken, of id: OperationID) { removeObserver(token, of: id) }
 
