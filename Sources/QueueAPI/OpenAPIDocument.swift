@@ -2276,9 +2276,7 @@ components:
       type: string
       minLength: 1
       maxLength: 64
-      description: |
-        A prefix of the operation's `name`, compared byte for byte; 1 to 256 UTF-8 bytes
-        (so any string of up to 64 characters).
+      description: A prefix of the operation's `name` (1 to 64 characters), compared byte for byte in UTF-8.
 
     BulkCancel:
       type: object

@@ -264,6 +264,7 @@ struct CopyWaitBulkCancelTests {
                 (#"{"kind":"teleport"}"#, 422, ["kind", "delay"]),
                 (#"{"namePrefix":""}"#, 422, ["namePrefix"]),
                 (#"{"namePrefix":5}"#, 422, ["namePrefix"]),
+                ("{\"namePrefix\":\"\(String(repeating: "é", count: 65))\"}", 422, ["namePrefix", "64"]),
                 (#"{"name":"a"}"#, 422, ["name"]),
                 (#"[]"#, 422, ["body"]),
                 (#"nope"#, 400, []),

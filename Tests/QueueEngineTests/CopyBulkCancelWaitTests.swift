@@ -37,8 +37,27 @@ extension Engine {
             #expect(try f.snapshot(copy.id).outcome == .succeeded)
         }
 
-        @Test("a copy of a cancelled operation that never ran runs; a copy of an executing one runs beside it")
+        @Test(
+            "a copy of a cancelled operation that never ran runs (as a new Foundation operation with the same work does); a copy of an executing one runs beside it"
+        )
         func copyRunsAgain() throws {
+            // Foundation: a cancelled operation finishes without running and can never be
+            // enqueued again; a new operation with the same work (what a copy is) runs.
+            let ran = Locked<[String]>([])
+            let queue = OperationQueue()
+            queue.isSuspended = true
+            let work: @Sendable (String) -> Void = { label in ran.withLock { $0.append(label) } }
+            let original = BlockOperation { work("original") }
+            queue.addOperation(original)
+            original.cancel()
+            let copied = BlockOperation { work("copy") }
+            copied.queuePriority = original.queuePriority
+            queue.addOperation(copied)
+            queue.isSuspended = false
+            queue.waitUntilAllOperationsAreFinished()
+            #expect(ran.value == ["copy"])
+            #expect(original.isFinished && original.isCancelled && copied.isFinished && !copied.isCancelled)
+
             let f = Fixture()
             try f.queue("q", suspended: true)
             let src = try f.add("q", name: "never")

@@ -295,11 +295,12 @@ extension OperationsController {
         return s
     }
 
-    /// A `namePrefix` filter: 1 to 256 bytes, matched byte for byte against `name`.
+    /// A `namePrefix` filter: 1 to 64 characters (Unicode scalars, as JSON Schema counts
+    /// them; so at most 256 UTF-8 bytes), matched byte for byte against `name`.
     func parseNamePrefix(_ v: JSONValue?) throws(Problem) -> String? {
         guard let v else { return nil }
-        guard case let .string(s) = v, !s.isEmpty, s.utf8.count <= 256 else {
-            throw Problem.invalid("namePrefix", "must be a string of 1 to 256 bytes (leave it out to match every name); got \(v.text)")
+        guard case let .string(s) = v, !s.isEmpty, s.unicodeScalars.count <= 64 else {
+            throw Problem.invalid("namePrefix", "must be a string of 1 to 64 characters (leave it out to match every name); got \(v.text)")
         }
         return s
     }
