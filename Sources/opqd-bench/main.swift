@@ -4,6 +4,7 @@
 //   opqd-bench http [--quick]        scripts/bench-http.sh: bare libmicrohttpd vs opqd (HTTPBench.swift)
 //   opqd-bench store [--quick]       durable creates/s over HTTP, restart time (StoreBench.swift)
 //   opqd-bench workers [--quick]     external jobs/s with claim/finish workers (WorkersBench.swift)
+//   opqd-bench bulk [N]              the engine's share of bulk cancel and filtered listing (BulkBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -33,6 +34,9 @@ let usage = """
       workers [--workers 8] [--jobs N] [--max-concurrent 64] [--stores memory,normal,full] [--quick]
                          external operations end to end: W raw keep-alive HTTP/1.1 workers claim and
                          finish N jobs; jobs/s and claim latency per store. --quick: 10,000 jobs.
+      bulk [N]           the engine alone on a queue of N operations (default 100,000): one bulk cancel
+                         (flat and fan-in) vs N single cancels, and a filtered listing page with and
+                         without the 10,000-operation scan budget.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -57,6 +61,8 @@ case "store-build":
     exit(StoreBench.buildChild(args))
 case "workers":
     exit(WorkersBench.main(args))
+case "bulk":
+    exit(BulkBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

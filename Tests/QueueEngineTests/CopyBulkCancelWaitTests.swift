@@ -203,17 +203,16 @@ extension Engine {
             #expect(engine.outcomes["m-1"] == Outcome(ran: true, cancelled: false, finished: true))
         }
 
-        @Test("bulk cancel of 100,000 operations that all wait for one is one pass, not quadratic")
+        // Its time is measured by `opqd-bench bulk` (one pass per dependency, not quadratic).
+        @Test("bulk cancel of 50,000 of 100,000 operations that all wait for one leaves exactly the others waiting for it")
         func bulkCancelFanIn() throws {
             let f = Fixture()
             try f.queue("q")
             try f.queue("big", suspended: true)
             let root = try f.add("q")
             for i in 0..<100_000 { _ = try f.add("big", name: i % 2 == 0 ? "even" : "odd", after: [root]) }
-            let start = monotonicMillis()
             #expect(try f.engine.cancelOperations(in: "big", matching: OperationFilter(namePrefix: "even")) == 50_000)
-            let ms = monotonicMillis() - start
-            #expect(ms < 20_000, "took \(ms) ms")
+            #expect(try f.engine.queue(named: "big").counts[.pending] == 50_000)
             f.kind.finish(root)
             #expect(try f.engine.queue(named: "big").counts[.ready] == 50_000)
         }
