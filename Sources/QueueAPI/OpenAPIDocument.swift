@@ -2300,7 +2300,10 @@ components:
         cancelled:
           type: integer
           minimum: 0
-          description: How many operations were cancelled (executing ones count once asked to stop).
+          description: |
+            How many operations this request cancelled: an executing one counts when it is
+            asked to stop; one already asked (still winding down, `isCancelled`) is not
+            counted again.
 
     Progress:
       type: object

@@ -2,7 +2,8 @@ extension QueueEngine {
     /// Cancels every unfinished operation of the queue that `filter` matches, in one locked
     /// section (so in one commit), with `cancel()`'s meaning for each: one that has not started
     /// finishes `cancelled` without running, an executing one is asked to stop. Returns how many
-    /// were cancelled (executing ones count once they are asked).
+    /// were cancelled by this call: an executing one counts when it is asked to stop, and one
+    /// that was asked before (still winding down, `isCancelled`) is not counted again.
     ///
     /// The set is chosen before anything changes: an operation that a cancel in the same call
     /// would release (pending on a cancelled one) is judged by the state it had when asked.
@@ -12,7 +13,8 @@ extension QueueEngine {
         try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
             var chosen: [OpRecord] = []
-            for op in q.ops where op.state != .finished && filter.matches(op) { chosen.append(op) }
+            // An executing operation already asked to stop is winding down: not counted again.
+            for op in q.ops where op.state != .finished && !op.isCancelled && filter.matches(op) { chosen.append(op) }
             guard !chosen.isEmpty else { return 0 }
             core.detachFromDependencies(chosen)
             var n = 0

@@ -160,6 +160,8 @@ extension Engine {
             let r = try f.snapshot(running)
             #expect(r.state == .executing && r.isCancelled)
             #expect(f.kind.calls(.cancel, for: running).count == 1)
+            #expect(try f.engine.cancelOperations(in: "q", matching: OperationFilter()) == 0, "winding down: not cancelled (or counted) twice")
+            #expect(f.kind.calls(.cancel, for: running).count == 1)
             #expect(!f.kind.wasStarted(readyB), "a cancelled queued operation never runs, even when a slot frees")
             f.kind.finish(running)
             #expect(try f.snapshot(running).outcome == .cancelled)
