@@ -203,11 +203,13 @@ extension OperationsController {
         return .deferred { responder in
             let answered = Lock(false)
             @Sendable func answer() {
-                guard
-                    answered.withLock({ done in
-                        defer { done = true }; return !done
-                    })
-                else { return }
+                // The finish and the deadline may both come: the first answers.
+                let first = answered.withLock { done in
+                    let was = done
+                    done = true
+                    return !was
+                }
+                guard first else { return }
                 // Read before waiting for the commit: what is sent is then durable.
                 let response: HTTPResponse
                 do { response = Self.status(try engine.operation(id)) } catch { response = Problem.from(error, requestID: req.id).response }
