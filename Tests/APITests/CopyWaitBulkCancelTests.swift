@@ -66,6 +66,22 @@ struct CopyWaitBulkCancelTests {
         }
     }
 
+    @Test("a wait on an operation whose queue is force-deleted answers at once: the operation is gone (404)")
+    func waitQueueDeleted() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("q", suspended: true)
+            let id = try await server.addDelay("q", seconds: 1)
+            async let waited = server.request("GET", "/v1/operations/\(id)/wait?timeout=20")
+            try await Task.sleep(nanoseconds: 300_000_000)
+            let start = Date()
+            _ = try await server.request("DELETE", "/v1/queues/q?force=true").expecting(204)
+            let r = try await waited
+            expectProblem(r, 404, mentioning: [id])
+            #expect(elapsed(since: start) < 5)
+            #expect(server.application.engine.operationObserverCount == 0)
+        }
+    }
+
     @Test("a wait whose client went away is let go at its timeout: no observer is left behind")
     func waitClientGoneIsReleased() async throws {
         try await withLiveServer { server in
