@@ -17,14 +17,16 @@ struct CopyWaitBulkCancelTests {
     func waitAnswersOnFinish() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q")
-            let id = try await server.addDelay("q", seconds: 0.4)
+            let id = try await server.addDelay("q", seconds: 0.5)
             let start = Date()
-            let r = try await server.request("GET", "/v1/operations/\(id)/wait?timeout=20")
+            let r = try await server.request("GET", "/v1/operations/\(id)/wait?timeout=30")
             let took = elapsed(since: start)
             #expect(r.status == 200, "\(r)")
             #expect(r.string("id") == id && r.bool("isFinished") == true && r.string("outcome") == "succeeded", "\(r)")
             #expect(r.headers["ETag"] != nil)
-            #expect(took >= 0.2 && took < 5, "took \(took) s")
+            // Not a lower bound: on a slow machine (or under TSan) the half second may be spent
+            // before the wait arrives.
+            #expect(took < 10, "answered on the finish, not at the 30 s timeout; took \(took) s")
         }
     }
 
