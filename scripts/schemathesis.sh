@@ -29,7 +29,8 @@
 #     most 2 seconds or 20 events (a per-operation request-timeout in schemathesis.toml)
 #     and checks every event against `ChangeEventMessage` (its `data` against `Event`).
 #     A curl probe below checks the `retry: 2000` preamble, which is not an event.
-#   * Long polls: a valid `timeout` (GET /v1/queues/{name}/wait; absent means 30) or `wait`
+#   * Long polls: a valid `timeout` (GET /v1/queues/{name}/wait and /v1/operations/{id}/wait;
+#     absent means 30) or `wait`
 #     (GET /v1/events, POST /v1/queues/{name}/claim) above 1 second is sent as 1 second, so
 #     that no request waits up to an hour. Values the contract refuses are sent unchanged.
 #   * Refusals of schema-valid requests that the contract documents but JSON Schema cannot

@@ -28,6 +28,7 @@ if _observations is not None:
 
 LONG_POLLS = {
     ("GET", "/v1/queues/{name}/wait"): ("timeout", 3600.0, 30),
+    ("GET", "/v1/operations/{id}/wait"): ("timeout", 3600.0, 30),
     ("GET", "/v1/events"): ("wait", 300.0, None),
     ("POST", "/v1/queues/{name}/claim"): ("wait", 300.0, None),
 }

@@ -794,6 +794,11 @@ paths:
       summary: List a queue's operations
       description: |
         Oldest first, paginated by cursor: pass the previous page's `next` as `after`.
+        `state`, `kind` and `namePrefix` filter (every one given must hold). A filtered
+        request looks at no more than 10,000 operations of the queue: when that budget runs
+        out before the page is full, the page is short (possibly empty) and `next` is the
+        last operation looked at, so a filter that matches rarely costs each request a
+        bounded time. Follow `next` until it is `null` to see every match, each once.
         Refuses unknown query parameters.
       parameters:
         - name: state
@@ -801,6 +806,18 @@ paths:
           required: false
           schema:
             $ref: '#/components/schemas/OperationState'
+        - name: kind
+          in: query
+          required: false
+          description: Only operations of this kind; an unknown kind is 422.
+          schema:
+            $ref: '#/components/schemas/KindFilter'
+        - name: namePrefix
+          in: query
+          required: false
+          description: Only operations whose `name` starts with this (byte for byte); unnamed operations never match.
+          schema:
+            $ref: '#/components/schemas/NamePrefix'
         - name: limit
           in: query
           required: false
@@ -831,6 +848,48 @@ paths:
                 $ref: '#/components/schemas/OperationPage'
         '404':
           $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/queues/{name}/operations:cancel:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    post:
+      operationId: cancelOperations
+      tags: [operations]
+      summary: Bulk cancel
+      description: |
+        `cancel()` on every unfinished operation of the queue that matches the body's
+        filters (all of them when the body is `{}` or empty), in one durable commit:
+        operations that have not started finish `cancelled` without running, executing
+        ones are asked to stop and finish `cancelled` once their kind has. The set is
+        chosen before anything changes. Answers how many were cancelled, once durable.
+        Refuses unknown query parameters.
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/BulkCancel'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: How many operations were cancelled.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/BulkCancelResult'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
         '422':
           $ref: '#/components/responses/Unprocessable'
 
@@ -1143,6 +1202,98 @@ paths:
           $ref: '#/components/responses/NotFound'
         '422':
           $ref: '#/components/responses/Unprocessable'
+
+  /v1/operations/{id}/wait:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+    get:
+      operationId: waitUntilFinished
+      tags: [operations]
+      summary: waitUntilFinished() as a long poll
+      description: |
+        Answers the operation's status as soon as it is finished, or when `timeout`
+        seconds have passed: 200 either way, `isFinished` says which. The status shown is
+        durable. Refuses unknown query parameters.
+      parameters:
+        - name: timeout
+          in: query
+          required: false
+          description: Seconds to wait, 0 to 3600 (default 30); 0 answers at once.
+          schema:
+            type: number
+            minimum: 0
+            maximum: 3600
+            default: 30
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The status, finished or at the timeout.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Operation'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
+
+  /v1/operations/{id}/copy:
+    parameters:
+      - $ref: '#/components/parameters/OperationIdPath'
+    post:
+      operationId: copyOperation
+      tags: [operations]
+      summary: NSCopying
+      description: |
+        Adds a new operation with the source's kind, name, spec, options (`timeout`,
+        `retry`, `notBefore`), priority and dependencies, in the source's queue unless
+        `queue` names another; the body's fields replace the source's. The copy starts
+        afresh (no attempt, result, error or progress yet): this is how a failed or
+        cancelled operation is run again. The source may be in any state and is not
+        changed. Of the source's dependencies, the barrier it was made to wait for when it
+        was added and operations no longer kept (purged) are left out; the copy waits for
+        the barrier of the queue it is added to, like any new operation. Validated like a
+        create (same refusals and limits); a barrier cannot be copied (409 `not-copyable`).
+        The body is optional (empty body = `{}`). Answered once durable.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/OperationCopy'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '201':
+          $ref: '#/components/responses/OperationCreated'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '403':
+          $ref: '#/components/responses/Forbidden'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '429':
+          $ref: '#/components/responses/TooMany'
 
   /v1/operations/{id}/heartbeat:
     parameters:
@@ -1860,6 +2011,18 @@ components:
           operationId: claimOperation
           parameters:
             name: '$response.body#/queue'
+        Wait:
+          operationId: waitUntilFinished
+          parameters:
+            id: '$response.body#/id'
+        Copy:
+          operationId: copyOperation
+          parameters:
+            id: '$response.body#/id'
+        CancelInQueue:
+          operationId: cancelOperations
+          parameters:
+            name: '$response.body#/queue'
     OperationAfterAction:
       description: The operation's status after the action.
       headers:
@@ -1906,7 +2069,8 @@ components:
         webhook on an operation that has already finished (`conflict`), a request with the
         same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
         that is not (or no longer) the caller's (`lease-conflict`), or finishing an
-        operation that has already finished (`already-finished`).
+        operation that has already finished (`already-finished`), copying a barrier
+        (`not-copyable`).
       content:
         application/problem+json:
           schema:
@@ -2385,6 +2549,66 @@ components:
           items:
             $ref: '#/components/schemas/OperationId'
           description: Replaces the list of dependencies.
+
+    OperationCopy:
+      type: object
+      additionalProperties: false
+      description: What the copy takes from the request instead of from its source.
+      properties:
+        queue:
+          allOf:
+            - $ref: '#/components/schemas/QueueName'
+          description: Another queue to add the copy to (default the source's); an unknown one is 404.
+        queuePriority:
+          $ref: '#/components/schemas/QueuePriority'
+        dependencies:
+          type: array
+          maxItems: 200000
+          items:
+            $ref: '#/components/schemas/OperationId'
+          description: Replaces the source's dependencies (`[]` for none).
+        notBefore:
+          description: Replaces the source's `notBefore`; `null` removes it.
+          oneOf:
+            - $ref: '#/components/schemas/NotBefore'
+            - type: 'null'
+
+    KindFilter:
+      type: string
+      enum: [delay, http, command, external, barrier]
+
+    NamePrefix:
+      type: string
+      minLength: 1
+      maxLength: 64
+      description: A prefix of the operation's `name` (1 to 64 characters), compared byte for byte in UTF-8.
+
+    BulkCancel:
+      type: object
+      additionalProperties: false
+      description: Filters; every one given must hold. `{}` matches every unfinished operation.
+      properties:
+        state:
+          type: string
+          enum: [pending, ready, executing, paused]
+          description: An unfinished state; `finished` (or anything else) is 422.
+        kind:
+          $ref: '#/components/schemas/KindFilter'
+        namePrefix:
+          $ref: '#/components/schemas/NamePrefix'
+
+    BulkCancelResult:
+      type: object
+      additionalProperties: false
+      required: [cancelled]
+      properties:
+        cancelled:
+          type: integer
+          minimum: 0
+          description: |
+            How many operations this request cancelled: an executing one counts when it is
+            asked to stop; one already asked (still winding down, `isCancelled`) is not
+            counted again.
 
     Progress:
       type: object

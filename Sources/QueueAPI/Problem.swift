@@ -41,6 +41,7 @@ extension EngineError: ProblemConvertible {
             return Problem(403, reason, "Forbidden", "\(field): \(detail)")
         case let .limitReached(detail, limit):
             return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
+        case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         }
     }
 }

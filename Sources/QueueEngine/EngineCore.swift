@@ -227,8 +227,10 @@ final class EngineCore: @unchecked Sendable {
     }
 
     /// Cancels one operation (Foundation's `cancel()`); false when it was already finished.
+    /// `detached`: the caller has already taken it out of its dependencies' `dependents` (a
+    /// bulk cancel does that for all its operations in one pass per dependency).
     @discardableResult
-    func cancelOp(_ op: OpRecord) -> Bool {
+    func cancelOp(_ op: OpRecord, detached: Bool = false) -> Bool {
         switch op.state {
         case .finished:
             return false
@@ -249,7 +251,7 @@ final class EngineCore: @unchecked Sendable {
                 effects.append(.cancel(op.kind, context(op, resume: false)))
             }
             op.outcome = .cancelled
-            for depID in op.dependencyIDs {
+            for depID in op.dependencyIDs where !detached {
                 if let dep = ops[depID.raw], dep.state != .finished, let i = dep.dependents.firstIndex(where: { $0 === op }) {
                     dep.dependents.remove(at: i)
                 }

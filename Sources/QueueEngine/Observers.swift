@@ -40,6 +40,18 @@ final class ObserverHub: Sendable {
         }
     }
 
+    /// Observers registered for single operations (not yet dropped or removed).
+    var perOperationCount: Int { registry.withLock { r in r.perOperation.values.reduce(0) { $0 + $1.count } } }
+
+    /// Removes an observer of one operation without looking through every operation's list.
+    func remove(_ token: ObserverToken, of operation: OperationID) {
+        registry.withLock { r in
+            guard let list = r.perOperation[operation] else { return }
+            let rest = list.filter { $0.token != token }
+            r.perOperation[operation] = rest.isEmpty ? nil : rest
+        }
+    }
+
     func deliver(_ events: [ChangeEvent]) {
         let (global, hasPer) = registry.withLock { r in (r.global, !r.perOperation.isEmpty) }
         for g in global { g.batch(events) }

@@ -44,6 +44,9 @@ public enum EngineError: Error, Sendable, Equatable {
     /// A configured bound was reached; `limit` is its slug (`too-many-queues`,
     /// `too-many-operations`, `too-many-dependencies`). Nothing changed.
     case limitReached(String, limit: String = "limit-reached")
+    /// The operation cannot be copied (a barrier: its meaning is the queue's position it was
+    /// added at; add a new barrier instead).
+    case notCopyable(String)
 }
 
 /// What a move does beyond changing the state; the engine acts on it (`EngineCore.apply`).

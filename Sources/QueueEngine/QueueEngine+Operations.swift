@@ -30,7 +30,7 @@ extension QueueEngine {
     /// The kinds a client may name, sorted (the barrier kind is internal).
     public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
 
-    private func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
+    func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
         guard let kind = kinds[request.kind], barrier || request.kind != "barrier" else {
             throw .unknownKind(request.kind, allowed: kindNames)
         }
@@ -119,6 +119,20 @@ extension QueueEngine {
         in queueName: String, state filter: OperationState? = nil, after: OperationID? = nil,
         limit: Int = 100
     ) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
+        try operations(in: queueName, matching: OperationFilter(state: filter), after: after, limit: limit, scanLimit: .max)
+    }
+
+    /// A page of the queue's operations that `filter` matches, oldest first, after the cursor
+    /// `after`, looking at no more than `scanLimit` operations (so a filter that rarely matches
+    /// costs one request a bounded time under the lock).
+    ///
+    /// `next` is nil only when no operation after the page matches. When the scan budget runs
+    /// out first, the page may be short (even empty) and `next` is the last operation looked
+    /// at, which need not be on the page: following `next` until it is nil visits every match
+    /// exactly once.
+    public func operations(
+        in queueName: String, matching filter: OperationFilter, after: OperationID? = nil, limit: Int = 100, scanLimit: Int
+    ) throws(EngineError) -> (operations: [OperationSnapshot], next: OperationID?) {
         try read { core throws(EngineError) in
             let q = try core.queue(queueName)
             var lo = 0, hi = q.ops.count
@@ -128,17 +142,28 @@ extension QueueEngine {
                     if q.ops[mid].id <= after.raw { lo = mid + 1 } else { hi = mid }
                 }
             }
+            let limit = max(1, limit)
+            // At least one page's worth, so an unfiltered page is never cut short.
+            var budget = max(scanLimit, limit)
             var page: [OperationSnapshot] = []
             var i = lo
-            while i < q.ops.count && page.count < limit {
+            while i < q.ops.count && page.count < limit && budget > 0 {
                 let op = q.ops[i]
-                if filter == nil || op.state == filter { page.append(op.snapshot()) }
+                if filter.matches(op) { page.append(op.snapshot()) }
                 i += 1
+                budget -= 1
             }
+            if page.count < limit {
+                // The budget ran out before the end: carry on after the last one looked at.
+                return (page, i < q.ops.count ? q.ops[i - 1].operationID : nil)
+            }
+            // A full page: is there a match after it? Looked for within what is left of the
+            // budget; past it, `next` is given and the next page may turn out empty.
             var more = false
-            if page.count == limit {
-                var j = i
-                while j < q.ops.count { if filter == nil || q.ops[j].state == filter { more = true; break }; j += 1 }
+            while i < q.ops.count {
+                if budget == 0 || filter.matches(q.ops[i]) { more = true; break }
+                i += 1
+                budget -= 1
             }
             return (page, more ? page.last?.id : nil)
         }

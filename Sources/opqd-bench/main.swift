@@ -5,6 +5,7 @@
 //   opqd-bench store [--quick]       durable creates/s over HTTP, restart time (StoreBench.swift)
 //   opqd-bench workers [--quick]     external jobs/s with claim/finish workers (WorkersBench.swift)
 //   opqd-bench watch [--quick]       SSE latency, many SSE clients, webhook fan-out (WatchBench.swift)
+//   opqd-bench bulk [N]              the engine's share of bulk cancel and filtered listing (BulkBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -39,6 +40,9 @@ let usage = """
                          and memory); N concurrent SSE clients with server RSS per client and the time
                          one change takes to reach them all; webhook fan-out to a local receiver with
                          M queue observers (deliveries/s, order). --quick: fewer samples.
+      bulk [N]           the engine alone on a queue of N operations (default 100,000): one bulk cancel
+                         (flat and fan-in) vs N single cancels, and a filtered listing page with and
+                         without the 10,000-operation scan budget.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -65,6 +69,8 @@ case "workers":
     exit(WorkersBench.main(args))
 case "watch":
     exit(WatchBench.main(args))
+case "bulk":
+    exit(BulkBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

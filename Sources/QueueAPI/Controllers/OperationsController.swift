@@ -1,8 +1,9 @@
+import Locking
 import MicroHTTP
 import QueueEngine
 
-/// Operations: create (in a queue), list, read, change, cancel, pause, resume, and one
-/// operation's committed events.
+/// Operations: create (in a queue), list, read, change, cancel, pause, resume, copy, wait
+/// until finished, bulk cancel in a queue, and one operation's committed events.
 struct OperationsController: Sendable {
     let engine: QueueEngine
     let durability: Durability
@@ -27,7 +28,19 @@ struct OperationsController: Sendable {
         r.add("POST", "/v1/operations/{id}/pause") { req, p in try action(req, p[0]) { id throws(EngineError) in try engine.pause(id) } }
         r.add("POST", "/v1/operations/{id}/resume") { req, p in try action(req, p[0]) { id throws(EngineError) in try engine.resume(id) } }
         r.add("GET", "/v1/operations/{id}/events") { req, p in try history(req, p[0]) }
+        r.add("GET", "/v1/operations/{id}/wait") { req, p in try wait(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/copy") { req, p in try durability.idempotent(req) { try copy(req, p[0]) } }
+        // A literal segment: `operations:cancel` is not `operations`, so the create above
+        // still matches `POST /v1/queues/{name}/operations` alone.
+        r.add("POST", "/v1/queues/{name}/operations:cancel") { req, p in try bulkCancel(req, p[0]) }
     }
+
+    /// The longest `wait` a client may ask for, as the queue's wait.
+    static let maxWaitSeconds = 3600.0
+    /// Operations one listing request looks at when it filters (`state`, `kind`, `namePrefix`):
+    /// a filter that rarely matches ends the page early with a `next` instead of scanning the
+    /// whole queue under the engine's lock.
+    static let listScanLimit = 10_000
 
     func create(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
@@ -74,21 +87,23 @@ struct OperationsController: Sendable {
     }
 
     func list(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
-        let q = try Query(req, allowed: ["state", "limit", "after"])
-        var state: OperationState? = nil
+        let q = try Query(req, allowed: ["state", "kind", "namePrefix", "limit", "after"])
+        var filter = OperationFilter()
         if let s = q.values["state"] {
             guard let st = OperationState(rawValue: s) else {
                 throw Problem.invalid("state", "must be one of \(OperationState.allCases.map(\.rawValue).joined(separator: ", ")); got '\(s)'")
             }
-            state = st
+            filter.state = st
         }
+        filter.kind = try parseKindFilter(q.values["kind"].map { .string($0) })
+        filter.namePrefix = try parseNamePrefix(q.values["namePrefix"].map { .string($0) })
         let limit = try q.int("limit", in: 1...1000) ?? 100
         var after: OperationID? = nil
         if let a = q.values["after"] {
             guard let id = OperationID(a) else { throw Problem.invalid("after", "must be a cursor from a previous page's next; got '\(a)'") }
             after = id
         }
-        let page = try engine.operations(in: queue, state: state, after: after, limit: limit)
+        let page = try engine.operations(in: queue, matching: filter, after: after, limit: limit, scanLimit: Self.listScanLimit)
         var o = JSONOut(capacity: min(512 * page.operations.count + 64, limits.pageBytes))
         o.open(); o.key("operations"); o.openArray()
         // The byte budget (--max-page-bytes): an operation's result may be large, so a page
@@ -168,5 +183,127 @@ struct OperationsController: Sendable {
         if more, let last { o.int(last) } else { o.null() }
         o.close()
         return .response(json(200, o.bytes))
+    }
+}
+
+extension OperationsController {
+    /// `waitUntilFinished()` as a long poll: the status once the operation is finished, or at
+    /// the timeout (200 either way; `isFinished` says which). The connection is suspended, not
+    /// a thread; the waiter is an observer of the operation, removed when it fires or at the
+    /// deadline, whichever comes first, so a client that goes away costs at most its timeout.
+    /// The status is shown only once it is durable, like every change a client sees.
+    func wait(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        let q = try Query(req, allowed: ["timeout"])
+        let id = try parseOperationID(idText)
+        let timeout = try q.seconds("timeout", max: Self.maxWaitSeconds) ?? 30
+        let first = try engine.operation(id)
+        // Shown once durable (`ack` waits for every change made so far, this finish included).
+        if first.state == .finished || timeout == 0 { return durability.ack(Self.status(first)) }
+        let (engine, durable) = (self.engine, store.isDurable)
+        return .deferred { responder in
+            let answered = Lock(false)
+            @Sendable func answer() {
+                // The finish and the deadline may both come: the first answers.
+                let first = answered.withLock { done in
+                    let was = done
+                    done = true
+                    return !was
+                }
+                guard first else { return }
+                // Read before waiting for the commit: what is sent is then durable.
+                let response: HTTPResponse
+                do { response = Self.status(try engine.operation(id)) } catch { response = Problem.from(error, requestID: req.id).response }
+                if durable { engine.whenDurable { responder.respond(response) } } else { responder.respond(response) }
+            }
+            let token: ObserverToken?
+            do {
+                token = try engine.onFinished(id) { answer() }
+            } catch {
+                // Gone between the check above and now (its queue deleted).
+                responder.respond(Problem.from(error, requestID: req.id).response)
+                return
+            }
+            guard let token else { return }
+            engine.scheduler.after(seconds: timeout) {
+                engine.cancelFinishWait(token, of: id)
+                answer()
+            }
+        }
+    }
+
+    static func status(_ op: OperationSnapshot) -> HTTPResponse {
+        json(200, op.json, [("ETag", ETag.operation(op.revision))])
+    }
+
+    /// `NSCopying`: a new operation from this one (any state), with the body's fields instead
+    /// of the source's; validated and acknowledged like a create (201 once durable, the
+    /// `Idempotency-Key` honoured by the route).
+    func copy(_ req: HTTPRequest, _ idText: String) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
+        let id = try parseOperationID(idText)
+        let b = try Body(req, allowed: ["queue", "queuePriority", "dependencies", "notBefore"], emptyIsObject: true)
+        var overrides = CopyOverrides()
+        if let v = b["queue"] {
+            guard case let .string(name) = v else { throw Problem.invalid("queue", "must be a queue name string; got \(v.typeName)") }
+            // A name no queue can have names no queue: 404 like any unknown queue, after the
+            // other fields are checked.
+            overrides.queue = name
+        }
+        overrides.queuePriority = try parsePriority(b["queuePriority"])
+        overrides.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies)
+        if let nb = b["notBefore"] {
+            switch nb {
+            case .null: overrides.notBefore = .some(nil)
+            case let .string(s) where Timestamp(rfc3339: s) != nil:
+                overrides.notBefore = .some(Timestamp(rfc3339: s))
+            default:
+                throw Problem.invalid("notBefore", "must be an RFC 3339 time like 2026-11-22T10:00:00Z, or null for none; got \(nb.text)")
+            }
+        }
+        let op = try engine.copyOperation(id, overrides)
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+    }
+
+    /// Bulk cancel of a queue's unfinished operations that match, in one engine call (one
+    /// commit): `{"cancelled": n}` once durable.
+    func bulkCancel(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["state", "kind", "namePrefix"], emptyIsObject: true)
+        var filter = OperationFilter()
+        if let v = b["state"] {
+            let unfinished: [OperationState] = [.pending, .ready, .executing, .paused]
+            guard case let .string(s) = v, let st = OperationState(rawValue: s), unfinished.contains(st) else {
+                throw Problem.invalid(
+                    "state", "must be an unfinished state, one of \(unfinished.map(\.rawValue).joined(separator: ", ")); got \(v.text)")
+            }
+            filter.state = st
+        }
+        filter.kind = try parseKindFilter(b["kind"])
+        filter.namePrefix = try parseNamePrefix(b["namePrefix"])
+        let n = try engine.cancelOperations(in: queue, matching: filter)
+        var o = JSONOut()
+        o.open(); o.key("cancelled"); o.int(n); o.close()
+        return durability.ack(json(200, o.bytes))
+    }
+
+    /// A `kind` filter: one of the kinds a client may name, or `barrier`. An unknown one is
+    /// refused rather than matching nothing, so a typo cannot pass for "none found".
+    func parseKindFilter(_ v: JSONValue?) throws(Problem) -> String? {
+        guard let v else { return nil }
+        let allowed = engine.kindNames + ["barrier"]
+        guard case let .string(s) = v, allowed.contains(s) else {
+            throw Problem.invalid("kind", "must be one of \(allowed.joined(separator: ", ")); got \(v.text)")
+        }
+        return s
+    }
+
+    /// A `namePrefix` filter: 1 to 64 characters (Unicode scalars, as JSON Schema counts
+    /// them; so at most 256 UTF-8 bytes), matched byte for byte against `name`.
+    func parseNamePrefix(_ v: JSONValue?) throws(Problem) -> String? {
+        guard let v else { return nil }
+        guard case let .string(s) = v, !s.isEmpty, s.unicodeScalars.count <= 64 else {
+            throw Problem.invalid("namePrefix", "must be a string of 1 to 64 characters (leave it out to match every name); got \(v.text)")
+        }
+        return s
     }
 }

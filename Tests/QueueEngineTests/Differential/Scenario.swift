@@ -17,6 +17,9 @@ enum Step: CustomStringConvertible {
     case finish(String)
     case cancel(String)
     case cancelAll(String)
+    /// Bulk cancel of a queue's unfinished operations whose name starts with `prefix`
+    /// (Foundation: `cancel()` on each of them).
+    case cancelMatching(String, prefix: String)
     case suspend(String)
     case resume(String)
     case priority(String, QueuePriority)
@@ -30,6 +33,7 @@ enum Step: CustomStringConvertible {
         case let .finish(n): return "finish \(n)"
         case let .cancel(n): return "cancel \(n)"
         case let .cancelAll(q): return "cancelAll \(q)"
+        case let .cancelMatching(q, p): return "cancel \(q) \(p)*"
         case let .suspend(q): return "suspend \(q)"
         case let .resume(q): return "resume \(q)"
         case let .priority(n, p): return "priority \(n) \(p.name)"
@@ -193,6 +197,8 @@ func runEngine(_ steps: [Step]) throws -> (trace: Trace, startsAfterStep: [Int])
             try engine.cancel(ids[name]!)
         case let .cancelAll(queue):
             try engine.cancelAll(queue)
+        case let .cancelMatching(queue, prefix):
+            try engine.cancelOperations(in: queue, matching: OperationFilter(namePrefix: prefix))
         case let .suspend(queue):
             try engine.suspend(queue)
         case let .resume(queue):
@@ -240,6 +246,7 @@ func runFoundation(_ steps: [Step], startsAfterStep hints: [Int], settle: Double
     // uses freed memory when a cancelled pending operation is released while its dependency runs.
     var ops: [String: BlockOperation] = [:]
     var gates: [String: DispatchSemaphore] = [:]
+    var opQueues: [String: String] = [:]
     var barrierNames: [String] = []
     let serial = serialQueues(steps)
     var trace = Trace()
@@ -271,6 +278,7 @@ func runFoundation(_ steps: [Step], startsAfterStep hints: [Int], settle: Double
             op.queuePriority = Operation.QueuePriority(rawValue: priority.rawValue)!
             for d in after { op.addDependency(ops[d]!) }
             ops[name] = op
+            opQueues[name] = queue
             gates[name] = gate
             queues[queue]!.addOperation(op)
         case let .barrier(name, queue):
@@ -284,6 +292,8 @@ func runFoundation(_ steps: [Step], startsAfterStep hints: [Int], settle: Double
             ops[name]!.cancel()
         case let .cancelAll(queue):
             queues[queue]!.cancelAllOperations()
+        case let .cancelMatching(queue, prefix):
+            for (name, op) in ops where name.hasPrefix(prefix) && opQueues[name] == queue && !op.isFinished { op.cancel() }
         case let .suspend(queue):
             queues[queue]!.isSuspended = true
         case let .resume(queue):

@@ -1,0 +1,53 @@
+/// What a copy takes from the request instead of from its source; nil keeps the source's.
+public struct CopyOverrides: Sendable, Equatable {
+    /// Another queue to add the copy to.
+    public var queue: String?
+    public var queuePriority: QueuePriority?
+    /// Replaces the source's dependencies (`[]`: none).
+    public var dependencies: [OperationID]?
+    /// `.some(nil)` clears the source's `notBefore`.
+    public var notBefore: Timestamp??
+
+    public init(queue: String? = nil, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil, notBefore: Timestamp?? = nil) {
+        self.queue = queue; self.queuePriority = queuePriority; self.dependencies = dependencies; self.notBefore = notBefore
+    }
+}
+
+extension QueueEngine {
+    /// `NSCopying`: adds a new operation with the source's kind, name, spec, options (timeout,
+    /// retry, `notBefore`), priority and dependencies, to the source's queue or another, with
+    /// `overrides` applied. The copy starts afresh (no attempt, result, error or progress), so
+    /// this is how a failed or cancelled operation is run again; the source may be in any
+    /// state and is not changed.
+    ///
+    /// The source's dependencies are copied as declared, less the barrier it was made to wait
+    /// for when it was added (the copy waits for the barrier of the queue it is added to, if
+    /// any, like any new operation) and less operations no longer kept (purged ones finished
+    /// long ago, so leaving them out does not change when the copy may start). Otherwise it is
+    /// validated and added exactly as a create, with the same refusals.
+    @discardableResult
+    public func copyOperation(_ id: OperationID, _ overrides: CopyOverrides = CopyOverrides()) throws(EngineError) -> OperationSnapshot {
+        let (source, sourceQueue) = try read { core throws(EngineError) -> (OperationRequest, String) in
+            let op = try core.op(id)
+            if op.isBarrier {
+                throw .notCopyable("operation \(id) is a barrier; POST /v1/queues/{name}/barrier adds a new one")
+            }
+            var dependencies: [OperationID] = []
+            if overrides.dependencies == nil {
+                dependencies = op.dependencyIDs.filter { $0.raw != op.implicitBarrier && core.ops[$0.raw] != nil }
+            }
+            let request = OperationRequest(
+                kind: op.kindName, name: op.name, queuePriority: op.priority, dependencies: dependencies, spec: op.spec,
+                options: op.options)
+            return (request, op.queue.name)
+        }
+        var request = source
+        if let p = overrides.queuePriority { request.queuePriority = p }
+        if let d = overrides.dependencies { request.dependencies = d }
+        if let nb = overrides.notBefore { request.options.notBefore = nb }
+        // The kind may no longer permit the spec here (a command's executable taken off the
+        // allow list since): the same first check as a create.
+        try checkPermitted(kind: request.kind, spec: request.spec)
+        return try add(to: overrides.queue ?? sourceQueue, request, barrier: false) { $0.snapshot() }
+    }
+}
