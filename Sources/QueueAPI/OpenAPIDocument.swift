@@ -833,7 +833,10 @@ paths:
           description: Cursor from a previous page's `next` (an operation id); a malformed one is 422.
           schema:
             $ref: '#/components/schemas/OperationId'
+        - $ref: '#/components/parameters/IfNoneMatch'
       responses:
+        '304':
+          $ref: '#/components/responses/NotModified'
         '400':
           $ref: '#/components/responses/BadRequest'
         '401':
@@ -841,7 +844,12 @@ paths:
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
         '200':
-          description: One page.
+          description: |
+            One page. Its `ETag` comes from the revisions of the operations in it and where it
+            ends (with the request's parameters), so a poll of an unchanged page gets 304.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
           content:
             application/json:
               schema:

@@ -36,4 +36,26 @@ struct ListingETagTests {
             #expect(try await server.request("GET", "/v1/queues", headers: ["If-None-Match": seen.last ?? ""]).status == 304)
         }
     }
+
+    @Test("a queue's operations: 304 while the page is unchanged; a new operation, a progress-free state move, or other parameters give another ETag")
+    func operationList() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("ol", suspended: true)
+            let a = try await server.addDelay("ol", seconds: 0.01, name: "alpha")
+            let first = try await server.request("GET", "/v1/queues/ol/operations").expecting(200)
+            let etag = try #require(first.headers["ETag"])
+            #expect(try await server.request("GET", "/v1/queues/ol/operations", headers: ["If-None-Match": etag]).status == 304)
+            // Another filter over the same operations is another listing.
+            let filtered = try await server.request("GET", "/v1/queues/ol/operations?namePrefix=al", headers: ["If-None-Match": etag])
+            #expect(filtered.status == 200 && filtered.headers["ETag"] != etag)
+            _ = try await server.request("POST", "/v1/operations/\(a)/pause").expecting(200)
+            let paused = try await server.request("GET", "/v1/queues/ol/operations", headers: ["If-None-Match": etag])
+            #expect(paused.status == 200, "pausing an operation in the page changes the listing")
+            let etag2 = try #require(paused.headers["ETag"])
+            _ = try await server.addDelay("ol", seconds: 0.01)
+            let added = try await server.request("GET", "/v1/queues/ol/operations", headers: ["If-None-Match": etag2])
+            #expect(added.status == 200 && added.objects("operations").count == 2)
+            #expect(try await server.request("GET", "/v1/queues/ol/operations", headers: ["If-None-Match": added.headers["ETag"] ?? ""]).status == 304)
+        }
+    }
 }

@@ -104,6 +104,13 @@ struct OperationsController: Sendable {
             after = id
         }
         let page = try engine.operations(in: queue, matching: filter, after: after, limit: limit, scanLimit: Self.listScanLimit)
+        // From the page's revisions (every change to an operation moves its revision) and where
+        // it ends, before anything is encoded; the request's own parameters are mixed in.
+        let parameters = "\(queue)|\(filter.state?.rawValue ?? "")|\(filter.kind ?? "")|\(filter.namePrefix ?? "")|\(after?.raw ?? 0)|\(limit)"
+        let etag = ETag.list(
+            [(parameters, UInt64(page.next?.raw ?? 0), UInt64(0))]
+                + page.operations.map { ($0.id.description, UInt64(bitPattern: $0.createdAt.nanoseconds), $0.revision) })
+        if ETag.matches(req, etag) { return ETag.notModified(etag) }
         var o = JSONOut(capacity: min(512 * page.operations.count + 64, limits.pageBytes))
         o.open(); o.key("operations"); o.openArray()
         // The byte budget (--max-page-bytes): an operation's result may be large, so a page
@@ -123,7 +130,7 @@ struct OperationsController: Sendable {
         o.key("next")
         if let n = next { o.string(n.description) } else { o.null() }
         o.close()
-        return .response(json(200, o.bytes))
+        return .response(json(200, o.bytes, [("ETag", etag)]))
     }
 
     func get(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
