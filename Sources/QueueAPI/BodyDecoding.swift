@@ -10,14 +10,20 @@ struct Body {
     /// `emptyIsObject`.
     init(_ request: HTTPRequest, allowed: [String], emptyIsObject: Bool = false) throws(Problem) {
         if request.body.isEmpty {
-            if emptyIsObject { members = []; return }
+            if emptyIsObject { try self.init(.object([]), field: "body", allowed: allowed); return }
             throw Problem.badRequest("a JSON object body is required")
         }
         // The Content-Type is not checked: `curl -d` sends form-urlencoded by default, and the
         // body is JSON or refused as malformed either way.
         let value: JSONValue
         do { value = try JSONValue.parse(request.body) } catch { throw Problem.badRequest(error.description) }
-        guard case let .object(m) = value else { throw Problem.invalid("body", "must be a JSON object; got \(value.typeName)") }
+        try self.init(value, field: "body", allowed: allowed)
+    }
+
+    /// An object inside a body (an element of a batch), checked the same way; `field` names it
+    /// when it is not an object.
+    init(_ value: JSONValue, field: String, allowed: [String]) throws(Problem) {
+        guard case let .object(m) = value else { throw Problem.invalid(field, "must be a JSON object; got \(value.typeName)") }
         var seen = Set<String>()
         for (k, _) in m {
             guard allowed.contains(k) else {

@@ -51,6 +51,8 @@ public struct OpqdConfiguration: Sendable {
         public var unfinishedPerQueue = 100_000
         /// Dependencies of one operation, a barrier's included.
         public var dependencies = 1_000
+        /// Operations one `POST /v1/operations:batch` may create.
+        public var batch = 1_000
         public var observersPerOperation = 16
         public var observersPerQueue = 256
         public var observers = 10_000
@@ -164,6 +166,9 @@ public struct OpqdConfiguration: Sendable {
         },
         Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
             c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
+        },
+        Option(flag: "--max-batch", env: "OPQD_MAX_BATCH", help: "operations one POST /v1/operations:batch may create (default 1000)") { c, v in
+            c.limits.batch = try int(v, "--max-batch", 1...100_000)
         },
         Option(flag: "--max-observers-per-operation", env: "OPQD_MAX_OBSERVERS_PER_OPERATION", help: "webhook observers of one operation (default 16)") {
             c, v in

@@ -63,42 +63,7 @@ extension QueueEngine {
                 guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
                 deps.append(dep)
             }
-            var req = request
-            if barrier {
-                deps = q.ops.filter { $0.state != .finished }
-                req.dependencies = deps.map(\.operationID)
-            } else if let b = q.barrier, !deps.contains(where: { $0 === b }) {
-                deps.append(b)
-                req.dependencies.append(b.operationID)
-            }
-            let implicitBarrier = barrier ? nil : q.barrier?.id
-            // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
-            let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= core.now } ?? true)
-            let op = OpRecord(
-                id: core.nextID, queue: q, request: req, kind: kind, createdAt: core.now, isBarrier: barrier,
-                state: readyNow ? .ready : .pending)
-            core.nextID += 1
-            op.implicitBarrier = implicitBarrier
-            core.ops[op.id] = op
-            q.ops.append(op)
-            q.counts[op.state.index] += 1
-            q.unfinished += 1
-            q.revision += 1
-            core.unfinishedTotal += 1
-            if barrier { q.barrier = op }
-            var seen = Set<ObjectIdentifier>()
-            for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
-                dep.dependents.append(op)
-                op.unfinishedDependencies += 1
-            }
-            if readyNow {
-                q.push(op)
-                core.dirty.append(q)
-            }
-            // Creation is reported as `isReady` changing from nothing to its first value.
-            core.emit(op, .isReady, .none, .bool(readyNow))
-            if !readyNow { core.makeReadyIfPossible(op) }
-            core.record(op)
+            let op = core.insert(into: q, req: request, kind: kind, deps: deps, barrier: barrier)
             core.settle()
             return answer(op)
         }

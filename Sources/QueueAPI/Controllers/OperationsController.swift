@@ -33,6 +33,8 @@ struct OperationsController: Sendable {
         // A literal segment: `operations:cancel` is not `operations`, so the create above
         // still matches `POST /v1/queues/{name}/operations` alone.
         r.add("POST", "/v1/queues/{name}/operations:cancel") { req, p in try bulkCancel(req, p[0]) }
+        // The same kind of literal segment: `/v1/operations:batch` is not `/v1/operations/{id}`.
+        r.add("POST", "/v1/operations:batch") { req, _ in try durability.idempotent(req) { try batch(req) } }
     }
 
     /// The longest `wait` a client may ask for, as the queue's wait.
@@ -45,6 +47,14 @@ struct OperationsController: Sendable {
     func create(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"])
+        var request = try parseRequest(b)
+        request.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies) ?? []
+        let op = try engine.addOperation(to: queue, request)
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+    }
+
+    /// The fields of a create body, less `dependencies` (a batch reads those its own way).
+    func parseRequest(_ b: Body) throws -> OperationRequest {
         // Which kinds exist, what their specs allow, their default retry and their refusals are
         // the kinds' own business (`OperationKind`); the engine asks them.
         guard let kind = try b.string("kind", maxLength: 64) else {
@@ -55,7 +65,6 @@ struct OperationsController: Sendable {
         var request = OperationRequest(kind: kind)
         request.name = try b.string("name", maxLength: 256)
         request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
-        request.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies) ?? []
         request.spec = b["spec"]
         request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
         if let r = b["retry"] { request.options.retry = try parseRetry(r) }
@@ -65,8 +74,7 @@ struct OperationsController: Sendable {
             }
             request.options.notBefore = t
         }
-        let op = try engine.addOperation(to: queue, request)
-        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+        return request
     }
 
     func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {

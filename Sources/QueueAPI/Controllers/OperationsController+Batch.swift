@@ -1,0 +1,121 @@
+import MicroHTTP
+import QueueEngine
+
+extension OperationsController {
+    /// Fields an element of a batch may have: a create body's, plus its `queue` and `ref`.
+    static let batchElementFields = ["ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"]
+
+    /// `addOperations(_:waitUntilFinished:)`: `{"operations": [{"ref"?, "queue", …create body…}]}`.
+    /// Every element is parsed and checked before the engine is asked, and the engine checks
+    /// the whole batch again under its lock before adding any of it, in one commit: 201 with
+    /// `{"operations": [status…]}` in the request's order once durable, or one problem naming
+    /// the element (`operations[3].spec.seconds`) and nothing changed.
+    func batch(_ req: HTTPRequest) throws -> HTTPResponse {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["operations"])
+        guard let list = b["operations"] else { throw Problem.invalid("operations", "is required: an array of 1 to \(limits.batch) operations") }
+        guard case let .array(items) = list else { throw Problem.invalid("operations", "must be an array of operations; got \(list.typeName)") }
+        // Counted before any element is looked at: a body of many tiny elements costs no more
+        // than its parse (bounded by --max-body).
+        guard items.count <= limits.batch else {
+            throw Problem(
+                413, "batch-too-large", "Batch too large",
+                "operations: at most \(limits.batch) operations per batch (--max-batch); got \(items.count)")
+        }
+        guard !items.isEmpty else { throw Problem.invalid("operations", "must hold at least one operation (at most \(limits.batch))") }
+        var refs: [String: Int] = [:]
+        var elements: [BatchElement] = []
+        elements.reserveCapacity(items.count)
+        for (i, item) in items.enumerated() {
+            do {
+                elements.append(try parseElement(item, index: i, refs: &refs))
+            } catch {
+                throw Self.naming(element: i, Problem.from(error, requestID: req.id), field: true)
+            }
+        }
+        let made: [OperationSnapshot]
+        do {
+            made = try engine.addOperations(elements)
+        } catch {
+            throw Self.naming(element: error.index, error.error)
+        }
+        var o = JSONOut(capacity: 640 * made.count + 32)
+        o.open(); o.key("operations"); o.openArray()
+        for op in made { op.write(to: &o) }
+        o.closeArray()
+        o.close()
+        return json(201, o.bytes)
+    }
+
+    /// One element: its queue, its ref (unique in the batch, registered once it is read, so
+    /// only later elements can name it) and its create body.
+    func parseElement(_ item: JSONValue, index i: Int, refs: inout [String: Int]) throws -> BatchElement {
+        let e = try Body(item, field: "", allowed: Self.batchElementFields)
+        guard let queueValue = e["queue"] else { throw Problem.invalid("queue", "is required: the name of the queue to add this operation to") }
+        guard case let .string(queue) = queueValue else { throw Problem.invalid("queue", "must be a queue name string; got \(queueValue.typeName)") }
+        var request = try parseRequest(e)
+        request.dependencies = []
+        var deps: [BatchDependency] = []
+        if let d = e["dependencies"] {
+            guard case let .array(list) = d else {
+                throw Problem.invalid("dependencies", "must be an array of operation ids or \"ref:<ref>\"; got \(d.typeName)")
+            }
+            guard list.count <= limits.dependencies else {
+                throw Problem(
+                    422, "too-many-dependencies", "Too many dependencies",
+                    "dependencies: at most \(limits.dependencies) dependencies per operation (--max-dependencies); got \(list.count)")
+            }
+            deps.reserveCapacity(list.count)
+            for (j, v) in list.enumerated() {
+                guard case let .string(s) = v else {
+                    throw Problem.invalid("dependencies[\(j)]", "must be an operation id or \"ref:<ref>\"; got \(v.typeName)")
+                }
+                if s.hasPrefix("ref:") {
+                    let name = String(s.dropFirst(4))
+                    guard let k = refs[name] else {
+                        throw Problem.invalid(
+                            "dependencies[\(j)]", "'\(s)' names no earlier element of the batch (a ref names an element before the one that depends on it)")
+                    }
+                    deps.append(.element(k))
+                } else {
+                    guard let id = OperationID(s) else { throw Problem(404, "not-found", "Not Found", "dependencies[\(j)]: no operation with id '\(s)'") }
+                    deps.append(.operation(id))
+                }
+            }
+        }
+        if let r = e["ref"] {
+            guard case let .string(ref) = r, !ref.isEmpty, ref.utf8.count <= 128 else {
+                throw Problem.invalid("ref", "must be a string of 1 to 128 bytes; got \(r.text)")
+            }
+            guard refs[ref] == nil else {
+                throw Problem.invalid("ref", "'\(ref)' is already the ref of operations[\(refs[ref] ?? 0)]; refs are unique in a batch")
+            }
+            refs[ref] = i
+        }
+        return BatchElement(queue: queue, request: request, dependencies: deps)
+    }
+
+    /// The problem of element `i`: a field's problem (`spec.seconds: …`) becomes
+    /// `operations[i].spec.seconds: …`; a problem of the element as a whole (its queue is
+    /// unknown, a limit) says `operations[i]: …`.
+    static func naming(element i: Int, _ p: Problem, field: Bool) -> Problem {
+        var p = p
+        p.detail = field && !p.detail.hasPrefix(":") ? "operations[\(i)].\(p.detail)" : "operations[\(i)]\(p.detail)"
+        return p
+    }
+
+    static func naming(element i: Int, _ error: EngineError) -> Problem {
+        switch error {
+        case let .queueNotFound(name):
+            return Problem(404, "not-found", "Not Found", "operations[\(i)].queue: no queue named '\(name)'")
+        case let .operationNotFound(id):
+            return Problem(404, "not-found", "Not Found", "operations[\(i)].dependencies: no operation with id '\(id)'")
+        case .invalidArgument, .unknownKind, .notPermitted:
+            return naming(element: i, error.problem, field: true)
+        default:
+            var p = error.problem
+            p.detail = "operations[\(i)]: \(p.detail)"
+            return p
+        }
+    }
+}

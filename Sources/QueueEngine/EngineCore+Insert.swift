@@ -1,0 +1,46 @@
+extension EngineCore {
+    /// Adds one operation that has passed every check: its record, its edges to its unfinished
+    /// dependencies (`deps`, resolved), the barrier of its queue, its first state and its
+    /// creation event. Does not settle: the caller does, once, after everything it adds, so a
+    /// batch starts nothing before all of it is in.
+    func insert(into q: QueueRecord, req request: OperationRequest, kind: any OperationKind, deps resolved: [OpRecord], barrier: Bool) -> OpRecord {
+        var deps = resolved
+        var req = request
+        if barrier {
+            deps = q.ops.filter { $0.state != .finished }
+            req.dependencies = deps.map(\.operationID)
+        } else if let b = q.barrier, !deps.contains(where: { $0 === b }) {
+            deps.append(b)
+            req.dependencies.append(b.operationID)
+        }
+        let implicitBarrier = barrier ? nil : q.barrier?.id
+        // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
+        let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= now } ?? true)
+        let op = OpRecord(
+            id: nextID, queue: q, request: req, kind: kind, createdAt: now, isBarrier: barrier,
+            state: readyNow ? .ready : .pending)
+        nextID += 1
+        op.implicitBarrier = implicitBarrier
+        ops[op.id] = op
+        q.ops.append(op)
+        q.counts[op.state.index] += 1
+        q.unfinished += 1
+        q.revision += 1
+        unfinishedTotal += 1
+        if barrier { q.barrier = op }
+        var seen = Set<ObjectIdentifier>()
+        for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
+            dep.dependents.append(op)
+            op.unfinishedDependencies += 1
+        }
+        if readyNow {
+            q.push(op)
+            dirty.append(q)
+        }
+        // Creation is reported as `isReady` changing from nothing to its first value.
+        emit(op, .isReady, .none, .bool(readyNow))
+        if !readyNow { makeReadyIfPossible(op) }
+        record(op)
+        return op
+    }
+}
