@@ -982,6 +982,65 @@ paths:
         '503':
           $ref: '#/components/responses/ServiceUnavailable'
 
+  /v1/operations:batch:
+    post:
+      operationId: addOperations
+      tags: [operations]
+      summary: addOperations(_:waitUntilFinished:), atomic across queues
+      description: |
+        Creates many operations, in any queues, all or none, in one durable commit. Each
+        element is a create body (`OperationCreate`) plus the `queue` it goes to and an
+        optional `ref`, unique in the batch; a dependency may name an earlier element as
+        `"ref:<ref>"` (only earlier ones, so a batch cannot close a cycle: it is a graph,
+        not only a tree). Every element is checked (fields, kind and spec, queue, dependencies,
+        and the queue limits counted for the whole batch) before anything changes; a refusal
+        names the element and field (`operations[3].spec.seconds: …`, `operations[0].queue:
+        no queue named 'x'`), creates nothing and emits no event. An unknown queue or
+        dependency is 404, a bad field 422, a limit 429. At most `--max-batch` elements
+        (default 1000); more is 413 (`batch-too-large`), counted before any element is read.
+        201 with every status, in the request's order, once durable; the events are one
+        creation event per element, in that order.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/OperationBatch'
+      responses:
+        '201':
+          description: Created, all of them. A replayed `Idempotency-Key` answers the first response again.
+          headers:
+            Idempotent-Replayed:
+              $ref: '#/components/headers/IdempotentReplayed'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/OperationBatchCreated'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/Forbidden'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          description: The body is over `--max-body`, or the batch has more than `--max-batch` operations (`batch-too-large`).
+          content:
+            application/problem+json:
+              schema:
+                $ref: '#/components/schemas/Problem'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+
   /v1/operations/{id}:
     parameters:
       - $ref: '#/components/parameters/OperationIdPath'
@@ -2436,6 +2495,123 @@ components:
             properties:
               spec:
                 $ref: '#/components/schemas/ExternalSpec'
+
+    OperationBatchElement:
+      type: object
+      additionalProperties: false
+      required: [queue, kind]
+      description: A create body (`OperationCreate`) with the queue it goes to and an optional ref.
+      properties:
+        queue:
+          $ref: '#/components/schemas/QueueName'
+        ref:
+          type: string
+          minLength: 1
+          maxLength: 128
+          description: Names this element for later elements' `dependencies` (`"ref:<ref>"`); unique in the batch (at most 128 UTF-8 bytes).
+        kind:
+          type: string
+          enum: [delay, http, command, external]
+          description: |
+            What the operation does; `spec` is checked by the kind (see `DelaySpec`,
+            `HTTPSpec`, `CommandSpec`, `ExternalSpec`). `command` is off unless the server
+            allows the executable (`--allow-command`); by default every `command` operation
+            is refused with 403 (`command-not-allowed`).
+        name:
+          type: string
+          maxLength: 256
+          description: Optional label (at most 256 UTF-8 bytes).
+        queuePriority:
+          allOf:
+            - $ref: '#/components/schemas/QueuePriority'
+          default: normal
+        dependencies:
+          type: array
+          maxItems: 200000
+          items:
+            anyOf:
+              - $ref: '#/components/schemas/OperationId'
+              - type: string
+                pattern: '^ref:'
+          description: Operations (of any queue) that must finish before this one starts, or earlier elements as `"ref:<ref>"`.
+        spec:
+          description: Kind-specific; required by `delay`, `http` and `command`, optional for `external`.
+        timeout:
+          type: number
+          minimum: 0.001
+          maximum: 31536000
+          description: Seconds an attempt may execute before it fails with `timeout`.
+        retry:
+          allOf:
+            - $ref: '#/components/schemas/RetryPolicy'
+          description: |
+            Attempts and backoff for failed attempts. Without it, an operation has one attempt,
+            except `external`, which defaults to `{"maxAttempts": 3, "backoff": 0, "multiplier": 1}`.
+        notBefore:
+          $ref: '#/components/schemas/NotBefore'
+      allOf:
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: delay
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/DelaySpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: http
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/HTTPSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: command
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/CommandSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: external
+          then:
+            properties:
+              spec:
+                $ref: '#/components/schemas/ExternalSpec'
+
+    OperationBatch:
+      type: object
+      additionalProperties: false
+      required: [operations]
+      properties:
+        operations:
+          type: array
+          minItems: 1
+          maxItems: 1000
+          description: At most `--max-batch` (default 1000).
+          items:
+            $ref: '#/components/schemas/OperationBatchElement'
+
+    OperationBatchCreated:
+      type: object
+      required: [operations]
+      properties:
+        operations:
+          type: array
+          description: The created operations' statuses, in the request's order.
+          items:
+            $ref: '#/components/schemas/Operation'
 
     HTTPSpec:
       type: object
