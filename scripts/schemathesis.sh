@@ -39,7 +39,10 @@
 #     Idempotency-Key reused with a different body (schemathesis reuses short keys across
 #     cases), a progress report whose `completed` exceeds a positive `total`, and a string
 #     within its maxLength in characters but over the limit in UTF-8 bytes (limits are in
-#     bytes). Any other 422 for valid data still is.
+#     bytes), and in a batch (POST /v1/operations:batch) the same refusals of an element, a
+#     `ref` used twice, or a `"ref:<ref>"` dependency that names no earlier element. A
+#     batch naming a queue or dependency that does not exist is 404, as a create's is. Any
+#     other 422 for valid data still is.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then

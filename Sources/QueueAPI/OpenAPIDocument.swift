@@ -997,7 +997,7 @@ paths:
         names the element and field (`operations[3].spec.seconds: …`, `operations[0].queue:
         no queue named 'x'`), creates nothing and emits no event. An unknown queue or
         dependency is 404, a bad field 422, a limit 429. At most `--max-batch` elements
-        (default 1000); more is 413 (`batch-too-large`), counted before any element is read.
+        (default 1000); more is 422 (`batch-too-large`), counted before any element is read.
         201 with every status, in the request's order, once durable; the events are one
         creation event per element, in that order.
       parameters:
@@ -1029,13 +1029,16 @@ paths:
         '409':
           $ref: '#/components/responses/Conflict'
         '413':
-          description: The body is over `--max-body`, or the batch has more than `--max-batch` operations (`batch-too-large`).
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          description: |
+            A field of an element is invalid (the detail names it, `operations[3].spec.seconds`),
+            a ref is repeated or names no earlier element, or the batch has more than
+            `--max-batch` operations (`batch-too-large`).
           content:
             application/problem+json:
               schema:
                 $ref: '#/components/schemas/Problem'
-        '422':
-          $ref: '#/components/responses/Unprocessable'
         '429':
           $ref: '#/components/responses/TooMany'
         '431':

@@ -6,6 +6,7 @@
 //   opqd-bench workers [--quick]     external jobs/s with claim/finish workers (WorkersBench.swift)
 //   opqd-bench watch [--quick]       SSE latency, many SSE clients, webhook fan-out (WatchBench.swift)
 //   opqd-bench bulk [N]              the engine's share of bulk cancel and filtered listing (BulkBench.swift)
+//   opqd-bench batch [--quick]       durable creates via POST /v1/operations:batch vs single creates (BatchBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -44,6 +45,10 @@ let usage = """
                          (flat and fan-in) vs N single cancels, and a filtered listing page with and
                          without the 10,000-operation scan budget.
 
+      batch [--batches N] [--size 1000] [--singles N] [--connections 4] [--sync full] [--quick]
+                         durable creates through POST /v1/operations:batch (N batches of a 1,000-operation
+                         graph over 4 queues) vs single creates: batches/s and operations/s side by side.
+
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
     127.0.0.1 with fresh temporary data dirs, and stops it; build it first with
@@ -71,6 +76,8 @@ case "watch":
     exit(WatchBench.main(args))
 case "bulk":
     exit(BulkBench.main(args))
+case "batch":
+    exit(BatchBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

@@ -115,11 +115,11 @@ struct BatchEndpointTests {
             try await server.createQueue("a", suspended: true)
             let before = try await server.fingerprint()
             let over = try await server.request("POST", "/v1/operations:batch", json: Self.batch(Array(repeating: Self.delay("a"), count: 11)))
-            expectProblem(over, 413, mentioning: ["--max-batch", "10"])
+            expectProblem(over, 422, mentioning: ["--max-batch", "10"])
             // Many tiny elements that are not even objects: refused by the count.
             let tiny = try await server.request(
                 "POST", "/v1/operations:batch", json: #"{"operations":[\#(Array(repeating: "0", count: 100_000).joined(separator: ","))]}"#)
-            expectProblem(tiny, 413, mentioning: ["--max-batch"])
+            expectProblem(tiny, 422, mentioning: ["--max-batch"])
             #expect(try await server.fingerprint() == before)
             let ok = try await server.request("POST", "/v1/operations:batch", json: Self.batch(Array(repeating: Self.delay("a"), count: 10))).expecting(201)
             #expect(ok.objects("operations").count == 10)

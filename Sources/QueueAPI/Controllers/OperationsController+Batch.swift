@@ -18,8 +18,10 @@ extension OperationsController {
         // Counted before any element is looked at: a body of many tiny elements costs no more
         // than its parse (bounded by --max-body).
         guard items.count <= limits.batch else {
+            // 422 like any value out of range (the schema's maxItems), not 413: the body itself
+            // was within --max-body.
             throw Problem(
-                413, "batch-too-large", "Batch too large",
+                422, "batch-too-large", "Batch too large",
                 "operations: at most \(limits.batch) operations per batch (--max-batch); got \(items.count)")
         }
         guard !items.isEmpty else { throw Problem.invalid("operations", "must hold at least one operation (at most \(limits.batch))") }
@@ -84,9 +86,8 @@ extension OperationsController {
             }
         }
         if let r = e["ref"] {
-            guard case let .string(ref) = r, !ref.isEmpty, ref.utf8.count <= 128 else {
-                throw Problem.invalid("ref", "must be a string of 1 to 128 bytes; got \(r.text)")
-            }
+            guard case let .string(ref) = r, !ref.isEmpty else { throw Problem.invalid("ref", "must be a non-empty string; got \(r.text)") }
+            guard ref.utf8.count <= 128 else { throw Problem.invalid("ref", "must be at most 128 bytes") }
             guard refs[ref] == nil else {
                 throw Problem.invalid("ref", "'\(ref)' is already the ref of operations[\(refs[ref] ?? 0)]; refs are unique in a batch")
             }
