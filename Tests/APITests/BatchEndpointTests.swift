@@ -94,6 +94,7 @@ struct BatchEndpointTests {
                 ("bad priority", good + [Self.delay("a", extra: #","queuePriority":"urgent""#)], 422, ["operations[3].queuePriority"]),
                 ("bad retry", [Self.delay("a", extra: #","retry":{"maxAttempts":0}"#)], 422, ["operations[0].retry.maxAttempts"]),
                 ("empty list", [], 422, ["operations"]),
+                ("command not allowed here", good + [#"{"queue":"a","kind":"command","spec":{"argv":["/bin/true"]}}"#], 403, ["operations[3].spec"]),
             ]
             let before = try await server.fingerprint()
             for (what, elements, status, words) in cases {
@@ -116,9 +117,10 @@ struct BatchEndpointTests {
             let before = try await server.fingerprint()
             let over = try await server.request("POST", "/v1/operations:batch", json: Self.batch(Array(repeating: Self.delay("a"), count: 11)))
             expectProblem(over, 422, mentioning: ["--max-batch", "10"])
-            // Many tiny elements that are not even objects: refused by the count.
+            // Nearly 1 MiB (the default --max-body) of tiny elements that are not even objects:
+            // refused by the count, before any element is looked at.
             let tiny = try await server.request(
-                "POST", "/v1/operations:batch", json: #"{"operations":[\#(Array(repeating: "0", count: 100_000).joined(separator: ","))]}"#)
+                "POST", "/v1/operations:batch", json: #"{"operations":[\#(Array(repeating: "0", count: 520_000).joined(separator: ","))]}"#)
             expectProblem(tiny, 422, mentioning: ["--max-batch"])
             #expect(try await server.fingerprint() == before)
             let ok = try await server.request("POST", "/v1/operations:batch", json: Self.batch(Array(repeating: Self.delay("a"), count: 10))).expecting(201)
