@@ -1010,7 +1010,7 @@ paths:
               $ref: '#/components/schemas/OperationBatch'
       responses:
         '201':
-          description: Created, all of them. A replayed `Idempotency-Key` answers the first response again.
+          description: Created, all of them; no `Location` (each operation's id is in its status). A replayed `Idempotency-Key` answers the first response again.
           headers:
             Idempotent-Replayed:
               $ref: '#/components/headers/IdempotentReplayed'
