@@ -214,34 +214,39 @@ extension OperationsController {
         let first = try engine.operation(id)
         // Shown once durable (`ack` waits for every change made so far, this finish included).
         if first.state == .finished || timeout == 0 { return durability.ack(Self.status(first)) }
-        let (engine, durable) = (self.engine, store.isDurable)
+        // Only the request's id is kept (never the request, its headers or a body): a wait and its
+        // timer may live up to an hour.
+        let (engine, durable, requestID) = (self.engine, store.isDurable, req.id)
         return .deferred { responder in
-            let answered = Lock(false)
-            @Sendable func answer() {
-                // The finish and the deadline may both come: the first answers.
-                let first = answered.withLock { done in
-                    let was = done
-                    done = true
-                    return !was
+            // The finish and the deadline may both come: the first takes the answer out of the box,
+            // so the timer that outlives it holds an empty box, not the responder.
+            let pending = Lock<(@Sendable () -> Void)?>(nil)
+            @Sendable func fire() {
+                pending.withLock { f in
+                    defer { f = nil }; return f
+                }?()
+            }
+            pending.withLock {
+                $0 = {
+                    // Read before waiting for the commit: what is sent is then durable.
+                    let response: HTTPResponse
+                    do { response = Self.status(try engine.operation(id)) } catch { response = Problem.from(error, requestID: requestID).response }
+                    if durable { engine.whenDurable { responder.respond(response) } } else { responder.respond(response) }
                 }
-                guard first else { return }
-                // Read before waiting for the commit: what is sent is then durable.
-                let response: HTTPResponse
-                do { response = Self.status(try engine.operation(id)) } catch { response = Problem.from(error, requestID: req.id).response }
-                if durable { engine.whenDurable { responder.respond(response) } } else { responder.respond(response) }
             }
             let token: ObserverToken?
             do {
-                token = try engine.onFinished(id) { answer() }
+                token = try engine.onFinished(id) { fire() }
             } catch {
                 // Gone between the check above and now (its queue deleted).
-                responder.respond(Problem.from(error, requestID: req.id).response)
+                pending.withLock { $0 = nil }
+                responder.respond(Problem.from(error, requestID: requestID).response)
                 return
             }
             guard let token else { return }
             engine.scheduler.after(seconds: timeout) {
                 engine.cancelFinishWait(token, of: id)
-                answer()
+                fire()
             }
         }
     }
