@@ -57,6 +57,20 @@ public final class HTTPResponder: Sendable {
 
     var keepsThroughShutdown: Bool { state.withLock { $0.keepThroughShutdown } }
 
+    /// True when the client is known to have gone while its answer is pending: the request
+    /// ended, or the peer closed or reset its side of the connection (seen with a
+    /// non-blocking `MSG_PEEK` on the socket, since MHD does not watch a suspended
+    /// connection). Data the client sent meanwhile (a pipelined request) counts as alive. For
+    /// long polls that hand something out (a claim): a client that left must not be given it.
+    public var isClientGone: Bool {
+        state.withLock { state in
+            guard !state.answered, let connection = state.connection else { return true }
+            // Under the lock: MHD cannot end the request (and close the socket) meanwhile,
+            // because `requestEnded` takes this lock first.
+            return !connection.peerIsConnected()
+        }
+    }
+
     /// True once `respond` was called, or once the request ended without an answer
     /// (client gone, server stopped).
     public var isAnswered: Bool {

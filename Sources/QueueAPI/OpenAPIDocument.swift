@@ -917,6 +917,16 @@ paths:
         `wait` seconds. A lease that runs out fails the attempt (`lease-expired`); while
         `retry.maxAttempts` allows, the operation is offered again with `attempt + 1`, else
         it finishes `failed`. The body is optional (empty body = `{}`).
+
+        With `max` (1 to 100) up to that many are handed out at once, oldest first, as
+        `{"claims": [{"operation", "lease"}, …]}` (the form of the answer follows the
+        presence of `max`, also for `max=1`). A long poll with `max` wakes at the first
+        operation offered and takes what else is claimable by then, up to `max`.
+
+        A claim whose client has gone before the answer is sent is not handed out: a long
+        poll whose client closed or reset its connection is skipped when an operation comes,
+        and leases granted while the answer waited for its commit are given back (offered
+        again at once, same attempt) if the client has left by then.
       parameters:
         - name: wait
           in: query
@@ -927,6 +937,14 @@ paths:
             minimum: 0
             maximum: 300
             default: 0
+        - name: max
+          in: query
+          required: false
+          description: Claim up to this many at once (1 to 100); the answer is then `ClaimBatch`.
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 100
       requestBody:
         required: false
         content:
@@ -941,11 +959,13 @@ paths:
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
         '200':
-          description: Claimed.
+          description: Claimed (`Claim`; with `max`, `ClaimBatch`).
           content:
             application/json:
               schema:
-                $ref: '#/components/schemas/Claim'
+                oneOf:
+                  - $ref: '#/components/schemas/Claim'
+                  - $ref: '#/components/schemas/ClaimBatch'
           links:
             GetOperation:
               operationId: getOperation
@@ -1494,6 +1514,50 @@ paths:
           $ref: '#/components/responses/PayloadTooLarge'
         '422':
           $ref: '#/components/responses/Unprocessable'
+
+  /v1/operations:finish:
+    post:
+      operationId: finishOperations
+      tags: [workers]
+      summary: Finish many leased operations in one request
+      description: |
+        `{"finishes": [{"id", "leaseToken", "result"|"error"}, …]}`, 1 to `--max-batch`
+        (default 1000) elements, each as `POST /v1/operations/{id}/finish` takes it. Each
+        element is finished on its own: one refused does not hold back the others. The
+        answer comes once every change it made is durable (they share one group commit):
+        200 with one entry per element, in the request's order: `{"id", "status": 200,
+        "operation"}` with the operation's status after it, or `{"id", "status", "problem"}`
+        with the problem that element alone would have got (404 unknown operation, 409
+        `already-finished` or `lease-conflict`, 422 naming the element's field, e.g.
+        `finishes[3].leaseToken`). A malformed envelope (no `finishes`, not an array, empty,
+        too many) is refused as a whole and changes nothing.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/FinishBatchRequest'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: One answer per element, in the request's order.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/FinishBatch'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
 
   /v1/operations/{id}/observers:
     parameters:
@@ -3167,6 +3231,18 @@ components:
         lease:
           $ref: '#/components/schemas/Lease'
 
+    ClaimBatch:
+      type: object
+      additionalProperties: false
+      required: [claims]
+      properties:
+        claims:
+          type: array
+          minItems: 1
+          maxItems: 100
+          items:
+            $ref: '#/components/schemas/Claim'
+
     LeaseRequest:
       type: object
       additionalProperties: false
@@ -3230,6 +3306,58 @@ components:
             other value (reported as type `worker-error` with the value as `data`).
       not:
         required: [result, error]
+
+    FinishBatchRequest:
+      type: object
+      additionalProperties: false
+      required: [finishes]
+      properties:
+        finishes:
+          type: array
+          minItems: 1
+          maxItems: 1000
+          description: At most `--max-batch` (default 1000) elements.
+          items:
+            type: object
+            additionalProperties: false
+            required: [id, leaseToken]
+            description: A `FinishRequest` plus the operation's `id`.
+            properties:
+              id:
+                type: string
+                maxLength: 128
+              leaseToken:
+                type: string
+                maxLength: 128
+              result:
+                description: The operation's result (any JSON value).
+              error:
+                description: Fails the attempt, as in `FinishRequest`.
+            not:
+              required: [result, error]
+
+    FinishBatch:
+      type: object
+      additionalProperties: false
+      required: [finishes]
+      properties:
+        finishes:
+          type: array
+          items:
+            type: object
+            additionalProperties: false
+            required: [id, status]
+            properties:
+              id:
+                type: [string, 'null']
+                description: The element's `id` as sent (null when it had none).
+              status:
+                type: integer
+                description: 200, or the status of the element's problem.
+              operation:
+                $ref: '#/components/schemas/Operation'
+              problem:
+                $ref: '#/components/schemas/Problem'
 
     Worker:
       type: object

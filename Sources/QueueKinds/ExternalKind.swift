@@ -39,12 +39,53 @@ public final class ExternalKind: OperationKind {
     struct Waiter: Sendable {
         let id: UInt64
         let worker: String
+        /// False once the waiting client has gone: it is then skipped, not handed anything.
+        let isAlive: @Sendable () -> Bool
         let deliver: @Sendable (Lease) -> Void
+    }
+
+    /// Started, unclaimed operations of one queue in the order they started: taken from the
+    /// front in O(1) (a head index rather than `removeFirst`), and put back at the front when
+    /// a claim could not be delivered.
+    struct ClaimList: Sendable {
+        private var items: [ExecutionContext] = []
+        private var head = 0
+        var isEmpty: Bool { head == items.count }
+        var count: Int { items.count - head }
+        mutating func append(_ c: ExecutionContext) { items.append(c) }
+        mutating func popFirst() -> ExecutionContext? {
+            guard head < items.count else { return nil }
+            let c = items[head]
+            head += 1
+            if head == items.count {
+                items.removeAll(keepingCapacity: true); head = 0
+            } else if head >= 1024 && head * 2 >= items.count {
+                items.removeFirst(head); head = 0
+            }
+            return c
+        }
+        /// Puts `c` back in front, keeping the relative order of what is put back together.
+        mutating func pushFront(_ list: [ExecutionContext]) {
+            guard !list.isEmpty else { return }
+            if head >= list.count {
+                head -= list.count
+                for (i, c) in list.enumerated() { items[head + i] = c }
+            } else {
+                items.replaceSubrange(0..<head, with: list)
+                head = 0
+            }
+        }
+        func contains(_ id: OperationID) -> Bool { items[head...].contains { $0.operation == id } }
+        mutating func remove(_ id: OperationID) {
+            guard contains(id) else { return }
+            items = items[head...].filter { $0.operation != id }
+            head = 0
+        }
     }
 
     struct State: Sendable {
         /// Started, unclaimed operations per queue, in the order they started.
-        var claimable: [String: [ExecutionContext]] = [:]
+        var claimable: [String: ClaimList] = [:]
         var leases: [OperationID: Lease] = [:]
         var waiters: [String: [Waiter]] = [:]
         var nextWaiter: UInt64 = 1
@@ -104,7 +145,10 @@ public final class ExternalKind: OperationKind {
 
     /// The worker sees `isPaused` on its next heartbeat; the lease stays.
     public func pause(_ context: ExecutionContext) {
-        state.withLock { s in s.claimable[context.queue]?.removeAll { $0.operation == context.operation } }
+        state.withLock { s in
+            s.claimable[context.queue]?.remove(context.operation)
+            if s.claimable[context.queue]?.isEmpty == true { s.claimable[context.queue] = nil }
+        }
     }
 
     /// After a restart the lease is kept until it expires.
@@ -115,23 +159,56 @@ public final class ExternalKind: OperationKind {
     /// Hands one started, unclaimed operation of `queue` to `worker`, or registers `deliver`
     /// to be called when one comes. Returns nil and a waiter id when nothing is claimable now.
     public func claim(queue: String, worker: String, wait deliver: (@Sendable (Lease) -> Void)?) -> (Lease?, UInt64?) {
+        let (leases, waiter) = claim(queue: queue, worker: worker, max: 1, isAlive: { true }, wait: deliver)
+        return (leases.first, waiter)
+    }
+
+    /// Hands up to `max` started, unclaimed operations of `queue` to `worker`, oldest first.
+    /// When none is claimable and `deliver` is given, registers it as a waiter: the next
+    /// operation offered goes to the oldest waiter whose `isAlive` still holds (a long poll
+    /// whose client left is skipped, so nothing is leased to nobody). Returns the waiter id
+    /// when one was registered.
+    public func claim(
+        queue: String, worker: String, max: Int, isAlive: @escaping @Sendable () -> Bool,
+        wait deliver: (@Sendable (Lease) -> Void)?
+    ) -> ([Lease], UInt64?) {
         let now = clock.now()
-        let (lease, waiterID): (Lease?, UInt64?) = state.withLock { s in
-            while var list = s.claimable[queue], !list.isEmpty {
-                let ctx = list.removeFirst()
+        let limit = Swift.max(1, max)
+        let (leases, waiterID): ([Lease], UInt64?) = state.withLock { s in
+            var leases: [Lease] = []
+            if var list = s.claimable[queue] {
+                while leases.count < limit, let ctx = list.popFirst() {
+                    let lease = Self.newLease(ctx, worker: worker, now: now)
+                    s.leases[ctx.operation] = lease
+                    leases.append(lease)
+                }
                 s.claimable[queue] = list.isEmpty ? nil : list
-                let lease = Self.newLease(ctx, worker: worker, now: now)
-                s.leases[ctx.operation] = lease
-                return (lease, nil)
             }
-            guard let deliver else { return (nil, nil) }
+            guard leases.isEmpty, let deliver else { return (leases, nil) }
             let id = s.nextWaiter
             s.nextWaiter += 1
-            s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, deliver: deliver))
-            return (nil, id)
+            s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, isAlive: isAlive, deliver: deliver))
+            return ([], id)
         }
-        if let lease { arm(lease) }
-        return (lease, waiterID)
+        for lease in leases { arm(lease) }
+        return (leases, waiterID)
+    }
+
+    /// Takes back leases whose claim could not be delivered (the client left before the
+    /// answer): they are offered again at once, ahead of everything else, with the same
+    /// attempt. A lease that is no longer current (finished, expired, re-leased) is left alone.
+    public func release(_ released: [Lease]) {
+        var reoffer: [ExecutionContext] = []
+        state.withLock { s in
+            for l in released where s.leases[l.operation]?.token == l.token && s.leases[l.operation]?.cancelled == false {
+                s.leases[l.operation] = nil
+                reoffer.append(l.context)
+            }
+        }
+        for ctx in reoffer where ctx.isCurrent {
+            ctx.save(nil)
+            offer(ctx, front: true)
+        }
     }
 
     /// Forgets a claim long poll (it timed out). False when it was already handed an operation.
@@ -186,18 +263,24 @@ public final class ExternalKind: OperationKind {
 
     // MARK: - internals
 
-    private func offer(_ context: ExecutionContext) {
+    private func offer(_ context: ExecutionContext, front: Bool = false) {
         let now = clock.now()
         let handed: (Lease, Waiter)? = state.withLock { s in
             s.leases[context.operation] = nil
-            if var ws = s.waiters[context.queue], !ws.isEmpty {
+            while var ws = s.waiters[context.queue], !ws.isEmpty {
                 let w = ws.removeFirst()
                 s.waiters[context.queue] = ws.isEmpty ? nil : ws
+                // A long poll whose client has gone is dropped here; its timer finds it gone.
+                guard w.isAlive() else { continue }
                 let lease = Self.newLease(context, worker: w.worker, now: now)
                 s.leases[context.operation] = lease
                 return (lease, w)
             }
-            s.claimable[context.queue, default: []].append(context)
+            if front {
+                s.claimable[context.queue, default: ClaimList()].pushFront([context])
+            } else {
+                s.claimable[context.queue, default: ClaimList()].append(context)
+            }
             return nil
         }
         if let (lease, w) = handed {
@@ -209,10 +292,12 @@ public final class ExternalKind: OperationKind {
     private func remove(_ id: OperationID) {
         state.withLock { s in
             if let l = s.leases.removeValue(forKey: id) {
-                s.claimable[l.queue]?.removeAll { $0.operation == id }
+                s.claimable[l.queue]?.remove(id)
             }
-            for (q, list) in s.claimable where list.contains(where: { $0.operation == id }) {
-                s.claimable[q] = list.filter { $0.operation != id }
+            for (q, list) in s.claimable where list.contains(id) {
+                var list = list
+                list.remove(id)
+                s.claimable[q] = list.isEmpty ? nil : list
             }
         }
     }

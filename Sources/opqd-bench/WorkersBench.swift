@@ -1,11 +1,14 @@
 // `opqd-bench workers`: end-to-end throughput of `external` operations driven by workers over
-// HTTP. For each store (`--store memory`, `--sync normal`, `--sync full`) a fresh release
-// `opqd` gets a suspended queue holding N external operations; the queue is resumed and W
-// worker loops, each on its own keep-alive HTTP/1.1 connection (raw sockets), repeat
-// claim (`POST /v1/queues/q/claim?wait=1`) -> finish (`POST /v1/operations/{id}/finish`)
-// until a claim answers 204. Jobs/s is measured from the first claim to the last finish.
-// Afterwards: counts.finished must be N, every finish must have answered 200 and no
-// operation may have been handed out twice.
+// HTTP, one at a time and in batches, side by side. For each store (`--store memory`,
+// `--sync normal`, `--sync full`) and each mode, a fresh release `opqd` gets a suspended queue
+// holding N external operations (created through `POST /v1/operations:batch`); the queue is
+// resumed and W worker loops, each on its own keep-alive HTTP/1.1 connection (raw sockets),
+// repeat until a claim answers 204:
+//   single: claim (`POST /v1/queues/q/claim?wait=1`) -> finish (`POST /v1/operations/{id}/finish`)
+//   batch:  claim (`…/claim?wait=1&max=B`) -> finish them all (`POST /v1/operations:finish`)
+// Jobs/s is measured from the first claim to the last finish. Afterwards: counts.finished
+// must be N, every finish must have answered 200 and no operation may have been handed out
+// twice.
 import Dispatch
 import Foundation
 import Synchronization
@@ -15,13 +18,14 @@ import Glibc
 #endif
 
 enum WorkersBench {
-    static let usage = "usage: opqd-bench workers [--workers 8] [--jobs N] [--max-concurrent M] [--quick]\n"
+    static let usage =
+        "usage: opqd-bench workers [--workers 8] [--jobs N] [--batch 100] [--max-concurrent M] [--stores memory,normal,full] [--modes single,batch] [--quick]\n"
 
     struct Mode {
         let name: String
         let extra: [String]
     }
-    static let modes = [
+    static let stores = [
         Mode(name: "memory", extra: ["--store", "memory"]),
         Mode(name: "normal", extra: ["--store", "sqlite", "--sync", "normal"]),
         Mode(name: "full", extra: ["--store", "sqlite", "--sync", "full"]),
@@ -35,6 +39,7 @@ enum WorkersBench {
         var finishStatus: [Int: Int] = [:]
         var claimStatus: [Int: Int] = [:]
         var lastFinish = 0.0
+        var claimAnswers = 0
         var error: String? = nil
         var sample409: String? = nil
     }
@@ -52,12 +57,13 @@ enum WorkersBench {
         var queueFinished = -1
         var queueUnfinished = -1
         var precreateSeconds = 0.0
+        var jobsPerClaim = 0.0
         var problems: [String] = []
     }
 
     static func main(_ args: [String]) -> Int32 {
-        var workers = 8, jobs: Int? = nil, quick = false, maxConcurrent = 64
-        var only: [String]? = nil
+        var workers = 8, jobs: Int? = nil, quick = false, maxConcurrent: Int? = nil, batch = 100
+        var only: [String]? = nil, onlyModes = ["single", "batch"]
         var i = 0
         while i < args.count {
             switch args[i] {
@@ -65,7 +71,9 @@ enum WorkersBench {
             case "--workers" where i + 1 < args.count: i += 1; workers = max(1, Int(args[i]) ?? 8)
             case "--jobs" where i + 1 < args.count: i += 1; jobs = max(1, Int(args[i]) ?? 50_000)
             case "--max-concurrent" where i + 1 < args.count: i += 1; maxConcurrent = max(1, Int(args[i]) ?? 64)
+            case "--batch" where i + 1 < args.count: i += 1; batch = min(100, max(1, Int(args[i]) ?? 100))
             case "--stores" where i + 1 < args.count: i += 1; only = args[i].split(separator: ",").map(String.init)
+            case "--modes" where i + 1 < args.count: i += 1; onlyModes = args[i].split(separator: ",").map(String.init)
             default:
                 eprint("opqd-bench workers: unknown option '\(args[i])'\n" + usage)
                 return 2
@@ -73,32 +81,41 @@ enum WorkersBench {
             i += 1
         }
         let n = jobs ?? (quick ? 10_000 : 50_000)
+        // Room for every worker's whole batch at once; the same limit in both modes.
+        let limit = maxConcurrent ?? max(64, workers * batch)
         print(
-            "opqd-bench workers\(quick ? " --quick" : ""): \(workers) workers, \(BenchSupport.grouped(Double(n))) external jobs per store,"
-                + " queue maxConcurrentOperationCount \(maxConcurrent)")
-        print("each worker: own keep-alive HTTP/1.1 connection; claim?wait=1 -> finish {leaseToken, result}; until claim answers 204")
+            "opqd-bench workers\(quick ? " --quick" : ""): \(workers) workers, \(BenchSupport.grouped(Double(n))) external jobs per run,"
+                + " queue maxConcurrentOperationCount \(limit)")
+        print("each worker: own keep-alive HTTP/1.1 connection, until a claim answers 204:")
+        print("  single: claim?wait=1 -> POST /v1/operations/{id}/finish {leaseToken, result}")
+        print("  batch:  claim?wait=1&max=\(batch) -> POST /v1/operations:finish {finishes: [all of them]}")
         print(BenchSupport.machineLine())
         print("opqd: \(BenchSupport.opqdBinary())")
         var results: [(String, Outcome)] = []
-        for m in modes where only == nil || only!.contains(m.name) {
-            eprint("workers: store \(m.name)...\n")
-            results.append((m.name, run(mode: m, workers: workers, jobs: n, maxConcurrent: maxConcurrent, timeLimit: quick ? 60 : 180)))
+        for m in stores where only == nil || only!.contains(m.name) {
+            for mode in ["single", "batch"] where onlyModes.contains(mode) {
+                eprint("workers: store \(m.name), \(mode)...\n")
+                let b = mode == "batch" ? batch : 0
+                results.append(
+                    ("\(m.name) \(mode)", run(mode: m, workers: workers, jobs: n, maxConcurrent: limit, batch: b, timeLimit: quick ? 60 : 180)))
+            }
         }
 
         print("")
         let header = [
-            ("store", 8), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
-            ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13),
+            ("store mode", 13), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
+            ("per claim", 10), ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13),
         ]
-        print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store") }.joined(separator: " "))
+        print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store mode") }.joined(separator: " "))
         for (name, o) in results {
             let cells = [
-                BenchSupport.pad(name, 8), BenchSupport.pad(BenchSupport.grouped(o.jobsPerSecond), 9, right: true),
+                BenchSupport.pad(name, 13), BenchSupport.pad(BenchSupport.grouped(o.jobsPerSecond), 9, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.wall, 2), 8, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.claimP50, 2) + "ms", 10, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.claimP99, 2) + "ms", 10, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.claimMax, 1) + "ms", 10, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.finishP99, 2) + "ms", 11, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.jobsPerClaim, 1), 10, right: true),
                 BenchSupport.pad(String(o.queueFinished), 9, right: true), BenchSupport.pad(String(o.finishedOK), 8, right: true),
                 BenchSupport.pad(String(o.finishConflicts), 8, right: true), BenchSupport.pad(String(o.doubleHandouts), 7, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.precreateSeconds, 2), 13, right: true),
@@ -106,11 +123,19 @@ enum WorkersBench {
             print(cells.joined(separator: " "))
         }
         print("(jobs/s = finishes answered 200 / time from the first claim to the last finish; 'finished' = counts.finished of the queue;")
-        print(" 'double' = operations handed out by more than one claim; claim latencies exclude the final 204 long polls)")
+        print(" 'per claim' = operations per claim answer; 'double' = operations handed out by more than one claim;")
+        print(" claim latencies exclude the final 204 long polls; a batch's finish latency is that of its one request)")
+        for m in stores {
+            if let s = results.first(where: { $0.0 == "\(m.name) single" })?.1, let b = results.first(where: { $0.0 == "\(m.name) batch" })?.1,
+                s.jobsPerSecond > 0
+            {
+                print("\(m.name): batch/single = \(BenchSupport.fmt(b.jobsPerSecond / s.jobsPerSecond, 2))x")
+            }
+        }
         var failures: [String] = []
         for (name, o) in results { for p in o.problems { failures.append("\(name): \(p)") } }
-        if let full = results.first(where: { $0.0 == "full" })?.1 {
-            print("target: >= 10,000 jobs/s with \(workers) workers (sync full): \(full.jobsPerSecond >= 10_000 ? "MET" : "NOT MET")")
+        if let full = results.first(where: { $0.0 == "full batch" })?.1 {
+            print("target: >= 20,000 durable jobs/s with \(workers) workers (sync full, batch): \(full.jobsPerSecond >= 20_000 ? "MET" : "NOT MET")")
         }
         if !failures.isEmpty {
             print("")
@@ -118,18 +143,23 @@ enum WorkersBench {
             for f in failures { print("  !! \(f)") }
         }
         var summary: [(String, Any)] = []
-        for (name, o) in results { summary.append(("jobs_per_s_\(name)", Int(o.jobsPerSecond.rounded()))) }
         for (name, o) in results {
-            summary.append(("claim_p50_ms_\(name)", BenchSupport.round3(o.claimP50)))
-            summary.append(("claim_p99_ms_\(name)", BenchSupport.round3(o.claimP99)))
-            summary.append(("finish_p99_ms_\(name)", BenchSupport.round3(o.finishP99)))
-            summary.append(("finished_\(name)", o.queueFinished))
+            let key = name.replacingOccurrences(of: " ", with: "_")
+            summary.append(("jobs_per_s_\(key)", Int(o.jobsPerSecond.rounded())))
+        }
+        for (name, o) in results {
+            let key = name.replacingOccurrences(of: " ", with: "_")
+            summary.append(("claim_p50_ms_\(key)", BenchSupport.round3(o.claimP50)))
+            summary.append(("claim_p99_ms_\(key)", BenchSupport.round3(o.claimP99)))
+            summary.append(("finish_p99_ms_\(key)", BenchSupport.round3(o.finishP99)))
+            summary.append(("finished_\(key)", o.queueFinished))
         }
         summary.append(("double_handouts", results.reduce(0) { $0 + $1.1.doubleHandouts }))
         summary.append(("finish_409", results.reduce(0) { $0 + $1.1.finishConflicts }))
         summary.append(("workers", workers))
         summary.append(("jobs", n))
-        summary.append(("max_concurrent", maxConcurrent))
+        summary.append(("batch", batch))
+        summary.append(("max_concurrent", limit))
         summary.append(("quick", quick))
         summary.append(("load_average_end", BenchSupport.loadAverage()))
         summary.append(("ok", failures.isEmpty))
@@ -137,7 +167,9 @@ enum WorkersBench {
         return failures.isEmpty ? 0 : 1
     }
 
-    static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, timeLimit: Double) -> Outcome {
+    /// `batch` 0: one claim and one finish per job; otherwise claims of up to `batch` and one
+    /// `operations:finish` for each.
+    static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, batch: Int, timeLimit: Double) -> Outcome {
         var o = Outcome()
         let server: OpqdServer
         do { server = try OpqdServer(label: "workers-\(mode.name)", extra: mode.extra) } catch {
@@ -149,7 +181,7 @@ enum WorkersBench {
         do {
             try server.createQueue(q, suspended: true, maxConcurrent: maxConcurrent)
             let t0 = BenchSupport.now()
-            let bad = try precreate(server: server, queue: q, count: n, connections: 32)
+            let bad = try precreate(server: server, queue: q, count: n, connections: 4)
             o.precreateSeconds = BenchSupport.now() - t0
             if !bad.isEmpty { o.problems.append("pre-create answered non-201: \(bad)") }
             let held = BenchSupport.int(try server.queue(q)["operationCount"]) ?? -1
@@ -180,6 +212,7 @@ enum WorkersBench {
                 ready.signal()
                 go.wait()
                 let claimBody = Array("{\"worker\":\"bench-\(w)\"}".utf8)
+                let claimPath = batch > 0 ? "/v1/queues/q/claim?wait=1&max=\(batch)" : "/v1/queues/q/claim?wait=1"
                 let limit = deadline.withLock { $0 }
                 log.claimLatencies.reserveCapacity(n / workers * 2)
                 log.finishLatencies.reserveCapacity(n / workers * 2)
@@ -187,7 +220,7 @@ enum WorkersBench {
                     while true {
                         let c0 = BenchSupport.now()
                         if c0 > limit { log.error = "time limit reached"; break }
-                        let r = try conn.request("POST", "/v1/queues/q/claim?wait=1", body: claimBody)
+                        let r = try conn.request("POST", claimPath, body: claimBody)
                         let c1 = BenchSupport.now()
                         log.claimStatus[r.status, default: 0] += 1
                         if r.status == 204 { break }
@@ -198,16 +231,44 @@ enum WorkersBench {
                             continue
                         }
                         log.claimLatencies.append(c1 - c0)
-                        guard let id = scan(r.body, "\"id\":\""), let token = scan(r.body, "\"token\":\"") else {
+                        let ids = scanAll(r.body, "\"operation\":{\"id\":\""), tokens = scanAll(r.body, "\"token\":\"")
+                        guard !ids.isEmpty, ids.count == tokens.count, batch > 0 || ids.count == 1 else {
                             log.error = "cannot parse claim answer: \(r.text.prefix(300))"; break
                         }
-                        log.claimed.append(id)
-                        let body = Array("{\"leaseToken\":\"\(token)\",\"result\":{\"ok\":true}}".utf8)
-                        let f = try conn.request("POST", "/v1/operations/\(id)/finish", body: body)
+                        log.claimed += ids
+                        log.claimAnswers += 1
+                        if batch == 0 {
+                            let body = Array("{\"leaseToken\":\"\(tokens[0])\",\"result\":{\"ok\":true}}".utf8)
+                            let f = try conn.request("POST", "/v1/operations/\(ids[0])/finish", body: body)
+                            let f1 = BenchSupport.now()
+                            log.finishLatencies.append(f1 - c1)
+                            log.finishStatus[f.status, default: 0] += 1
+                            if f.status == 409 && log.sample409 == nil { log.sample409 = "\(ids[0]): \(f.text.prefix(300))" }
+                            log.lastFinish = f1
+                            continue
+                        }
+                        var body = Array("{\"finishes\":[".utf8)
+                        body.reserveCapacity(ids.count * 110 + 16)
+                        for (k, id) in ids.enumerated() {
+                            if k > 0 { body.append(UInt8(ascii: ",")) }
+                            body += Array("{\"id\":\"\(id)\",\"leaseToken\":\"\(tokens[k])\",\"result\":{\"ok\":true}}".utf8)
+                        }
+                        body += Array("]}".utf8)
+                        let f = try conn.request("POST", "/v1/operations:finish", body: body)
                         let f1 = BenchSupport.now()
                         log.finishLatencies.append(f1 - c1)
-                        log.finishStatus[f.status, default: 0] += 1
-                        if f.status == 409 && log.sample409 == nil { log.sample409 = "\(id): \(f.text.prefix(300))" }
+                        guard f.status == 200 else {
+                            log.finishStatus[f.status, default: 0] += ids.count
+                            if log.sample409 == nil { log.sample409 = "operations:finish answered \(f.status): \(f.text.prefix(300))" }
+                            continue
+                        }
+                        // One entry per element: `{"id":…,"status":NNN,"operation"|"problem":…}`.
+                        let ok = count(f.body, "\"status\":200,\"operation\":{")
+                        let refused = scanAll(f.body, "\"problem\":{\"type\":\"https://opqd.dev/problems/")
+                        if ok + refused.count != ids.count { log.error = "operations:finish answered \(ok + refused.count) entries for \(ids.count)"; break }
+                        log.finishStatus[200, default: 0] += ok
+                        for slug in refused { log.finishStatus[slug.hasSuffix("conflict") || slug == "already-finished" ? 409 : 400, default: 0] += 1 }
+                        if !refused.isEmpty && log.sample409 == nil { log.sample409 = String(f.text.prefix(300)) }
                         log.lastFinish = f1
                     }
                 } catch {
@@ -253,6 +314,8 @@ enum WorkersBench {
         o.otherFinish = finishStatus.filter { $0.key != 200 && $0.key != 409 }
         o.otherClaim = claimStatus.filter { $0.key != 200 && $0.key != 204 }
         o.jobsPerSecond = o.wall > 0 ? Double(o.finishedOK) / o.wall : 0
+        let answers = logs.reduce(0) { $0 + $1.claimAnswers }
+        o.jobsPerClaim = answers > 0 ? Double(logs.reduce(0) { $0 + $1.claimed.count }) / Double(answers) : 0
         var seen: [String: Int] = [:]
         for l in logs { for id in l.claimed { seen[id, default: 0] += 1 } }
         o.doubleHandouts = seen.values.filter { $0 > 1 }.count
@@ -274,6 +337,40 @@ enum WorkersBench {
         return o
     }
 
+    /// Every value after `prefix`, up to the next `until` byte (a JSON string's closing quote by
+    /// default; no escapes expected: ids and tokens are URL-safe).
+    static func scanAll(_ bytes: [UInt8], _ prefix: String, until end: UInt8 = UInt8(ascii: "\"")) -> [String] {
+        let p = Array(prefix.utf8)
+        var out: [String] = []
+        guard let first = p.first else { return out }
+        var i = 0
+        outer: while i + p.count <= bytes.count {
+            if bytes[i] != first { i += 1; continue }
+            for j in 1..<p.count where bytes[i + j] != p[j] { i += 1; continue outer }
+            let s = i + p.count
+            var e = s
+            while e < bytes.count && bytes[e] != end { e += 1 }
+            guard e < bytes.count else { break }
+            out.append(String(decoding: bytes[s..<e], as: UTF8.self))
+            i = e
+        }
+        return out
+    }
+
+    /// Occurrences of `needle` in `bytes`.
+    static func count(_ bytes: [UInt8], _ needle: String) -> Int {
+        let p = Array(needle.utf8)
+        guard let first = p.first, bytes.count >= p.count else { return 0 }
+        var n = 0, i = 0
+        outer: while i + p.count <= bytes.count {
+            if bytes[i] != first { i += 1; continue }
+            for j in 1..<p.count where bytes[i + j] != p[j] { i += 1; continue outer }
+            n += 1
+            i += p.count
+        }
+        return n
+    }
+
     /// The JSON string value after `prefix` (no escapes expected: ids and tokens are URL-safe).
     static func scan(_ bytes: [UInt8], _ prefix: String) -> String? {
         let p = Array(prefix.utf8)
@@ -289,25 +386,31 @@ enum WorkersBench {
         return nil
     }
 
-    /// `count` external operations, over `connections` keep-alive connections; returns the
-    /// non-201 answers (status: count).
+    /// `count` external operations, in batches of 1,000 through `POST /v1/operations:batch`
+    /// over `connections` keep-alive connections; returns the non-201 answers (status: count).
     static func precreate(server: OpqdServer, queue: String, count: Int, connections: Int) throws -> [Int: Int] {
         let bad = Locked<[Int: Int]>([:])
         let errors = Locked<[String]>([])
         let group = DispatchGroup()
         let port = server.port
-        let body = Array("{\"kind\":\"external\",\"spec\":{\"lease\":60}}".utf8)
+        let element = "{\"queue\":\"\(queue)\",\"kind\":\"external\",\"spec\":{\"lease\":60}}"
+        let per = 1000
+        let batches = (count + per - 1) / per
         let box = AtomicBox()
-        for _ in 0..<min(connections, count) {
+        for _ in 0..<min(connections, batches) {
             group.enter()
             let t = Thread {
                 defer { group.leave() }
                 do {
                     let c = KeepAliveClient(port: Int(port), retries: 0)
                     defer { c.close() }
-                    while box.take() < count {
-                        let r = try c.request("POST", "/v1/queues/\(queue)/operations", body: body)
-                        if r.status != 201 { bad.withLock { $0[r.status, default: 0] += 1 } }
+                    while true {
+                        let k = box.take()
+                        if k >= batches { break }
+                        let size = min(per, count - k * per)
+                        let body = Array(("{\"operations\":[" + Array(repeating: element, count: size).joined(separator: ",") + "]}").utf8)
+                        let r = try c.request("POST", "/v1/operations:batch", body: body)
+                        if r.status != 201 { bad.withLock { $0[r.status, default: 0] += size } }
                     }
                 } catch {
                     errors.withLock { $0.append("\(error)") }

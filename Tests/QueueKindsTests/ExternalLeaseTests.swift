@@ -1,3 +1,4 @@
+import Locking
 import QueueEngine
 import QueueKinds
 import Testing
@@ -54,6 +55,38 @@ extension KindsTests {
             #expect(try engine.operation(lease.operation).state == .executing)
             clock.advance(seconds: 0.41)
             #expect(try engine.operation(lease.operation).error?["type"] == .string("lease-expired"))
+        }
+
+        @Test func aReleasedClaimIsOfferedFirstWithTheSameAttemptAndItsTokenIsDead() throws {
+            let first = try claimOne(lease: 30)
+            var request = OperationRequest(kind: "external", spec: .object([("lease", .number(30))]))
+            request.options.retry = RetryPolicy(maxAttempts: 1, backoff: 0, multiplier: 1)
+            let second = try engine.addOperation(to: "q", request).id
+            external.release([first])
+            #expect(try engine.operation(first.operation).kindState == nil, "the saved lease is cleared")
+            let (got, _) = external.claim(queue: "q", worker: "w2", max: 10, isAlive: { true }, wait: nil)
+            #expect(got.map(\.operation) == [first.operation, second], "the released one goes first")
+            #expect(got.first?.token != first.token)
+            #expect(try engine.operation(first.operation).attempt == 1)
+            #expect(throws: ExternalKind.LeaseError.self) { try external.heartbeat(first.operation, token: first.token) }
+            // Releasing a lease that is no longer current (re-leased since) changes nothing.
+            external.release([first])
+            #expect(try external.heartbeat(first.operation, token: got[0].token).operation == first.operation)
+        }
+
+        @Test func aWaiterWhoseClientLeftIsSkipped() throws {
+            let gone = Lock(false), delivered = Lock<[String]>([])
+            _ = external.claim(queue: "q", worker: "gone", max: 1, isAlive: { false }, wait: { _ in gone.withLock { $0 = true } })
+            _ = external.claim(queue: "q", worker: "here", max: 1, isAlive: { true }, wait: { l in delivered.withLock { $0.append(l.worker) } })
+            _ = try claimOneQueued()
+            #expect(gone.withLock { $0 } == false)
+            #expect(delivered.withLock { $0 } == ["here"])
+        }
+
+        func claimOneQueued() throws -> OperationID {
+            var request = OperationRequest(kind: "external", spec: .object([("lease", .number(30))]))
+            request.options.retry = RetryPolicy(maxAttempts: 1, backoff: 0, multiplier: 1)
+            return try engine.addOperation(to: "q", request).id
         }
     }
 }

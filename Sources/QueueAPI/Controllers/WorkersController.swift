@@ -1,3 +1,4 @@
+import Dispatch
 import MicroHTTP
 import QueueEngine
 import QueueKinds
@@ -15,6 +16,7 @@ struct WorkersController: Sendable {
         r.add("POST", "/v1/operations/{id}/heartbeat") { req, p in try heartbeat(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/progress") { req, p in try progress(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/finish") { req, p in try finish(req, p[0]) }
+        r.add("POST", "/v1/operations:finish") { req, _ in try finishMany(req) }
         r.add("GET", "/v1/workers") { req, _ in try workers(req) }
     }
 
@@ -28,8 +30,13 @@ struct WorkersController: Sendable {
 
     /// `{"operation": status, "lease": {...}}` plus, for heartbeats, the two flags a worker acts on.
     static func answer(_ lease: ExternalKind.Lease, engine: QueueEngine, flags: Bool) -> HTTPResponse {
-        let op = try? engine.operation(lease.operation)
         var o = JSONOut()
+        write(claim: lease, engine: engine, flags: flags, to: &o)
+        return json(200, o.bytes)
+    }
+
+    static func write(claim lease: ExternalKind.Lease, engine: QueueEngine, flags: Bool, to o: inout JSONOut) {
+        let op = try? engine.operation(lease.operation)
         o.open()
         o.key("operation")
         if let op { op.write(to: &o) } else { o.null() }
@@ -39,26 +46,61 @@ struct WorkersController: Sendable {
             o.key("isPaused"); o.bool(op?.isPaused ?? false)
         }
         o.close()
+    }
+
+    /// A claim's answer: one claim as `{"operation", "lease"}`, or with `max` given,
+    /// `{"claims": [{"operation", "lease"}, …]}`.
+    static func answer(claims leases: [ExternalKind.Lease], batch: Bool, engine: QueueEngine) -> HTTPResponse {
+        guard batch else {
+            guard let lease = leases.first else { return HTTPResponse(status: 204) }
+            return answer(lease, engine: engine, flags: false)
+        }
+        var o = JSONOut(capacity: 900 * leases.count + 16)
+        o.open(); o.key("claims"); o.openArray()
+        for lease in leases { write(claim: lease, engine: engine, flags: false, to: &o) }
+        o.closeArray()
+        o.close()
         return json(200, o.bytes)
     }
 
+    /// `POST /v1/queues/{name}/claim?wait=S&max=N`. Leases are saved with their operations, so
+    /// the answer waits for that commit; just before it is sent, a client that has gone (it
+    /// closed or reset the connection) gets nothing and its leases go back to the front of the
+    /// queue at once, with the same attempt, instead of sitting until they expire. A long poll
+    /// whose client left is skipped when an operation comes.
     func claim(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
-        let q = try Query(req, allowed: ["wait"])
+        let q = try Query(req, allowed: ["wait", "max"])
         let wait = try q.seconds("wait", max: 300) ?? 0
+        let max = try q.int("max", in: 1...100)
         let b = try Body(req, allowed: ["worker"], emptyIsObject: true)
         let worker = try b.string("worker", maxLength: 128) ?? "worker-\(req.header("x-forwarded-for").map { String($0.prefix(64)) } ?? "anonymous")"
         _ = try engine.queue(named: queue)
         let (external, engine) = (self.external, self.engine)
-        let (lease, _) = external.claim(queue: queue, worker: worker, wait: nil)
-        if let lease { return durability.ack(Self.answer(lease, engine: engine, flags: false)) }
-        if wait == 0 { return .response(HTTPResponse(status: 204)) }
+        let (batch, n) = (max != nil, max ?? 1)
         return .deferred { responder in
-            // The lease is saved with the operation: answer once that is durable.
-            let (lease, waiter) = external.claim(queue: queue, worker: worker) { lease in
-                engine.whenDurable { responder.respond(Self.answer(lease, engine: engine, flags: false)) }
+            let alive: @Sendable () -> Bool = { !responder.isClientGone }
+            // Answers with `leases` once they are durable, or gives them back if the client left.
+            let send: @Sendable ([ExternalKind.Lease]) -> Void = { leases in
+                engine.whenDurable {
+                    if responder.isClientGone {
+                        external.release(leases)
+                    } else {
+                        responder.respond(Self.answer(claims: leases, batch: batch, engine: engine))
+                    }
+                }
             }
-            if let lease { engine.whenDurable { responder.respond(Self.answer(lease, engine: engine, flags: false)) }; return }
-            guard let waiter else { return }
+            let deliver: @Sendable (ExternalKind.Lease) -> Void = { lease in
+                guard n > 1 else { send([lease]); return }
+                // Woken by the first operation of what is often a burst (a resume, a batch of
+                // finishes freeing slots): after one hop, take what else came, up to `max`.
+                DispatchQueue.global().async {
+                    let (more, _) = external.claim(queue: queue, worker: worker, max: n - 1, isAlive: alive, wait: nil)
+                    send([lease] + more)
+                }
+            }
+            let (leases, waiter) = external.claim(queue: queue, worker: worker, max: n, isAlive: alive, wait: wait > 0 ? deliver : nil)
+            if !leases.isEmpty { send(leases); return }
+            guard let waiter else { responder.respond(HTTPResponse(status: 204)); return }
             engine.scheduler.after(seconds: wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }
@@ -101,6 +143,13 @@ struct WorkersController: Sendable {
         let id = try parseOperationID(idText)
         let b = try Body(req, allowed: ["leaseToken", "result", "error"])
         let t = try token(b)
+        let completion = try self.completion(b)
+        try finish(id, token: t, completion)
+        return durability.ack(json(200, try engine.operation(id).json))
+    }
+
+    /// The worker's `result` or `error` as a completion, within `--max-result-bytes`.
+    func completion(_ b: Body) throws(Problem) -> Completion {
         let maxResult = limits.resultBytes
         for field in ["result", "error"] {
             if let v = b[field] {
@@ -112,24 +161,86 @@ struct WorkersController: Sendable {
                 }
             }
         }
-        let completion: Completion
         switch (b["result"], b["error"]) {
         case (.some, .some): throw Problem.invalid("error", "give either result or error, not both")
-        case let (.some(result), nil): completion = .succeeded(result)
+        case let (.some(result), nil): return .succeeded(result)
         case let (nil, .some(error)):
             if case let .string(type)? = error["type"] {
                 let detail: String
                 if case let .string(d)? = error["detail"] { detail = d } else { detail = "" }
-                completion = .failed(type: type, detail: detail, data: error["data"])
-            } else {
-                completion = .failed(type: "worker-error", detail: "the worker reported an error", data: error)
+                return .failed(type: type, detail: detail, data: error["data"])
             }
-        case (nil, nil): completion = .succeeded(.null)
+            return .failed(type: "worker-error", detail: "the worker reported an error", data: error)
+        case (nil, nil): return .succeeded(.null)
         }
+    }
+
+    func finish(_ id: OperationID, token t: String, _ completion: Completion) throws {
         let op = try engine.operation(id)
         if op.isFinished { throw Problem(409, "already-finished", "Already finished", "operation \(id) has already finished (\(op.outcome?.rawValue ?? "?"))") }
         try external.finish(id, token: t, completion)
-        return durability.ack(json(200, try engine.operation(id).json))
+    }
+
+    /// `POST /v1/operations:finish` `{"finishes": [{"id", "leaseToken", "result"|"error"}]}`:
+    /// each element is finished on its own (one refused does not hold back the others), and
+    /// the answer, once every change it made is durable (one group commit for all of them),
+    /// is 200 with one entry per element in the request's order: `{"id", "status": 200,
+    /// "operation": status}` or `{"id", "status": 4xx, "problem": problem}` naming the element
+    /// (`finishes[3].leaseToken`).
+    func finishMany(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["finishes"])
+        guard let list = b["finishes"] else { throw Problem.invalid("finishes", "is required: an array of 1 to \(limits.batch) finishes") }
+        guard case let .array(items) = list else { throw Problem.invalid("finishes", "must be an array of finishes; got \(list.typeName)") }
+        guard items.count <= limits.batch else {
+            throw Problem(
+                422, "batch-too-large", "Batch too large", "finishes: at most \(limits.batch) finishes per request (--max-batch); got \(items.count)")
+        }
+        guard !items.isEmpty else { throw Problem.invalid("finishes", "must hold at least one finish (at most \(limits.batch))") }
+        var outcomes: [(id: String?, result: Result<OperationID, Problem>)] = []
+        outcomes.reserveCapacity(items.count)
+        for (i, item) in items.enumerated() {
+            var idText: String? = nil
+            do {
+                let e = try Body(item, field: "", allowed: ["id", "leaseToken", "result", "error"])
+                guard let v = e["id"] else { throw Problem.invalid("id", "is required: the id of the claimed operation") }
+                guard case let .string(text) = v else { throw Problem.invalid("id", "must be an operation id string; got \(v.typeName)") }
+                idText = String(text.prefix(128))
+                let id = try parseOperationID(text)
+                let t = try token(e)
+                let completion = try self.completion(e)
+                try finish(id, token: t, completion)
+                outcomes.append((idText, .success(id)))
+            } catch {
+                var p = Problem.from(error, requestID: req.id)
+                if p.status == 422 || p.status == 400 {
+                    p.detail = p.detail.hasPrefix(":") ? "finishes[\(i)]\(p.detail)" : "finishes[\(i)].\(p.detail)"
+                } else {
+                    p.detail = "finishes[\(i)]: \(p.detail)"
+                }
+                outcomes.append((idText, .failure(p)))
+            }
+        }
+        var o = JSONOut(capacity: 700 * items.count + 16)
+        o.open(); o.key("finishes"); o.openArray()
+        for (idText, result) in outcomes {
+            o.open()
+            o.key("id")
+            if let idText { o.string(idText) } else { o.null() }
+            switch result {
+            case let .success(id):
+                o.key("status"); o.int(200)
+                o.key("operation")
+                if let op = try? engine.operation(id) { op.write(to: &o) } else { o.null() }
+            case let .failure(p):
+                o.key("status"); o.int(p.status)
+                o.key("problem"); o.raw(p.response.body)
+            }
+            o.close()
+        }
+        o.closeArray()
+        o.close()
+        return durability.ack(json(200, o.bytes))
     }
 
     func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
