@@ -58,6 +58,8 @@ enum WorkersBench {
         var queueUnfinished = -1
         var precreateSeconds = 0.0
         var jobsPerClaim = 0.0
+        /// Store commits during the run: how many, records each, and seconds each (mean).
+        var commits = 0.0, recordsPerCommit = 0.0, commitMs = 0.0
         var problems: [String] = []
     }
 
@@ -104,7 +106,8 @@ enum WorkersBench {
         print("")
         let header = [
             ("store mode", 13), ("jobs/s", 9), ("wall s", 8), ("claim p50", 10), ("claim p99", 10), ("claim max", 10), ("finish p99", 11),
-            ("per claim", 10), ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7), ("pre-create s", 13),
+            ("per claim", 10), ("commits", 8), ("rec/commit", 11), ("ms/commit", 10), ("finished", 9), ("fin 200", 8), ("fin 409", 8), ("double", 7),
+            ("pre-create s", 13),
         ]
         print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store mode") }.joined(separator: " "))
         for (name, o) in results {
@@ -116,6 +119,9 @@ enum WorkersBench {
                 BenchSupport.pad(BenchSupport.fmt(o.claimMax, 1) + "ms", 10, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.finishP99, 2) + "ms", 11, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.jobsPerClaim, 1), 10, right: true),
+                BenchSupport.pad(BenchSupport.grouped(o.commits), 8, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.recordsPerCommit, 0), 11, right: true),
+                BenchSupport.pad(BenchSupport.fmt(o.commitMs, 2), 10, right: true),
                 BenchSupport.pad(String(o.queueFinished), 9, right: true), BenchSupport.pad(String(o.finishedOK), 8, right: true),
                 BenchSupport.pad(String(o.finishConflicts), 8, right: true), BenchSupport.pad(String(o.doubleHandouts), 7, right: true),
                 BenchSupport.pad(BenchSupport.fmt(o.precreateSeconds, 2), 13, right: true),
@@ -216,6 +222,8 @@ enum WorkersBench {
                 let limit = deadline.withLock { $0 }
                 log.claimLatencies.reserveCapacity(n / workers * 2)
                 log.finishLatencies.reserveCapacity(n / workers * 2)
+                var finisher: Finisher? = nil
+                defer { finisher?.finishAndJoin() }
                 do {
                     while true {
                         let c0 = BenchSupport.now()
@@ -247,30 +255,16 @@ enum WorkersBench {
                             log.lastFinish = f1
                             continue
                         }
-                        var body = Array("{\"finishes\":[".utf8)
-                        body.reserveCapacity(ids.count * 110 + 16)
-                        for (k, id) in ids.enumerated() {
-                            if k > 0 { body.append(UInt8(ascii: ",")) }
-                            body += Array("{\"id\":\"\(id)\",\"leaseToken\":\"\(tokens[k])\",\"result\":{\"ok\":true}}".utf8)
+                        // Batch mode: the finishing runs beside the next claim, as a real worker
+                        // would (its jobs run while it asks for more); at most one batch waits.
+                        if finisher == nil {
+                            let f = Finisher(port: Int(port), log: log)
+                            try f.start()
+                            finisher = f
                         }
-                        body += Array("]}".utf8)
-                        let f = try conn.request("POST", "/v1/operations:finish", body: body)
-                        let f1 = BenchSupport.now()
-                        log.finishLatencies.append(f1 - c1)
-                        guard f.status == 200 else {
-                            log.finishStatus[f.status, default: 0] += ids.count
-                            if log.sample409 == nil { log.sample409 = "operations:finish answered \(f.status): \(f.text.prefix(300))" }
-                            continue
-                        }
-                        // One entry per element: `{"id":…,"status":NNN,"operation"|"problem":…}`.
-                        let ok = count(f.body, "\"status\":200,\"operation\":{")
-                        let refused = scanAll(f.body, "\"problem\":{\"type\":\"https://opqd.dev/problems/")
-                        if ok + refused.count != ids.count { log.error = "operations:finish answered \(ok + refused.count) entries for \(ids.count)"; break }
-                        log.finishStatus[200, default: 0] += ok
-                        for slug in refused { log.finishStatus[slug.hasSuffix("conflict") || slug == "already-finished" ? 409 : 400, default: 0] += 1 }
-                        if !refused.isEmpty && log.sample409 == nil { log.sample409 = String(f.text.prefix(300)) }
-                        log.lastFinish = f1
+                        finisher?.submit(ids: ids, tokens: tokens, claimedAt: c1)
                     }
+                    finisher?.finishAndJoin()
                 } catch {
                     log.error = "\(error)"
                 }
@@ -279,6 +273,7 @@ enum WorkersBench {
             t.start()
         }
         for _ in 0..<workers { ready.wait() }
+        let storeBefore = server.storeMetrics()
         do {
             let r = try server.request("POST", "/v1/queues/\(q)/resume")
             guard r.status == 200 else { throw BenchError("resume: HTTP \(r.status) \(r.text)") }
@@ -293,6 +288,13 @@ enum WorkersBench {
             o.problems.append("workers did not stop within \(Int(timeLimit + 30)) s")
         }
         let end = logs.map(\.lastFinish).max() ?? start
+        let storeAfter = server.storeMetrics()
+        func delta(_ name: String) -> Double { (storeAfter[name] ?? 0) - (storeBefore[name] ?? 0) }
+        o.commits = delta("opqd_store_commits_total")
+        if o.commits > 0 {
+            o.recordsPerCommit = delta("opqd_store_records_total") / o.commits
+            o.commitMs = delta("opqd_store_commit_duration_seconds_sum") / o.commits * 1000
+        }
         o.wall = max(0, end - start)
 
         let claims = logs.flatMap(\.claimLatencies).sorted()
@@ -422,6 +424,89 @@ enum WorkersBench {
         if group.wait(timeout: .now() + 600) == .timedOut { throw BenchError("pre-create did not finish in 600 s") }
         if let e = errors.withLock({ $0.first }) { throw BenchError("pre-create: \(e)") }
         return bad.withLock { $0 }
+    }
+}
+
+/// The finishing half of a batch worker: its own connection and thread, taking claimed batches
+/// from the claiming half (at most one waiting) and finishing each with one
+/// `POST /v1/operations:finish`. Writes only the finish fields of the worker's log.
+final class Finisher: @unchecked Sendable {
+    let conn: KeepAliveClient
+    let log: WorkersBench.WorkerLog
+    private let pending = Locked<[(ids: [String], tokens: [String], claimedAt: Double)?]>([])
+    private let items = DispatchSemaphore(value: 0)
+    /// One batch may wait while another is being finished.
+    private let room = DispatchSemaphore(value: 1)
+    private let done = DispatchSemaphore(value: 0)
+    private var joined = false
+
+    init(port: Int, log: WorkersBench.WorkerLog) {
+        conn = KeepAliveClient(port: port, retries: 0)
+        self.log = log
+    }
+
+    func start() throws {
+        try conn.connect()
+        let t = Thread { [self] in
+            run(); done.signal()
+        }
+        t.stackSize = 1 << 20
+        t.start()
+    }
+
+    func submit(ids: [String], tokens: [String], claimedAt: Double) {
+        room.wait()
+        pending.withLock { $0.append((ids, tokens, claimedAt)) }
+        items.signal()
+    }
+
+    /// Lets the queued batches finish, then stops the thread.
+    func finishAndJoin() {
+        guard !joined else { return }
+        joined = true
+        pending.withLock { $0.append(nil) }
+        items.signal()
+        done.wait()
+        conn.close()
+    }
+
+    private func run() {
+        while true {
+            items.wait()
+            guard let next = pending.withLock({ $0.removeFirst() }) else { return }
+            room.signal()
+            do { try finish(next.ids, next.tokens, claimedAt: next.claimedAt) } catch {
+                if log.error == nil { log.error = "finish: \(error)" }
+            }
+        }
+    }
+
+    private func finish(_ ids: [String], _ tokens: [String], claimedAt c1: Double) throws {
+        var body = Array("{\"finishes\":[".utf8)
+        body.reserveCapacity(ids.count * 110 + 16)
+        for (k, id) in ids.enumerated() {
+            if k > 0 { body.append(UInt8(ascii: ",")) }
+            body += Array("{\"id\":\"\(id)\",\"leaseToken\":\"\(tokens[k])\",\"result\":{\"ok\":true}}".utf8)
+        }
+        body += Array("]}".utf8)
+        let f0 = BenchSupport.now()
+        let f = try conn.request("POST", "/v1/operations:finish", body: body)
+        let f1 = BenchSupport.now()
+        log.finishLatencies.append(f1 - f0)
+        _ = c1
+        guard f.status == 200 else {
+            log.finishStatus[f.status, default: 0] += ids.count
+            if log.sample409 == nil { log.sample409 = "operations:finish answered \(f.status): \(f.text.prefix(300))" }
+            return
+        }
+        // One entry per element: `{"id":…,"status":NNN,"operation"|"problem":…}`.
+        let ok = WorkersBench.count(f.body, "\"status\":200,\"operation\":{")
+        let refused = WorkersBench.scanAll(f.body, "\"problem\":{\"type\":\"https://opqd.dev/problems/")
+        if ok + refused.count != ids.count { log.error = "operations:finish answered \(ok + refused.count) entries for \(ids.count)" }
+        log.finishStatus[200, default: 0] += ok
+        for slug in refused { log.finishStatus[slug.hasSuffix("conflict") || slug == "already-finished" ? 409 : 400, default: 0] += 1 }
+        if !refused.isEmpty && log.sample409 == nil { log.sample409 = String(f.text.prefix(300)) }
+        log.lastFinish = f1
     }
 }
 

@@ -178,4 +178,31 @@ struct BatchWorkerTests {
             #expect(workers.map { $0["worker"] as? String } == ["here"], "\(workers)")
         }
     }
+
+    @Test("examples/worker.py claims in batches, runs jobs at once and finishes every one in batches")
+    func pythonWorker() async throws {
+        try await withLiveServer { server in
+            _ = try await server.createQueue("jobs", maxConcurrent: 100)
+            let ids = try await addExternal(server, "jobs", count: 40)
+            let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+            let started = Date()
+            // 40 jobs of 2 steps x 0.2 s: 16 s one after another, under 2 s 20 at a time.
+            let (code, output) = try ChildProcess.capture(
+                "/usr/bin/timeout",
+                [
+                    "60", "python3", root + "/examples/worker.py", "--url", "http://127.0.0.1:\(server.port)", "--queue", "jobs",
+                    "--name", "py", "--concurrency", "20", "--batch", "10", "--steps", "2", "--step-seconds", "0.2", "--drain",
+                ], stderr: .inherit)
+            let wall = elapsed(since: started)
+            let text = String(decoding: output, as: UTF8.self)
+            #expect(code == 0, "\(text)")
+            #expect(text.contains("py: finished 40"), "\(text.suffix(400))")
+            #expect(wall < 8, "took \(wall) s: the jobs did not run at once")
+            for id in ids {
+                let op = try await server.operation(id)
+                #expect(op["outcome"] as? String == "succeeded", "\(op)")
+                #expect((op["result"] as? [String: Any])?["worker"] as? String == "python")
+            }
+        }
+    }
 }
