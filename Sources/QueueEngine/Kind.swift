@@ -76,6 +76,20 @@ public struct ExecutionContext: Sendable {
         engine.saveKindState(operation, token: token, state)
     }
 
+    /// `save` for many runs in one step per engine (a kind handing out many at once).
+    public static func save(_ items: [(context: ExecutionContext, state: JSONValue?)]) {
+        for group in Dictionary(grouping: items, by: { ObjectIdentifier($0.context.engine) }).values {
+            group[0].context.engine.saveKindStates(group.map { ($0.context.operation, $0.context.token, $0.state) })
+        }
+    }
+
+    /// `finish` for many runs in one step per engine.
+    public static func finish(_ items: [(context: ExecutionContext, completion: Completion)]) {
+        for group in Dictionary(grouping: items, by: { ObjectIdentifier($0.context.engine) }).values {
+            group[0].context.engine.complete(group.map { ($0.context.operation, $0.context.token, $0.completion) })
+        }
+    }
+
     /// Whether this run is still the operation's current one (not cancelled, timed out,
     /// paused or superseded by a retry).
     public var isCurrent: Bool { engine.isCurrentRun(operation, token: token) }

@@ -12,6 +12,20 @@ extension QueueEngine {
         }
     }
 
+    /// `complete` for many runs in one locked step (one drain, one queue record per queue).
+    func complete(_ items: [(id: OperationID, token: UInt32, completion: Completion)]) {
+        try? mutate { core throws(EngineError) in
+            for (id, token, completion) in items {
+                guard let op = core.ops[id.raw], op.runToken == token else { continue }
+                switch op.state {
+                case .executing: core.runEnded(op, completion)
+                case .paused where op.hasStarted: op.parkedCompletion = completion
+                default: continue
+                }
+            }
+        }
+    }
+
     func timeoutFired(_ id: OperationID, token: UInt32) {
         try? mutate { core throws(EngineError) in
             guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing else { return }
@@ -36,6 +50,17 @@ extension QueueEngine {
             guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
             op.kindState = state
             core.record(op)
+        }
+    }
+
+    /// `saveKindState` for many runs in one locked step.
+    func saveKindStates(_ items: [(id: OperationID, token: UInt32, state: JSONValue?)]) {
+        try? mutate { core throws(EngineError) in
+            for (id, token, state) in items {
+                guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { continue }
+                op.kindState = state
+                core.record(op)
+            }
         }
     }
 

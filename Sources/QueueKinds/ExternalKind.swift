@@ -190,7 +190,7 @@ public final class ExternalKind: OperationKind {
             s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, isAlive: isAlive, deliver: deliver))
             return ([], id)
         }
-        for lease in leases { arm(lease) }
+        arm(leases)
         return (leases, waiterID)
     }
 
@@ -244,6 +244,30 @@ public final class ExternalKind: OperationKind {
             if l.cancelled { throw .notLeased("operation \(id) was cancelled") }
             return l
         }
+    }
+
+    /// Ends the work of many operations with their workers' answers, in one engine step:
+    /// each element is checked as `finish` checks it (in order, so the same operation twice
+    /// is refused the second time); the answer holds nil for each finished one, or its error.
+    public func finish(_ items: [(id: OperationID, token: String, completion: Completion)]) -> [LeaseError?] {
+        var errors: [LeaseError?] = []
+        errors.reserveCapacity(items.count)
+        let done: [(context: ExecutionContext, completion: Completion)] = state.withLock { s in
+            var done: [(context: ExecutionContext, completion: Completion)] = []
+            for (id, token, completion) in items {
+                guard let l = s.leases[id] else {
+                    errors.append(.notLeased("operation \(id) is not leased (the lease expired, or it finished)")); continue
+                }
+                guard l.token == token else { errors.append(.notLeased("the lease of operation \(id) belongs to another claim")); continue }
+                if l.cancelled { errors.append(.notLeased("operation \(id) was cancelled")); continue }
+                s.leases[id] = nil
+                done.append((l.context, completion))
+                errors.append(nil)
+            }
+            return done
+        }
+        ExecutionContext.finish(done)
+        return errors
     }
 
     /// Ends the work with the worker's answer.
@@ -310,18 +334,28 @@ public final class ExternalKind: OperationKind {
     }
 
     /// Saves the lease with the operation and arms its expiry.
-    private func arm(_ lease: Lease) {
-        save(lease)
-        let delay = Double(lease.expiresAt.nanoseconds.saturatingSubtract(clock.now().nanoseconds)) / 1e9 + 0.005
-        lease.context.scheduler.after(seconds: delay) { [self] in expire(lease.operation, token: lease.token) }
+    private func arm(_ lease: Lease) { arm([lease]) }
+
+    /// Saves the leases in one engine step and arms one expiry timer per distinct expiry
+    /// (a batch claimed together expires together).
+    private func arm(_ leases: [Lease]) {
+        guard let first = leases.first else { return }
+        ExecutionContext.save(leases.map { ($0.context, Self.state(of: $0)) })
+        var byExpiry: [Timestamp: [(OperationID, String)]] = [:]
+        for l in leases { byExpiry[l.expiresAt, default: []].append((l.operation, l.token)) }
+        for (expiresAt, group) in byExpiry {
+            let delay = Double(expiresAt.nanoseconds.saturatingSubtract(clock.now().nanoseconds)) / 1e9 + 0.005
+            first.context.scheduler.after(seconds: delay) { [self] in
+                for (id, token) in group { expire(id, token: token) }
+            }
+        }
     }
 
-    private func save(_ lease: Lease) {
-        lease.context.save(
-            .object([
-                ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
-                ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
-            ]))
+    static func state(of lease: Lease) -> JSONValue {
+        .object([
+            ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
+            ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
+        ])
     }
 
     private func expire(_ id: OperationID, token: String) {

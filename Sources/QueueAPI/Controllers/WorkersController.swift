@@ -199,6 +199,8 @@ struct WorkersController: Sendable {
         guard !items.isEmpty else { throw Problem.invalid("finishes", "must hold at least one finish (at most \(limits.batch))") }
         var outcomes: [(id: String?, result: Result<OperationID, Problem>)] = []
         outcomes.reserveCapacity(items.count)
+        // Checked element by element, then finished together in one engine step.
+        var accepted: [(index: Int, id: OperationID, token: String, completion: Completion)] = []
         for (i, item) in items.enumerated() {
             var idText: String? = nil
             do {
@@ -209,17 +211,21 @@ struct WorkersController: Sendable {
                 let id = try parseOperationID(text)
                 let t = try token(e)
                 let completion = try self.completion(e)
-                try finish(id, token: t, completion)
+                let op = try engine.operation(id)
+                if op.isFinished {
+                    throw Problem(409, "already-finished", "Already finished", "operation \(id) has already finished (\(op.outcome?.rawValue ?? "?"))")
+                }
+                accepted.append((i, id, t, completion))
                 outcomes.append((idText, .success(id)))
             } catch {
-                var p = Problem.from(error, requestID: req.id)
-                if p.status == 422 || p.status == 400 {
-                    p.detail = p.detail.hasPrefix(":") ? "finishes[\(i)]\(p.detail)" : "finishes[\(i)].\(p.detail)"
-                } else {
-                    p.detail = "finishes[\(i)]: \(p.detail)"
-                }
-                outcomes.append((idText, .failure(p)))
+                outcomes.append((idText, .failure(Self.naming(finish: i, Problem.from(error, requestID: req.id)))))
             }
+        }
+        let refused = external.finish(accepted.map { ($0.id, $0.token, $0.completion) })
+        for (k, error) in refused.enumerated() {
+            guard let error else { continue }
+            let i = accepted[k].index
+            outcomes[i].result = .failure(Self.naming(finish: i, error.problem))
         }
         var o = JSONOut(capacity: 700 * items.count + 16)
         o.open(); o.key("finishes"); o.openArray()
@@ -241,6 +247,18 @@ struct WorkersController: Sendable {
         o.closeArray()
         o.close()
         return durability.ack(json(200, o.bytes))
+    }
+
+    /// An element's problem, naming it: `finishes[3].leaseToken: …` for a field, else
+    /// `finishes[3]: …`.
+    static func naming(finish i: Int, _ problem: Problem) -> Problem {
+        var p = problem
+        if p.status == 422 || p.status == 400 {
+            p.detail = p.detail.hasPrefix(":") ? "finishes[\(i)]\(p.detail)" : "finishes[\(i)].\(p.detail)"
+        } else {
+            p.detail = "finishes[\(i)]: \(p.detail)"
+        }
+        return p
     }
 
     func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
