@@ -26,6 +26,16 @@ extension QueueEngine {
 }
 
 extension EngineCore {
+    /// `cancelAllOperations()`: every unfinished operation of `q`, in one pass over each
+    /// dependency's dependents (cancelling one at a time was quadratic when many of them
+    /// waited on one). Executing ones already asked to stop are left to wind down.
+    func cancelAll(of q: QueueRecord) {
+        let chosen = q.ops.filter { $0.state != .finished && !$0.isCancelled }
+        guard !chosen.isEmpty else { return }
+        detachFromDependencies(chosen)
+        for op in chosen { cancelOp(op, detached: op.state != .executing) }
+    }
+
     /// Takes every operation of `chosen` that has not started out of its unfinished
     /// dependencies' `dependents`, with one pass over each such dependency's list: removing
     /// them one at a time is quadratic when many depend on one (a fan-in, a barrier). After

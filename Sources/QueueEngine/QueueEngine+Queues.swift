@@ -80,7 +80,7 @@ extension QueueEngine {
     public func cancelAll(_ name: String) throws(EngineError) -> QueueSnapshot {
         try mutate { core throws(EngineError) in
             let q = try core.queue(name)
-            for op in q.ops where op.state != .finished { core.cancelOp(op) }
+            core.cancelAll(of: q)
             core.settle()
             return q.snapshot(defaultMax: core.defaultMaxConcurrent)
         }
@@ -92,7 +92,7 @@ extension QueueEngine {
         try mutate { core throws(EngineError) in
             let q = try core.queue(name)
             if q.unfinished > 0 && !force { throw .queueNotIdle(name, unfinished: q.unfinished) }
-            for op in q.ops where op.state != .finished { core.cancelOp(op) }
+            core.cancelAll(of: q)
             q.deleted = true
             // Its operations go with it; executing ones leave the table when they finish.
             for op in q.ops where op.state == .finished { core.ops[op.id] = nil }

@@ -219,6 +219,26 @@ extension Engine {
             #expect(try f.engine.queue(named: "big").counts[.ready] == 50_000)
         }
 
+        @Test("cancelAllOperations of 50,000 operations waiting for one that 50,000 others also wait for is one pass")
+        func cancelAllFanIn() throws {
+            let f = Fixture()
+            try f.queue("q")
+            try f.queue("others", suspended: true)
+            try f.queue("big", suspended: true)
+            let root = try f.add("q")
+            for _ in 0..<50_000 { _ = try f.add("others", after: [root]) }
+            for _ in 0..<50_000 { _ = try f.add("big", after: [root]) }
+            let started = ContinuousClock.now
+            let q = try f.engine.cancelAll("big")
+            // One at a time, each removal scanned past the 50,000 others in the root's
+            // dependents: over a minute in a debug build.
+            #expect(ContinuousClock.now - started < .seconds(20))
+            #expect(q.operationCount == 0 && q.counts[.finished] == 50_000)
+            f.kind.finish(root)
+            #expect(try f.engine.operation(root).outcome == .succeeded)
+            #expect(try f.engine.queue(named: "others").counts[.ready] == 50_000)
+        }
+
         // MARK: - waitUntilFinished
 
         @Test("onFinished fires once when the operation finishes, at once when it has, and not after its wait is cancelled")
