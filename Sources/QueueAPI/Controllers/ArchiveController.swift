@@ -132,9 +132,10 @@ struct ArchiveController: Sendable {
             guard let idValue = members.first(where: { $0.0 == "id" })?.1 else {
                 throw Problem.invalid("operations[\(i)].id", "is required: the operation's id where it was exported")
             }
-            guard case let .string(id) = idValue, !id.isEmpty, id.utf8.count <= 128 else {
-                throw Problem.invalid("operations[\(i)].id", "must be a string of 1 to 128 bytes; got \(Self.short(idValue))")
+            guard case let .string(id) = idValue, !id.isEmpty else {
+                throw Problem.invalid("operations[\(i)].id", "must be a non-empty string; got \(Self.short(idValue))")
             }
+            guard id.utf8.count <= 128 else { throw Problem.invalid("operations[\(i)].id", "must be at most 128 bytes") }
             if let other = index[id] { throw Problem.invalid("operations[\(i)].id", "'\(id)' is already the id of operations[\(other)]") }
             index[id] = i
             oldIDs.append(id)
@@ -206,7 +207,8 @@ struct ArchiveController: Sendable {
         var request: OperationRequest
         if isBarrier {
             request = OperationRequest(kind: "barrier")
-            request.name = try e.string("name", maxLength: 256)
+            // As `POST /v1/queues/{name}/barrier` allows.
+            request.name = try e.string("name", maxLength: 1024)
             request.queuePriority = try parsePriority(e["queuePriority"]) ?? .normal
         } else {
             request = try operations.parseRequest(e)
