@@ -148,6 +148,21 @@ struct ArchiveEndpointTests {
         }
     }
 
+    @Test("a restore reports like creates: one creation event per operation, then the pause of the paused ones")
+    func eventsAsForCreates() async throws {
+        try await withLiveServer { server in
+            let before = try await server.lastSeq()
+            let doc = Self.document(
+                [Self.element("a"), Self.element("b", deps: ["a"], extra: #","isPaused":true"#)], queue: #"{"isSuspended":true}"#)
+            let map = Self.ids(try await server.request("POST", "/v1/queues/ev/archive", json: doc).expecting(201))
+            let events = try await server.request("GET", "/v1/events?after=\(before)").expecting(200).objects("events")
+            let seen = events.map { "\($0["operation"] as? String ?? "")|\($0["key"] as? String ?? "")|\($0["new"] ?? "")" }
+            let (a, b) = (map["a"] ?? "", map["b"] ?? "")
+            #expect(seen == ["\(a)|isReady|1", "\(b)|isReady|0", "\(b)|isPaused|1"])
+            #expect(events.allSatisfy { $0["queue"] as? String == "ev" })
+        }
+    }
+
     @Test("a restore into a queue with unfinished operations is 409 and changes nothing")
     func nonEmptyQueueIsRefused() async throws {
         try await withLiveServer { server in
