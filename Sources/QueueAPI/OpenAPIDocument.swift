@@ -759,7 +759,8 @@ paths:
         paused) as one versioned document, `format` `opqd-archive/1`, read in one consistent
         snapshot. Operations are in creation order (the order the queue starts operations of
         equal priority). An executing operation is archived as one to run again: only whether
-        it is paused and its `attempt` are kept. Specs are shown as `GET /v1/operations/{id}`
+        it is paused and its `attempt` are kept. `dependencies` lists only unfinished ones (a
+        finished dependency holds nothing back). Specs are shown as `GET /v1/operations/{id}`
         shows them. At most `--max-batch` operations (default 1000) and `--max-body` bytes
         (what a restore accepts): past either, 422 `archive-too-large`.
       responses:

@@ -3,8 +3,10 @@
 public struct QueueArchive: Sendable {
     public let queue: QueueSnapshot
     /// The unfinished operations in creation order (the order they were added, which is the
-    /// order a queue starts operations of equal priority). Empty when `unfinished` is over the
-    /// limit the caller gave.
+    /// order a queue starts operations of equal priority), each with only its unfinished
+    /// dependencies: a finished one holds nothing back, and its id, restored on another server,
+    /// could name an unrelated operation there. Empty when `unfinished` is over the limit the
+    /// caller gave.
     public let operations: [OperationSnapshot]
     /// How many unfinished operations the queue has.
     public let unfinished: Int
@@ -59,7 +61,11 @@ extension QueueEngine {
             guard q.unfinished <= limit else { return QueueArchive(queue: snapshot, operations: [], unfinished: q.unfinished) }
             var ops: [OperationSnapshot] = []
             ops.reserveCapacity(q.unfinished)
-            for op in q.ops where op.state != .finished { ops.append(op.snapshot()) }
+            for op in q.ops where op.state != .finished {
+                var snapshot = op.snapshot()
+                snapshot.dependencies.removeAll { id in core.ops[id.raw].map { $0.state == .finished } ?? true }
+                ops.append(snapshot)
+            }
             return QueueArchive(queue: snapshot, operations: ops, unfinished: q.unfinished)
         }
     }

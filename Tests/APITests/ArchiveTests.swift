@@ -41,9 +41,10 @@ struct ArchiveEndpointTests {
             let fence = try await server.request("POST", "/v1/queues/src/barrier", json: #"{"name":"fence"}"#).expecting(201).string("id") ?? ""
             let d = try await server.addDelay("src", seconds: 5, priority: "low", name: "d")
             _ = try await server.request("POST", "/v1/operations/\(b)/pause").expecting(200)
-            // A finished operation is not archived.
+            // A finished operation is not archived, nor is a dependency on it (it holds nothing back).
             let gone = try await server.addDelay("src", name: "gone")
             _ = try await server.request("POST", "/v1/operations/\(gone)/cancel").expecting(200)
+            let e = try await server.addDelay("src", seconds: 5, dependencies: [gone, outside], name: "e")
 
             let export = try await server.request("GET", "/v1/queues/src/archive").expecting(200).validJSON()
             #expect(export.mediaType == "application/json")
@@ -55,19 +56,20 @@ struct ArchiveEndpointTests {
             #expect(settings["isSuspended"] as? Bool == true)
             let archived = export.objects("operations")
             // Creation order, unfinished only.
-            #expect(archived.compactMap { $0["id"] as? String } == [a, b, c, fence, d])
-            #expect(archived.map { $0["isPaused"] as? Bool } == [false, true, false, false, false])
+            #expect(archived.compactMap { $0["id"] as? String } == [a, b, c, fence, d, e])
+            #expect(archived.map { $0["isPaused"] as? Bool } == [false, true, false, false, false, false])
+            #expect(archived.last?["dependencies"] as? [String] == [outside, fence])
 
             let r = try await server.request("POST", "/v1/queues/dst/archive", body: export.body).expecting(201).validJSON()
             #expect(r.headers["location"] == "/v1/queues/dst")
             let map = Self.ids(r)
-            #expect(Set(map.keys) == [a, b, c, fence, d])
-            #expect(Set(map.values).count == 5 && map.values.allSatisfy { !$0.isEmpty && map[$0] == nil })
+            #expect(Set(map.keys) == [a, b, c, fence, d, e])
+            #expect(Set(map.values).count == 6 && map.values.allSatisfy { !$0.isEmpty && map[$0] == nil })
             #expect(r.object["droppedDependencies"] as? [String] == [])
             let queue = try await server.queue("dst")
             #expect(queue["maxConcurrentOperationCount"] as? Int == 2)
             #expect(queue["isSuspended"] as? Bool == true)
-            #expect(queue["operationCount"] as? Int == 5)
+            #expect(queue["operationCount"] as? Int == 6)
 
             for old in archived {
                 let oldID = old["id"] as? String ?? ""
@@ -86,8 +88,9 @@ struct ArchiveEndpointTests {
             #expect(try await server.operation(map[a] ?? "")["dependencies"] as? [String] == [map[c] ?? ""])
             #expect(try await server.operation(map[d] ?? "")["dependencies"] as? [String] == [map[fence] ?? ""])
             #expect(try await server.operation(map[b] ?? "")["state"] as? String == "paused")
+            #expect(try await server.operation(map[e] ?? "")["dependencies"] as? [String] == [outside, map[fence] ?? ""])
             // The source is untouched.
-            #expect(try await server.queue("src")["operationCount"] as? Int == 5)
+            #expect(try await server.queue("src")["operationCount"] as? Int == 6)
         }
     }
 

@@ -13,7 +13,8 @@ import QueueEngine
 ///  "operations":[{"id","name"?,"kind","spec"?,"queuePriority","dependencies":[ids],
 ///                 "isPaused","attempt","timeout"?,"retry"?,"notBefore"?,"createdAt"}…]}
 /// ```
-/// Operations are in creation order (the order the queue starts those of equal priority).
+/// Operations are in creation order (the order the queue starts those of equal priority), with
+/// only their unfinished dependencies.
 /// Both directions are bounded by `--max-batch` operations, and an export by `--max-body` bytes
 /// (what a restore accepts): past either the answer is 422 `archive-too-large`.
 struct ArchiveController: Sendable {
