@@ -216,6 +216,10 @@ struct ArchiveEndpointTests {
         (#"{"format":"something-else/1","queue":{},"operations":[]}"#, "format"),
         (#"{"format":"opqd-archive/2","queue":{},"operations":[]}"#, "format"),
         (#"{"format":1,"queue":{},"operations":[]}"#, "format"),
+        // Another tool's document: named by its format, not by its first unknown field.
+        (#"{"version":2,"items":[{"id":1}]}"#, "format"),
+        (#"{"format":"opqd-archive/2","queue":{},"operations":[],"checksum":"x"}"#, "format"),
+        ("[]", "body"),
         (#"{"format":"opqd-archive/1","queue":{},"operations":[],"extra":true}"#, "extra"),
         (#"{"format":"opqd-archive/1","exportedAt":"yesterday","queue":{},"operations":[]}"#, "exportedAt"),
         (#"{"format":"opqd-archive/1","operations":[]}"#, "queue"),

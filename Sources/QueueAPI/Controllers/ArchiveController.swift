@@ -105,12 +105,17 @@ struct ArchiveController: Sendable {
 
     func restore(_ req: HTTPRequest, _ name: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: Self.documentFields)
-        // The format first: a foreign or newer document is named as such, not by its first odd field.
-        guard let f = b["format"] else { throw Problem.invalid("format", "is required: \"\(Self.format)\"") }
+        guard !req.body.isEmpty else { throw Problem.badRequest("a JSON object body is required: an archive from GET on this path") }
+        let document: JSONValue
+        do { document = try JSONValue.parse(req.body) } catch { throw Problem.badRequest(error.description) }
+        guard case .object = document else { throw Problem.invalid("body", "must be a JSON object; got \(document.typeName)") }
+        // The format before the fields: a foreign or newer document is named as such, not by
+        // its first field this format does not have.
+        guard let f = document["format"] else { throw Problem.invalid("format", "is required: \"\(Self.format)\"") }
         guard case let .string(format) = f, format == Self.format else {
             throw Problem.invalid("format", "must be \"\(Self.format)\" (the archive format this server reads); got \(Self.short(f))")
         }
+        let b = try Body(document, field: "body", allowed: Self.documentFields)
         if let e = b["exportedAt"] {
             guard case let .string(s) = e, Timestamp(rfc3339: s) != nil else {
                 throw Problem.invalid("exportedAt", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(Self.short(e))")
