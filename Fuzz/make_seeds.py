@@ -104,6 +104,14 @@ seeds = {
  "nasty-batch-and-copy": ("O", [mkq(), req("POST", "/v1/operations:batch", '{"operations":[{"ref":"a","queue":"q1","kind":"delay","spec":{"seconds":1}}]}'),
      op('{"kind":"delay","spec":{"seconds":1}}'), req("POST", "/v1/operations/@ID@/copy", '{"queue":"q1"}'),
      req("GET", "/v1/queues/q1/archive"), req("POST", "/v1/queues/q1/operations:cancel", '{"kind":"delay"}')]),
+ "nasty-archive": ("O", [mkq(), op('{"kind":"delay","spec":{"seconds":1},"name":"a"}'),
+     op('{"kind":"delay","spec":{"seconds":1},"dependencies":["@ID@"],"queuePriority":"high"}'), req("POST", "/v1/operations/@ID@/pause"),
+     req("GET", "/v1/queues/q1/archive"),
+     req("POST", "/v1/queues/q2/archive", '{"format":"opqd-archive/1","queue":{"maxConcurrentOperationCount":1,"isSuspended":true},'
+         '"operations":[{"id":"x","kind":"delay","spec":{"seconds":1},"dependencies":["y","@ID@"],"isPaused":true,"attempt":2},'
+         '{"id":"y","kind":"barrier","name":"b"}]}'),
+     req("POST", "/v1/queues/q3/archive", '{"format":"opqd-archive/1","queue":{},"operations":[{"id":"x","kind":"delay","spec":{"seconds":1e309},'
+         '"dependencies":["x"],"attempt":1e300}]}')]),
 }
 os.makedirs(out, exist_ok=True)
 for name, (app, reqs) in seeds.items():

@@ -57,7 +57,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     let access = Access(token: configuration.token, readToken: configuration.readToken)
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
-        store: store, lifecycle: lifecycle, limits: limits, access: access)
+        store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody)
     let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
         logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
     }
@@ -103,13 +103,15 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 /// Every route of the API, each controller holding only what it uses.
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
-    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access
+    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int
 ) -> Router {
     var router = Router()
     ServiceController(engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
-    OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits).addRoutes(to: &router)
+    let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
+    operations.addRoutes(to: &router)
+    ArchiveController(engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

@@ -292,6 +292,7 @@ public struct OpqdConfiguration: Sendable {
 
             usage: opqd [options]
                    opqd healthcheck [--url URL] [--timeout SECONDS]
+                   opqd archive export|import --url URL --queue NAME [--token TOKEN]   (opqd archive --help)
 
             Every option can also be set with its environment variable; a flag wins over the variable.
 

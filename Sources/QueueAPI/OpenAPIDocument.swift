@@ -747,6 +747,120 @@ paths:
         '429':
           $ref: '#/components/responses/TooMany'
 
+  /v1/queues/{name}/archive:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    get:
+      operationId: exportQueueArchive
+      tags: [queues]
+      summary: NSSecureCoding for a queue (export)
+      description: |
+        The queue's settings and every unfinished operation (pending, ready, executing,
+        paused) as one versioned document, `format` `opqd-archive/1`, read in one consistent
+        snapshot. Operations are in creation order (the order the queue starts operations of
+        equal priority). An executing operation is archived as one to run again: only whether
+        it is paused and its `attempt` are kept. `dependencies` lists only unfinished ones (a
+        finished dependency holds nothing back). Specs are shown as `GET /v1/operations/{id}`
+        shows them. At most `--max-batch` operations (default 1000) and `--max-body` bytes
+        (what a restore accepts): past either, 422 `archive-too-large`.
+      responses:
+        '200':
+          description: The archive.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/QueueArchive'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          description: |
+            An unknown query parameter (`invalid-field`), or the queue has more unfinished
+            operations than `--max-batch` or its archive is over `--max-body` bytes
+            (`archive-too-large`).
+          content:
+            application/problem+json:
+              schema:
+                $ref: '#/components/schemas/Problem'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+    post:
+      operationId: restoreQueueArchive
+      tags: [queues, operations]
+      summary: NSSecureCoding for a queue (restore)
+      description: |
+        Restores an archive made by the GET above (this server or another) into the queue of
+        the path, which must not exist (it is created with the archive's settings) or must
+        have no unfinished operation (it takes the archive's settings); the path's name wins
+        over `queue.name`. Every operation is re-created with a new id, in the archive's
+        order (an operation that depends on a later one comes after it), its paused flag,
+        `attempt` (it starts again as that attempt), priority, spec and options kept.
+        Dependencies on operations of the archive are re-pointed to their new ids;
+        dependencies on operations outside it are kept when that id names an operation on
+        this server, and dropped otherwise (listed in `droppedDependencies`). All or nothing:
+        every element is checked first and a refusal names the field
+        (`operations[3].spec.seconds`, or `format` for a foreign or newer document), creating
+        no queue, no operation and no event; on success the queue and every operation are
+        one durable commit, answered 201 once committed, with one creation event per
+        operation. A queue with unfinished operations is 409 (`queue-not-empty`), nothing
+        changed. At most `--max-batch` operations (422 `archive-too-large`) and `--max-body`
+        bytes (413).
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/QueueArchive'
+      responses:
+        '201':
+          description: Restored. A replayed `Idempotency-Key` answers the first response again.
+          headers:
+            Location:
+              $ref: '#/components/headers/Location'
+            Idempotent-Replayed:
+              $ref: '#/components/headers/IdempotentReplayed'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/QueueArchiveRestored'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/Forbidden'
+        '409':
+          description: |
+            The queue has unfinished operations (`queue-not-empty`), or a request with the
+            same `Idempotency-Key` is still in progress (`idempotency-in-progress`); nothing changed.
+          content:
+            application/problem+json:
+              schema:
+                $ref: '#/components/schemas/Problem'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          description: |
+            A damaged or foreign document: a missing, unknown or repeated field, a wrong type,
+            a value out of range, a `format` other than `opqd-archive/1`, an `id` used twice,
+            a dependency that names neither an operation of the archive nor an operation id,
+            dependencies that close a cycle (`invalid-field`, the detail naming the field,
+            e.g. `operations[3].spec.seconds`); an invalid queue name in the path; or more
+            than `--max-batch` operations (`archive-too-large`). Nothing changed.
+          content:
+            application/problem+json:
+              schema:
+                $ref: '#/components/schemas/Problem'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+
   /v1/queues/{name}/operations:
     parameters:
       - $ref: '#/components/parameters/QueueName'
@@ -2679,6 +2793,175 @@ components:
           description: The created operations' statuses, in the request's order.
           items:
             $ref: '#/components/schemas/Operation'
+
+    QueueArchive:
+      type: object
+      additionalProperties: false
+      required: [format, queue, operations]
+      description: |
+        An archive of a queue (`GET`/`POST /v1/queues/{name}/archive`). The format is
+        versioned: a change that reads archives differently gets a new `format` name, and
+        `opqd-archive/1` keeps restoring.
+      properties:
+        format:
+          const: opqd-archive/1
+        exportedAt:
+          allOf:
+            - $ref: '#/components/schemas/NotBefore'
+          description: When the archive was made (RFC 3339; informational).
+        queue:
+          type: object
+          additionalProperties: false
+          properties:
+            name:
+              type: string
+              maxLength: 1000
+              description: The exported queue's name; a restore uses the path's name.
+            maxConcurrentOperationCount:
+              $ref: '#/components/schemas/MaxConcurrentOperationCount'
+            isSuspended:
+              type: boolean
+              default: false
+        operations:
+          type: array
+          maxItems: 1000
+          description: Unfinished operations in creation order; at most `--max-batch` (default 1000).
+          items:
+            $ref: '#/components/schemas/ArchivedOperation'
+
+    ArchivedOperation:
+      type: object
+      additionalProperties: false
+      required: [id, kind]
+      description: |
+        One operation of an archive: a create body (`OperationCreate`) plus its `id` where it
+        was exported, whether it is paused, the attempt it is at, and when it was created
+        (informational). Kind `barrier` (`addBarrierBlock`) has no spec or options; it is
+        restored as a barrier of the queue.
+      properties:
+        id:
+          type: string
+          minLength: 1
+          maxLength: 128
+          description: Its id on the exporting server; unique in the archive, named by `dependencies` and by the restore's `ids` map.
+        kind:
+          type: string
+          enum: [delay, http, command, external, barrier]
+        name:
+          type: string
+          maxLength: 1024
+          description: Optional label (at most 256 UTF-8 bytes; 1024 for a barrier).
+        queuePriority:
+          allOf:
+            - $ref: '#/components/schemas/QueuePriority'
+          default: normal
+        dependencies:
+          type: array
+          maxItems: 200000
+          items:
+            type: string
+          description: Ids of operations of the archive (re-pointed) or operation ids outside it (kept if they exist, else dropped).
+        isPaused:
+          type: boolean
+          default: false
+        attempt:
+          type: integer
+          minimum: 0
+          maximum: 1000000
+          default: 0
+          description: The attempt it was at (0 when it never started); restored, it starts again as this attempt.
+        spec:
+          description: Kind-specific, as in `OperationCreate`.
+        timeout:
+          type: number
+          minimum: 0.001
+          maximum: 31536000
+        retry:
+          $ref: '#/components/schemas/RetryPolicy'
+        notBefore:
+          $ref: '#/components/schemas/NotBefore'
+        createdAt:
+          allOf:
+            - $ref: '#/components/schemas/NotBefore'
+          description: When it was created where it was exported (RFC 3339; informational, the restored operation is created now).
+      allOf:
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: delay
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/DelaySpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: http
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/HTTPSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: command
+          then:
+            required: [spec]
+            properties:
+              spec:
+                $ref: '#/components/schemas/CommandSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: external
+          then:
+            properties:
+              spec:
+                $ref: '#/components/schemas/ExternalSpec'
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                const: barrier
+          then:
+            not:
+              anyOf:
+                - required: [spec]
+                - required: [timeout]
+                - required: [retry]
+                - required: [notBefore]
+        - if:
+            required: [kind]
+            properties:
+              kind:
+                enum: [delay, http, command, external]
+          then:
+            properties:
+              name:
+                maxLength: 256
+
+    QueueArchiveRestored:
+      type: object
+      required: [ids, droppedDependencies, queue]
+      properties:
+        ids:
+          type: object
+          description: Each archived operation's `id` and the id of the operation made from it.
+          additionalProperties:
+            $ref: '#/components/schemas/OperationId'
+        droppedDependencies:
+          type: array
+          description: Dependencies outside the archive that name no operation on this server, so were dropped.
+          items:
+            $ref: '#/components/schemas/OperationId'
+        queue:
+          $ref: '#/components/schemas/Queue'
 
     HTTPSpec:
       type: object

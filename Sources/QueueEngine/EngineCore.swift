@@ -145,7 +145,8 @@ final class EngineCore: @unchecked Sendable {
         applyChecked(.start, to: op)
         if op.startedAt == nil {
             op.startedAt = now
-            op.attempt = 1
+            // An operation restored from an archive starts as the attempt it was at.
+            op.attempt = max(op.attempt, 1)
             op.runToken &+= 1
         }
         record(op)

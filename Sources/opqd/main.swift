@@ -10,6 +10,10 @@ import Glibc
 if CommandLine.arguments.dropFirst().first == "healthcheck" {
     exit(Healthcheck.run(arguments: Array(CommandLine.arguments.dropFirst(2)), environment: ProcessEnvironment.all()))
 }
+// `opqd archive export|import` is another client of a running server (ArchiveCommand.swift).
+if CommandLine.arguments.dropFirst().first == "archive" {
+    exit(ArchiveCommand.run(arguments: Array(CommandLine.arguments.dropFirst(2)), environment: ProcessEnvironment.all()))
+}
 
 // Block SIGINT/SIGTERM first, so every thread started later (libmicrohttpd's, Dispatch's)
 // inherits the mask and the signals reach only the sigwait below.
