@@ -19,7 +19,8 @@ final class OpqdServer: @unchecked Sendable {
 
     /// `extra`: e.g. ["--store", "memory"] or ["--sync", "normal"]. `dataDir` nil = a fresh one.
     /// The server inherits this process's environment, OPQD_* settings included.
-    init(label: String, extra: [String], dataDir: String? = nil, startTimeout: Double = 60) throws {
+    /// `binary`: another opqd than the one next to this executable (a baseline build).
+    init(label: String, extra: [String], dataDir: String? = nil, startTimeout: Double = 60, binary: String? = nil) throws {
         self.label = label
         let dir = dataDir ?? BenchSupport.makeTempDir("opqd-bench-\(label)")
         self.dataDir = dir
@@ -27,7 +28,7 @@ final class OpqdServer: @unchecked Sendable {
         self.logPath = BenchSupport.makeTempDir("opqd-bench-log") + "/opqd.log"
         do {
             process = try ServerProcess(
-                binary: BenchSupport.opqdBinary(), data: dir, logPath: logPath, extraArguments: extra,
+                binary: binary ?? BenchSupport.opqdBinary(), data: dir, logPath: logPath, extraArguments: extra,
                 timeout: startTimeout, logLevel: "error", keepOpqdSettings: true)
         } catch {
             throw BenchError("opqd (\(label)) did not start: \(error)")

@@ -19,7 +19,7 @@ import Glibc
 
 enum WorkersBench {
     static let usage =
-        "usage: opqd-bench workers [--workers 8] [--jobs N] [--batch 100] [--max-concurrent M] [--stores memory,normal,full] [--modes single,batch] [--quick]\n"
+        "usage: opqd-bench workers [--workers 8] [--jobs N] [--batch 100] [--max-concurrent M] [--stores memory,normal,full] [--modes single,batch] [--baseline OLD_OPQD] [--quick]\n"
 
     struct Mode {
         let name: String
@@ -65,7 +65,7 @@ enum WorkersBench {
 
     static func main(_ args: [String]) -> Int32 {
         var workers = 8, jobs: Int? = nil, quick = false, maxConcurrent: Int? = nil, batch = 100
-        var only: [String]? = nil, onlyModes = ["single", "batch"]
+        var only: [String]? = nil, onlyModes = ["single", "batch"], baseline: String? = nil
         var i = 0
         while i < args.count {
             switch args[i] {
@@ -75,6 +75,7 @@ enum WorkersBench {
             case "--max-concurrent" where i + 1 < args.count: i += 1; maxConcurrent = max(1, Int(args[i]) ?? 64)
             case "--batch" where i + 1 < args.count: i += 1; batch = min(100, max(1, Int(args[i]) ?? 100))
             case "--stores" where i + 1 < args.count: i += 1; only = args[i].split(separator: ",").map(String.init)
+            case "--baseline" where i + 1 < args.count: i += 1; baseline = args[i]
             case "--modes" where i + 1 < args.count: i += 1; onlyModes = args[i].split(separator: ",").map(String.init)
             default:
                 eprint("opqd-bench workers: unknown option '\(args[i])'\n" + usage)
@@ -94,7 +95,13 @@ enum WorkersBench {
         print(BenchSupport.machineLine())
         print("opqd: \(BenchSupport.opqdBinary())")
         var results: [(String, Outcome)] = []
+        if let baseline { print("baseline: \(baseline) (single mode only; it runs first for each store)") }
         for m in stores where only == nil || only!.contains(m.name) {
+            if let baseline {
+                eprint("workers: store \(m.name), single, baseline...\n")
+                results.append(
+                    ("\(m.name) base", run(mode: m, workers: workers, jobs: n, maxConcurrent: limit, batch: 0, timeLimit: quick ? 60 : 180, binary: baseline)))
+            }
             for mode in ["single", "batch"] where onlyModes.contains(mode) {
                 eprint("workers: store \(m.name), \(mode)...\n")
                 let b = mode == "batch" ? batch : 0
@@ -132,6 +139,11 @@ enum WorkersBench {
         print(" 'per claim' = operations per claim answer; 'double' = operations handed out by more than one claim;")
         print(" claim latencies exclude the final 204 long polls; a batch's finish latency is that of its one request)")
         for m in stores {
+            if let b = results.first(where: { $0.0 == "\(m.name) base" })?.1, let s = results.first(where: { $0.0 == "\(m.name) single" })?.1,
+                b.jobsPerSecond > 0
+            {
+                print("\(m.name): single now/baseline = \(BenchSupport.fmt(s.jobsPerSecond / b.jobsPerSecond, 2))x")
+            }
             if let s = results.first(where: { $0.0 == "\(m.name) single" })?.1, let b = results.first(where: { $0.0 == "\(m.name) batch" })?.1,
                 s.jobsPerSecond > 0
             {
@@ -175,10 +187,10 @@ enum WorkersBench {
 
     /// `batch` 0: one claim and one finish per job; otherwise claims of up to `batch` and one
     /// `operations:finish` for each.
-    static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, batch: Int, timeLimit: Double) -> Outcome {
+    static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, batch: Int, timeLimit: Double, binary: String? = nil) -> Outcome {
         var o = Outcome()
         let server: OpqdServer
-        do { server = try OpqdServer(label: "workers-\(mode.name)", extra: mode.extra) } catch {
+        do { server = try OpqdServer(label: "workers-\(mode.name)", extra: mode.extra, binary: binary) } catch {
             o.problems.append("cannot start opqd: \(error)")
             return o
         }
@@ -412,7 +424,16 @@ enum WorkersBench {
                         let size = min(per, count - k * per)
                         let body = Array(("{\"operations\":[" + Array(repeating: element, count: size).joined(separator: ",") + "]}").utf8)
                         let r = try c.request("POST", "/v1/operations:batch", body: body)
-                        if r.status != 201 { bad.withLock { $0[r.status, default: 0] += size } }
+                        if r.status == 404 {
+                            // A baseline from before operations:batch: one create at a time.
+                            let one = Array("{\"kind\":\"external\",\"spec\":{\"lease\":60}}".utf8)
+                            for _ in 0..<size {
+                                let r = try c.request("POST", "/v1/queues/\(queue)/operations", body: one)
+                                if r.status != 201 { bad.withLock { $0[r.status, default: 0] += 1 } }
+                            }
+                        } else if r.status != 201 {
+                            bad.withLock { $0[r.status, default: 0] += size }
+                        }
                     }
                 } catch {
                     errors.withLock { $0.append("\(error)") }
