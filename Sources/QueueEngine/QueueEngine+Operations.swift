@@ -74,6 +74,11 @@ extension QueueEngine {
         try read { core throws(EngineError) in try core.op(id).snapshot() }
     }
 
+    /// Several operations' statuses in one locked read (nil for an id it does not have).
+    public func operations(_ ids: [OperationID]) -> [OperationSnapshot?] {
+        (try? read { core throws(EngineError) in ids.map { core.ops[$0.raw]?.snapshot() } }) ?? ids.map { _ in nil }
+    }
+
     /// The operation's revision (for ETags), without building its status.
     public func revision(of id: OperationID) throws(EngineError) -> UInt64 {
         try read { core throws(EngineError) in try core.op(id).revision }

@@ -36,7 +36,10 @@ struct WorkersController: Sendable {
     }
 
     static func write(claim lease: ExternalKind.Lease, engine: QueueEngine, flags: Bool, to o: inout JSONOut) {
-        let op = try? engine.operation(lease.operation)
+        write(claim: lease, op: try? engine.operation(lease.operation), flags: flags, to: &o)
+    }
+
+    static func write(claim lease: ExternalKind.Lease, op: OperationSnapshot?, flags: Bool, to o: inout JSONOut) {
         o.open()
         o.key("operation")
         if let op { op.write(to: &o) } else { o.null() }
@@ -57,7 +60,7 @@ struct WorkersController: Sendable {
         }
         var o = JSONOut(capacity: 900 * leases.count + 16)
         o.open(); o.key("claims"); o.openArray()
-        for lease in leases { write(claim: lease, engine: engine, flags: false, to: &o) }
+        for (lease, op) in zip(leases, engine.operations(leases.map(\.operation))) { write(claim: lease, op: op, flags: false, to: &o) }
         o.closeArray()
         o.close()
         return json(200, o.bytes)
@@ -228,16 +231,18 @@ struct WorkersController: Sendable {
             outcomes[i].result = .failure(Self.naming(finish: i, error.problem))
         }
         var o = JSONOut(capacity: 700 * items.count + 16)
+        let finishedIDs: [OperationID] = outcomes.compactMap { if case let .success(id) = $0.result { id } else { nil } }
+        var statuses = engine.operations(finishedIDs).makeIterator()
         o.open(); o.key("finishes"); o.openArray()
         for (idText, result) in outcomes {
             o.open()
             o.key("id")
             if let idText { o.string(idText) } else { o.null() }
             switch result {
-            case let .success(id):
+            case .success:
                 o.key("status"); o.int(200)
                 o.key("operation")
-                if let op = try? engine.operation(id) { op.write(to: &o) } else { o.null() }
+                if let op = statuses.next() ?? nil { op.write(to: &o) } else { o.null() }
             case let .failure(p):
                 o.key("status"); o.int(p.status)
                 o.key("problem"); o.raw(p.response.body)
