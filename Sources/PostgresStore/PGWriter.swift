@@ -225,6 +225,17 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
+    /// Session settings of the write connection, whatever the server, database or role set:
+    /// a commit that returned must be durable (`synchronous_commit=off` is raised to `on`;
+    /// `local` and the replication levels are kept), and a large batch must not be cut off by a
+    /// `statement_timeout` (it would be retried, and cut off, forever).
+    static func prepareSession(_ c: PGConnection) throws(PGFailure) {
+        if try c.exec("SELECT current_setting('synchronous_commit')").text(0, 0) == "off" {
+            try c.exec("SET synchronous_commit TO on")
+        }
+        try c.exec("SET statement_timeout TO 0")
+    }
+
     /// The connection, reconnecting (and taking the instance lock again) when it broke.
     private func usableConnection() throws(PGFailure) -> PGConnection {
         if let c = connection, c.isUsable { return c }
@@ -237,6 +248,7 @@ final class PGWriter: @unchecked Sendable {
                 message: "another opqd instance took the database's instance lock while this one was disconnected", sqlState: nil,
                 connectionLost: true)
         }
+        try Self.prepareSession(c)
         try c.enterPipelineMode()
         connection = c
         return c

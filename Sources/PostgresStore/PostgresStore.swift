@@ -45,6 +45,9 @@ public final class PostgresStore: OperationStore {
             throw PostgresStoreError(.io, url: shown, detail: "taking the instance lock: \(error)")
         }
         try Self.migrate(conn, url: shown)
+        do { try PGWriter.prepareSession(conn) } catch {
+            throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
+        }
         let lastSeq: UInt64
         do {
             lastSeq = try PGReader.lastSeq(try conn.exec(PGSchema.lastSeq))
@@ -73,9 +76,13 @@ public final class PostgresStore: OperationStore {
         do {
             try conn.exec("BEGIN")
             do {
-                // One statement at a time: parameterless and fixed, but exec takes one statement.
-                for statement in PGSchema.bootstrap.split(separator: ";") where !statement.trimmingCharacters().isEmpty {
-                    try conn.exec(String(statement))
+                // Only when missing: CREATE … IF NOT EXISTS would still need the CREATE privilege
+                // on the database, which a user that only owns the schema may not have.
+                if try conn.exec("SELECT to_regclass('opqd.schema_version') IS NULL").bool(0, 0) == true {
+                    // One statement at a time: fixed text, but exec takes one statement.
+                    for statement in PGSchema.bootstrap.split(separator: ";") where !statement.trimmingCharacters().isEmpty {
+                        try conn.exec(String(statement))
+                    }
                 }
                 let rows = try conn.exec("SELECT version FROM opqd.schema_version")
                 var version = 0

@@ -447,6 +447,28 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test func aBatchTheServerRefusesIsRolledBackAndRetriedAndNothingIsDurableMeanwhile() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            store.append([.queue(queueSnapshot("ok"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            // A statement error mid-pipeline: the rest is skipped, the transaction must be rolled back.
+            try TestPostgres.psql(url, "ALTER TABLE opqd.queues ADD CONSTRAINT refuse_bad CHECK (name <> 'bad')")
+            store.append([.operation(operationSnapshot(1, queue: "bad")), .queue(queueSnapshot("bad")), .event(event(1, 1))], upTo: 2)
+            #expect(!waitDurable(store, 2, timeout: 1), "reported durable though the server refused the batch")
+            #expect(store.lastError?.reason == .io)
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.operations") == "0")
+            try TestPostgres.psql(url, "ALTER TABLE opqd.queues DROP CONSTRAINT refuse_bad")
+            #expect(waitDurable(store, 2, timeout: 10))
+            #expect(waitUntil(timeout: 5) { store.lastError == nil })
+            let state = try store.load()
+            #expect(state.queues.map(\.name) == ["bad", "ok"])
+            #expect(state.operations.map(\.id.raw) == [1])
+            #expect(state.lastSeq == 1)
+        }
+    }
+
     @Test func aBrokenConnectionIsReplacedAndNothingIsReportedDurableMeanwhile() throws {
         try withTestDatabase { url in
             let server = try TestPostgres.requireServer()
