@@ -94,6 +94,6 @@ let package = Package(
 if let bench = Context.environment["OPQD_BENCH"], !bench.isEmpty, bench != "0" {
     package.products.append(.executable(name: "opqd-bench", targets: ["opqd-bench"]))
     package.targets.append(
-        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "TestKit"])
+        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "PostgresStore", "TestKit"])
     )
 }
