@@ -73,6 +73,9 @@ final class PGReader {
 
     /// As `StoreReader.eventWindow`: the rows read, decodable or not, and the last seq read.
     func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) throws(PGFailure) -> EventWindow {
+        // Text parameters are C strings: a name with U+0000 would be cut short and match
+        // another queue. No queue has one (names are [A-Za-z0-9._-]).
+        if operation == nil, queue?.utf8.contains(0) == true { return EventWindow(events: [], rows: 0, lastSeq: after) }
         let r = try withConnection { c throws(PGFailure) in
             if let operation {
                 return try c.exec(

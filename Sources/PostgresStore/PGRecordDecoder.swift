@@ -74,14 +74,16 @@ enum PGRecordDecoder {
     /// Counts and `operationCount` are not stored; the loader fills them in from the operations.
     static func queue(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> QueueSnapshot {
         guard let name = r.text(row, 0) else { throw DecodeFailure(detail: "queues row with a NULL name") }
-        func fail(_ column: String) -> DecodeFailure { DecodeFailure(detail: "queues row \(name): column \(column) is \(r.text(row, 1) ?? "NULL")") }
-        guard let m = r.int64(row, 1), let maxConcurrent = Int(exactly: m), maxConcurrent == -1 || (1...Int(Int32.max)).contains(maxConcurrent) else {
-            throw fail("max_concurrent")
+        func fail(_ column: String, _ index: Int) -> DecodeFailure {
+            DecodeFailure(detail: "queues row \(name): column \(column) is \(r.text(row, index) ?? "NULL")")
         }
-        guard let e = r.int64(row, 2), let effective = Int(exactly: e) else { throw fail("effective_max") }
-        guard let suspended = r.bool(row, 3) else { throw fail("is_suspended") }
-        guard let rv = r.int64(row, 4), let revision = UInt64(exactly: rv), revision <= RecordLimits.maxCounter else { throw fail("revision") }
-        guard let created = r.int64(row, 5) else { throw fail("created_at") }
+        guard let m = r.int64(row, 1), let maxConcurrent = Int(exactly: m), maxConcurrent == -1 || (1...Int(Int32.max)).contains(maxConcurrent) else {
+            throw fail("max_concurrent", 1)
+        }
+        guard let e = r.int64(row, 2), let effective = Int(exactly: e) else { throw fail("effective_max", 2) }
+        guard let suspended = r.bool(row, 3) else { throw fail("is_suspended", 3) }
+        guard let rv = r.int64(row, 4), let revision = UInt64(exactly: rv), revision <= RecordLimits.maxCounter else { throw fail("revision", 4) }
+        guard let created = r.int64(row, 5) else { throw fail("created_at", 5) }
         var counts: [OperationState: Int] = [:]
         for s in OperationState.allCases { counts[s] = 0 }
         return QueueSnapshot(

@@ -216,7 +216,7 @@ final class PGWriter: @unchecked Sendable {
                 lastError.withLock { $0 = nil }
                 return
             } catch {
-                failed(error)
+                failed(error, counting: false)
                 // Work that arrives meanwhile is taken by the commit loop, which retries too.
                 if !shared.withLock({ $0.jobs.isEmpty }) { return }
                 usleep(delay)
@@ -254,8 +254,10 @@ final class PGWriter: @unchecked Sendable {
         return c
     }
 
-    private func failed(_ error: PGFailure) {
-        failures.add(1, ordering: .relaxed)
+    /// Drops a broken connection and says why in `lastError`; `counting`: a commit failed (the
+    /// `failures` counter), not an idle check.
+    private func failed(_ error: PGFailure, counting: Bool = true) {
+        if counting { failures.add(1, ordering: .relaxed) }
         if error.connectionLost {
             connection?.close()
             connection = nil

@@ -290,4 +290,14 @@ public final class PostgresStore: OperationStore {
     /// Why the last commit (or the idle connection check) failed, while the writer retries;
     /// nil when healthy.
     public var lastError: PostgresStoreError? { writer.lastError.withLock { $0 } }
+
+    /// `lastError` in a few words, without the URL or the server's message: for answers to
+    /// anyone (readiness is open to unauthenticated clients); nil when healthy.
+    public var unavailableReason: String? {
+        guard let e = lastError else { return nil }
+        switch e.reason {
+        case .cannotConnect: return "the PostgreSQL store is unreachable; reconnecting"
+        default: return "the PostgreSQL store refused a commit; retrying"
+        }
+    }
 }

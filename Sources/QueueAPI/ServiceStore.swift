@@ -63,7 +63,7 @@ extension PostgresStore: ServiceStore {
     var path: String { displayURL }
     var engineStore: any OperationStore { self }
     var storeStats: StoreStats? { stats }
-    var unavailable: String? { lastError?.description }
+    var unavailable: String? { unavailableReason }
     func recoverState() throws -> RecoveredState? { try load() }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
 }

@@ -164,12 +164,16 @@ struct PostgresEndToEndTests {
             try TestPostgres.psql(server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(name)'")
 
             // The idle writer finds its connection gone within a few seconds.
-            var notReady = false
-            for _ in 0..<100 where !notReady {
-                notReady = try opqd.request("GET", "/readyz").status == 503
-                if !notReady { usleep(100_000) }
+            var notReady: TestResponse?
+            for _ in 0..<100 where notReady == nil {
+                let r = try opqd.request("GET", "/readyz")
+                if r.status == 503 { notReady = r } else { usleep(100_000) }
             }
-            #expect(notReady, "/readyz stayed 200 with the database unreachable")
+            #expect(notReady != nil, "/readyz stayed 200 with the database unreachable")
+            // Readiness is open to anyone: it says why, but not where the database is.
+            #expect(notReady?.string("detail")?.contains("unreachable") == true, "\(notReady.map(\.text) ?? "")")
+            #expect(notReady?.text.contains(name) == false)
+            #expect(notReady?.text.contains("127.0.0.1") == false)
             let pending = Lock<TestResponse?>(nil)
             let sender = Thread {
                 let r = try? opqd.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#, timeout: 60)

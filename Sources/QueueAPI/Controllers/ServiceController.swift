@@ -36,7 +36,7 @@ struct ServiceController: Sendable {
             return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
         }
         if let problem = store.unavailable {
-            return .response(Problem(503, "not-ready", "Not ready", "the store cannot commit: \(problem)").response)
+            return .response(Problem(503, "not-ready", "Not ready", problem).response)
         }
         return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store.name)\"}".utf8)))
     }
