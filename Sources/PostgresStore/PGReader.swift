@@ -88,6 +88,9 @@ final class PGReader {
                         PGParameter(limit),
                     ])
             }
+            // A window of seqs (the primary key), as the SQLite store reads it: a queue with few
+            // events among many costs a bounded scan per call, and no index on queue is kept up
+            // on every insert for it.
             return try c.exec(
                 "SELECT \(PGSchema.eventColumns) FROM opqd.events WHERE queue = $1 AND seq > $2::bigint AND seq <= $3::bigint ORDER BY seq LIMIT $4::bigint",
                 [PGParameter(queue ?? ""), PGParameter(Int64(clamping: after)), PGParameter(Int64(clamping: through)), PGParameter(limit)])

@@ -71,7 +71,6 @@ enum PGSchema {
             state     text NOT NULL
         );
         CREATE INDEX events_by_operation ON opqd.events (operation, seq);
-        CREATE INDEX events_by_queue ON opqd.events (queue, seq);
         CREATE TABLE opqd.idempotency (
             scope      bytea PRIMARY KEY,
             body_hash  text NOT NULL,

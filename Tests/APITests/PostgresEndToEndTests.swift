@@ -1,5 +1,6 @@
 import Foundation
 import Locking
+import QueueAPI
 import QueueTesting
 import Spawning
 import Testing
@@ -47,6 +48,17 @@ struct PostgresEndToEndTests {
         }
         let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
         return (Spawner.decode(status).exitCode, text, Date().timeIntervalSince(started))
+    }
+
+    @Test("--store and OPQD_STORE take postgres:// and postgresql:// URLs, and nothing else new")
+    func configuration() throws {
+        let url = "postgresql://u:p@db.example:5432/opqd?sslmode=require"
+        #expect(try OpqdConfiguration.parse(arguments: [], environment: ["OPQD_STORE": url]).store == url)
+        #expect(try OpqdConfiguration.parse(arguments: ["--store", "postgres://h/db"], environment: ["OPQD_STORE": "memory"]).store == "postgres://h/db")
+        #expect(try OpqdConfiguration.parse(arguments: ["--store", "sqlite"], environment: [:]).store == "sqlite")
+        for bad in ["mysql://h/db", "postgres:/h", "POSTGRES://h/db", ""] {
+            #expect(throws: (any Error).self, "\(bad)") { try OpqdConfiguration.parse(arguments: ["--store", bad], environment: [:]) }
+        }
     }
 
     @Test("create, run and finish an operation, then find it again after a restart")
