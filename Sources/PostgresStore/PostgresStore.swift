@@ -74,6 +74,12 @@ public final class PostgresStore: OperationStore {
     /// Brings the schema to `PGSchema.version` in one transaction, or refuses a newer one.
     static func migrate(_ conn: PGConnection, url: String) throws(PostgresStoreError) {
         do {
+            // A standby (or a read-only default) would refuse every commit, forever: say so now.
+            let readOnly = try conn.exec("SELECT pg_is_in_recovery() OR current_setting('default_transaction_read_only') = 'on'")
+            if readOnly.bool(0, 0) != false {
+                throw PostgresStoreError(
+                    .io, url: url, detail: "the server is read-only (a standby, or default_transaction_read_only is on); point --store at the primary")
+            }
             try conn.exec("BEGIN")
             do {
                 // Only when missing: CREATE … IF NOT EXISTS would still need the CREATE privilege

@@ -399,6 +399,18 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test func aReadOnlyDatabaseIsRefusedAtStart() throws {
+        try withTestDatabase { url in
+            let name = String(url.split(separator: "?").first?.split(separator: "/").last ?? "")
+            try TestPostgres.psql(url, "ALTER DATABASE \(name) SET default_transaction_read_only = on")
+            #expect {
+                _ = try PostgresStore(url: url)
+            } throws: { error in
+                (error as? PostgresStoreError)?.detail.contains("read-only") == true
+            }
+        }
+    }
+
     @Test func anOpqdSchemaWithoutAVersionIsRefused() throws {
         try withTestDatabase { url in
             try TestPostgres.psql(url, "CREATE SCHEMA opqd; CREATE TABLE opqd.operations (id int)")
