@@ -126,7 +126,7 @@ enum PGStoreBench {
 
         print("")
         print("(b) the store alone (no HTTP): \(serial) appends each waiting for its commit, then \(flood) single-operation appends at once")
-        print("store     commit latency p50 ms  p99 ms  commits/s (serial)   flood records/s  records/commit")
+        print("store     commit latency p50 ms  p99 ms  commits/s (serial)   flood records/s  records/commit  writer CPU / wall in commits")
         for store in ["sqlite", "postgres"] {
             var database: String?
             var dir: String?
@@ -199,6 +199,11 @@ enum PGStoreBench {
                     BenchSupport.pad(BenchSupport.grouped(Double(serial) / serialWall), 19, right: true),
                     BenchSupport.pad(BenchSupport.grouped(Double(2 * flood) / floodWall), 16, right: true),
                     BenchSupport.pad(commits > 0 ? BenchSupport.fmt(Double(after.records - before.records) / Double(commits), 0) : "-", 15, right: true),
+                    // How much of a commit is this process's own work (encoding, libpq, SQLite
+                    // itself for SQLite) rather than waiting for the server or the disk.
+                    BenchSupport.pad(
+                        "\(BenchSupport.fmt(after.cpuSeconds - before.cpuSeconds, 2)) s / \(BenchSupport.fmt(after.busySeconds - before.busySeconds, 2)) s", 29,
+                        right: true),
                 ].joined(separator: " "))
             summary.append(("\(store)_serial_commits_per_s", Int((Double(serial) / serialWall).rounded())))
             summary.append(("\(store)_flood_records_per_s", Int((Double(2 * flood) / floodWall).rounded())))

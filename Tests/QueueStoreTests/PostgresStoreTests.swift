@@ -459,6 +459,48 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test(arguments: [("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807")])
+    func aDamagedQueueRowFailsTheLoad(column: String, value: String) throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append([.queue(queueSnapshot("q"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            store.close()
+            try TestPostgres.psql(url, "UPDATE opqd.queues SET \(column) = \(value)")
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            if column == "effective_max" {
+                // Any integer is a limit the engine can hold (it clamps it); no trap on the way.
+                #expect(try reopened.load().queues.count == 1)
+                return
+            }
+            #expect {
+                _ = try reopened.load()
+            } throws: { error in
+                (error as? PostgresStoreError)?.reason == .corrupt && (error as? PostgresStoreError)?.detail.contains("queues row q") == true
+            }
+        }
+    }
+
+    @Test func eventsWithImpossibleValuesAreLeftOutOfTheFeed() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append([.event(event(1, 1)), .event(event(2, 1)), .event(event(3, 1)), .event(event(4, 1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            store.close()
+            try TestPostgres.psql(
+                url,
+                "UPDATE opqd.events SET seq = -5 WHERE seq = 1; UPDATE opqd.events SET key = 'bogus' WHERE seq = 2; UPDATE opqd.events SET new = '{' WHERE seq = 3"
+            )
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            #expect(reopened.recentEvents(limit: 10).map(\.seq) == [4])
+            let window = try #require(reopened.eventWindow(queue: "q", operation: nil, after: 0, through: 10, limit: 10))
+            #expect(window.events.map(\.seq) == [4])
+            #expect(window.rows == 3 && window.lastSeq == 4)
+        }
+    }
+
     @Test func aBatchTheServerRefusesIsRolledBackAndRetriedAndNothingIsDurableMeanwhile() throws {
         try withTestDatabase { url in
             let store = try PostgresStore(url: url)
