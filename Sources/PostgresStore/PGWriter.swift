@@ -42,9 +42,10 @@ struct PGWriterShared {
 /// SQLite store's `StoreWriter` does; `synchronous_commit` stays at the server's `on`, so a
 /// commit that returned is on the server's disk (and its synchronous standbys, if any).
 ///
-/// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)
-/// ON CONFLICT DO UPDATE` per table (every row of the batch in array parameters), the few other
-/// statements, `COMMIT` and a sync point, then reads the answers.
+/// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)`
+/// per table (every row of the batch in array parameters; `ON CONFLICT DO UPDATE` for queues and
+/// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
+/// few other statements, `COMMIT` and a sync point, then reads the answers.
 ///
 /// The connection also holds the session-level advisory lock that keeps a second opqd off the
 /// database. Holding it on the connection that commits, rather than a separate one, means a lost
@@ -52,8 +53,9 @@ struct PGWriterShared {
 /// on its new connection before it commits anything more.
 ///
 /// When the connection breaks, the writer reconnects with backoff and commits the batch again
-/// (every statement is an upsert or a delete, so running a batch twice gives the same result
-/// as once, whether or not the lost COMMIT had reached the server). Nothing is reported durable
+/// (every statement is an upsert or a delete, or an event INSERT that becomes an upsert when its
+/// rows are already there, so running a batch twice gives the same result as once, whether or
+/// not the lost COMMIT had reached the server). Nothing is reported durable
 /// until a COMMIT is answered; `lastError` says why meanwhile (readiness reads it).
 ///
 /// @unchecked Sendable: `connection`, `bulk` and the dedup tables are touched only by the writer
@@ -272,12 +274,13 @@ final class PGWriter: @unchecked Sendable {
     private func commitWithRetry(_ jobs: [PGJob]) {
         var delay: UInt32 = 20_000
         var attempt = 0
+        var replacing = false
         while true {
             attempt += 1
             do throws(PGFailure) {
                 let conn = try usableConnection()
                 let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
-                let outcome = try apply(jobs, on: conn)
+                let outcome = try apply(jobs, on: conn, replacingEvents: replacing)
                 let wall = clockNanos(CLOCK_MONOTONIC) - wall0
                 busyNanos.add(wall, ordering: .relaxed)
                 commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
@@ -287,6 +290,12 @@ final class PGWriter: @unchecked Sendable {
                 afterCommit(outcome)
                 return
             } catch {
+                if error.sqlState == "23505" && !replacing {
+                    // unique_violation: a seq written before (only an engine that did not
+                    // restore does that). Keep the newer events rather than wedging the writer.
+                    replacing = true
+                    continue
+                }
                 failed(error)
                 if shared.withLock({ $0.stopping }) && attempt >= 3 {
                     for case let .purge(_, _, reply) in jobs { reply.send(0) }
@@ -311,7 +320,7 @@ final class PGWriter: @unchecked Sendable {
     /// written several times is written once, at its last position (the upserts replace whole
     /// rows, so that is the same result as writing each), which also keeps every key to one row
     /// per statement as `ON CONFLICT DO UPDATE` requires.
-    private func apply(_ jobs: [PGJob], on conn: PGConnection) throws(PGFailure) -> Outcome {
+    private func apply(_ jobs: [PGJob], on conn: PGConnection, replacingEvents: Bool) throws(PGFailure) -> Outcome {
         var out = Outcome()
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
@@ -338,7 +347,7 @@ final class PGWriter: @unchecked Sendable {
         func flush() throws(PGFailure) {
             if bulk.queueCount > 0 { try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter)) }
             if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
-            if bulk.eventCount > 0 { try send(PGSchema.upsertEvents, bulk.events.map(\.parameter)) }
+            if bulk.eventCount > 0 { try send(replacingEvents ? PGSchema.upsertEvents : PGSchema.insertEvents, bulk.events.map(\.parameter)) }
             bulk.reset()
         }
         bulk.reset()
