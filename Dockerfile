@@ -3,7 +3,7 @@
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libmicrohttpd-dev=0.9.75-6 libsqlite3-dev=3.40.1-2+deb12u2 \
-      libcurl4-openssl-dev=7.88.1-10+deb12u15 pkg-config=1.8.1-1 \
+      libcurl4-openssl-dev=7.88.1-10+deb12u15 libpq-dev=15.18-0+deb12u1 pkg-config=1.8.1-1 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies in a layer of their own: editing a source file does not fetch them again.
@@ -22,7 +22,7 @@ RUN swift build -c release --product opqd --static-swift-stdlib \
 FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libmicrohttpd12=0.9.75-6 libsqlite3-0=3.40.1-2+deb12u2 libcurl4=7.88.1-10+deb12u15 \
-      ca-certificates=20250419~deb12u2 tzdata=2026f-0+deb12u1 \
+      libpq5=15.18-0+deb12u1 ca-certificates=20250419~deb12u2 tzdata=2026f-0+deb12u1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin opqd \
  && mkdir -p /data && chown opqd /data

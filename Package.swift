@@ -42,6 +42,10 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // Durable store behind the engine's OperationStore protocol.
         .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite", "Locking"]),
+        // libpq, PostgreSQL's own client library (apt: libpq-dev); used only by PostgresStore.
+        .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
+        // The same store contract on PostgreSQL (`--store postgres://...`), one instance per database for now.
+        .target(name: "PostgresStore", dependencies: ["QueueEngine", "QueueStore", "CLibPQ", "Locking"]),
         // libcurl itself (apt: libcurl4-openssl-dev) plus fixed-arity wrappers of its variadic calls.
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         // Outbound HTTP client on libcurl's multi interface: redirects, caps and errors as values.
@@ -58,7 +62,7 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest",
+                "QueueEngine", "QueueKinds", "QueueStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
@@ -74,7 +78,8 @@ let package = Package(
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit", "MicroHTTP"]),
-        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "QueueEngine", "Locking", "TestKit"]),
+        // Both stores; the PostgreSQL suites need a server (scripts/test.sh starts one: OPQD_TEST_POSTGRES_URL).
+        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "PostgresStore", "QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
@@ -89,6 +94,6 @@ let package = Package(
 if let bench = Context.environment["OPQD_BENCH"], !bench.isEmpty, bench != "0" {
     package.products.append(.executable(name: "opqd-bench", targets: ["opqd-bench"]))
     package.targets.append(
-        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "TestKit"])
+        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "PostgresStore", "TestKit"])
     )
 }

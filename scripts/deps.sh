@@ -9,6 +9,7 @@ need_apt=()
 pkg-config --exists libmicrohttpd 2>/dev/null || need_apt+=(libmicrohttpd-dev)
 pkg-config --exists sqlite3 2>/dev/null || need_apt+=(libsqlite3-dev)
 pkg-config --exists libcurl 2>/dev/null || need_apt+=(libcurl4-openssl-dev)
+pkg-config --exists libpq 2>/dev/null || need_apt+=(libpq-dev)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v curl >/dev/null || need_apt+=(curl)
 if [ "$what" = image ]; then  # scripts/image-check.sh

@@ -13,6 +13,13 @@ scripts/deps.sh test
 
 step() { printf '\n=== %s\n' "$*"; }
 
+# A throwaway PostgreSQL for the PostgreSQL store's tests (scripts/pg.sh installs Debian's
+# postgresql when missing); each test makes its own database on it. Stopped and removed at exit.
+pg_dir=$(mktemp -d /tmp/opqd-test-pg.XXXXXX)
+trap 'scripts/pg.sh stop "$pg_dir"' EXIT
+OPQD_TEST_POSTGRES_URL=$(scripts/pg.sh start "$pg_dir")
+export OPQD_TEST_POSTGRES_URL
+
 # logged NAME LOG COMMAND...: runs COMMAND with its output shown and kept in LOG; fails the
 # suite naming NAME and the exit status.
 logged() {

@@ -1,6 +1,7 @@
 import Dispatch
 import Logging
 import MicroHTTP
+import PostgresStore
 import QueueEngine
 import QueueKinds
 import QueueStore
@@ -13,10 +14,14 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     logger.logLevel = configuration.logLevel
     let limits = configuration.limits
 
-    let store: any ServiceStore =
-        configuration.store == "sqlite"
-        ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
-        : MemoryServiceStore()
+    let store: any ServiceStore
+    if OpqdConfiguration.isPostgresURL(configuration.store) {
+        store = try PostgresStore(url: configuration.store)
+    } else if configuration.store == "sqlite" {
+        store = try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
+    } else {
+        store = MemoryServiceStore()
+    }
     var recovered = try store.recoverState()
     if var r = recovered {
         r.poisoned = countUncleanStops(store, r, logger: logger)

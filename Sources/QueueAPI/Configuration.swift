@@ -20,8 +20,12 @@ public struct OpqdConfiguration: Sendable {
     public var retain: Double = 86_400
     public var connectionTimeout = 30
     public var connectionLimit = 4096
-    /// `sqlite` (durable, under `data`) or `memory` (nothing survives a restart).
+    /// `sqlite` (durable, under `data`), `memory` (nothing survives a restart) or a
+    /// `postgres://` / `postgresql://` URL (PostgresStore).
     public var store = "sqlite"
+
+    /// Whether `--store` names a PostgreSQL database.
+    public static func isPostgresURL(_ s: String) -> Bool { s.hasPrefix("postgres://") || s.hasPrefix("postgresql://") }
     /// SQLite's synchronous level: `full` (fsync at every commit) or `normal`.
     public var sync = "full"
     /// When set, every request but `/healthz`, `/readyz` and the dashboard page needs `Authorization: Bearer <token>`.
@@ -112,8 +116,14 @@ public struct OpqdConfiguration: Sendable {
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
         Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },
-        Option(flag: "--store", env: "OPQD_STORE", help: "sqlite (default: durable, in --data) or memory (nothing survives a restart)") { c, v in
-            guard v == "sqlite" || v == "memory" else { throw ConfigurationError("--store must be sqlite or memory; got '\(v)'") }
+        Option(
+            flag: "--store", env: "OPQD_STORE",
+            help:
+                "sqlite (default: durable, in --data), memory (nothing survives a restart) or postgres://user:pass@host:port/db (one opqd per database for now)"
+        ) { c, v in
+            guard v == "sqlite" || v == "memory" || OpqdConfiguration.isPostgresURL(v) else {
+                throw ConfigurationError("--store must be sqlite, memory or a postgres:// URL; got '\(v)'")
+            }
             c.store = v
         },
         Option(flag: "--sync", env: "OPQD_SYNC", help: "full (default: fsync every commit) or normal (WAL; a power loss may lose the last commits)") { c, v in

@@ -1,4 +1,5 @@
 import Locking
+import PostgresStore
 import QueueEngine
 import QueueStore
 
@@ -6,7 +7,7 @@ import QueueStore
 /// `MemoryServiceStore` (`--store memory`), which keeps nothing across restarts. Code above it
 /// asks `isDurable` where the two differ, never which one it has.
 protocol ServiceStore: AnyObject, Sendable {
-    /// `sqlite` or `memory` (readyz, logs).
+    /// `sqlite`, `postgres` or `memory` (readyz, logs).
     var name: String { get }
     /// Whether a commit survives a restart; when not, no answer waits for one.
     var isDurable: Bool { get }
@@ -37,6 +38,13 @@ protocol ServiceStore: AnyObject, Sendable {
     func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int
     func purgeIdempotency(before cutoff: Timestamp) -> Int
     func close()
+    /// Why the store cannot commit right now (the writer keeps retrying); nil when it can.
+    /// Readiness is 503 meanwhile.
+    var unavailable: String? { get }
+}
+
+extension ServiceStore {
+    var unavailable: String? { nil }
 }
 
 extension SQLiteStore: ServiceStore {
@@ -44,6 +52,18 @@ extension SQLiteStore: ServiceStore {
     var isDurable: Bool { true }
     var engineStore: any OperationStore { self }
     var storeStats: StoreStats? { stats }
+    func recoverState() throws -> RecoveredState? { try load() }
+    func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
+}
+
+extension PostgresStore: ServiceStore {
+    var name: String { "postgres" }
+    var isDurable: Bool { true }
+    /// The URL without its password.
+    var path: String { displayURL }
+    var engineStore: any OperationStore { self }
+    var storeStats: StoreStats? { stats }
+    var unavailable: String? { unavailableReason }
     func recoverState() throws -> RecoveredState? { try load() }
     func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
 }

@@ -1,19 +1,20 @@
 import QueueEngine
 
 /// A row that cannot be turned back into a value: the file is damaged or was edited by hand.
-struct DecodeFailure: Error {
-    let detail: String
+package struct DecodeFailure: Error {
+    package let detail: String
+    package init(detail: String) { self.detail = detail }
 }
 
 /// The largest values a sound store holds. Anything larger was not written by opqd, and
 /// would overflow the engine's `+ 1`s.
-enum RecordLimits {
+package enum RecordLimits {
     /// Operation ids: the engine's ready heap keeps 60 bits of id.
-    static let maxID: UInt64 = (1 << 60) - 1
+    package static let maxID: UInt64 = (1 << 60) - 1
     /// Sequence numbers and revisions.
-    static let maxCounter: UInt64 = 1 << 62
+    package static let maxCounter: UInt64 = 1 << 62
     /// Attempts and `retry.maxAttempts`.
-    static let maxAttempt = 1 << 31
+    package static let maxAttempt = 1 << 31
 }
 
 /// Binds snapshots and events to the writer's statements, straight from their fields.
@@ -145,7 +146,7 @@ struct RecordBinder {
 }
 
 /// Reads rows back into values. Every failure names the row and column.
-enum RecordDecoder {
+package enum RecordDecoder {
     static func operation(_ st: SQLiteStatement) throws(DecodeFailure) -> OperationSnapshot {
         let raw = st.uint64(0)
         func fail(_ column: String, _ why: String) -> DecodeFailure {
@@ -288,7 +289,7 @@ enum RecordDecoder {
     }
 
     /// The JSON of a `ChangeValue` (see `RecordBinder.addChange`).
-    static func change(_ b: UnsafeRawBufferPointer) -> ChangeValue? {
+    package static func change(_ b: UnsafeRawBufferPointer) -> ChangeValue? {
         guard let first = b.first else { return nil }
         switch first {
         case UInt8(ascii: "t"): return .bool(true)

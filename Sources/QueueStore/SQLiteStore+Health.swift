@@ -22,6 +22,16 @@ public struct StoreStats: Sendable, Equatable {
     public var commitRecords = StoreHistogram(bounds: StoreHistogram.recordsBounds)
     /// Mean records per commit: how much group commit batches.
     public var recordsPerCommit: Double { commits == 0 ? 0 : Double(records) / Double(commits) }
+
+    /// For the other stores of this package (PostgresStore).
+    package init(
+        commits: Int, records: Int, appends: Int, largestCommit: Int, failures: Int, busySeconds: Double, cpuSeconds: Double,
+        commitSeconds: StoreHistogram, commitRecords: StoreHistogram
+    ) {
+        self.commits = commits; self.records = records; self.appends = appends; self.largestCommit = largestCommit
+        self.failures = failures; self.busySeconds = busySeconds; self.cpuSeconds = cpuSeconds
+        self.commitSeconds = commitSeconds; self.commitRecords = commitRecords
+    }
 }
 
 /// A fixed-bucket histogram of the writer's commits (Prometheus-style: `counts[i]` observations

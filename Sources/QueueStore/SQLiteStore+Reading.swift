@@ -56,4 +56,9 @@ public struct EventWindow: Sendable {
     public var rows: Int
     /// The seq of the last row read (`after` when none was).
     public var lastSeq: UInt64
+
+    /// For the other stores of this package (PostgresStore).
+    package init(events: [ChangeEvent], rows: Int, lastSeq: UInt64) {
+        self.events = events; self.rows = rows; self.lastSeq = lastSeq
+    }
 }

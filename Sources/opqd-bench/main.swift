@@ -7,6 +7,7 @@
 //   opqd-bench watch [--quick]       SSE latency, many SSE clients, webhook fan-out (WatchBench.swift)
 //   opqd-bench bulk [N]              the engine's share of bulk cancel and filtered listing (BulkBench.swift)
 //   opqd-bench batch [--quick]       durable creates via POST /v1/operations:batch vs single creates (BatchBench.swift)
+//   opqd-bench pgstore --postgres U  --store postgres:// vs SQLite --sync full, HTTP and store alone (PGStoreBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -48,6 +49,11 @@ let usage = """
       batch [--batches N] [--size 1000] [--singles N] [--connections 4] [--sync full] [--quick]
                          durable creates through POST /v1/operations:batch (N batches of a 1,000-operation
                          graph over 4 queues) vs single creates: batches/s and operations/s side by side.
+      pgstore --postgres URL [--singles N] [--batches N] [--connections 32] [--serial N] [--flood N] [--quick]
+                         --store postgres:// vs SQLite --sync full in the same run: durable creates/s over
+                         HTTP (single and 1,000-operation batches) with commits and records per commit, and
+                         the store alone (commit latency, flood of appends). Fresh databases on URL
+                         (default $OPQD_TEST_POSTGRES_URL; scripts/pg.sh start DIR prints one).
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -78,6 +84,8 @@ case "bulk":
     exit(BulkBench.main(args))
 case "batch":
     exit(BatchBench.main(args))
+case "pgstore":
+    exit(PGStoreBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

@@ -177,17 +177,19 @@ struct BatchEndpointTests {
 
 @Suite("Batch create survives kill -9")
 struct BatchDurabilityTests {
-    @Test("an acknowledged batch survives kill -9 whole, dependencies included")
-    func survivesKillNine() async throws {
+    @Test("an acknowledged batch survives kill -9 whole, dependencies included", arguments: StoreChoice.allCases)
+    func survivesKillNine(store choice: StoreChoice) async throws {
         let binary = try OpqdBinary.locate()
+        let store = try choice.prepare()
         let data = try makeTemporaryDirectory(prefix: "opqd-batch-data")
         let logs = try makeTemporaryDirectory(prefix: "opqd-batch-logs")
         defer {
+            store.remove()
             try? FileManager.default.removeItem(atPath: data)
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-0.log")
+            let server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-0.log", extraArguments: store.arguments)
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"a","isSuspended":true}"#).expecting(201)
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"b","isSuspended":true}"#).expecting(201)
             var elements: [String] = []
@@ -202,7 +204,7 @@ struct BatchDurabilityTests {
             server.signal(SIGKILL)
             #expect(server.waitForExit(timeout: 10) == .signaled(SIGKILL))
 
-            let again = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-1.log")
+            let again = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-1.log", extraArguments: store.arguments)
             defer {
                 again.signal(SIGTERM)
                 _ = again.waitForExit(timeout: 10)

@@ -15,19 +15,23 @@ struct CrashRecoveryTests {
     static let cycles = 4
     static let clients = 4
 
-    @Test("kill -9 during concurrent creates, cancels, pauses, resumes and priority changes loses no acknowledged change")
-    func killNineLosesNothingAcknowledged() async throws {
+    @Test(
+        "kill -9 during concurrent creates, cancels, pauses, resumes and priority changes loses no acknowledged change",
+        arguments: StoreChoice.allCases)
+    func killNineLosesNothingAcknowledged(store choice: StoreChoice) async throws {
         let binary = try OpqdBinary.locate()
+        let store = try choice.prepare()
         let data = try makeTemporaryDirectory(prefix: "opqd-crash-data")
         let logs = try makeTemporaryDirectory(prefix: "opqd-crash-logs")
         defer {
+            store.remove()
             try? FileManager.default.removeItem(atPath: data)
             try? FileManager.default.removeItem(atPath: logs)
         }
         let ledger = Lock(Ledger())
         var summary: [String] = []
 
-        var server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-0.log")
+        var server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-0.log", extraArguments: store.arguments)
         summary.append(String(format: "first start %.3f s", server.startupSeconds))
         for name in ["c0", "c1", "c2"] {
             let r = try server.request("POST", "/v1/queues", json: #"{"name":"\#(name)","maxConcurrentOperationCount":2,"isSuspended":true}"#)
@@ -37,7 +41,7 @@ struct CrashRecoveryTests {
 
         for cycle in 0..<Self.cycles {
             if cycle > 0 {
-                server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-\(cycle).log")
+                server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-\(cycle).log", extraArguments: store.arguments)
                 let (problems, note) = try await onThread { [server] in try Self.verify(server, ledger, after: "kill \(cycle)") }
                 summary.append(String(format: "restart %d: %.3f s to listening; ", cycle, server.startupSeconds) + note)
                 for p in problems { Issue.record("\(p)\n--- log ---\n\(server.logTail())") }
@@ -94,7 +98,7 @@ struct CrashRecoveryTests {
                     cycle, delay, killedWith, acked))
         }
 
-        server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-final.log")
+        server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-final.log", extraArguments: store.arguments)
         let (problems, note) = try await onThread { [server] in try Self.verify(server, ledger, after: "the last kill") }
         for p in problems { Issue.record("\(p)\n--- log ---\n\(server.logTail())") }
         summary.append(String(format: "final restart: %.3f s to listening; ", server.startupSeconds) + note)
@@ -105,7 +109,7 @@ struct CrashRecoveryTests {
         summary.append(
             "facts checked: \(totals.0) operations in \(totals.1) queues; acknowledged: \(totals.2.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))"
         )
-        print("CrashRecovery: " + summary.joined(separator: "\nCrashRecovery: "))
+        print("CrashRecovery (\(choice)): " + summary.joined(separator: "\nCrashRecovery (\(choice)): "))
     }
 
     // MARK: - the model of what was acknowledged

@@ -35,6 +35,9 @@ struct ServiceController: Sendable {
         if lifecycle.isStopping {
             return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
         }
+        if let problem = store.unavailable {
+            return .response(Problem(503, "not-ready", "Not ready", problem).response)
+        }
         return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store.name)\"}".utf8)))
     }
 }

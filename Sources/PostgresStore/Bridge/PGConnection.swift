@@ -1,0 +1,270 @@
+internal import CLibPQ
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A failed libpq call or statement: the server's message and SQLSTATE when there is one.
+struct PGFailure: Error, CustomStringConvertible {
+    let message: String
+    /// The five-character SQLSTATE, when the server sent one.
+    let sqlState: String?
+    /// The connection is gone (or was never made): reconnect before trying again.
+    let connectionLost: Bool
+
+    var description: String {
+        let text = message.split(whereSeparator: { $0 == "\n" }).map { $0.drop { $0 == " " || $0 == "\t" } }.joined(separator: " ")
+        return sqlState.map { "\(text) (SQLSTATE \($0))" } ?? text
+    }
+}
+
+/// A parameter in text format, already NUL-terminated (libpq reads text parameters as C strings).
+struct PGParameter {
+    fileprivate var bytes: [UInt8]?
+
+    static let null = PGParameter(bytes: nil)
+    init(bytes: [UInt8]?) { self.bytes = bytes }
+    init(_ text: String) { bytes = Array(text.utf8) + [0] }
+    init(_ n: Int64) { self.init(String(n)) }
+    init(_ n: Int) { self.init(String(n)) }
+    /// A bytea as `\x` followed by hex digits: any bytes at all, U+0000 included (which
+    /// PostgreSQL's `text` cannot hold).
+    init(bytea: some Sequence<UInt8>) {
+        var b: [UInt8] = [UInt8(ascii: "\\"), UInt8(ascii: "x")]
+        for byte in bytea {
+            b.append(hexDigits[Int(byte >> 4)])
+            b.append(hexDigits[Int(byte & 15)])
+        }
+        b.append(0)
+        bytes = b
+    }
+}
+
+let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+/// One connection to PostgreSQL, used by one thread at a time. The only type that calls `PQ*`
+/// besides `PGResult`.
+///
+/// @unchecked Sendable: each connection is owned by one thread (the writer's) or used under a lock
+/// (the reader's); libpq connections may move between threads as long as calls do not overlap.
+final class PGConnection: @unchecked Sendable {
+    private var conn: OpaquePointer?
+
+    /// Connects to `url` (a `postgres://` or `postgresql://` URI, or any libpq conninfo). The
+    /// timeout applies unless the URL sets its own `connect_timeout`.
+    init(url: String, connectTimeoutSeconds: Int = 5) throws(PGFailure) {
+        // Keywords before `dbname` are defaults the URL (expanded in its place) may override.
+        let keywords = ["connect_timeout", "fallback_application_name", "dbname"]
+        let values = [String(connectTimeoutSeconds), "opqd", url]
+        let c: OpaquePointer? = withCStrings(keywords) { k in
+            withCStrings(values) { v in PQconnectdbParams(k, v, 1) }
+        }
+        guard let c else { throw PGFailure(message: "out of memory", sqlState: nil, connectionLost: true) }
+        guard PQstatus(c) == CONNECTION_OK else {
+            let message = String(cString: PQerrorMessage(c))
+            PQfinish(c)
+            throw PGFailure(message: message, sqlState: nil, connectionLost: true)
+        }
+        // Notices (e.g. "relation already exists, skipping") would go to stderr unasked.
+        PQsetNoticeProcessor(c, { _, _ in }, nil)
+        conn = c
+    }
+
+    deinit { close() }
+
+    func close() {
+        if let c = conn { PQfinish(c) }
+        conn = nil
+    }
+
+    /// False once the connection broke (libpq notices it on the next call that fails).
+    var isUsable: Bool {
+        guard let c = conn else { return false }
+        return PQstatus(c) == CONNECTION_OK
+    }
+
+    /// The server's version as a number (150018 for 15.18).
+    var serverVersion: Int { conn.map { Int(PQserverVersion($0)) } ?? 0 }
+
+    private func lost(_ what: String) -> PGFailure {
+        let message = conn.map { String(cString: PQerrorMessage($0)) } ?? ""
+        return PGFailure(message: message.isEmpty ? what : message, sqlState: nil, connectionLost: !isUsable)
+    }
+
+    /// Runs one statement (outside pipeline mode) and returns its result: rows for a query, the
+    /// row count for a change. Values are bound as parameters, never spliced into `sql`.
+    @discardableResult
+    func exec(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) -> PGResult {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        let raw = withParameters(parameters) { count, values in PQexecParams(c, sql, count, nil, values, nil, nil, 0) }
+        guard let raw else { throw lost("no result") }
+        let result = PGResult(raw)
+        try result.check(connectionLost: !isUsable)
+        return result
+    }
+
+    // MARK: - pipeline mode
+
+    /// Pipeline mode (libpq >= 14): statements are sent without waiting for each answer, so a
+    /// whole group commit is one round trip.
+    func enterPipelineMode() throws(PGFailure) {
+        guard let c = conn, PQenterPipelineMode(c) == 1 else { throw lost("cannot enter pipeline mode") }
+    }
+
+    /// Queues one statement of the pipeline.
+    func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        let ok = withParameters(parameters) { count, values in PQsendQueryParams(c, sql, count, nil, values, nil, nil, 0) }
+        if ok != 1 { throw lost("sending a statement failed") }
+    }
+
+    /// Ends the pipeline's current batch (the server runs it and answers).
+    func sync() throws(PGFailure) {
+        guard let c = conn, PQpipelineSync(c) == 1 else { throw lost("sending the sync failed") }
+    }
+
+    /// Reads the answers of `count` statements and then the sync point. Every statement's
+    /// result is returned (the first failure first among them), after the whole batch is read,
+    /// so the connection is ready for the next one whatever happened.
+    func readPipeline(count: Int) throws(PGFailure) -> [PGResult] {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        var results: [PGResult] = []
+        var firstFailure: PGFailure?
+        for _ in 0..<count {
+            guard let raw = PQgetResult(c) else { throw lost("the server sent fewer results than statements") }
+            let r = PGResult(raw)
+            // The NULL that ends this statement's results.
+            while let extra = PQgetResult(c) { PQclear(extra) }
+            if firstFailure == nil {
+                do throws(PGFailure) { try r.check(connectionLost: !isUsable) } catch { firstFailure = error }
+            }
+            results.append(r)
+        }
+        guard let raw = PQgetResult(c) else { throw lost("no sync point at the end of the pipeline") }
+        let status = PQresultStatus(raw)
+        PQclear(raw)
+        if status != PGRES_PIPELINE_SYNC { throw lost("the pipeline did not end at its sync point") }
+        if let firstFailure { throw firstFailure }
+        return results
+    }
+}
+
+/// A statement's result. Values come back in text format; every accessor checks its indexes,
+/// so a result of an unexpected shape reads as NULLs rather than out of bounds.
+final class PGResult {
+    private let raw: OpaquePointer
+    init(_ raw: OpaquePointer) { self.raw = raw }
+    deinit { PQclear(raw) }
+
+    fileprivate func check(connectionLost: Bool) throws(PGFailure) {
+        let status = PQresultStatus(raw)
+        switch status {
+        case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return
+        default:
+            let state = PQresultErrorField(raw, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+            var message = PQresultErrorMessage(raw).map { String(cString: $0) } ?? ""
+            if status == PGRES_PIPELINE_ABORTED && message.isEmpty { message = "not run: an earlier statement of the pipeline failed" }
+            if message.isEmpty { message = String(cString: PQresStatus(status)) }
+            throw PGFailure(message: message, sqlState: state, connectionLost: connectionLost)
+        }
+    }
+
+    var rows: Int { Int(PQntuples(raw)) }
+    var columns: Int { Int(PQnfields(raw)) }
+
+    /// Rows changed by an INSERT, UPDATE or DELETE (0 when the server did not say).
+    var changes: Int { Int(String(cString: PQcmdTuples(raw))) ?? 0 }
+
+    private func valid(_ row: Int, _ column: Int) -> Bool { row >= 0 && row < rows && column >= 0 && column < columns }
+
+    func isNull(_ row: Int, _ column: Int) -> Bool {
+        !valid(row, column) || PQgetisnull(raw, Int32(row), Int32(column)) == 1
+    }
+
+    /// The value's text bytes, without a copy, for the duration of `body`; nil for NULL.
+    func withBytes<T>(_ row: Int, _ column: Int, _ body: (UnsafeRawBufferPointer) -> T) -> T? {
+        guard !isNull(row, column), let p = PQgetvalue(raw, Int32(row), Int32(column)) else { return nil }
+        let n = Int(PQgetlength(raw, Int32(row), Int32(column)))
+        return body(UnsafeRawBufferPointer(start: UnsafeRawPointer(p), count: max(0, n)))
+    }
+
+    func text(_ row: Int, _ column: Int) -> String? {
+        withBytes(row, column) { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// A bigint column; nil for NULL or anything that is not a 64-bit integer.
+    func int64(_ row: Int, _ column: Int) -> Int64? { text(row, column).flatMap { Int64($0) } }
+
+    func double(_ row: Int, _ column: Int) -> Double? { text(row, column).flatMap { Double($0) } }
+
+    func bool(_ row: Int, _ column: Int) -> Bool? {
+        switch text(row, column) {
+        case "t": return true
+        case "f": return false
+        default: return nil
+        }
+    }
+
+    /// A bytea column (hex output, `\x...`); nil for NULL or malformed text.
+    func bytea(_ row: Int, _ column: Int) -> [UInt8]? {
+        withBytes(row, column) { b -> [UInt8]? in
+            guard b.count >= 2, b[0] == UInt8(ascii: "\\"), b[1] == UInt8(ascii: "x"), b.count % 2 == 0 else { return nil }
+            var out: [UInt8] = []
+            out.reserveCapacity((b.count - 2) / 2)
+            var i = 2
+            while i < b.count {
+                guard let hi = hexValue(b[i]), let lo = hexValue(b[i + 1]) else { return nil }
+                out.append(hi << 4 | lo)
+                i += 2
+            }
+            return out
+        } ?? nil
+    }
+}
+
+private func hexValue(_ c: UInt8) -> UInt8? {
+    switch c {
+    case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
+    case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
+    case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
+    default: return nil
+    }
+}
+
+/// Calls `body` with a NULL-terminated array of C strings.
+private func withCStrings<T>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> T) -> T {
+    let copies: [UnsafeMutablePointer<CChar>?] = strings.map { strdup($0) }
+    defer { for p in copies { free(p) } }
+    var pointers: [UnsafePointer<CChar>?] = copies.map { $0.map { UnsafePointer($0) } }
+    pointers.append(nil)
+    // Never empty (the terminating NULL), so the base address exists.
+    return pointers.withUnsafeBufferPointer { buffer in
+        guard let base = buffer.baseAddress else { preconditionFailure("a non-empty array has storage") }
+        return body(base)
+    }
+}
+
+/// Calls `body` with the parameters as libpq wants them: a count and an array of C strings
+/// (NULL for SQL NULL), valid during the call.
+private func withParameters<T>(_ parameters: [PGParameter], _ body: (Int32, UnsafePointer<UnsafePointer<CChar>?>?) -> T) -> T {
+    if parameters.isEmpty { return body(0, nil) }
+    var pointers: [UnsafePointer<CChar>?] = []
+    pointers.reserveCapacity(parameters.count)
+    func nest(_ i: Int) -> T {
+        if i == parameters.count {
+            return pointers.withUnsafeBufferPointer { body(Int32(parameters.count), $0.baseAddress) }
+        }
+        guard let bytes = parameters[i].bytes else {
+            pointers.append(nil)
+            return nest(i + 1)
+        }
+        return bytes.withUnsafeBytes { raw in
+            // Every parameter ends with its NUL, so the buffer is never empty.
+            pointers.append(raw.bindMemory(to: CChar.self).baseAddress.map { UnsafePointer($0) })
+            return nest(i + 1)
+        }
+    }
+    return nest(0)
+}

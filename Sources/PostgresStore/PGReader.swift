@@ -1,0 +1,187 @@
+import QueueEngine
+import QueueStore
+
+/// The read connection; lives under `PostgresStore.reader`'s lock. A broken connection is
+/// replaced on the next read (one retry per read), so the feed's readers recover with the server.
+final class PGReader {
+    private let url: String
+    private var connection: PGConnection?
+    private var closed = false
+
+    init(url: String, connection: PGConnection) {
+        self.url = url
+        self.connection = connection
+    }
+
+    func close() {
+        closed = true
+        connection?.close()
+        connection = nil
+    }
+
+    /// Runs `body` on a usable connection, reconnecting once if the connection was lost.
+    private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
+        if closed { throw PGFailure(message: "the store is closed", sqlState: nil, connectionLost: false) }
+        var retried = false
+        while true {
+            let c: PGConnection
+            if let existing = connection, existing.isUsable {
+                c = existing
+            } else {
+                connection?.close()
+                connection = nil
+                c = try PGConnection(url: url)
+                connection = c
+            }
+            do throws(PGFailure) {
+                return try body(c)
+            } catch {
+                if error.connectionLost && !retried {
+                    retried = true
+                    continue
+                }
+                throw error
+            }
+        }
+    }
+
+    /// Every row of `result`, decoded; rows that do not decode are skipped.
+    private func rows<T>(_ result: PGResult, _ decode: (PGResult, Int) throws(DecodeFailure) -> T) -> [T] {
+        var out: [T] = []
+        out.reserveCapacity(result.rows)
+        for i in 0..<result.rows {
+            if let v = try? decode(result, i) { out.append(v) }
+        }
+        return out
+    }
+
+    func recentEvents(limit: Int) throws(PGFailure) -> [ChangeEvent] {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT \(PGSchema.eventColumns) FROM opqd.events ORDER BY seq DESC LIMIT $1::bigint", [PGParameter(limit)])
+        }
+        return rows(r, PGRecordDecoder.event).reversed()
+    }
+
+    func events(of id: OperationID, after: UInt64, limit: Int) throws(PGFailure) -> [ChangeEvent] {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                "SELECT \(PGSchema.eventColumns) FROM opqd.events WHERE operation = $1::bigint AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint",
+                [PGParameter(Int64(clamping: id.raw)), PGParameter(Int64(clamping: after)), PGParameter(limit)])
+        }
+        return rows(r, PGRecordDecoder.event)
+    }
+
+    /// As `StoreReader.eventWindow`: the rows read, decodable or not, and the last seq read.
+    func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) throws(PGFailure) -> EventWindow {
+        // Text parameters are C strings: a name with U+0000 would be cut short and match
+        // another queue. No queue has one (names are [A-Za-z0-9._-]).
+        if operation == nil, queue?.utf8.contains(0) == true { return EventWindow(events: [], rows: 0, lastSeq: after) }
+        let r = try withConnection { c throws(PGFailure) in
+            if let operation {
+                return try c.exec(
+                    """
+                    SELECT \(PGSchema.eventColumns) FROM opqd.events WHERE operation = $1::bigint AND seq > $2::bigint AND seq <= $3::bigint \
+                    ORDER BY seq LIMIT $4::bigint
+                    """,
+                    [
+                        PGParameter(Int64(clamping: operation.raw)), PGParameter(Int64(clamping: after)), PGParameter(Int64(clamping: through)),
+                        PGParameter(limit),
+                    ])
+            }
+            // A window of seqs (the primary key), as the SQLite store reads it: a queue with few
+            // events among many costs a bounded scan per call, and no index on queue is kept up
+            // on every insert for it.
+            return try c.exec(
+                "SELECT \(PGSchema.eventColumns) FROM opqd.events WHERE queue = $1 AND seq > $2::bigint AND seq <= $3::bigint ORDER BY seq LIMIT $4::bigint",
+                [PGParameter(queue ?? ""), PGParameter(Int64(clamping: after)), PGParameter(Int64(clamping: through)), PGParameter(limit)])
+        }
+        var window = EventWindow(events: [], rows: 0, lastSeq: after)
+        for i in 0..<r.rows {
+            // A row whose seq is unreadable still counts as read; the window resumes after the
+            // last seq it could read.
+            window.rows += 1
+            if let seq = PGRecordDecoder.seq(r, i), seq > window.lastSeq { window.lastSeq = seq }
+            if let e = try? PGRecordDecoder.event(r, i) { window.events.append(e) }
+        }
+        return window
+    }
+
+    func oldestSeq() throws(PGFailure) -> UInt64? {
+        let r = try withConnection { c throws(PGFailure) in try c.exec("SELECT min(seq) FROM opqd.events WHERE seq > 0") }
+        guard let n = r.int64(0, 0) else { return nil }
+        return UInt64(exactly: n)
+    }
+
+    func meta(prefix: String) throws(PGFailure) -> [(key: String, value: String)] {
+        let r = try withConnection { c throws(PGFailure) in try c.exec(PGSchema.selectMetaPrefix, [PGParameter(bytea: prefix.utf8)]) }
+        var out: [(key: String, value: String)] = []
+        for i in 0..<r.rows {
+            if let k = r.bytea(i, 0), let v = r.bytea(i, 1) {
+                out.append((String(decoding: k, as: UTF8.self), String(decoding: v, as: UTF8.self)))
+            }
+        }
+        return out
+    }
+
+    func idempotency() throws(PGFailure) -> [IdempotencyRecord] {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT \(PGSchema.idempotencyColumns) FROM opqd.idempotency ORDER BY created_at, scope")
+        }
+        return rows(r, PGRecordDecoder.idempotency)
+    }
+
+    /// One repeatable-read transaction, so queues, operations and the seq are one consistent
+    /// snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
+    func load(lastSeq known: UInt64) throws -> RecoveredState {
+        let (qs, os, seqs) = try withConnection { c throws(PGFailure) in
+            try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            do throws(PGFailure) {
+                let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues ORDER BY name")
+                let os = try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations ORDER BY id")
+                let seqs = try c.exec(PGSchema.lastSeq)
+                try c.exec("COMMIT")
+                return (qs, os, seqs)
+            } catch {
+                _ = try? c.exec("ROLLBACK")
+                throw error
+            }
+        }
+        var queues: [QueueSnapshot] = []
+        var index: [String: Int] = [:]
+        for i in 0..<qs.rows {
+            let q = try PGRecordDecoder.queue(qs, i)
+            index[q.name] = queues.count
+            queues.append(q)
+        }
+        var operations: [OperationSnapshot] = []
+        operations.reserveCapacity(os.rows)
+        for i in 0..<os.rows {
+            let op = try PGRecordDecoder.operation(os, i)
+            if let i = index[op.queue] {
+                queues[i].counts[op.state, default: 0] += 1
+                if op.state != .finished { queues[i].operationCount += 1 }
+            }
+            operations.append(op)
+        }
+        let stored = try Self.lastSeq(seqs)
+        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
+    }
+
+    /// The newest seq ever written, from the result of `PGSchema.lastSeq`.
+    static func lastSeq(_ r: PGResult) throws(DecodeFailure) -> UInt64 {
+        var stored: UInt64 = 0
+        if !r.isNull(0, 0) {
+            guard let b = r.bytea(0, 0), let n = UInt64(String(decoding: b, as: UTF8.self)), n <= RecordLimits.maxCounter else {
+                throw DecodeFailure(detail: "meta last_seq is not a seq")
+            }
+            stored = n
+        }
+        if !r.isNull(0, 1) {
+            guard let m = r.int64(0, 1), let n = UInt64(exactly: m), n <= RecordLimits.maxCounter else {
+                throw DecodeFailure(detail: "the newest event seq \(r.text(0, 1) ?? "") is out of range")
+            }
+            stored = max(stored, n)
+        }
+        return stored
+    }
+}

@@ -1,0 +1,179 @@
+/// The store's tables in PostgreSQL, all in the schema `opqd`, and how an older schema is brought
+/// up to date.
+///
+/// `opqd.schema_version` holds the version; version N+1 is reached from N by `migrations[N]`,
+/// all missing ones in one transaction at start. An opqd that finds a newer version than it
+/// knows refuses to start (as with SQLite's `user_version`).
+///
+/// Columns follow the SQLite store's, with PostgreSQL types: ids, seqs, revisions and times
+/// (ns since the Unix epoch) are `bigint`; dependencies a `bigint[]`; JSON values `text`, not
+/// `jsonb`, because jsonb reorders object keys and the API gives back what it was given.
+/// Strings that come from clients unchecked (an operation's name, an idempotency scope, meta
+/// keys and values) are `bytea`: PostgreSQL's `text` cannot hold U+0000, which a JSON string
+/// can, and a row the server refuses would stall the writer forever.
+///
+/// Later steps of clustering add tables (`queue_owner`, `instance`, `inbox`) and take `seq`
+/// from a sequence; nothing here assumes one instance except the advisory lock.
+enum PGSchema {
+    /// The version this build writes.
+    static var version: Int { migrations.count }
+
+    /// The session-level advisory lock that keeps a second opqd off the database (`opqd` in ASCII).
+    static let instanceLock: Int64 = 0x6F70_7164
+
+    static let migrations: [String] = [
+        // 0 -> 1: the first schema.
+        """
+        CREATE TABLE opqd.queues (
+            name           text PRIMARY KEY,
+            max_concurrent bigint NOT NULL,
+            effective_max  bigint NOT NULL,
+            is_suspended   boolean NOT NULL,
+            revision       bigint NOT NULL,
+            created_at     bigint NOT NULL
+        );
+        CREATE TABLE opqd.operations (
+            id                 bigint PRIMARY KEY,
+            queue              text NOT NULL,
+            name               bytea,
+            kind               text NOT NULL,
+            spec               text,
+            priority           integer NOT NULL,
+            state              text NOT NULL,
+            outcome            text,
+            is_cancelled       boolean NOT NULL,
+            dependencies       bigint[] NOT NULL,
+            progress_completed double precision,
+            progress_total     double precision,
+            attempt            bigint NOT NULL,
+            result             text,
+            error              text,
+            created_at         bigint NOT NULL,
+            started_at         bigint,
+            finished_at        bigint,
+            revision           bigint NOT NULL,
+            timeout            double precision,
+            retry              text,
+            not_before         bigint,
+            executed_seconds   double precision NOT NULL,
+            kind_state         text
+        );
+        CREATE INDEX operations_by_queue ON opqd.operations (queue);
+        CREATE INDEX operations_finished ON opqd.operations (finished_at) WHERE state = 'finished';
+        CREATE TABLE opqd.events (
+            seq       bigint PRIMARY KEY,
+            time      bigint NOT NULL,
+            queue     text NOT NULL,
+            operation bigint NOT NULL,
+            key       text NOT NULL,
+            old       text,
+            new       text,
+            state     text NOT NULL
+        );
+        CREATE INDEX events_by_operation ON opqd.events (operation, seq);
+        CREATE TABLE opqd.idempotency (
+            scope      bytea PRIMARY KEY,
+            body_hash  text NOT NULL,
+            status     bigint NOT NULL,
+            headers    text NOT NULL,
+            body       bytea NOT NULL,
+            created_at bigint NOT NULL
+        );
+        CREATE INDEX idempotency_by_time ON opqd.idempotency (created_at);
+        CREATE TABLE opqd.meta (
+            key   bytea PRIMARY KEY,
+            value bytea NOT NULL
+        );
+        """
+    ]
+
+    /// Creates the schema and the version table if missing (a first start). Run inside the
+    /// migration transaction.
+    static let bootstrap = """
+        CREATE SCHEMA IF NOT EXISTS opqd;
+        CREATE TABLE IF NOT EXISTS opqd.schema_version (version integer NOT NULL);
+        """
+
+    static let operationColumns = """
+        id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
+        progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
+        revision, timeout, retry, not_before, executed_seconds, kind_state
+        """
+    /// The array type each operation column is sent as, in `operationColumns` order.
+    static let operationArrayTypes = [
+        "bigint[]", "text[]", "bytea[]", "text[]", "text[]", "integer[]", "text[]", "text[]", "boolean[]", "text[]",
+        "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
+        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]",
+    ]
+    static let eventColumns = "seq, time, queue, operation, key, old, new, state"
+    static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]"]
+    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
+    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"]
+    static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
+
+    /// `INSERT ... SELECT FROM unnest($1::t1[], $2::t2[], ...)`: one statement for every row of
+    /// a batch, each column one array parameter. The upsert replaces the whole row, as the
+    /// SQLite store's does; the caller sends each key at most once per statement.
+    static func bulkUpsert(table: String, columns: String, types: [String], conflict: String, casts: [String: String] = [:]) -> String {
+        let names = columns.split(separator: ",").map { $0.trimmingCharacters() }
+        let arrays = types.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
+        let select = names.map { name in casts[name].map { "r.\(name)::\($0)" } ?? "r.\(name)" }.joined(separator: ", ")
+        let update = names.filter { $0 != conflict }.map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
+        return """
+            INSERT INTO opqd.\(table) (\(columns)) SELECT \(select) FROM unnest(\(arrays)) AS r(\(columns)) \
+            ON CONFLICT (\(conflict)) DO UPDATE SET \(update)
+            """
+    }
+
+    static let upsertOperations = bulkUpsert(
+        table: "operations", columns: operationColumns, types: operationArrayTypes, conflict: "id", casts: ["dependencies": "bigint[]"])
+    /// Events are new rows: a plain INSERT, about a third cheaper than the upsert for the server.
+    static let insertEvents = bulkInsert(table: "events", columns: eventColumns, types: eventArrayTypes)
+    /// For the rare batch that repeats a seq already stored (only an engine that did not restore
+    /// does that), retried after the INSERT's unique violation: the newer event wins.
+    static let upsertEvents = bulkUpsert(table: "events", columns: eventColumns, types: eventArrayTypes, conflict: "seq")
+
+    static func bulkInsert(table: String, columns: String, types: [String]) -> String {
+        let arrays = types.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
+        return "INSERT INTO opqd.\(table) (\(columns)) SELECT * FROM unnest(\(arrays)) AS r(\(columns))"
+    }
+    static let upsertQueues = bulkUpsert(table: "queues", columns: queueColumns, types: queueArrayTypes, conflict: "name")
+
+    static let upsertIdempotency = """
+        INSERT INTO opqd.idempotency (\(idempotencyColumns)) VALUES ($1::bytea, $2, $3::bigint, $4, $5::bytea, $6::bigint) \
+        ON CONFLICT (scope) DO UPDATE SET body_hash = excluded.body_hash, status = excluded.status, headers = excluded.headers, \
+        body = excluded.body, created_at = excluded.created_at
+        """
+    // Events go first, while the operations still say which ones belong to the queue.
+    static let deleteQueueEvents = "DELETE FROM opqd.events WHERE operation IN (SELECT id FROM opqd.operations WHERE queue = $1)"
+    static let deleteQueueOperations = "DELETE FROM opqd.operations WHERE queue = $1"
+    static let deleteQueue = "DELETE FROM opqd.queues WHERE name = $1"
+    /// Up to $2 operations finished before $1, oldest first, with their events; the count of
+    /// operations deleted is the statement's row count.
+    static let purge = """
+        WITH p AS (SELECT id FROM opqd.operations WHERE state = 'finished' AND finished_at < $1::bigint ORDER BY finished_at LIMIT $2::bigint), \
+        e AS (DELETE FROM opqd.events WHERE operation IN (SELECT id FROM p)) \
+        DELETE FROM opqd.operations WHERE id IN (SELECT id FROM p)
+        """
+    static let deleteOldIdempotency = "DELETE FROM opqd.idempotency WHERE created_at < $1::bigint"
+    static let upsertMeta = "INSERT INTO opqd.meta (key, value) VALUES ($1::bytea, $2::bytea) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    static let deleteMeta = "DELETE FROM opqd.meta WHERE key = $1::bytea"
+    static let deleteMetaPrefix = "DELETE FROM opqd.meta WHERE substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
+    static let selectMetaPrefix = "SELECT key, value FROM opqd.meta WHERE substring(key FROM 1 FOR length($1::bytea)) = $1::bytea ORDER BY key"
+    /// The newest seq ever written, kept apart from the events so that purging never moves it back.
+    static let setLastSeq = """
+        INSERT INTO opqd.meta (key, value) VALUES (convert_to('last_seq', 'UTF8'), convert_to($1, 'UTF8')) \
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value
+        """
+    /// `last_seq` from meta (its bytes; NULL when absent) and the newest event's seq.
+    static let lastSeq = """
+        SELECT (SELECT value FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), (SELECT max(seq) FROM opqd.events)
+        """
+}
+
+extension Substring {
+    /// Without surrounding spaces and newlines.
+    func trimmingCharacters() -> String {
+        String(drop { $0 == " " || $0 == "\n" }.reversed().drop { $0 == " " || $0 == "\n" }.reversed())
+    }
+}

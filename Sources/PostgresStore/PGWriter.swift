@@ -1,0 +1,486 @@
+import Dispatch
+import Locking
+import QueueEngine
+import QueueStore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// One unit of work for the writer thread (as the SQLite store's `WriteJob`).
+enum PGJob: Sendable {
+    case records([StoreRecord], ticket: UInt64)
+    case idempotency(IdempotencyRecord, done: (@Sendable () -> Void)?)
+    case purge(cutoff: Timestamp, limit: Int, reply: PGReply)
+    case purgeIdempotency(before: Timestamp, reply: PGReply)
+    case meta([(key: String, value: String?)], done: (@Sendable () -> Void)?)
+    case deleteMetaPrefix(String, done: (@Sendable () -> Void)?)
+}
+
+/// A count handed back from the writer thread to a caller blocked on it.
+final class PGReply: Sendable {
+    private let value = Atomic<Int>(0)
+    private let ready = DispatchSemaphore(value: 0)
+    func send(_ n: Int) { value.store(n, ordering: .releasing); ready.signal() }
+    func wait() -> Int { ready.wait(); return value.load(ordering: .acquiring) }
+}
+
+/// What callers and the writer thread share, under `PGWriter.shared`.
+struct PGWriterShared {
+    var jobs: [PGJob] = []
+    var waiters: [(ticket: UInt64, done: @Sendable () -> Void)] = []
+    var committed: UInt64 = 0
+    var sleeping = false
+    var stopping = false
+}
+
+/// The single writer: a dedicated thread that owns the write connection and commits everything
+/// submitted while the previous commit ran in ONE transaction (group commit), exactly as the
+/// SQLite store's `StoreWriter` does; `synchronous_commit` stays at the server's `on`, so a
+/// commit that returned is on the server's disk (and its synchronous standbys, if any).
+///
+/// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)`
+/// per table (every row of the batch in array parameters; `ON CONFLICT DO UPDATE` for queues and
+/// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
+/// few other statements, `COMMIT` and a sync point, then reads the answers.
+///
+/// The connection also holds the session-level advisory lock that keeps a second opqd off the
+/// database. Holding it on the connection that commits, rather than a separate one, means a lost
+/// lock cannot go unnoticed: the lock goes with the connection, and the writer takes it again
+/// on its new connection before it commits anything more.
+///
+/// When the connection breaks, the writer reconnects with backoff and commits the batch again
+/// (every statement is an upsert or a delete, or an event INSERT that becomes an upsert when its
+/// rows are already there, so running a batch twice gives the same result as once, whether or
+/// not the lost COMMIT had reached the server). Nothing is reported durable
+/// until a COMMIT is answered; `lastError` says why meanwhile (readiness reads it).
+///
+/// @unchecked Sendable: `connection`, `bulk` and the dedup tables are touched only by the writer
+/// thread while it runs, and by `init` before it starts. Everything callers touch is in `shared`
+/// or atomic.
+final class PGWriter: @unchecked Sendable {
+    let shared = Lock(PGWriterShared())
+    let committedTicket = Atomic<UInt64>(0)
+    private let wake = DispatchSemaphore(value: 0)
+    private let url: String
+    let displayURL: String
+
+    let commits = Atomic<Int>(0)
+    let recordsCommitted = Atomic<Int>(0)
+    let appends = Atomic<Int>(0)
+    let largestCommit = Atomic<Int>(0)
+    let failures = Atomic<Int>(0)
+    let busyNanos = Atomic<Int>(0)
+    let cpuNanos = Atomic<Int>(0)
+    let lastError = Lock<PostgresStoreError?>(nil)
+    let commitSeconds = Lock(StoreHistogram(bounds: StoreHistogram.secondsBounds))
+    let commitRecords = Lock(StoreHistogram(bounds: StoreHistogram.recordsBounds))
+    let lastSeq: Atomic<UInt64>
+
+    private var connection: PGConnection?
+    private var bulk = BulkRows()
+    private var lastOperation: [UInt64: Int] = [:]
+    private var lastQueue: [String: Int] = [:]
+    private var lastEvent: [UInt64: Int] = [:]
+    private var thread: pthread_t?
+
+    /// How long an idle writer waits before checking its connection (so readiness notices a
+    /// server that went away even when nothing is written).
+    static let idleCheckSeconds = 2.0
+
+    init(connection: PGConnection, url: String, displayURL: String, lastSeq: UInt64) throws(PGFailure) {
+        try connection.enterPipelineMode()
+        self.connection = connection
+        self.url = url
+        self.displayURL = displayURL
+        self.lastSeq = Atomic(lastSeq)
+    }
+
+    // MARK: - callers
+
+    @discardableResult
+    func submit(_ job: PGJob) -> Bool {
+        let (accepted, signal): (Bool, Bool) = shared.withLock { s in
+            if s.stopping { return (false, false) }
+            s.jobs.append(job)
+            if s.sleeping { s.sleeping = false; return (true, true) }
+            return (true, false)
+        }
+        if signal { wake.signal() }
+        return accepted
+    }
+
+    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
+        if ticket <= committedTicket.load(ordering: .acquiring) { done(); return }
+        let now: Bool = shared.withLock { s in
+            if ticket <= s.committed { return true }
+            s.waiters.append((ticket, done))
+            return false
+        }
+        if now { done() }
+    }
+
+    var isWriterThread: Bool {
+        guard let t = thread else { return false }
+        return pthread_equal(t, pthread_self()) != 0
+    }
+
+    // MARK: - the thread
+
+    /// Starts the thread; false when the system would not start one.
+    func start() -> Bool {
+        let context = Unmanaged.passRetained(self).toOpaque()
+        var tid = pthread_t()
+        let rc = pthread_create(
+            &tid, nil,
+            { arg in
+                guard let arg else { return nil }
+                let writer = Unmanaged<PGWriter>.fromOpaque(arg).takeRetainedValue()
+                writer.run()
+                return nil
+            }, context)
+        if rc != 0 {
+            Unmanaged<PGWriter>.fromOpaque(context).release()
+            return false
+        }
+        thread = tid
+        return true
+    }
+
+    /// Stops taking work and lets the thread commit what is queued (giving up after a few
+    /// failed attempts), then closes the connection, which releases the instance lock. On the
+    /// writer thread itself (a durability callback) it cannot wait for itself.
+    func stopAndFinish() {
+        let onWriter = isWriterThread
+        let signal: Bool = shared.withLock { s in
+            s.stopping = true
+            if s.sleeping { s.sleeping = false; return true }
+            return false
+        }
+        if signal { wake.signal() }
+        guard let t = thread else {
+            connection?.close()
+            return
+        }
+        if onWriter {
+            pthread_detach(t)
+        } else {
+            pthread_join(t, nil)
+        }
+    }
+
+    private func run() {
+        var jobs: [PGJob] = []
+        while true {
+            let stop: Bool = shared.withLock { s in
+                swap(&jobs, &s.jobs)
+                if jobs.isEmpty {
+                    if s.stopping { return true }
+                    s.sleeping = true
+                }
+                return false
+            }
+            if jobs.isEmpty {
+                if stop {
+                    connection?.close()
+                    connection = nil
+                    return
+                }
+                if wake.wait(timeout: .now() + Self.idleCheckSeconds) == .timedOut {
+                    let signalled = shared.withLock { s -> Bool in
+                        if s.sleeping { s.sleeping = false; return false }
+                        return true
+                    }
+                    // A submitter saw `sleeping` and signalled just as the wait ended: take it.
+                    if signalled { wake.wait() }
+                    checkIdleConnection()
+                }
+                continue
+            }
+            commitWithRetry(jobs)
+            jobs.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// An empty round trip while idle: a broken connection is found (and replaced) now, not at
+    /// the next commit, so readiness says so meanwhile.
+    private func checkIdleConnection() {
+        var delay: UInt32 = 50_000
+        while !shared.withLock({ $0.stopping }) {
+            do throws(PGFailure) {
+                let conn = try usableConnection()
+                try conn.send("SELECT 1")
+                try conn.sync()
+                _ = try conn.readPipeline(count: 1)
+                lastError.withLock { $0 = nil }
+                return
+            } catch {
+                failed(error, counting: false)
+                // Work that arrives meanwhile is taken by the commit loop, which retries too.
+                if !shared.withLock({ $0.jobs.isEmpty }) { return }
+                usleep(delay)
+                delay = min(delay * 2, 2_000_000)
+            }
+        }
+    }
+
+    /// Session settings of the write connection, whatever the server, database or role set:
+    /// a commit that returned must be durable (`synchronous_commit=off` is raised to `on`;
+    /// `local` and the replication levels are kept), and a large batch must not be cut off by a
+    /// `statement_timeout` (it would be retried, and cut off, forever).
+    static func prepareSession(_ c: PGConnection) throws(PGFailure) {
+        if try c.exec("SELECT current_setting('synchronous_commit')").text(0, 0) == "off" {
+            try c.exec("SET synchronous_commit TO on")
+        }
+        try c.exec("SET statement_timeout TO 0")
+    }
+
+    /// The connection, reconnecting (and taking the instance lock again) when it broke.
+    private func usableConnection() throws(PGFailure) -> PGConnection {
+        if let c = connection, c.isUsable { return c }
+        connection?.close()
+        connection = nil
+        let c = try PGConnection(url: url)
+        let locked = try c.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
+        guard locked.bool(0, 0) == true else {
+            throw PGFailure(
+                message: "another opqd instance took the database's instance lock while this one was disconnected", sqlState: nil,
+                connectionLost: true)
+        }
+        try Self.prepareSession(c)
+        try c.enterPipelineMode()
+        connection = c
+        return c
+    }
+
+    /// Drops a broken connection and says why in `lastError`; `counting`: a commit failed (the
+    /// `failures` counter), not an idle check.
+    private func failed(_ error: PGFailure, counting: Bool = true) {
+        if counting { failures.add(1, ordering: .relaxed) }
+        if error.connectionLost {
+            connection?.close()
+            connection = nil
+        }
+        let e = PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: displayURL, detail: error.description)
+        lastError.withLock { $0 = e }
+    }
+
+    /// Commits `jobs`, retrying with backoff (reconnecting when the connection broke): nothing
+    /// is reported durable until it is. While closing it gives up after a few attempts, and the
+    /// callbacks of what was lost never fire.
+    private func commitWithRetry(_ jobs: [PGJob]) {
+        var delay: UInt32 = 20_000
+        var attempt = 0
+        var replacing = false
+        while true {
+            attempt += 1
+            do throws(PGFailure) {
+                let conn = try usableConnection()
+                let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
+                let outcome = try apply(jobs, on: conn, replacingEvents: replacing)
+                let wall = clockNanos(CLOCK_MONOTONIC) - wall0
+                busyNanos.add(wall, ordering: .relaxed)
+                commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
+                commitRecords.withLock { $0.observe(Double(outcome.records)) }
+                cpuNanos.add(clockNanos(CLOCK_THREAD_CPUTIME_ID) - cpu0, ordering: .relaxed)
+                lastError.withLock { $0 = nil }
+                afterCommit(outcome)
+                return
+            } catch {
+                if error.sqlState == "23505" && !replacing {
+                    // unique_violation: a seq written before (only an engine that did not
+                    // restore does that). Keep the newer events rather than wedging the writer.
+                    replacing = true
+                    continue
+                }
+                failed(error)
+                if shared.withLock({ $0.stopping }) && attempt >= 3 {
+                    for case let .purge(_, _, reply) in jobs { reply.send(0) }
+                    for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
+                    return
+                }
+                usleep(delay)
+                delay = min(delay * 2, 2_000_000)
+            }
+        }
+    }
+
+    private struct Outcome {
+        var ticket: UInt64 = 0
+        var records = 0
+        var callbacks: [@Sendable () -> Void] = []
+        var replies: [(PGReply, Int)] = []
+        var maxSeq: UInt64 = 0
+    }
+
+    /// One transaction for everything in `jobs`, in order. An operation, queue or event seq
+    /// written several times is written once, at its last position (the upserts replace whole
+    /// rows, so that is the same result as writing each), which also keeps every key to one row
+    /// per statement as `ON CONFLICT DO UPDATE` requires.
+    private func apply(_ jobs: [PGJob], on conn: PGConnection, replacingEvents: Bool) throws(PGFailure) -> Outcome {
+        var out = Outcome()
+        lastOperation.removeAll(keepingCapacity: true)
+        lastQueue.removeAll(keepingCapacity: true)
+        lastEvent.removeAll(keepingCapacity: true)
+        var position = 0
+        for case let .records(records, _) in jobs {
+            for r in records {
+                switch r {
+                case let .operation(s): lastOperation[s.id.raw] = position
+                case let .queue(q): lastQueue[q.name] = position
+                case let .event(e): lastEvent[e.seq] = position
+                case .queueDeleted: break
+                }
+                position += 1
+            }
+        }
+        var sent = 0
+        /// Statement index -> the reply that gets its row count.
+        var counted: [(Int, PGReply)] = []
+        func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
+            try conn.send(sql, parameters)
+            sent += 1
+        }
+        func flush() throws(PGFailure) {
+            if bulk.queueCount > 0 { try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter)) }
+            if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
+            if bulk.eventCount > 0 { try send(replacingEvents ? PGSchema.upsertEvents : PGSchema.insertEvents, bulk.events.map(\.parameter)) }
+            bulk.reset()
+        }
+        bulk.reset()
+        // A failure while sending leaves the pipeline half-written: the connection is dropped
+        // (and the batch retried on a new one).
+        do throws(PGFailure) {
+            try send("BEGIN")
+            position = 0
+            for job in jobs {
+                if case .records = job {} else { try flush() }
+                switch job {
+                case let .records(records, ticket):
+                    out.ticket = max(out.ticket, ticket)
+                    out.records += records.count
+                    for r in records {
+                        defer { position += 1 }
+                        switch r {
+                        case let .operation(s):
+                            if lastOperation[s.id.raw] == position { bulk.add(s) }
+                        case let .event(e):
+                            if lastEvent[e.seq] == position { bulk.add(e) }
+                            out.maxSeq = max(out.maxSeq, e.seq)
+                        case let .queue(q):
+                            if lastQueue[q.name] == position { bulk.add(q) }
+                        case let .queueDeleted(name):
+                            try flush()
+                            for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueue] {
+                                try send(sql, [PGParameter(name)])
+                            }
+                        }
+                    }
+                case let .idempotency(r, done):
+                    try send(PGSchema.upsertIdempotency, idempotencyParameters(r))
+                    out.records += 1
+                    if let done { out.callbacks.append(done) }
+                case let .purge(cutoff, limit, reply):
+                    counted.append((sent, reply))
+                    try send(PGSchema.purge, [PGParameter(cutoff.nanoseconds), PGParameter(limit)])
+                case let .meta(pairs, done):
+                    for (key, value) in pairs {
+                        if let value {
+                            try send(PGSchema.upsertMeta, [PGParameter(bytea: key.utf8), PGParameter(bytea: value.utf8)])
+                        } else {
+                            try send(PGSchema.deleteMeta, [PGParameter(bytea: key.utf8)])
+                        }
+                    }
+                    out.records += pairs.count
+                    if let done { out.callbacks.append(done) }
+                case let .deleteMetaPrefix(prefix, done):
+                    try send(PGSchema.deleteMetaPrefix, [PGParameter(bytea: prefix.utf8)])
+                    if let done { out.callbacks.append(done) }
+                case let .purgeIdempotency(before, reply):
+                    counted.append((sent, reply))
+                    try send(PGSchema.deleteOldIdempotency, [PGParameter(before.nanoseconds)])
+                }
+            }
+            try flush()
+            // Kept apart from the events so that deleting events never moves the sequence back.
+            if out.maxSeq > lastSeq.load(ordering: .relaxed) { try send(PGSchema.setLastSeq, [PGParameter(String(out.maxSeq))]) }
+            try send("COMMIT")
+            try conn.sync()
+        } catch {
+            conn.close()
+            throw PGFailure(message: error.message, sqlState: error.sqlState, connectionLost: true)
+        }
+        let results: [PGResult]
+        do throws(PGFailure) {
+            results = try conn.readPipeline(count: sent)
+        } catch {
+            // A statement failed: the transaction block is aborted (COMMIT was skipped) and must
+            // be ended before the connection can be used again.
+            if !error.connectionLost {
+                do throws(PGFailure) {
+                    try conn.send("ROLLBACK")
+                    try conn.sync()
+                    _ = try conn.readPipeline(count: 1)
+                } catch {
+                    conn.close()
+                }
+            }
+            throw error
+        }
+        for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
+        return out
+    }
+
+    private func idempotencyParameters(_ r: IdempotencyRecord) -> [PGParameter] {
+        var headers: [UInt8] = [UInt8(ascii: "[")]
+        for (i, (name, value)) in r.headers.enumerated() {
+            if i > 0 { headers.append(UInt8(ascii: ",")) }
+            headers.append(UInt8(ascii: "["))
+            JSONWriter.string(name, to: &headers)
+            headers.append(UInt8(ascii: ","))
+            JSONWriter.string(value, to: &headers)
+            headers.append(UInt8(ascii: "]"))
+        }
+        headers.append(contentsOf: [UInt8(ascii: "]"), 0])
+        var hash = Array(r.bodyHash.utf8.filter { $0 != 0 })
+        hash.append(0)
+        return [
+            PGParameter(bytea: r.scope.utf8), PGParameter(bytes: hash), PGParameter(r.status), PGParameter(bytes: headers),
+            PGParameter(bytea: r.body), PGParameter(r.createdAt.nanoseconds),
+        ]
+    }
+
+    private func afterCommit(_ out: Outcome) {
+        commits.add(1, ordering: .relaxed)
+        recordsCommitted.add(out.records, ordering: .relaxed)
+        if out.records > largestCommit.load(ordering: .relaxed) { largestCommit.store(out.records, ordering: .relaxed) }
+        if out.maxSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.maxSeq, ordering: .relaxed) }
+        var ready: [@Sendable () -> Void] = []
+        shared.withLock { s in
+            if out.ticket > s.committed {
+                s.committed = out.ticket
+                committedTicket.store(out.ticket, ordering: .releasing)
+            }
+            let c = s.committed
+            guard !s.waiters.isEmpty else { return }
+            var keep: [(ticket: UInt64, done: @Sendable () -> Void)] = []
+            for w in s.waiters {
+                if w.ticket <= c { ready.append(w.done) } else { keep.append(w) }
+            }
+            s.waiters = keep
+        }
+        for done in ready { done() }
+        for done in out.callbacks { done() }
+        for (reply, n) in out.replies { reply.send(n) }
+    }
+}
+
+/// `clock_gettime` in nanoseconds.
+func clockNanos(_ clock: clockid_t) -> Int {
+    var ts = timespec()
+    clock_gettime(clock, &ts)
+    return Int(ts.tv_sec) &* 1_000_000_000 &+ Int(ts.tv_nsec)
+}

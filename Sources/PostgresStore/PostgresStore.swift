@@ -1,0 +1,309 @@
+import Locking
+import QueueEngine
+import QueueStore
+
+/// The durable store on PostgreSQL (`--store postgres://user:pass@host:port/db`): one opqd per
+/// database for now, with the SQLite store's contract and durability. Clustering (issue 13)
+/// builds on it: see CLUSTER.md.
+///
+/// It talks to libpq directly (`Bridge/`, the only code that calls `PQ*`), PostgreSQL's own
+/// client library, synchronous, which fits a store whose writes are one dedicated thread doing
+/// group commit: no event loop to bridge to.
+///
+/// Writes: `append` hands records to the writer thread and returns at once; the writer commits
+/// everything queued in one transaction and only then calls the `whenDurable` callbacks (see
+/// `PGWriter`). Reads (`load`, `events(of:)`, ...) use a second connection.
+///
+/// Opening never starts over data it cannot use: an unreachable server, a database another opqd
+/// holds, a schema from a newer opqd, or rows that do not read back make `init` or `load` throw
+/// a `PostgresStoreError` that names the database and what to do.
+public final class PostgresStore: OperationStore {
+    /// The URL with its password replaced by `***`, for logs and errors.
+    public let displayURL: String
+
+    let writer: PGWriter
+    let reader: Lock<PGReader>
+    private let closed = Lock(false)
+
+    /// Connects, takes the database's instance lock, creates or migrates the schema and starts
+    /// the writer. Throws when the store cannot be used as it is: see `PostgresStoreError`.
+    public init(url: String, connectTimeoutSeconds: Int = 5) throws(PostgresStoreError) {
+        let shown = Self.redact(url)
+        displayURL = shown
+        let conn: PGConnection
+        do { conn = try PGConnection(url: url, connectTimeoutSeconds: connectTimeoutSeconds) } catch {
+            throw PostgresStoreError(.cannotConnect, url: shown, detail: error.description)
+        }
+        do {
+            let locked = try conn.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
+            guard locked.bool(0, 0) == true else {
+                throw PostgresStoreError(.inUse, url: shown, detail: "its instance lock is held")
+            }
+        } catch let e as PostgresStoreError {
+            throw e
+        } catch {
+            throw PostgresStoreError(.io, url: shown, detail: "taking the instance lock: \(error)")
+        }
+        try Self.migrate(conn, url: shown)
+        do { try PGWriter.prepareSession(conn) } catch {
+            throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
+        }
+        let lastSeq: UInt64
+        do {
+            lastSeq = try PGReader.lastSeq(try conn.exec(PGSchema.lastSeq))
+        } catch let e as DecodeFailure {
+            throw PostgresStoreError(.corrupt, url: shown, detail: e.detail)
+        } catch {
+            throw PostgresStoreError(.io, url: shown, detail: "\(error)")
+        }
+        let readConnection: PGConnection
+        do {
+            readConnection = try PGConnection(url: url, connectTimeoutSeconds: connectTimeoutSeconds)
+            writer = try PGWriter(connection: conn, url: url, displayURL: shown, lastSeq: lastSeq)
+        } catch {
+            throw PostgresStoreError(.cannotConnect, url: shown, detail: error.description)
+        }
+        reader = Lock(PGReader(url: url, connection: readConnection))
+        guard writer.start() else {
+            throw PostgresStoreError(.io, url: shown, detail: "cannot start the writer thread")
+        }
+    }
+
+    deinit { close() }
+
+    /// Brings the schema to `PGSchema.version` in one transaction, or refuses a newer one.
+    static func migrate(_ conn: PGConnection, url: String) throws(PostgresStoreError) {
+        do {
+            // A standby (or a read-only default) would refuse every commit, forever: say so now.
+            let readOnly = try conn.exec("SELECT pg_is_in_recovery() OR current_setting('default_transaction_read_only') = 'on'")
+            if readOnly.bool(0, 0) != false {
+                throw PostgresStoreError(
+                    .io, url: url, detail: "the server is read-only (a standby, or default_transaction_read_only is on); point --store at the primary")
+            }
+            try conn.exec("BEGIN")
+            do {
+                // Only when missing: CREATE … IF NOT EXISTS would still need the CREATE privilege
+                // on the database, which a user that only owns the schema may not have.
+                if try conn.exec("SELECT to_regclass('opqd.schema_version') IS NULL").bool(0, 0) == true {
+                    // One statement at a time: fixed text, but exec takes one statement.
+                    for statement in PGSchema.bootstrap.split(separator: ";") where !statement.trimmingCharacters().isEmpty {
+                        try conn.exec(String(statement))
+                    }
+                }
+                let rows = try conn.exec("SELECT version FROM opqd.schema_version")
+                var version = 0
+                if rows.rows > 1 {
+                    throw PostgresStoreError(.foreignSchema, url: url, detail: "opqd.schema_version has \(rows.rows) rows")
+                } else if rows.rows == 1 {
+                    guard let v = rows.int64(0, 0), let n = Int(exactly: v), n >= 0 else {
+                        throw PostgresStoreError(.foreignSchema, url: url, detail: "opqd.schema_version holds \(rows.text(0, 0) ?? "NULL")")
+                    }
+                    version = n
+                } else {
+                    let tables = try conn.exec(
+                        "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'opqd' AND tablename <> 'schema_version'")
+                    if let n = tables.int64(0, 0), n != 0 {
+                        throw PostgresStoreError(.foreignSchema, url: url, detail: "\(n) tables but no schema version")
+                    }
+                }
+                if version > PGSchema.version {
+                    throw PostgresStoreError(.newerSchema(found: version, supported: PGSchema.version), url: url, detail: "")
+                }
+                if version < PGSchema.version {
+                    for v in version..<PGSchema.version {
+                        for statement in PGSchema.migrations[v].split(separator: ";") where !statement.trimmingCharacters().isEmpty {
+                            try conn.exec(String(statement))
+                        }
+                    }
+                    try conn.exec("DELETE FROM opqd.schema_version")
+                    try conn.exec("INSERT INTO opqd.schema_version (version) VALUES ($1::integer)", [PGParameter(PGSchema.version)])
+                }
+                try conn.exec("COMMIT")
+            } catch {
+                _ = try? conn.exec("ROLLBACK")
+                throw error
+            }
+        } catch let e as PostgresStoreError {
+            throw e
+        } catch {
+            throw PostgresStoreError(.io, url: url, detail: "creating or migrating the schema: \(error)")
+        }
+    }
+
+    /// `scheme://user:***@host...`: the password of a URL (and a `password=` query parameter)
+    /// hidden; anything else unchanged.
+    public static func redact(_ url: String) -> String {
+        var s = url
+        if let scheme = s.firstRange(of: "://") {
+            let rest = s[scheme.upperBound...]
+            let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
+            let authority = rest[..<authorityEnd]
+            if let at = authority.lastIndex(of: "@"), let colon = authority[..<at].firstIndex(of: ":") {
+                s.replaceSubrange(s.index(after: colon)..<at, with: "***")
+            }
+        }
+        var parts = s.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+        if parts.count == 2 {
+            parts[1] = parts[1].split(separator: "&", omittingEmptySubsequences: false).map { p in
+                p.lowercased().hasPrefix("password=") ? "password=***" : String(p)
+            }.joined(separator: "&")
+            s = parts.joined(separator: "?")
+        }
+        return s
+    }
+
+    // MARK: - OperationStore
+
+    public var wantsRecords: Bool { true }
+
+    /// Queues `records` for the writer thread and returns at once. After `close` they are dropped.
+    public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
+        writer.appends.add(1, ordering: .relaxed)
+        writer.submit(.records(records, ticket: ticket))
+    }
+
+    /// Calls `done` once everything appended up to `ticket` is committed.
+    public func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
+        writer.whenDurable(ticket, done)
+    }
+
+    /// The highest ticket committed so far.
+    public var durableTicket: UInt64 { writer.committedTicket.load(ordering: .acquiring) }
+
+    /// Commits everything queued (giving up after a few attempts when the server is gone),
+    /// closes the connections and so releases the instance lock. Idempotent.
+    public func close() {
+        let first = closed.withLock { c in
+            defer { c = true }
+            return !c
+        }
+        guard first else { return }
+        reader.withLock { $0.close() }
+        writer.stopAndFinish()
+    }
+
+    // MARK: - reading
+
+    /// Everything needed to rebuild the engine at start (as `SQLiteStore.load`).
+    public func load() throws(PostgresStoreError) -> RecoveredState {
+        let url = displayURL
+        let lastSeq = writer.lastSeq.load(ordering: .relaxed)
+        return try reader.withLock { r throws(PostgresStoreError) in
+            do { return try r.load(lastSeq: lastSeq) } catch let e as DecodeFailure {
+                throw PostgresStoreError(.corrupt, url: url, detail: e.detail)
+            } catch let e as PGFailure {
+                throw PostgresStoreError(e.connectionLost ? .cannotConnect : .io, url: url, detail: e.description)
+            } catch {
+                throw PostgresStoreError(.io, url: url, detail: "\(error)")
+            }
+        }
+    }
+
+    /// The newest `limit` events, oldest first.
+    public func recentEvents(limit: Int) -> [ChangeEvent] {
+        guard limit > 0 else { return [] }
+        return (try? reader.withLock { r throws(PGFailure) in try r.recentEvents(limit: limit) }) ?? []
+    }
+
+    /// Kept events of one operation with seq > `after`, oldest first, at most `limit`.
+    public func events(of id: OperationID, after: UInt64 = 0, limit: Int = .max) -> [ChangeEvent] {
+        (try? reader.withLock { r throws(PGFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
+    }
+
+    /// Kept events of one queue, or of one operation, with `after` < seq <= `through`; nil when
+    /// the read failed.
+    public func eventWindow(queue: String?, operation: OperationID?, after: UInt64, through: UInt64, limit: Int) -> EventWindow? {
+        guard through > after, limit > 0 else { return EventWindow(events: [], rows: 0, lastSeq: after) }
+        return try? reader.withLock { r throws(PGFailure) in
+            try r.eventWindow(queue: queue, operation: operation, after: after, through: through, limit: limit)
+        }
+    }
+
+    /// The seq of the oldest kept event; one past the newest when none is kept.
+    public var oldestEventSeq: UInt64 {
+        let next = writer.lastSeq.load(ordering: .relaxed) &+ 1
+        return (try? reader.withLock { r throws(PGFailure) in try r.oldestSeq() }) ?? next
+    }
+
+    // MARK: - meta, idempotency, retention
+
+    /// Sets (nil: deletes) `meta` rows in the next group commit; false when closing.
+    @discardableResult
+    public func setMeta(_ pairs: [(key: String, value: String?)], then done: (@Sendable () -> Void)? = nil) -> Bool {
+        writer.submit(.meta(pairs, done: done))
+    }
+
+    /// Deletes every `meta` row whose key starts with `prefix`, in the next group commit.
+    @discardableResult
+    public func deleteMeta(prefix: String, then done: (@Sendable () -> Void)? = nil) -> Bool {
+        writer.submit(.deleteMetaPrefix(prefix, done: done))
+    }
+
+    /// The `meta` rows whose key starts with `prefix`, ordered by key.
+    public func meta(prefix: String) -> [(key: String, value: String)] {
+        (try? reader.withLock { r throws(PGFailure) in try r.meta(prefix: prefix) }) ?? []
+    }
+
+    /// Saves a record as given in the next group commit; `done` once durable.
+    public func saveIdempotency(_ record: IdempotencyRecord, then done: (@Sendable () -> Void)? = nil) {
+        writer.submit(.idempotency(record, done: done))
+    }
+
+    /// Every saved answer, oldest first. Unreadable rows are skipped.
+    public func loadIdempotency() -> [IdempotencyRecord] {
+        (try? reader.withLock { r throws(PGFailure) in try r.idempotency() }) ?? []
+    }
+
+    /// Deletes answers saved before `cutoff`, through the writer. Returns how many.
+    @discardableResult
+    public func purgeIdempotency(before cutoff: Timestamp) -> Int {
+        guard !writer.isWriterThread else { return 0 }
+        let reply = PGReply()
+        guard writer.submit(.purgeIdempotency(before: cutoff, reply: reply)) else { return 0 }
+        return reply.wait()
+    }
+
+    /// Deletes up to `limit` operations that finished before `cutoff`, with their events,
+    /// in chunks of at most 500 per group commit. Blocks until done; returns how many.
+    @discardableResult
+    public func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int {
+        guard !writer.isWriterThread else { return 0 }
+        var total = 0
+        while total < limit {
+            let chunk = min(500, limit - total)
+            let reply = PGReply()
+            guard writer.submit(.purge(cutoff: cutoff, limit: chunk, reply: reply)) else { break }
+            let n = reply.wait()
+            total += n
+            if n < chunk { break }
+        }
+        return total
+    }
+
+    // MARK: - health
+
+    /// Writer counters, as the SQLite store's.
+    public var stats: StoreStats {
+        StoreStats(
+            commits: writer.commits.load(ordering: .relaxed), records: writer.recordsCommitted.load(ordering: .relaxed),
+            appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
+            failures: writer.failures.load(ordering: .relaxed),
+            busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
+            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9,
+            commitSeconds: writer.commitSeconds.withLock { $0 }, commitRecords: writer.commitRecords.withLock { $0 })
+    }
+
+    /// Why the last commit (or the idle connection check) failed, while the writer retries;
+    /// nil when healthy.
+    public var lastError: PostgresStoreError? { writer.lastError.withLock { $0 } }
+
+    /// `lastError` in a few words, without the URL or the server's message: for answers to
+    /// anyone (readiness is open to unauthenticated clients); nil when healthy.
+    public var unavailableReason: String? {
+        guard let e = lastError else { return nil }
+        switch e.reason {
+        case .cannotConnect: return "the PostgreSQL store is unreachable; reconnecting"
+        default: return "the PostgreSQL store refused a commit; retrying"
+        }
+    }
+}

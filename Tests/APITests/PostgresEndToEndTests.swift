@@ -1,0 +1,216 @@
+import Foundation
+import Locking
+import QueueAPI
+import QueueTesting
+import Spawning
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The store an end-to-end test runs the real binary on: the default SQLite in `--data`, or a
+/// fresh PostgreSQL database (`--store postgres://…`, on OPQD_TEST_POSTGRES_URL's server).
+enum StoreChoice: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case sqlite, postgres
+    var testDescription: String { rawValue }
+
+    /// The arguments that select it, and what removes it afterwards.
+    func prepare() throws -> (arguments: [String], remove: @Sendable () -> Void) {
+        switch self {
+        case .sqlite: return ([], {})
+        case .postgres:
+            let url = try TestPostgres.createDatabase()
+            return (["--store", url], { TestPostgres.dropDatabase(url) })
+        }
+    }
+}
+
+/// The real `opqd` binary on `--store postgres://…`: what it does on SQLite, it does here
+/// (the kill -9 tests of CrashRecoveryTests and BatchDurabilityTests run on both stores);
+/// what only a server has (one instance per database, the schema version, the server going
+/// away) is checked here.
+@Suite("PostgreSQL store, end to end (the real binary)")
+struct PostgresEndToEndTests {
+    /// Runs the binary until it exits (it must, within `timeout`); its exit code and log.
+    static func runToExit(_ binary: String, _ arguments: [String], timeout: Double = 20) throws -> (code: Int32?, log: String, seconds: Double) {
+        let log = NSTemporaryDirectory() + "opqd-pg-refusal-\(UInt64.random(in: 0...UInt64.max)).log"
+        defer { try? FileManager.default.removeItem(atPath: log) }
+        var request = SpawnRequest([binary, "--host", "127.0.0.1", "--port", "0"] + arguments)
+        request.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("OPQD_") }.map { "\($0.key)=\($0.value)" }
+        request.stdout = .null
+        request.stderr = .file(log, append: false)
+        let started = Date()
+        let child = try ChildProcess(request)
+        guard let status = child.wait(timeout: timeout) else {
+            child.killNow()
+            throw TestClientError("opqd \(arguments) was still running after \(timeout) s")
+        }
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        return (Spawner.decode(status).exitCode, text, Date().timeIntervalSince(started))
+    }
+
+    @Test("--store and OPQD_STORE take postgres:// and postgresql:// URLs, and nothing else new")
+    func configuration() throws {
+        let url = "postgresql://u:p@db.example:5432/opqd?sslmode=require"
+        #expect(try OpqdConfiguration.parse(arguments: [], environment: ["OPQD_STORE": url]).store == url)
+        #expect(try OpqdConfiguration.parse(arguments: ["--store", "postgres://h/db"], environment: ["OPQD_STORE": "memory"]).store == "postgres://h/db")
+        #expect(try OpqdConfiguration.parse(arguments: ["--store", "sqlite"], environment: [:]).store == "sqlite")
+        for bad in ["mysql://h/db", "postgres:/h", "POSTGRES://h/db", ""] {
+            #expect(throws: (any Error).self, "\(bad)") { try OpqdConfiguration.parse(arguments: ["--store", bad], environment: [:]) }
+        }
+    }
+
+    @Test("create, run and finish an operation, then find it again after a restart")
+    func roundTrip() async throws {
+        let binary = try OpqdBinary.locate()
+        let url = try TestPostgres.createDatabase()
+        let logs = try makeTemporaryDirectory(prefix: "opqd-pg-logs")
+        defer {
+            TestPostgres.dropDatabase(url)
+            try? FileManager.default.removeItem(atPath: logs)
+        }
+        try await onThread {
+            let server = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd-0.log", extraArguments: ["--store", url])
+            let ready = try server.request("GET", "/readyz").expecting(200)
+            #expect(ready.string("store") == "postgres")
+            _ = try server.request("POST", "/v1/queues", json: #"{"name":"pg"}"#).expecting(201)
+            let created = try server.request("POST", "/v1/queues/pg/operations", json: #"{"kind":"delay","name":"nul\u0000name","spec":{"seconds":0.05}}"#)
+                .expecting(201)
+            let id = try #require(created.string("id"))
+            let finished = try server.request("GET", "/v1/operations/\(id)/wait?timeout=10").expecting(200)
+            #expect(finished.string("state") == "finished")
+            #expect(finished.string("outcome") == "succeeded")
+            let events = try server.request("GET", "/v1/events?after=0").expecting(200).objects("events")
+            #expect(events.count >= 4)
+            server.signal(SIGTERM)
+            #expect(server.waitForExit(timeout: 10) == .exited(0))
+
+            let again = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd-1.log", extraArguments: ["--store", url])
+            defer {
+                again.signal(SIGTERM)
+                _ = again.waitForExit(timeout: 10)
+            }
+            let back = try again.request("GET", "/v1/operations/\(id)").expecting(200)
+            #expect(back.string("state") == "finished")
+            #expect(back.string("name") == "nul\u{0}name")
+            let feed = try again.request("GET", "/v1/events?after=0").expecting(200).objects("events")
+            #expect(feed.compactMap { $0["seq"] as? Int } == events.compactMap { $0["seq"] as? Int })
+            #expect(!FileManager.default.fileExists(atPath: logs + "/unused/opqd.sqlite"), "--store postgres must not touch --data")
+        }
+    }
+
+    @Test("a second opqd on the same database refuses to start, and starts once the first stopped")
+    func secondInstanceIsRefused() async throws {
+        let binary = try OpqdBinary.locate()
+        let url = try TestPostgres.createDatabase()
+        let logs = try makeTemporaryDirectory(prefix: "opqd-pg-logs")
+        defer {
+            TestPostgres.dropDatabase(url)
+            try? FileManager.default.removeItem(atPath: logs)
+        }
+        try await onThread {
+            let first = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/first.log", extraArguments: ["--store", url])
+            let second = try Self.runToExit(binary, ["--data", logs + "/b", "--store", url])
+            #expect(second.code == 1)
+            #expect(second.log.contains("another opqd instance is using the database"), "\(second.log)")
+            #expect(second.log.contains("clustering is not enabled yet"))
+            // The first is unaffected.
+            _ = try first.request("POST", "/v1/queues", json: #"{"name":"still"}"#).expecting(201)
+            first.signal(SIGKILL)
+            _ = first.waitForExit(timeout: 10)
+            // Its session ended with the process: the lock went with it.
+            let third = try ServerProcess(binary: binary, data: logs + "/c", logPath: logs + "/third.log", extraArguments: ["--store", url])
+            defer {
+                third.signal(SIGTERM)
+                _ = third.waitForExit(timeout: 10)
+            }
+            _ = try third.request("GET", "/v1/queues/still").expecting(200)
+        }
+    }
+
+    @Test("a database with a newer opqd schema, or an unreachable server, stops the start with a clear message")
+    func refusalsAtStart() async throws {
+        let binary = try OpqdBinary.locate()
+        let url = try TestPostgres.createDatabase()
+        defer { TestPostgres.dropDatabase(url) }
+        try await onThread {
+            let data = NSTemporaryDirectory() + "opqd-pg-unused-\(UInt64.random(in: 0...UInt64.max))"
+            defer { try? FileManager.default.removeItem(atPath: data) }
+            // As a newer opqd would leave it.
+            try TestPostgres.psql(
+                url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (42)")
+            let newer = try Self.runToExit(binary, ["--data", data, "--store", url])
+            #expect(newer.code == 1)
+            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 1"), "\(newer.log)")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "42")
+
+            let unreachable = try Self.runToExit(binary, ["--data", data, "--store", "postgres://opqd:hunter2@127.0.0.1:1/opqd"])
+            #expect(unreachable.code == 1)
+            #expect(unreachable.log.contains("cannot connect to PostgreSQL at postgres://opqd:***@127.0.0.1:1/opqd"), "\(unreachable.log)")
+            #expect(!unreachable.log.contains("hunter2"))
+            #expect(unreachable.seconds < 10)
+        }
+    }
+
+    @Test("while the database is unreachable, answers wait and /readyz is 503; then the change is committed and answered")
+    func answersWaitForTheDatabase() async throws {
+        let binary = try OpqdBinary.locate()
+        let server = try TestPostgres.requireServer()
+        let url = try TestPostgres.createDatabase()
+        let name = String(url.split(separator: "?").first?.split(separator: "/").last ?? "")
+        let logs = try makeTemporaryDirectory(prefix: "opqd-pg-logs")
+        defer {
+            _ = try? TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS true")
+            TestPostgres.dropDatabase(url)
+            try? FileManager.default.removeItem(atPath: logs)
+        }
+        try await onThread {
+            let opqd = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd.log", extraArguments: ["--store", url])
+            defer {
+                opqd.signal(SIGTERM)
+                _ = opqd.waitForExit(timeout: 15)
+            }
+            _ = try opqd.request("POST", "/v1/queues", json: #"{"name":"q","isSuspended":true}"#).expecting(201)
+            try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS false")
+            try TestPostgres.psql(server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(name)'")
+
+            // The idle writer finds its connection gone within a few seconds.
+            var notReady: TestResponse?
+            for _ in 0..<100 where notReady == nil {
+                let r = try opqd.request("GET", "/readyz")
+                if r.status == 503 { notReady = r } else { usleep(100_000) }
+            }
+            #expect(notReady != nil, "/readyz stayed 200 with the database unreachable")
+            // Readiness is open to anyone: it says why, but not where the database is.
+            #expect(notReady?.string("detail")?.contains("unreachable") == true, "\(notReady.map(\.text) ?? "")")
+            #expect(notReady?.text.contains(name) == false)
+            #expect(notReady?.text.contains("127.0.0.1") == false)
+            let pending = Lock<TestResponse?>(nil)
+            let sender = Thread {
+                let r = try? opqd.request("POST", "/v1/queues/q/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#, timeout: 60)
+                pending.withLock { $0 = r }
+            }
+            sender.start()
+            usleep(1_500_000)
+            #expect(pending.withLock { $0 } == nil, "a create was answered while the database was unreachable")
+
+            try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS true")
+            #expect(waitUntil(timeout: 30, every: 0.05) { pending.withLock { $0 } != nil })
+            let created = try #require(pending.withLock { $0 })
+            #expect(created.status == 201, "\(created)")
+            let id = try #require(created.string("id"))
+            #expect(waitUntil(timeout: 10, every: 0.1) { (try? opqd.request("GET", "/readyz").status) == 200 })
+
+            // Acknowledged means committed: it is there after a kill -9.
+            opqd.signal(SIGKILL)
+            _ = opqd.waitForExit(timeout: 10)
+            let again = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd-1.log", extraArguments: ["--store", url])
+            defer {
+                again.signal(SIGTERM)
+                _ = again.waitForExit(timeout: 10)
+            }
+            _ = try again.request("GET", "/v1/operations/\(id)").expecting(200)
+        }
+    }
+}

@@ -1,0 +1,550 @@
+import Dispatch
+import Foundation
+import PostgresStore
+import QueueEngine
+import QueueStore
+import Synchronization
+import Testing
+
+/// Runs `body` with the URL of a fresh database on the test server (OPQD_TEST_POSTGRES_URL),
+/// dropped afterwards. Without a server it throws, saying what to set: these tests never pass
+/// silently.
+func withTestDatabase(_ body: (String) throws -> Void) throws {
+    let url = try TestPostgres.createDatabase()
+    defer { TestPostgres.dropDatabase(url) }
+    try body(url)
+}
+
+@discardableResult
+func waitDurable(_ store: PostgresStore, _ ticket: UInt64, timeout: Double = 10) -> Bool {
+    let done = DispatchSemaphore(value: 0)
+    store.whenDurable(ticket) { done.signal() }
+    return done.wait(timeout: .now() + timeout) == .success
+}
+
+/// The scenarios of the SQLite store's suites (round trip, group commit, retention,
+/// idempotency, engine restore), on PostgreSQL, plus what only a server has: the instance
+/// lock, the schema version, connection failures.
+@Suite("PostgresStoreTests: the SQLite store's scenarios on a real PostgreSQL")
+struct PostgresStoreTests {
+    @Test func everyFieldSurvivesCloseAndReopen() throws {
+        try withTestDatabase { url in
+            let queues = [
+                queueSnapshot("alpha", max: 2, effective: 2, suspended: false, revision: 3),
+                queueSnapshot("beta", max: -1, effective: 4, suspended: true, revision: 9, createdAt: t0.adding(seconds: 0.5)),
+            ]
+            var ops = everyKindOfOperation()
+            // Strings PostgreSQL's text cannot hold, or that array literals must escape.
+            ops[1].name = "nul\u{0}inside, \"quotes\" {braces} \\ NULL"
+            ops[2].spec = .object([("s", .string("\u{0}\u{1f}{\"}")), ("NULL", .string("NULL"))])
+            let events = everyKindOfEvent()
+            let store = try PostgresStore(url: url)
+            store.append(queues.map { .queue($0) }, upTo: 1)
+            store.append(ops.map { .operation($0) }, upTo: 2)
+            store.append(events.map { .event($0) }, upTo: 3)
+            #expect(waitDurable(store, 3))
+            store.close()
+
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            let state = try reopened.load()
+            #expect(state.lastSeq == UInt64(events.count))
+            #expect(state.operations == ops.sorted { $0.id < $1.id })
+            #expect(state.queues.count == 2)
+            for (got, want) in zip(state.queues, queues) {
+                #expect(got.name == want.name)
+                #expect(got.maxConcurrentOperationCount == want.maxConcurrentOperationCount)
+                #expect(got.effectiveMaxConcurrentOperationCount == want.effectiveMaxConcurrentOperationCount)
+                #expect(got.isSuspended == want.isSuspended)
+                #expect(got.revision == want.revision)
+                #expect(got.createdAt == want.createdAt)
+            }
+            let alpha = try #require(state.queues.first { $0.name == "alpha" })
+            #expect(alpha.counts[.pending] == 1 && alpha.counts[.ready] == 1 && alpha.counts[.executing] == 1)
+            #expect(alpha.operationCount == 3)
+            let beta = try #require(state.queues.first { $0.name == "beta" })
+            #expect(beta.counts[.finished] == 3 && beta.counts[.paused] == 1 && beta.operationCount == 1)
+
+            #expect(reopened.recentEvents(limit: 100) == events)
+            #expect(reopened.recentEvents(limit: 3) == Array(events.suffix(3)))
+            #expect(reopened.events(of: OperationID(raw: 1)) == events.filter { $0.operation.raw == 1 })
+            #expect(reopened.events(of: OperationID(raw: 99)).isEmpty)
+            #expect(reopened.oldestEventSeq == 1)
+            let window = try #require(reopened.eventWindow(queue: "beta", operation: nil, after: 0, through: 100, limit: 100))
+            #expect(window.events == events.filter { $0.queue == "beta" })
+            #expect(window.lastSeq == events.filter { $0.queue == "beta" }.last?.seq)
+        }
+    }
+
+    @Test func onlyTheLastSnapshotOfAnOperationIsKept() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            store.append([.queue(queueSnapshot("q", revision: 1))], upTo: 1)
+            var op = operationSnapshot(1)
+            var records: [StoreRecord] = []
+            for r in 1...5 as ClosedRange<UInt64> {
+                op.revision = r
+                records.append(.operation(op))
+            }
+            store.append(records, upTo: 2)
+            op.revision = 6
+            op.state = .executing
+            store.append([.operation(op), .queue(queueSnapshot("q", suspended: true, revision: 2))], upTo: 3)
+            #expect(waitDurable(store, 3))
+            let state = try store.load()
+            #expect(state.operations == [op])
+            #expect(state.queues.map(\.isSuspended) == [true])
+        }
+    }
+
+    @Test func deletingAQueueDeletesItsOperationsAndEventsButNotTheSequence() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append(
+                [
+                    .queue(queueSnapshot("keep")), .queue(queueSnapshot("gone")),
+                    .operation(operationSnapshot(1, queue: "keep")), .event(event(1, 1, queue: "keep")),
+                    .operation(operationSnapshot(2, queue: "gone")), .event(event(2, 2, queue: "gone")),
+                ], upTo: 1)
+            store.append(
+                [
+                    .operation(operationSnapshot(3, queue: "gone")), .event(event(3, 3, queue: "gone")),
+                    .queueDeleted("gone"), .queue(queueSnapshot("gone", max: 7)),
+                ], upTo: 2)
+            #expect(waitDurable(store, 2))
+            store.close()
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            let state = try reopened.load()
+            #expect(state.queues.map(\.name) == ["gone", "keep"])
+            #expect(state.queues.first?.maxConcurrentOperationCount == 7)
+            #expect(state.operations.map(\.id.raw) == [1])
+            #expect(reopened.recentEvents(limit: 10).map(\.seq) == [1])
+            #expect(state.lastSeq == 3)
+        }
+    }
+
+    @Test func aRepeatedEventSeqReplacesTheOldEventInsteadOfWedgingTheWriter() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            store.append([.event(event(1, 1)), .event(event(2, 1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            let again = event(1, 7, key: .isFinished)
+            // Twice in one batch as well: one statement may not upsert a row twice.
+            store.append([.event(event(1, 8)), .event(again), .operation(operationSnapshot(7))], upTo: 2)
+            #expect(waitDurable(store, 2))
+            #expect(store.recentEvents(limit: 10) == [again, event(2, 1)])
+            #expect(try store.load().operations.map(\.id.raw) == [7])
+            #expect(store.lastError == nil)
+        }
+    }
+
+    @Test func anEmptyStoreLoadsEmptyAndCloseIsIdempotent() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            let state = try store.load()
+            #expect(state.queues.isEmpty && state.operations.isEmpty && state.lastSeq == 0)
+            #expect(store.oldestEventSeq == 1)
+            #expect(store.recentEvents(limit: 10).isEmpty)
+            store.append([.queue(queueSnapshot("q"))], upTo: 1)
+            store.close()
+            store.close()
+            #expect(store.durableTicket == 1)
+            store.append([.queue(queueSnapshot("late"))], upTo: 2)
+            let fired = Locked(false)
+            store.whenDurable(2) { fired.withLock { $0 = true } }
+            #expect(fired.value == false)
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            #expect(try reopened.load().queues.map(\.name) == ["q"])
+        }
+    }
+
+    @Test func manySmallAppendsShareCommitsAndEveryCallbackFiresOnce() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            let batches = 20_000
+            let fired = Locked([Int](repeating: 0, count: batches + 1))
+            let all = DispatchSemaphore(value: 0)
+            let remaining = Atomic<Int>(batches)
+            store.append([.queue(queueSnapshot("q"))], upTo: 0)
+            for i in 1...batches {
+                let t = UInt64(i)
+                store.append([.event(event(t, t)), .operation(operationSnapshot(t))], upTo: t)
+                store.whenDurable(t) {
+                    fired.withLock { $0[i] += 1 }
+                    if remaining.subtract(1, ordering: .relaxed).newValue == 0 { all.signal() }
+                }
+            }
+            #expect(all.wait(timeout: .now() + 120) == .success)
+            #expect(fired.value.dropFirst().allSatisfy { $0 == 1 })
+            let stats = store.stats
+            #expect(stats.appends == batches + 1)
+            #expect(stats.records == 2 * batches + 1)
+            #expect(stats.commits < batches / 10, "group commit should batch: \(stats.commits) commits for \(batches) appends")
+            #expect(stats.failures == 0)
+            #expect(try store.load().operations.count == batches)
+        }
+    }
+
+    @Test func aTicketAheadOfTheAppendsWaitsForThemAndOneCommittedIsReportedAtOnce() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            let fired = Locked(false)
+            store.whenDurable(2) { fired.withLock { $0 = true } }
+            store.append([.queue(queueSnapshot("a"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            #expect(fired.value == false)
+            store.append([.queue(queueSnapshot("b"))], upTo: 2)
+            #expect(waitDurable(store, 2))
+            #expect(fired.value)
+            let atOnce = Locked(false)
+            store.whenDurable(1) { atOnce.withLock { $0 = true } }
+            #expect(atOnce.value, "called before whenDurable returned")
+        }
+    }
+
+    @Test func closingFromADurabilityCallbackDoesNotDeadlock() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            let closed = DispatchSemaphoreBox()
+            store.append([.queue(queueSnapshot("a"))], upTo: 1)
+            store.whenDurable(1) {
+                store.append([.queue(queueSnapshot("b"))], upTo: 2)
+                store.close()
+                closed.signal()
+            }
+            #expect(closed.wait(seconds: 10))
+            // The writer commits what was queued, closes its connection (the lock) and exits.
+            var reopened: PostgresStore?
+            for _ in 0..<200 where reopened == nil {
+                reopened = try? PostgresStore(url: url)
+                if reopened == nil { usleep(10_000) }
+            }
+            let again = try #require(reopened)
+            defer { again.close() }
+            #expect(try again.load().queues.map(\.name).contains("a"))
+        }
+    }
+
+    @Test func appendsFromSeveralThreadsAllBecomeDurable() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            let next = Locked<UInt64>(0)
+            DispatchQueue.concurrentPerform(iterations: 4) { _ in
+                for _ in 0..<500 {
+                    next.withLock { t in
+                        t += 1
+                        store.append([.operation(operationSnapshot(t))], upTo: t)
+                    }
+                }
+            }
+            #expect(waitDurable(store, 2000))
+            #expect(try store.load().operations.count == 2000)
+        }
+    }
+
+    @Test func aBatchOfAThousandOperationsIsOneCommit() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            var records: [StoreRecord] = [.queue(queueSnapshot("q"))]
+            for i in 1...1000 as ClosedRange<UInt64> {
+                records.append(.operation(operationSnapshot(i)))
+                records.append(.event(event(i, i)))
+            }
+            store.append(records, upTo: 1)
+            #expect(waitDurable(store, 1))
+            #expect(store.stats.commits == 1)
+            #expect(try store.load().operations.count == 1000)
+        }
+    }
+
+    @Test func purgeRemovesOnlyOldFinishedOperationsAndTheirEvents() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            var records: [StoreRecord] = [.queue(queueSnapshot("q"))]
+            for i in 1...1202 as ClosedRange<UInt64> {
+                var op = operationSnapshot(i, state: i <= 1201 ? .finished : .executing)
+                if i <= 1201 {
+                    op.outcome = .succeeded
+                    op.finishedAt = i <= 1200 ? t0.adding(seconds: Double(i)) : t0.adding(seconds: 100_000)
+                }
+                records.append(.operation(op))
+                records.append(.event(event(2 * i - 1, i)))
+                records.append(.event(event(2 * i, i, key: .isFinished)))
+            }
+            store.append(records, upTo: 1)
+            #expect(waitDurable(store, 1))
+            let cutoff = t0.adding(seconds: 50_000)
+            #expect(store.purge(finishedBefore: cutoff, limit: 1000) == 1000)
+            var ids = try store.load().operations.map(\.id.raw)
+            #expect(ids == Array(1001...1202))
+            #expect(store.purge(finishedBefore: cutoff, limit: 1000) == 200)
+            #expect(store.purge(finishedBefore: cutoff, limit: 1000) == 0)
+            ids = try store.load().operations.map(\.id.raw)
+            #expect(ids == [1201, 1202])
+            #expect(store.events(of: OperationID(raw: 5)).isEmpty)
+            #expect(store.events(of: OperationID(raw: 1201)).count == 2)
+            #expect(store.oldestEventSeq == 2 * 1201 - 1)
+            #expect(try store.load().lastSeq == 2 * 1202)
+        }
+    }
+
+    @Test func savedAnswersAndMetaComeBackAfterARestart() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            let body: [UInt8] = Array(#"{"id":"op-0000000000000001"}"#.utf8) + [0, 255, 10]
+            let first = IdempotencyRecord(
+                scope: "POST /v1/queues/q/operations\u{0}key-1", bodyHash: "sha256:abc", status: 201,
+                headers: [("Content-Type", "application/json"), ("X-Quote", "a\"b\\c\u{0}")], body: body, createdAt: t0)
+            let old = IdempotencyRecord(scope: "old", bodyHash: "h", status: 200, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1))
+            let ready = DispatchSemaphoreBox()
+            store.saveIdempotency(first) { ready.signal() }
+            store.saveIdempotency(old)
+            #expect(store.setMeta([("webhook:a", "{\"x\":\"\u{0}\"}"), ("crashes:1", "2"), ("crashes:2", "1")]) { ready.signal() })
+            #expect(ready.wait(seconds: 10) && ready.wait(seconds: 10))
+            store.close()
+
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            #expect(reopened.loadIdempotency() == [old, first])
+            #expect(reopened.purgeIdempotency(before: Timestamp(nanoseconds: 2)) == 1)
+            #expect(reopened.loadIdempotency() == [first])
+            #expect(reopened.meta(prefix: "crashes:").map(\.key) == ["crashes:1", "crashes:2"])
+            #expect(reopened.meta(prefix: "webhook:").first?.value == "{\"x\":\"\u{0}\"}")
+            let deleted = DispatchSemaphoreBox()
+            reopened.deleteMeta(prefix: "crashes:") { deleted.signal() }
+            #expect(deleted.wait(seconds: 10))
+            #expect(reopened.meta(prefix: "crashes:").isEmpty)
+            // The prefix is matched as bytes, not as a LIKE pattern.
+            #expect(reopened.meta(prefix: "%").isEmpty)
+        }
+    }
+
+    @Test func anEngineRebuiltFromTheStoreContinuesWhereItStopped() throws {
+        try withTestDatabase { url in
+            let kind = ManualKind()
+            let store = try PostgresStore(url: url)
+            let engine = QueueEngine(kinds: ["manual": kind, "immediate": ImmediateKind()], store: store)
+            try engine.createQueue(name: "work", maxConcurrentOperationCount: 1)
+            try engine.createQueue(name: "tmp")
+            let a = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "a", spec: .object([("x", .number(1))])))
+            let b = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "b", queuePriority: .high, dependencies: [a]))
+            try engine.pause(a)
+            let f = try engine.addOperationID(to: "tmp", OperationRequest(kind: "immediate"))
+            try engine.deleteQueue("tmp")
+            #expect(waitDurable(engine))
+            let nextSeq = engine.nextSequence
+            store.close()
+
+            let store2 = try PostgresStore(url: url)
+            defer { store2.close() }
+            let recovered = try store2.load()
+            #expect(recovered.lastSeq == nextSeq - 1)
+            let engine2 = QueueEngine(kinds: ["manual": ManualKind(), "immediate": ImmediateKind()], store: store2)
+            engine2.restore(recovered)
+            #expect(engine2.queues().map(\.name) == ["work"])
+            #expect(throws: EngineError.self) { try engine2.operation(f) }
+            #expect(try engine2.operation(a).state == .paused)
+            let b2 = try engine2.operation(b)
+            #expect(b2.state == .pending && b2.dependencies == [a] && b2.queuePriority == .high)
+            try engine2.resume(a)
+            #expect(waitDurable(engine2))
+            let events = store2.events(of: a)
+            #expect(events.map(\.seq) == events.map(\.seq).sorted())
+            #expect((events.last?.seq ?? 0) >= nextSeq)
+        }
+    }
+
+    // MARK: - what only a server has
+
+    @Test func aSecondStoreOnTheSameDatabaseIsRefusedUntilTheFirstCloses() throws {
+        try withTestDatabase { url in
+            let first = try PostgresStore(url: url)
+            #expect {
+                _ = try PostgresStore(url: url)
+            } throws: { error in
+                guard let e = error as? PostgresStoreError, e.reason == .inUse else { return false }
+                return e.description.contains("another opqd instance is using the database")
+            }
+            first.close()
+            let second = try PostgresStore(url: url)
+            second.close()
+        }
+    }
+
+    @Test func aNewerSchemaIsRefusedAndAnOlderOneIsMigrated() throws {
+        try withTestDatabase { url in
+            // Version 0: the version table exists, nothing else (as a crash during the first start could leave it).
+            try TestPostgres.psql(
+                url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
+            let store = try PostgresStore(url: url)
+            store.close()
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "1")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "6")
+
+            try TestPostgres.psql(url, "UPDATE opqd.schema_version SET version = 99")
+            #expect {
+                _ = try PostgresStore(url: url)
+            } throws: { error in
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 1)
+            }
+        }
+    }
+
+    @Test func aReadOnlyDatabaseIsRefusedAtStart() throws {
+        try withTestDatabase { url in
+            let name = String(url.split(separator: "?").first?.split(separator: "/").last ?? "")
+            try TestPostgres.psql(url, "ALTER DATABASE \(name) SET default_transaction_read_only = on")
+            #expect {
+                _ = try PostgresStore(url: url)
+            } throws: { error in
+                (error as? PostgresStoreError)?.detail.contains("read-only") == true
+            }
+        }
+    }
+
+    @Test func anOpqdSchemaWithoutAVersionIsRefused() throws {
+        try withTestDatabase { url in
+            try TestPostgres.psql(url, "CREATE SCHEMA opqd; CREATE TABLE opqd.operations (id int)")
+            #expect {
+                _ = try PostgresStore(url: url)
+            } throws: { error in
+                (error as? PostgresStoreError)?.reason == .foreignSchema
+            }
+            // Nothing was created by the refused start.
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "1")
+        }
+    }
+
+    @Test func anUnreachableServerFailsFastWithoutThePassword() throws {
+        let started = Date()
+        #expect {
+            _ = try PostgresStore(url: "postgres://opqd:s3cret@127.0.0.1:1/opqd", connectTimeoutSeconds: 2)
+        } throws: { error in
+            guard let e = error as? PostgresStoreError, e.reason == .cannotConnect else { return false }
+            return !e.description.contains("s3cret") && e.description.contains("opqd:***@127.0.0.1:1")
+        }
+        #expect(Date().timeIntervalSince(started) < 5)
+        #expect(PostgresStore.redact("postgresql://u:p@h/db?sslmode=require&password=x") == "postgresql://u:***@h/db?sslmode=require&password=***")
+    }
+
+    @Test(arguments: [
+        ("attempt", "-1"), ("priority", "99"), ("state", "'gone'"), ("dependencies", "'{-5}'"), ("revision", "-1"),
+        ("id", "-3"), ("spec", "'{not json'"), ("retry", "'{\"maxAttempts\":1e300,\"backoff\":1,\"multiplier\":1}'"),
+        ("executed_seconds", "'NaN'"), ("timeout", "'-Infinity'"),
+    ])
+    func aDamagedOperationRowFailsTheLoadNamingIt(column: String, value: String) throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append([.queue(queueSnapshot("q")), .operation(operationSnapshot(1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            store.close()
+            try TestPostgres.psql(url, "UPDATE opqd.operations SET \(column) = \(value)")
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            #expect {
+                _ = try reopened.load()
+            } throws: { error in
+                guard let e = error as? PostgresStoreError, e.reason == .corrupt else { return false }
+                return e.detail.contains("operations row")
+            }
+        }
+    }
+
+    @Test(arguments: [("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807")])
+    func aDamagedQueueRowFailsTheLoad(column: String, value: String) throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append([.queue(queueSnapshot("q"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            store.close()
+            try TestPostgres.psql(url, "UPDATE opqd.queues SET \(column) = \(value)")
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            if column == "effective_max" {
+                // Any integer is a limit the engine can hold (it clamps it); no trap on the way.
+                #expect(try reopened.load().queues.count == 1)
+                return
+            }
+            #expect {
+                _ = try reopened.load()
+            } throws: { error in
+                (error as? PostgresStoreError)?.reason == .corrupt && (error as? PostgresStoreError)?.detail.contains("queues row q") == true
+            }
+        }
+    }
+
+    @Test func eventsWithImpossibleValuesAreLeftOutOfTheFeed() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            store.append([.event(event(1, 1)), .event(event(2, 1)), .event(event(3, 1)), .event(event(4, 1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            store.close()
+            try TestPostgres.psql(
+                url,
+                "UPDATE opqd.events SET seq = -5 WHERE seq = 1; UPDATE opqd.events SET key = 'bogus' WHERE seq = 2; UPDATE opqd.events SET new = '{' WHERE seq = 3"
+            )
+            let reopened = try PostgresStore(url: url)
+            defer { reopened.close() }
+            #expect(reopened.recentEvents(limit: 10).map(\.seq) == [4])
+            let window = try #require(reopened.eventWindow(queue: "q", operation: nil, after: 0, through: 10, limit: 10))
+            #expect(window.events.map(\.seq) == [4])
+            #expect(window.rows == 3 && window.lastSeq == 4)
+        }
+    }
+
+    @Test func aBatchTheServerRefusesIsRolledBackAndRetriedAndNothingIsDurableMeanwhile() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            store.append([.queue(queueSnapshot("ok"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            // A statement error mid-pipeline: the rest is skipped, the transaction must be rolled back.
+            try TestPostgres.psql(url, "ALTER TABLE opqd.queues ADD CONSTRAINT refuse_bad CHECK (name <> 'bad')")
+            store.append([.operation(operationSnapshot(1, queue: "bad")), .queue(queueSnapshot("bad")), .event(event(1, 1))], upTo: 2)
+            #expect(!waitDurable(store, 2, timeout: 1), "reported durable though the server refused the batch")
+            #expect(store.lastError?.reason == .io)
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.operations") == "0")
+            try TestPostgres.psql(url, "ALTER TABLE opqd.queues DROP CONSTRAINT refuse_bad")
+            #expect(waitDurable(store, 2, timeout: 10))
+            #expect(waitUntil(timeout: 5) { store.lastError == nil })
+            let state = try store.load()
+            #expect(state.queues.map(\.name) == ["bad", "ok"])
+            #expect(state.operations.map(\.id.raw) == [1])
+            #expect(state.lastSeq == 1)
+        }
+    }
+
+    @Test func aBrokenConnectionIsReplacedAndNothingIsReportedDurableMeanwhile() throws {
+        try withTestDatabase { url in
+            let server = try TestPostgres.requireServer()
+            let name = String(url.split(separator: "/").last ?? "")
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            store.append([.queue(queueSnapshot("before"))], upTo: 1)
+            #expect(waitDurable(store, 1))
+
+            // The database refuses connections and its sessions are ended: the writer loses
+            // its connection (and lock) and cannot get them back yet.
+            try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS false")
+            try TestPostgres.psql(server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(name)'")
+            store.append([.queue(queueSnapshot("during"))], upTo: 2)
+            #expect(!waitDurable(store, 2, timeout: 1.5), "reported durable while the database was unreachable")
+            #expect(store.lastError != nil)
+
+            try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS true")
+            #expect(waitDurable(store, 2, timeout: 20))
+            #expect(waitUntil(timeout: 10) { store.lastError == nil })
+            #expect(store.stats.failures > 0)
+            #expect(try store.load().queues.map(\.name) == ["before", "during"])
+        }
+    }
+}
