@@ -60,8 +60,12 @@ public final class HTTPResponder: Sendable {
     /// True when the client is known to have gone while its answer is pending: the request
     /// ended, or the peer closed or reset its side of the connection (seen with a
     /// non-blocking `MSG_PEEK` on the socket, since MHD does not watch a suspended
-    /// connection). Data the client sent meanwhile (a pipelined request) counts as alive. For
-    /// long polls that hand something out (a claim): a client that left must not be given it.
+    /// connection). Data the client sent meanwhile (a pipelined request) counts as alive, even
+    /// if the client closed after it; a client that only half-closed (`shutdown(SHUT_WR)`)
+    /// counts as gone; a peer that vanished without FIN or RST counts as alive. For long
+    /// polls that hand something out (a claim): a client that left must not be given it. A
+    /// caller that finds it gone still answers (any answer), since MHD lets go of a suspended
+    /// connection only when it is resumed.
     public var isClientGone: Bool {
         state.withLock { state in
             guard !state.answered, let connection = state.connection else { return true }

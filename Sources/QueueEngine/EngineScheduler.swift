@@ -46,6 +46,9 @@ public final class ManualClock: EngineClock, EngineScheduler {
         }
     }
 
+    /// Timers armed and not yet run.
+    public var pendingTimers: Int { state.withLock { $0.timers.count } }
+
     /// Moves time forward by `seconds`, running the timers that fall due on the way (timers
     /// they arm run too when they fall due before the end). Runs them outside the clock's
     /// lock, so they may read the clock and arm timers.

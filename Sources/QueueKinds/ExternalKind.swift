@@ -42,6 +42,8 @@ public final class ExternalKind: OperationKind {
         /// False once the waiting client has gone: it is then skipped, not handed anything.
         let isAlive: @Sendable () -> Bool
         let deliver: @Sendable (Lease) -> Void
+        /// Ends a skipped long poll (answers it, so its connection is not held).
+        let drop: @Sendable () -> Void
     }
 
     /// Started, unclaimed operations of one queue in the order they started: taken from the
@@ -159,18 +161,19 @@ public final class ExternalKind: OperationKind {
     /// Hands one started, unclaimed operation of `queue` to `worker`, or registers `deliver`
     /// to be called when one comes. Returns nil and a waiter id when nothing is claimable now.
     public func claim(queue: String, worker: String, wait deliver: (@Sendable (Lease) -> Void)?) -> (Lease?, UInt64?) {
-        let (leases, waiter) = claim(queue: queue, worker: worker, max: 1, isAlive: { true }, wait: deliver)
+        let (leases, waiter) = claim(queue: queue, worker: worker, max: 1, isAlive: { true }, drop: {}, wait: deliver)
         return (leases.first, waiter)
     }
 
     /// Hands up to `max` started, unclaimed operations of `queue` to `worker`, oldest first.
     /// When none is claimable and `deliver` is given, registers it as a waiter: the next
     /// operation offered goes to the oldest waiter whose `isAlive` still holds (a long poll
-    /// whose client left is skipped, so nothing is leased to nobody). Returns the waiter id
-    /// when one was registered.
+    /// whose client left is skipped and ended with `drop`, so nothing is leased to nobody and
+    /// its connection is not held). Returns the waiter id when one was registered. An
+    /// operation whose run ended meanwhile (cancelled, timed out) is not handed out.
     public func claim(
         queue: String, worker: String, max: Int, isAlive: @escaping @Sendable () -> Bool,
-        wait deliver: (@Sendable (Lease) -> Void)?
+        drop: @escaping @Sendable () -> Void = {}, wait deliver: (@Sendable (Lease) -> Void)?
     ) -> ([Lease], UInt64?) {
         let now = clock.now()
         let limit = Swift.max(1, max)
@@ -187,8 +190,17 @@ public final class ExternalKind: OperationKind {
             guard leases.isEmpty, let deliver else { return (leases, nil) }
             let id = s.nextWaiter
             s.nextWaiter += 1
-            s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, isAlive: isAlive, deliver: deliver))
+            s.waiters[queue, default: []].append(Waiter(id: id, worker: worker, isAlive: isAlive, deliver: deliver, drop: drop))
             return ([], id)
+        }
+        // A run can end between being offered and being claimed (a cancel or timeout that
+        // found it unleased): such a lease is taken back, not handed out.
+        let stale = leases.filter { !$0.context.isCurrent }
+        guard stale.isEmpty else {
+            state.withLock { s in for l in stale where s.leases[l.operation]?.token == l.token { s.leases[l.operation] = nil } }
+            let live = leases.filter { $0.context.isCurrent }
+            arm(live)
+            return (live, waiterID)
         }
         arm(leases)
         return (leases, waiterID)
@@ -205,8 +217,10 @@ public final class ExternalKind: OperationKind {
                 reoffer.append(l.context)
             }
         }
+        // The saved lease is cleared in any case (a paused one would otherwise be adopted
+        // again on resume, held by nobody); only a run still current is offered again.
+        ExecutionContext.save(reoffer.map { ($0, nil) })
         for ctx in reoffer where ctx.isCurrent {
-            ctx.save(nil)
             offer(ctx, front: true)
         }
     }
@@ -232,7 +246,9 @@ public final class ExternalKind: OperationKind {
             return l
         }
         if lease.cancelled { return lease }
-        arm(lease)  // saves it too
+        // Saved, but no new timer: the lease's one timer, when it fires, follows the moved
+        // expiry (a worker heartbeating in a loop must not pile up timers).
+        ExecutionContext.save([(lease.context, Self.state(of: lease))])
         return lease
     }
 
@@ -287,26 +303,42 @@ public final class ExternalKind: OperationKind {
 
     // MARK: - internals
 
+    /// `front`: a released claim offered again; it steps aside if the operation has been
+    /// leased since (by a newer run), and never clears that lease.
     private func offer(_ context: ExecutionContext, front: Bool = false) {
         let now = clock.now()
-        let handed: (Lease, Waiter)? = state.withLock { s in
-            s.leases[context.operation] = nil
-            while var ws = s.waiters[context.queue], !ws.isEmpty {
-                let w = ws.removeFirst()
-                s.waiters[context.queue] = ws.isEmpty ? nil : ws
-                // A long poll whose client has gone is dropped here; its timer finds it gone.
-                guard w.isAlive() else { continue }
-                let lease = Self.newLease(context, worker: w.worker, now: now)
-                s.leases[context.operation] = lease
-                return (lease, w)
-            }
+        let (handed, dropped): ((Lease, Waiter)?, [Waiter]) = state.withLock { s in
             if front {
-                s.claimable[context.queue, default: ClaimList()].pushFront([context])
+                if s.leases[context.operation] != nil || s.claimable[context.queue]?.contains(context.operation) == true { return (nil, []) }
             } else {
-                s.claimable[context.queue, default: ClaimList()].append(context)
+                s.leases[context.operation] = nil
             }
-            return nil
+            var dropped: [Waiter] = []
+            var handed: (Lease, Waiter)? = nil
+            if var ws = s.waiters.removeValue(forKey: context.queue) {
+                // Waiters whose client has gone are skipped (and answered outside the lock).
+                var k = 0
+                while k < ws.count && handed == nil {
+                    let w = ws[k]
+                    k += 1
+                    guard w.isAlive() else { dropped.append(w); continue }
+                    let lease = Self.newLease(context, worker: w.worker, now: now)
+                    s.leases[context.operation] = lease
+                    handed = (lease, w)
+                }
+                ws.removeFirst(k)
+                if !ws.isEmpty { s.waiters[context.queue] = ws }
+            }
+            if handed == nil {
+                if front {
+                    s.claimable[context.queue, default: ClaimList()].pushFront([context])
+                } else {
+                    s.claimable[context.queue, default: ClaimList()].append(context)
+                }
+            }
+            return (handed, dropped)
         }
+        for w in dropped { w.drop() }
         if let (lease, w) = handed {
             arm(lease)
             w.deliver(lease)
@@ -360,10 +392,17 @@ public final class ExternalKind: OperationKind {
 
     private func expire(_ id: OperationID, token: String) {
         let now = clock.now()
-        let expired: Lease? = state.withLock { s in
-            guard let l = s.leases[id], l.token == token, l.expiresAt <= now else { return nil }
+        let (expired, extended): (Lease?, Lease?) = state.withLock { s in
+            guard let l = s.leases[id], l.token == token else { return (nil, nil) }
+            guard l.expiresAt <= now else { return (nil, l) }
             s.leases[id] = nil
-            return l
+            return (l, nil)
+        }
+        if let extended {
+            // Heartbeats moved the expiry: wait for the new one.
+            let delay = Double(extended.expiresAt.nanoseconds.saturatingSubtract(now.nanoseconds)) / 1e9 + 0.005
+            extended.context.scheduler.after(seconds: delay) { [self] in expire(id, token: token) }
+            return
         }
         guard let expired else { return }
         expired.context.finish(

@@ -176,6 +176,13 @@ struct BatchWorkerTests {
             #expect(got.allSatisfy { $0.attempt == 1 }, "no lease had to expire")
             let workers = try await server.request("GET", "/v1/workers").expecting(200).objects("workers")
             #expect(workers.map { $0["worker"] as? String } == ["here"], "\(workers)")
+            // The abandoned long polls were ended, not left holding their connections until
+            // their 30 s ran out: only this scrape is in flight.
+            #expect(
+                try await eventually(timeout: 5) {
+                    let m = try await server.request("GET", "/metrics").text
+                    return m.split(separator: "\n").contains { $0 == "opqd_http_requests_in_flight 1" }
+                }, "requests still in flight")
         }
     }
 

@@ -74,13 +74,38 @@ extension KindsTests {
             #expect(try external.heartbeat(first.operation, token: got[0].token).operation == first.operation)
         }
 
+        @Test func aReleasedClaimOfACancelledOperationIsNotOfferedAgain() throws {
+            let first = try claimOne(lease: 30)
+            _ = try engine.cancel(first.operation)
+            external.release([first])
+            let (got, _) = external.claim(queue: "q", worker: "w2", max: 10, isAlive: { true }, wait: nil)
+            #expect(got.isEmpty, "\(got.map(\.operation))")
+            #expect(try engine.operation(first.operation).outcome == .cancelled)
+        }
+
+        @Test func heartbeatsDoNotPileUpTimersAndTheOneTimerFollowsTheExpiry() throws {
+            let lease = try claimOne(lease: 1)
+            for _ in 0..<50 {
+                clock.advance(seconds: 0.1)
+                _ = try external.heartbeat(lease.operation, token: lease.token)
+            }
+            #expect(clock.pendingTimers <= 2, "\(clock.pendingTimers) timers pending")
+            clock.advance(seconds: 0.99)
+            #expect(try engine.operation(lease.operation).state == .executing)
+            clock.advance(seconds: 0.03)
+            #expect(try engine.operation(lease.operation).error?["type"] == .string("lease-expired"))
+        }
+
         @Test func aWaiterWhoseClientLeftIsSkipped() throws {
             let gone = Lock(false), delivered = Lock<[String]>([])
-            _ = external.claim(queue: "q", worker: "gone", max: 1, isAlive: { false }, wait: { _ in gone.withLock { $0 = true } })
+            let dropped = Lock(0)
+            _ = external.claim(
+                queue: "q", worker: "gone", max: 1, isAlive: { false }, drop: { dropped.withLock { $0 += 1 } }, wait: { _ in gone.withLock { $0 = true } })
             _ = external.claim(queue: "q", worker: "here", max: 1, isAlive: { true }, wait: { l in delivered.withLock { $0.append(l.worker) } })
             _ = try claimOneQueued()
             #expect(gone.withLock { $0 } == false)
             #expect(delivered.withLock { $0 } == ["here"])
+            #expect(dropped.withLock { $0 } == 1, "the skipped long poll is ended")
         }
 
         func claimOneQueued() throws -> OperationID {

@@ -87,6 +87,9 @@ struct WorkersController: Sendable {
                 engine.whenDurable {
                     if responder.isClientGone {
                         external.release(leases)
+                        // Ends the request (a no-op if it already has): a suspended
+                        // connection is only let go of by an answer.
+                        responder.respond(HTTPResponse(status: 204))
                     } else {
                         responder.respond(Self.answer(claims: leases, batch: batch, engine: engine))
                     }
@@ -101,7 +104,9 @@ struct WorkersController: Sendable {
                     send([lease] + more)
                 }
             }
-            let (leases, waiter) = external.claim(queue: queue, worker: worker, max: n, isAlive: alive, wait: wait > 0 ? deliver : nil)
+            let (leases, waiter) = external.claim(
+                queue: queue, worker: worker, max: n, isAlive: alive, drop: { responder.respond(HTTPResponse(status: 204)) },
+                wait: wait > 0 ? deliver : nil)
             if !leases.isEmpty { send(leases); return }
             guard let waiter else { responder.respond(HTTPResponse(status: 204)); return }
             engine.scheduler.after(seconds: wait) {
