@@ -69,7 +69,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqd",
-            dependencies: ["QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", .product(name: "Logging", package: "swift-log")]
         ),
         // Plain build: replays files given on the command line. With
         // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.

@@ -105,6 +105,16 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         store: store, lifecycle: lifecycle, logger: logger)
 }
 
+/// This server's identity: a random id kept in the store's meta table from its first start
+/// (per process with `--store memory`). Archives carry it (`exportedFrom`).
+func serverIdentity(_ store: any ServiceStore) -> String {
+    if let kept = store.meta(prefix: "server-id").first(where: { $0.key == "server-id" })?.value, !kept.isEmpty { return kept }
+    var g = SystemRandomNumberGenerator()
+    let id = String(g.next(), radix: 16) + String(g.next(), radix: 16)
+    store.setMeta([("server-id", id)], then: nil)
+    return id
+}
+
 /// Every route of the API, each controller holding only what it uses.
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
@@ -116,7 +126,9 @@ func buildRouter(
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
     let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
     operations.addRoutes(to: &router)
-    ArchiveController(engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody).addRoutes(to: &router)
+    ArchiveController(
+        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverIdentity(store)
+    ).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

@@ -2809,6 +2809,16 @@ components:
           allOf:
             - $ref: '#/components/schemas/NotBefore'
           description: When the archive was made (RFC 3339; informational).
+        exportedFrom:
+          type: string
+          minLength: 1
+          maxLength: 128
+          description: |
+            The id of the server that made the archive. Restored on another server, the
+            archive's dependencies on operations outside it are dropped (and listed in
+            `droppedDependencies`): operation ids are per server, so there they would name
+            unrelated operations. Without it, outside dependencies are kept when an operation
+            with that id exists.
         queue:
           type: object
           additionalProperties: false

@@ -1,3 +1,4 @@
+import Digest
 import Dispatch
 import Locking
 import OutboundHTTP
@@ -60,6 +61,12 @@ enum ArchiveCommand {
         var headers: [(String, String)] = [("Accept", "application/json, application/problem+json")]
         if body != nil { headers.append(("Content-Type", "application/json")) }
         if let token = options.token { headers.append(("Authorization", "Bearer \(token)")) }
+        if let body {
+            // A repeat of the same import (its answer was lost: a timeout, a dropped
+            // connection) gets the first answer and its id map, not 409 queue-not-empty.
+            let hex = SHA256.hash(body).map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+            headers.append(("Idempotency-Key", "opqd-archive-import-" + hex))
+        }
         let base = options.url.hasSuffix("/") ? String(options.url.dropLast()) : options.url
         let request = OutboundRequest(
             method: options.export ? "GET" : "POST", url: "\(base)/v1/queues/\(options.queue)/archive", headers: headers, body: body,

@@ -94,6 +94,40 @@ struct ArchiveEndpointTests {
         }
     }
 
+    @Test("an archive made on another server drops its outside dependencies (ids are per server), listing them; without exportedFrom they are kept")
+    func foreignOutsideDependencies() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("other", suspended: true)
+            let outside = try await server.addDelay("other", seconds: 5)
+            try await server.createQueue("src", suspended: true)
+            let a = try await server.addDelay("src", seconds: 5, name: "a")
+            _ = try await server.addDelay("src", seconds: 5, dependencies: [a, outside], name: "b")
+            let export = try await server.request("GET", "/v1/queues/src/archive").expecting(200)
+            let here = try #require(export.string("exportedFrom"))
+            #expect(!here.isEmpty)
+            // The same document, said to come from another server.
+            let foreign = export.text.replacingOccurrences(of: "\"exportedFrom\":\"\(here)\"", with: "\"exportedFrom\":\"another-server\"")
+            try #require(foreign != export.text)
+            let r = try await server.request("POST", "/v1/queues/copy1/archive", json: foreign).expecting(201)
+            #expect(r.object["droppedDependencies"] as? [String] == [outside])
+            let b1 = try #require(Self.ids(r).first { $0.key != a }?.value)
+            #expect(try await server.operation(b1)["dependencies"] as? [String] == [Self.ids(r)[a] ?? ""])
+            // From this server: kept.
+            let same = try await server.request("POST", "/v1/queues/copy2/archive", body: export.body).expecting(201)
+            #expect(same.object["droppedDependencies"] as? [String] == [])
+            // Without exportedFrom (written by hand): kept when it exists, as API.md says.
+            let bare = export.text.replacingOccurrences(of: "\"exportedFrom\":\"\(here)\",", with: "")
+            try #require(bare != export.text)
+            let third = try await server.request("POST", "/v1/queues/copy3/archive", json: bare).expecting(201)
+            #expect(third.object["droppedDependencies"] as? [String] == [])
+            let b3 = try #require(Self.ids(third).first { $0.key != a }?.value)
+            #expect((try await server.operation(b3)["dependencies"] as? [String])?.contains(outside) == true)
+            expectProblem(
+                try await server.request("POST", "/v1/queues/copy4/archive", json: export.text.replacingOccurrences(of: "\"\(here)\"", with: "7")), 422,
+                mentioning: ["exportedFrom"])
+        }
+    }
+
     @Test("operations of equal priority keep their order: the restored queue starts them first in, first out")
     func orderSurvives() async throws {
         try await withLiveServer { server in
@@ -362,11 +396,21 @@ struct ArchiveProcessTests {
             #expect(moved.string("queuePriority") == "veryHigh")
             #expect(moved.object["dependencies"] as? [String] == [ids[first] ?? ""])
 
-            // Again: the queue is not empty now, so 409 on stderr and exit 1.
+            // The same import again (its answer lost, say): the first answer and id map come
+            // back (the CLI sends an Idempotency-Key of the document), nothing is restored twice.
             let again = try Self.cli(
                 binary, ["import", "--url", "http://127.0.0.1:\(target.port)", "--queue", "moved", "--token", "s3cret"], stdin: file, scratch: scratch)
-            #expect(again.code == 1)
-            #expect(again.err.contains("409"), "stderr: \(again.err)")
+            #expect(again.code == 0, "stderr: \(again.err)")
+            let replayed = (try JSONSerialization.jsonObject(with: Data(again.out.utf8)) as? [String: Any])?["ids"] as? [String: String]
+            #expect(replayed == ids)
+            #expect(try client.request("GET", "/v1/queues/moved", headers: auth).expecting(200).int("operationCount") == 2)
+            // Another document into the now busy queue: 409 on stderr and exit 1.
+            let other = scratch + "/other.json"
+            try (String(contentsOfFile: file, encoding: .utf8) + "\n").write(toFile: other, atomically: true, encoding: .utf8)
+            let busy = try Self.cli(
+                binary, ["import", "--url", "http://127.0.0.1:\(target.port)", "--queue", "moved", "--token", "s3cret"], stdin: other, scratch: scratch)
+            #expect(busy.code == 1)
+            #expect(busy.err.contains("409"), "stderr: \(busy.err)")
             // A bad command line is 2.
             let bad = try Self.cli(binary, ["export", "--url", "http://127.0.0.1:\(source.port)", "--queue", "a/b"], scratch: scratch)
             #expect(bad.code == 2)

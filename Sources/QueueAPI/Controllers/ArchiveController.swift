@@ -25,9 +25,13 @@ struct ArchiveController: Sendable {
     let limits: OpqdConfiguration.Limits
     /// `--max-body`: the largest document a restore can read, so the largest an export makes.
     let maxBody: Int
+    /// This server's identity (kept in its store): an archive says where it was made, and
+    /// ids of operations outside it mean something only there. Restored on another server
+    /// they are dropped (ids are per server: kept, they would name unrelated operations).
+    let serverID: String
 
     static let format = "opqd-archive/1"
-    static let documentFields = ["format", "exportedAt", "queue", "operations"]
+    static let documentFields = ["format", "exportedAt", "exportedFrom", "queue", "operations"]
     static let queueFields = ["name", "maxConcurrentOperationCount", "isSuspended"]
     static let operationFields = [
         "id", "name", "kind", "spec", "queuePriority", "dependencies", "isPaused", "attempt", "timeout", "retry", "notBefore", "createdAt",
@@ -56,6 +60,7 @@ struct ArchiveController: Sendable {
         o.open()
         o.key("format"); o.string(Self.format)
         o.key("exportedAt"); o.time(SystemClock().now())
+        o.key("exportedFrom"); o.string(serverID)
         o.key("queue"); o.open()
         o.key("name"); o.string(archive.queue.name)
         o.key("maxConcurrentOperationCount"); o.int(archive.queue.maxConcurrentOperationCount)
@@ -121,6 +126,14 @@ struct ArchiveController: Sendable {
                 throw Problem.invalid("exportedAt", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(Self.short(e))")
             }
         }
+        // Made on another server: its outside dependencies name operations of that server.
+        var foreign = false
+        if let e = b["exportedFrom"] {
+            guard case let .string(s) = e, !s.isEmpty, s.utf8.count <= 128 else {
+                throw Problem.invalid("exportedFrom", "must be the id of the server that made the archive (1 to 128 bytes); got \(Self.short(e))")
+            }
+            foreign = s != serverID
+        }
         let (maxConcurrent, suspended) = try parseQueue(b["queue"])
         guard let list = b["operations"] else { throw Problem.invalid("operations", "is required: an array of at most \(limits.batch) operations") }
         guard case let .array(items) = list else { throw Problem.invalid("operations", "must be an array of operations; got \(list.typeName)") }
@@ -155,6 +168,17 @@ struct ArchiveController: Sendable {
                 throw OperationsController.naming(element: i, Problem.from(error, requestID: req.id), field: true)
             }
         }
+        var foreignDropped: [OperationID] = []
+        if foreign {
+            var seen = Set<OperationID>()
+            for i in elements.indices {
+                elements[i].dependencies.removeAll { d in
+                    guard case let .operation(id) = d else { return false }
+                    if seen.insert(id).inserted { foreignDropped.append(id) }
+                    return true
+                }
+            }
+        }
         let restored: ArchiveRestore
         do {
             restored = try engine.restoreArchive(into: name, maxConcurrentOperationCount: maxConcurrent, isSuspended: suspended, elements)
@@ -182,7 +206,7 @@ struct ArchiveController: Sendable {
         }
         o.close()
         o.key("droppedDependencies"); o.openArray()
-        for d in restored.droppedDependencies { o.string(d.description) }
+        for d in foreignDropped + restored.droppedDependencies { o.string(d.description) }
         o.closeArray()
         o.key("queue"); restored.queue.write(to: &o)
         o.close()
