@@ -1636,15 +1636,17 @@ paths:
       summary: Finish many leased operations in one request
       description: |
         `{"finishes": [{"id", "leaseToken", "result"|"error"}, …]}`, 1 to `--max-batch`
-        (default 1000) elements, each as `POST /v1/operations/{id}/finish` takes it. Each
-        element is finished on its own: one refused does not hold back the others. The
-        answer comes once every change it made is durable (they share one group commit):
-        200 with one entry per element, in the request's order: `{"id", "status": 200,
-        "operation"}` with the operation's status after it, or `{"id", "status", "problem"}`
-        with the problem that element alone would have got (404 unknown operation, 409
-        `already-finished` or `lease-conflict`, 422 naming the element's field, e.g.
-        `finishes[3].leaseToken`). A malformed envelope (no `finishes`, not an array, empty,
-        too many) is refused as a whole and changes nothing.
+        (default 1000) elements, each as `POST /v1/operations/{id}/finish` takes it. A
+        malformed request (no `finishes`, not an array, empty, too many, or an element with
+        an unknown field, no `id` or `leaseToken`, both `result` and `error`, a result over
+        `--max-result-bytes`) is refused as a whole with 422 naming the element's field
+        (`finishes[3].leaseToken`) and changes nothing. Otherwise each element is finished on
+        its own: one whose operation is unknown (404), already finished (409
+        `already-finished`) or not leased with that token (409 `lease-conflict`) does not
+        hold back the others. The answer comes once every change it made is durable (they
+        share one group commit): 200 with one entry per element, in the request's order:
+        `{"id", "status": 200, "operation"}` with the operation's status after it, or
+        `{"id", "status": 404|409, "problem"}`.
       requestBody:
         required: true
         content:
@@ -3642,8 +3644,8 @@ components:
             required: [id, status]
             properties:
               id:
-                type: [string, 'null']
-                description: The element's `id` as sent (null when it had none).
+                type: string
+                description: The element's `id` as sent.
               status:
                 type: integer
                 description: 200, or the status of the element's problem.

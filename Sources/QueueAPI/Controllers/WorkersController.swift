@@ -190,11 +190,12 @@ struct WorkersController: Sendable {
     }
 
     /// `POST /v1/operations:finish` `{"finishes": [{"id", "leaseToken", "result"|"error"}]}`:
-    /// each element is finished on its own (one refused does not hold back the others), and
-    /// the answer, once every change it made is durable (one group commit for all of them),
-    /// is 200 with one entry per element in the request's order: `{"id", "status": 200,
-    /// "operation": status}` or `{"id", "status": 4xx, "problem": problem}` naming the element
-    /// (`finishes[3].leaseToken`).
+    /// a malformed element refuses the whole request (422 naming it, `finishes[3].leaseToken`,
+    /// nothing changed); otherwise each element is finished on its own (one whose operation
+    /// is unknown, finished, or not leased with that token does not hold back the others),
+    /// and the answer, once every change it made is durable (one group commit for all of
+    /// them), is 200 with one entry per element in the request's order: `{"id", "status":
+    /// 200, "operation": status}` or `{"id", "status": 404|409, "problem": problem}`.
     func finishMany(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["finishes"])
@@ -209,24 +210,34 @@ struct WorkersController: Sendable {
         outcomes.reserveCapacity(items.count)
         // Checked element by element, then finished together in one engine step.
         var accepted: [(index: Int, id: OperationID, token: String, completion: Completion)] = []
+        // A malformed element (unknown field, no id or leaseToken, a bad result) is a bug of
+        // the caller: the whole request is refused, naming the element, and nothing changes.
+        var parsed: [(text: String, token: String, completion: Completion)] = []
+        parsed.reserveCapacity(items.count)
         for (i, item) in items.enumerated() {
-            var idText: String? = nil
             do {
                 let e = try Body(item, field: "", allowed: ["id", "leaseToken", "result", "error"])
                 guard let v = e["id"] else { throw Problem.invalid("id", "is required: the id of the claimed operation") }
                 guard case let .string(text) = v else { throw Problem.invalid("id", "must be an operation id string; got \(v.typeName)") }
-                idText = String(text.prefix(128))
-                let id = try parseOperationID(text)
-                let t = try token(e)
-                let completion = try self.completion(e)
+                guard text.utf8.count <= 128 else { throw Problem.invalid("id", "must be at most 128 bytes") }
+                parsed.append((text, try token(e), try self.completion(e)))
+            } catch {
+                throw Self.naming(finish: i, Problem.from(error, requestID: req.id))
+            }
+        }
+        // What depends on the state (an unknown or finished operation, a lease that is not
+        // this worker's) is answered per element; the others are finished all the same.
+        for (i, element) in parsed.enumerated() {
+            do {
+                let id = try parseOperationID(element.text)
                 let op = try engine.operation(id)
                 if op.isFinished {
                     throw Problem(409, "already-finished", "Already finished", "operation \(id) has already finished (\(op.outcome?.rawValue ?? "?"))")
                 }
-                accepted.append((i, id, t, completion))
-                outcomes.append((idText, .success(id)))
+                accepted.append((i, id, element.token, element.completion))
+                outcomes.append((element.text, .success(id)))
             } catch {
-                outcomes.append((idText, .failure(Self.naming(finish: i, Problem.from(error, requestID: req.id)))))
+                outcomes.append((element.text, .failure(Self.naming(finish: i, Problem.from(error, requestID: req.id)))))
             }
         }
         let refused = external.finish(accepted.map { ($0.id, $0.token, $0.completion) })
