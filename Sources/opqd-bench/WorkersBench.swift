@@ -19,7 +19,7 @@ import Glibc
 
 enum WorkersBench {
     static let usage =
-        "usage: opqd-bench workers [--workers 8] [--jobs N] [--batch 100] [--max-concurrent M] [--stores memory,normal,full] [--modes single,batch] [--baseline OLD_OPQD] [--quick]\n"
+        "usage: opqd-bench workers [--workers 8] [--jobs N] [--batch 100] [--max-concurrent M] [--stores memory,normal,full] [--modes single,batch] [--baseline OLD_OPQD] [--postgres URL] [--quick]\n"
 
     struct Mode {
         let name: String
@@ -65,7 +65,7 @@ enum WorkersBench {
 
     static func main(_ args: [String]) -> Int32 {
         var workers = 8, jobs: Int? = nil, quick = false, maxConcurrent: Int? = nil, batch = 100
-        var only: [String]? = nil, onlyModes = ["single", "batch"], baseline: String? = nil
+        var only: [String]? = nil, onlyModes = ["single", "batch"], baseline: String? = nil, postgres: String? = nil
         var i = 0
         while i < args.count {
             switch args[i] {
@@ -76,6 +76,7 @@ enum WorkersBench {
             case "--batch" where i + 1 < args.count: i += 1; batch = min(100, max(1, Int(args[i]) ?? 100))
             case "--stores" where i + 1 < args.count: i += 1; only = args[i].split(separator: ",").map(String.init)
             case "--baseline" where i + 1 < args.count: i += 1; baseline = args[i]
+            case "--postgres" where i + 1 < args.count: i += 1; postgres = args[i]
             case "--modes" where i + 1 < args.count: i += 1; onlyModes = args[i].split(separator: ",").map(String.init)
             default:
                 eprint("opqd-bench workers: unknown option '\(args[i])'\n" + usage)
@@ -96,8 +97,10 @@ enum WorkersBench {
         print("opqd: \(BenchSupport.opqdBinary())")
         var results: [(String, Outcome)] = []
         if let baseline { print("baseline: \(baseline) (single mode only; it runs first for each store)") }
-        for m in stores where only == nil || only!.contains(m.name) {
-            if let baseline {
+        // `--postgres URL`: also the PostgreSQL store, each run on a database of its own.
+        let all = stores + (postgres.map { [Mode(name: "postgres", extra: ["--store", $0])] } ?? [])
+        for m in all where only == nil || only!.contains(m.name) || m.name == "postgres" {
+            if let baseline, m.name != "postgres" {
                 eprint("workers: store \(m.name), single, baseline...\n")
                 results.append(
                     ("\(m.name) base", run(mode: m, workers: workers, jobs: n, maxConcurrent: limit, batch: 0, timeLimit: quick ? 60 : 180, binary: baseline)))
@@ -138,7 +141,7 @@ enum WorkersBench {
         print("(jobs/s = finishes answered 200 / time from the first claim to the last finish; 'finished' = counts.finished of the queue;")
         print(" 'per claim' = operations per claim answer; 'double' = operations handed out by more than one claim;")
         print(" claim latencies exclude the final 204 long polls; a batch's finish latency is that of its one request)")
-        for m in stores {
+        for m in all {
             if let b = results.first(where: { $0.0 == "\(m.name) base" })?.1, let s = results.first(where: { $0.0 == "\(m.name) single" })?.1,
                 b.jobsPerSecond > 0
             {
@@ -189,6 +192,18 @@ enum WorkersBench {
     /// `operations:finish` for each.
     static func run(mode: Mode, workers: Int, jobs n: Int, maxConcurrent: Int, batch: Int, timeLimit: Double, binary: String? = nil) -> Outcome {
         var o = Outcome()
+        var mode = mode
+        var database: (server: String, name: String)? = nil
+        defer { if let database { _ = try? TestPostgres.psql(database.server, "DROP DATABASE IF EXISTS \(database.name) WITH (FORCE)") } }
+        if mode.name == "postgres", let url = mode.extra.last {
+            let name = "opqd_bench_\(UInt64.random(in: 0...UInt64.max))"
+            do { try TestPostgres.psql(url, "CREATE DATABASE \(name)") } catch {
+                o.problems.append("cannot create a database on \(url): \(error)")
+                return o
+            }
+            database = (url, name)
+            mode = Mode(name: mode.name, extra: ["--store", TestPostgres.url(url, database: name)])
+        }
         let server: OpqdServer
         do { server = try OpqdServer(label: "workers-\(mode.name)", extra: mode.extra, binary: binary) } catch {
             o.problems.append("cannot start opqd: \(error)")
