@@ -60,9 +60,11 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 
     let metrics = Metrics()
     let access = Access(token: configuration.token, readToken: configuration.readToken)
+    let instance = InstanceInfo(
+        id: serverIdentity(store), store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name, now: SystemClock().now())
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
-        store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody)
+        store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance)
     let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
         logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
     }
@@ -102,7 +104,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger)
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance)
 }
 
 /// This server's identity: a random id kept in the store's meta table from its first start
@@ -118,7 +120,8 @@ func serverIdentity(_ store: any ServiceStore) -> String {
 /// Every route of the API, each controller holding only what it uses.
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
-    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int
+    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
+    instance: InstanceInfo
 ) -> Router {
     var router = Router()
     ServiceController(engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle).addRoutes(
@@ -127,8 +130,9 @@ func buildRouter(
     let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
     operations.addRoutes(to: &router)
     ArchiveController(
-        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverIdentity(store)
+        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: instance.id
     ).addRoutes(to: &router)
+    ClusterController(engine: engine, instance: instance).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

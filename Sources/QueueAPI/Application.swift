@@ -15,12 +15,14 @@ public final class OpqdApplication: Sendable {
     let store: any ServiceStore
     let lifecycle: Lifecycle
     let logger: Logger
+    let instance: InstanceInfo
     private let timers = TimerBox()
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger
+        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo
     ) {
+        self.instance = instance
         self.configuration = configuration
         self.engine = engine
         self.server = server
@@ -37,6 +39,7 @@ public final class OpqdApplication: Sendable {
     /// Binds and serves.
     public func start() throws {
         try server.start()
+        instance.listening(at: configuration.advertise ?? "http://\(configuration.host):\(port)")
         let purge = DispatchSource.makeTimerSource(queue: .global())
         purge.schedule(deadline: .now() + 5, repeating: 5)
         let (engine, retain, store, webhooks) = (self.engine, configuration.retain, self.store, self.webhooks)
@@ -55,7 +58,8 @@ public final class OpqdApplication: Sendable {
         let heartbeat = DispatchSource.makeTimerSource(queue: .global())
         heartbeat.schedule(deadline: .now() + 1, repeating: 1)
         let ticks = Locking.Lock<Int>(0)
-        heartbeat.setEventHandler { [events, webhooks] in
+        heartbeat.setEventHandler { [events, webhooks, instance] in
+            instance.beat(SystemClock().now())
             events.cutOffStalled()
             webhooks.persistCursors()
             let tick = ticks.withLock { t in

@@ -32,6 +32,9 @@ public struct OpqdConfiguration: Sendable {
     public var token: String? = nil
     /// When set (with `token`), this token may make GET/HEAD requests only.
     public var readToken: String? = nil
+    /// The URL other instances and clients reach this one by (`GET /v1/cluster`); default
+    /// `http://<host>:<port>`.
+    public var advertise: String? = nil
     /// When set, webhook deliveries carry `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body>`
     /// keyed with it, so receivers can tell opqd's POSTs from anyone else's. Never logged.
     public var webhookSecret: String? = nil
@@ -113,6 +116,13 @@ public struct OpqdConfiguration: Sendable {
     }
 
     static let options: [Option] = [
+        Option(flag: "--advertise", env: "OPQD_ADVERTISE", help: "URL others reach this instance by, shown by GET /v1/cluster (default http://<host>:<port>)") {
+            c, v in
+            guard v.hasPrefix("http://") || v.hasPrefix("https://"), v.utf8.count <= 512, !v.contains(where: { $0.isWhitespace }) else {
+                throw ConfigurationError("--advertise must be an http:// or https:// URL of at most 512 bytes; got '\(v.prefix(100))'")
+            }
+            c.advertise = v
+        },
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
         Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },

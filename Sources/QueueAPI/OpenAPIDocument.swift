@@ -332,6 +332,34 @@ paths:
                   access:
                     enum: [write, read]
 
+  /v1/cluster:
+    get:
+      operationId: getCluster
+      tags: [service]
+      summary: The instances serving this API
+      description: |
+        Every instance with the URL others reach it by (`--advertise`, default
+        `http://<host>:<port>`), when it started, its last heartbeat (once a second) and the
+        queues it owns. The read-only token is enough. Until queue ownership on PostgreSQL
+        lands, one opqd serves a store alone (a second one on the same PostgreSQL database is
+        refused at start): `mode` is `single` and the one instance owns every queue. Refuses
+        unknown query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The instances.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Cluster'
+
   /v1/queues:
     post:
       operationId: createQueue
@@ -3525,6 +3553,41 @@ components:
           $ref: '#/components/schemas/Operation'
         lease:
           $ref: '#/components/schemas/Lease'
+
+    Cluster:
+      type: object
+      additionalProperties: false
+      required: [mode, store, instances]
+      properties:
+        mode:
+          enum: [single]
+          description: "`single`: one instance serves the store alone."
+        store:
+          enum: [sqlite, memory, postgres]
+        instances:
+          type: array
+          items:
+            type: object
+            additionalProperties: false
+            required: [id, url, self, startedAt, heartbeatAt, queues]
+            properties:
+              id:
+                type: string
+                description: The instance's id (kept in its store; archives carry it as `exportedFrom`).
+              url:
+                type: string
+              self:
+                type: boolean
+                description: True for the instance that answered.
+              startedAt:
+                $ref: '#/components/schemas/Timestamp'
+              heartbeatAt:
+                $ref: '#/components/schemas/Timestamp'
+              queues:
+                type: array
+                items:
+                  type: string
+                description: The queues it owns, by name.
 
     ClaimBatch:
       type: object

@@ -291,6 +291,7 @@ struct Route: Sendable, CustomStringConvertible {
         Route(method: "DELETE", path: "/v1/operations/{id}/observers/{observer}", body: nil),
         Route(method: "GET", path: "/v1/workers", body: nil),
         Route(method: "GET", path: "/v1/access", body: nil),
+        Route(method: "GET", path: "/v1/cluster", body: nil),
         Route(method: "GET", path: "/v1/events?after=0", body: nil),
         Route(method: "GET", path: "/v1/events/stream?after=0", body: nil),
         Route(method: "DELETE", path: "/v1/queues/{name}", body: nil),
