@@ -163,6 +163,21 @@
     await openStreamOnce();
     await loadQueues();
     route();
+    loadCluster();
+  }
+
+  // Who serves the API (GET /v1/cluster): shown in the header, details on hover.
+  async function loadCluster() {
+    let r;
+    try { r = await api('GET', '/v1/cluster'); } catch (e) { return; }
+    const c = r.body || {};
+    const list = Array.isArray(c.instances) ? c.instances : [];
+    const el = $('cluster');
+    const n = list.length;
+    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + (c.mode === 'single' ? ' · single' : ''));
+    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + '), heartbeat ' + String(i.heartbeatAt) + ', ' +
+      (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
+    el.hidden = false;
   }
 
   // ---- the stream ----

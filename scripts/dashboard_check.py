@@ -298,6 +298,9 @@ def run_basic(binary, browser, screenshot):
         for name, counts in expected.items():
             check(shown.get(name) == counts, f"{name}: page shows {shown.get(name)}, server says {counts}")
         check(browser.eval("document.getElementById('conn').textContent") == "live", "the stream is live")
+        cluster = wait_for("the cluster line", lambda: browser.eval(
+            "(e => e && !e.hidden && e.textContent)(document.getElementById('cluster'))"), timeout=5)
+        check(cluster.startswith("1 instance") and "sqlite" in cluster, f"the header shows who serves the API (GET /v1/cluster): {cluster!r}")
         check(browser.eval("document.getElementById('tail-list').getAttribute('aria-live')") == "polite", "the live tail is an aria-live region")
         check(browser.eval("!!document.querySelector('#queues-body .q-toggle')"), "actions are offered without a token")
 

@@ -4,7 +4,7 @@
 
 /// dashboard/index.html, served at the dashboard route for it.
 let dashboardHTML = DashboardAsset(
-    contentType: "text/html; charset=utf-8", etag: "\"1eb29be584fe0c6c06b6e9e13cffa5b5\"",
+    contentType: "text/html; charset=utf-8", etag: "\"b2e5ed774e98802226e6ba4766c09c1d\"",
     text: #"""
 <!doctype html>
 <html lang="en">
@@ -27,6 +27,7 @@ let dashboardHTML = DashboardAsset(
     <input id="find-id" type="search" autocomplete="off" spellcheck="false" maxlength="100" placeholder="op-…">
     <button type="submit">Open</button>
   </form>
+  <p id="cluster" class="cluster muted" hidden></p>
   <p id="mode" class="mode" hidden></p>
   <button type="button" id="forget" hidden>Forget token</button>
 </header>
@@ -184,7 +185,7 @@ let dashboardHTML = DashboardAsset(
 
 /// dashboard/dashboard.css, served at the dashboard route for it.
 let dashboardCSS = DashboardAsset(
-    contentType: "text/css; charset=utf-8", etag: "\"644bee3ffea3d440d9f1ef45c2830f2b\"",
+    contentType: "text/css; charset=utf-8", etag: "\"8f402106805363084c729fc1024bf39a\"",
     text: #"""
 /* opqd dashboard. Colours keep WCAG AA contrast (4.5:1 for text) on their backgrounds. */
 :root {
@@ -218,7 +219,7 @@ code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consola
 .top { display: flex; flex-wrap: wrap; align-items: center; gap: 0.5rem 1rem; padding: 0.5rem 1rem; border-bottom: 1px solid var(--line); background: var(--panel); }
 .top h1 { font-size: 1.25rem; margin: 0; }
 .top h1 a { color: var(--fg); text-decoration: none; }
-.conn, .mode { margin: 0; font-size: 0.9rem; }
+.conn, .mode, .cluster { margin: 0; font-size: 0.9rem; }
 .conn::before { content: "●"; margin-right: 0.3rem; color: var(--muted); }
 .conn.live::before { color: #1a7f37; }
 .conn.down::before { color: var(--danger); }
@@ -310,7 +311,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"8e504767f662b8fcb7cdad2f05e92dc0\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"79a244d97589a24fc6299f3956e1b129\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -477,6 +478,21 @@ let dashboardJS = DashboardAsset(
     await openStreamOnce();
     await loadQueues();
     route();
+    loadCluster();
+  }
+
+  // Who serves the API (GET /v1/cluster): shown in the header, details on hover.
+  async function loadCluster() {
+    let r;
+    try { r = await api('GET', '/v1/cluster'); } catch (e) { return; }
+    const c = r.body || {};
+    const list = Array.isArray(c.instances) ? c.instances : [];
+    const el = $('cluster');
+    const n = list.length;
+    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + (c.mode === 'single' ? ' · single' : ''));
+    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + '), heartbeat ' + String(i.heartbeatAt) + ', ' +
+      (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
+    el.hidden = false;
   }
 
   // ---- the stream ----
