@@ -195,15 +195,16 @@ public final class ExternalKind: OperationKind {
         }
         // A run can end between being offered and being claimed (a cancel or timeout that
         // found it unleased): such a lease is taken back, not handed out.
-        let stale = leases.filter { !$0.context.isCurrent }
-        guard stale.isEmpty else {
-            state.withLock { s in for l in stale where s.leases[l.operation]?.token == l.token { s.leases[l.operation] = nil } }
-            let live = leases.filter { $0.context.isCurrent }
-            arm(live)
-            return (live, waiterID)
+        var live: [Lease] = [], stale: [Lease] = []
+        live.reserveCapacity(leases.count)
+        for l in leases {
+            if l.context.isCurrent { live.append(l) } else { stale.append(l) }
         }
-        arm(leases)
-        return (leases, waiterID)
+        if !stale.isEmpty {
+            state.withLock { s in for l in stale where s.leases[l.operation]?.token == l.token { s.leases[l.operation] = nil } }
+        }
+        arm(live)
+        return (live, waiterID)
     }
 
     /// Takes back leases whose claim could not be delivered (the client left before the
@@ -254,12 +255,15 @@ public final class ExternalKind: OperationKind {
 
     /// Checks the token and returns the lease without changing it.
     public func lease(_ id: OperationID, token: String) throws(LeaseError) -> Lease {
-        try state.withLock { s throws(LeaseError) in
-            guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
-            guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
-            if l.cancelled { throw .notLeased("operation \(id) was cancelled") }
-            return l
-        }
+        try state.withLock { s throws(LeaseError) in try Self.held(s, id, token).get() }
+    }
+
+    /// The lease of `id` when `token` holds it and it was not cancelled; else why not.
+    private static func held(_ s: State, _ id: OperationID, _ token: String) -> Result<Lease, LeaseError> {
+        guard let l = s.leases[id] else { return .failure(.notLeased("operation \(id) is not leased (the lease expired, or it finished)")) }
+        guard l.token == token else { return .failure(.notLeased("the lease of operation \(id) belongs to another claim")) }
+        if l.cancelled { return .failure(.notLeased("operation \(id) was cancelled")) }
+        return .success(l)
     }
 
     /// Ends the work of many operations with their workers' answers, in one engine step:
@@ -271,14 +275,14 @@ public final class ExternalKind: OperationKind {
         let done: [(context: ExecutionContext, completion: Completion)] = state.withLock { s in
             var done: [(context: ExecutionContext, completion: Completion)] = []
             for (id, token, completion) in items {
-                guard let l = s.leases[id] else {
-                    errors.append(.notLeased("operation \(id) is not leased (the lease expired, or it finished)")); continue
+                switch Self.held(s, id, token) {
+                case let .failure(e):
+                    errors.append(e)
+                case let .success(l):
+                    s.leases[id] = nil
+                    done.append((l.context, completion))
+                    errors.append(nil)
                 }
-                guard l.token == token else { errors.append(.notLeased("the lease of operation \(id) belongs to another claim")); continue }
-                if l.cancelled { errors.append(.notLeased("operation \(id) was cancelled")); continue }
-                s.leases[id] = nil
-                done.append((l.context, completion))
-                errors.append(nil)
             }
             return done
         }
@@ -288,14 +292,7 @@ public final class ExternalKind: OperationKind {
 
     /// Ends the work with the worker's answer.
     public func finish(_ id: OperationID, token: String, _ completion: Completion) throws(LeaseError) {
-        let lease: Lease = try state.withLock { s throws(LeaseError) in
-            guard let l = s.leases[id] else { throw .notLeased("operation \(id) is not leased (the lease expired, or it finished)") }
-            guard l.token == token else { throw .notLeased("the lease of operation \(id) belongs to another claim") }
-            if l.cancelled { throw .notLeased("operation \(id) was cancelled") }
-            s.leases[id] = nil
-            return l
-        }
-        lease.context.finish(completion)
+        if let refused = finish([(id, token, completion)]).first ?? nil { throw refused }
     }
 
     /// Every live lease, for `GET /v1/workers`.
