@@ -73,7 +73,9 @@ final class CreateLedger: Sendable {
                 let after = r.headers["retry-after"]
                 state.withLock { s in
                     s.unavailable += 1
-                    if after == nil && s.problems.count < 20 { s.problems.append("\(key): 503 from opqd #\(node.index) without Retry-After") }
+                    if after == nil && s.problems.count < 20 {
+                        s.problems.append("\(key): 503 from opqd #\(node.index) without Retry-After: \(r.headers) \(r.text.prefix(200))")
+                    }
                     if let after, s.retryAfter.count < 5 { s.retryAfter.append(after) }
                 }
                 // Honours Retry-After, but polls faster than whole seconds to time the switch.
@@ -133,44 +135,66 @@ final class SteadyLoad: Sendable {
     }
 }
 
-/// Every operation of `queue` by name (ids in creation order), listed page by page through
-/// `node`, and what went wrong listing them.
-func listByName(queue: String, through node: ClusterNode) -> ([String: [String]], [String]) {
+/// The operations of one queue as its listing shows them.
+struct Listing {
+    /// Ids by name, in creation order.
     var byName: [String: [String]] = [:]
-    var cursor: String? = nil
-    for _ in 0..<100 {
-        let target = "/v1/queues/\(queue)/operations?limit=1000" + (cursor.map { "&after=\($0)" } ?? "")
-        guard let r = try? node.request("GET", target), r.status == 200 else { return (byName, ["listing \(target) through opqd #\(node.index) failed"]) }
-        for o in r.objects("operations") {
-            if let id = o["id"] as? String { byName[o["name"] as? String ?? "", default: []].append(id) }
+    /// `state/outcome` by id.
+    var status: [String: String] = [:]
+    var problems: [String] = []
+
+    /// Lists every operation of `queue` page by page through `node`.
+    init(queue: String, through node: ClusterNode) {
+        var cursor: String? = nil
+        for _ in 0..<100 {
+            let target = "/v1/queues/\(queue)/operations?limit=1000" + (cursor.map { "&after=\($0)" } ?? "")
+            guard let r = try? node.request("GET", target), r.status == 200 else {
+                problems.append("listing \(target) through opqd #\(node.index) failed")
+                return
+            }
+            for o in r.objects("operations") {
+                guard let id = o["id"] as? String else { continue }
+                byName[o["name"] as? String ?? "", default: []].append(id)
+                status[id] = "\(o["state"] as? String ?? "?")/\(o["outcome"] as? String ?? "-")"
+            }
+            cursor = r.string("next")
+            if cursor == nil { return }
         }
-        cursor = r.string("next")
-        if cursor == nil { return (byName, []) }
+        problems.append("listing queue \(queue) took more than 100 pages")
     }
-    return (byName, ["listing queue \(queue) took more than 100 pages"])
+
+    /// The ids of the operations named by `names` (the keys of creates in doubt).
+    func ids(named names: [String]) -> Set<String> { Set(names.flatMap { byName[$0] ?? [] }) }
 }
 
-/// Checks after a run under load: every acknowledged create exists (in `listed`, the queue's
-/// operations by name, and through `node`), is finished and succeeded, and exactly one
-/// operation has each name a client used (an Idempotency-Key retry made no second one).
-func acknowledgedProblems(_ ledger: CreateLedger, listed byName: [String: [String]], through node: ClusterNode) -> [String] {
-    var problems: [String] = []
-    for ack in ledger.acks {
-        guard let ids = byName[ack.key] else {
+/// Checks after a run under load: every acknowledged create exists in `listed` (the queue's
+/// listing), finished and succeeded, and exactly one operation has each name a client used (an
+/// Idempotency-Key retry made no second one); a sample of them is also read one by one
+/// through `node` (a follower: forwarded or read from PostgreSQL).
+func acknowledgedProblems(_ ledger: CreateLedger, listed: Listing, through node: ClusterNode) -> [String] {
+    var problems = listed.problems
+    let acks = ledger.acks
+    for ack in acks {
+        guard let ids = listed.byName[ack.key] else {
             problems.append("\(ack.id) (\(ack.key)): acknowledged by opqd #\(ack.node), but not in the queue's listing")
             continue
         }
         if ids != [ack.id] { problems.append("\(ack.key): acknowledged as \(ack.id), but the queue holds \(ids) with that name") }
+        if listed.status[ack.id] != "finished/succeeded" {
+            problems.append("\(ack.id) (\(ack.key)): \(listed.status[ack.id] ?? "?"), expected finished/succeeded")
+        }
+    }
+    for (name, ids) in listed.byName where ids.count > 1 && !acks.contains(where: { $0.key == name }) {
+        problems.append("\(name) (never acknowledged): \(ids.count) operations with that name: \(ids)")
+    }
+    for ack in acks.shuffled().prefix(25) {
         guard let r = try? node.request("GET", "/v1/operations/\(ack.id)"), r.status == 200 else {
             problems.append("\(ack.id): GET /v1/operations/\(ack.id) through opqd #\(node.index) is not 200")
             continue
         }
         if r.string("state") != "finished" || r.string("outcome") != "succeeded" {
-            problems.append("\(ack.id): \(r.string("state") ?? "?")/\(r.string("outcome") ?? "-"), expected finished/succeeded")
+            problems.append("\(ack.id): GET through opqd #\(node.index) says \(r.string("state") ?? "?")/\(r.string("outcome") ?? "-")")
         }
-    }
-    for (name, ids) in byName where ids.count > 1 {
-        problems.append("\(name): \(ids.count) operations with that name: \(ids)")
     }
     return problems
 }

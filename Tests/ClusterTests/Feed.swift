@@ -53,17 +53,30 @@ struct Feed {
     }
 
     /// Reads every node's feed, re-reading each until it reaches the highest last seq any of
-    /// them showed (followers serve the feed from PostgreSQL; bounded by `timeout`).
-    static func readAll(from nodes: [ClusterNode], timeout: Double = 15) throws -> [Feed] {
+    /// them showed (followers serve the feed from PostgreSQL; bounded by `timeout`). A node
+    /// whose feed cannot be read is left out, with why in `problems`.
+    static func readAll(from nodes: [ClusterNode], timeout: Double = 15) -> (feeds: [(node: ClusterNode, feed: Feed)], problems: [String]) {
         let deadline = monotonicSeconds() + timeout
-        var feeds = try nodes.map { try read(from: $0) }
-        while true {
-            let top = feeds.map { $0.events.last?.seq ?? 0 }.max() ?? 0
-            let behind = feeds.indices.filter { (feeds[$0].events.last?.seq ?? 0) < top }
-            if behind.isEmpty || monotonicSeconds() > deadline { return feeds }
-            usleep(100_000)
-            for i in behind { feeds[i] = try read(from: nodes[i]) }
+        var feeds: [(node: ClusterNode, feed: Feed)] = []
+        var problems: [String] = []
+        for node in nodes {
+            do { feeds.append((node, try read(from: node))) } catch { problems.append("the feed of opqd #\(node.index): \(error)") }
         }
+        while true {
+            let top = feeds.map(\.feed.lastSeq).max() ?? 0
+            let behind = feeds.indices.filter { feeds[$0].feed.lastSeq < top }
+            if behind.isEmpty || monotonicSeconds() > deadline { break }
+            usleep(100_000)
+            for i in behind {
+                if let again = try? read(from: feeds[i].node) { feeds[i].feed = again }
+            }
+        }
+        // Each feed gap-free, and all the same as the first.
+        for (node, feed) in feeds { problems += feed.sequenceProblems("opqd #\(node.index)") }
+        if let (first, base) = feeds.first {
+            for (node, feed) in feeds.dropFirst() { problems += base.differences(from: feed, "opqd #\(first.index)", "opqd #\(node.index)") }
+        }
+        return (feeds, problems)
     }
 
     var lastSeq: Int { events.last?.seq ?? 0 }
