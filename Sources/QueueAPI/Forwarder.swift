@@ -41,8 +41,9 @@ final class Forwarder: Sendable {
     /// Seconds a connection to the owner may take: on a LAN it takes well under a millisecond,
     /// so two seconds without one means the owner is gone, and the client should hear so soon.
     static let connectTimeout = 2.0
-    /// Seconds a plain request may take at the owner, answer included.
-    static let requestTimeout = 30.0
+    /// Seconds a plain request may take at the owner, answer included, unless the forwarder
+    /// was made with another (tests do, to see a timeout without waiting for it).
+    static let defaultRequestTimeout = 30.0
     /// Seconds added to a long poll's own wait: the owner answers at the end of the wait, and
     /// its answer still has to be committed and sent.
     static let longPollMargin = 10.0
@@ -50,12 +51,15 @@ final class Forwarder: Sendable {
     let selfID: String
     let maxResponseBytes: Int
     let maxWaitSeconds: Double
+    /// Seconds a request that is not a long poll may take, answer included.
+    let requestTimeout: Double
     let client: OutboundHTTPClient
 
     /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
     /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
-    init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double) {
+    init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout) {
         self.selfID = selfID
+        self.requestTimeout = requestTimeout.isFinite && requestTimeout > 0 ? min(requestTimeout, 3600) : Self.defaultRequestTimeout
         self.maxResponseBytes = max(0, maxResponseBytes)
         self.maxWaitSeconds = maxWaitSeconds.isFinite ? min(max(maxWaitSeconds, 0), 86_400) : 300
         client = OutboundHTTPClient()
@@ -113,8 +117,8 @@ final class Forwarder: Sendable {
     /// plus ``longPollMargin`` (the wait capped at what the API accepts), whichever is longer:
     /// a long poll ends with an answer the owner may have to commit, like any other request.
     func exchangeTimeout(_ query: [String: String]) -> Double {
-        guard let wait = Self.longPollSeconds(query) else { return Self.requestTimeout }
-        return max(Self.requestTimeout, min(wait, maxWaitSeconds) + Self.longPollMargin)
+        guard let wait = Self.longPollSeconds(query) else { return requestTimeout }
+        return max(requestTimeout, min(wait, maxWaitSeconds) + Self.longPollMargin)
     }
 
     /// The `wait` (or `timeout`) of a long poll in seconds, when it is a usable number.

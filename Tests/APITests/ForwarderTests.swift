@@ -252,6 +252,52 @@ struct ForwarderTests {
         }
     }
 
+    @Test("an owner slower than the exchange may take is 503 at the deadline, not a hang")
+    func ownerTooSlow() throws {
+        let owner = try RawServer(timeout: 5) { connection, server in
+            while let l = try? connection.readLine(), !l.isEmpty {}
+            // Holds the request past the forwarder's deadline, then answers anyway.
+            _ = waitUntil(timeout: 2, every: 0.05) { server.isStopping }
+            _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+        }
+        defer { owner.stop() }
+        let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, requestTimeout: 0.5)
+        let front = HTTPServer(
+            configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
+        try front.start()
+        defer { front.shutdown(timeout: .seconds(2)) }
+        let start = Date()
+        let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
+        let took = Date().timeIntervalSince(start)
+        expectProblem(r, 503, mentioning: ["timeout", "may or may not"])
+        #expect(took >= 0.4 && took < 1.8, "answered after \(took) s")
+    }
+
+    @Test("while 20 long polls wait at the owner, a plain request through the same forwarder is answered at once")
+    func noHeadOfLineBlocking() throws {
+        try withPair { _, front, _ in
+            let polls = DispatchGroup()
+            let answered = Lock(0)
+            // Threads of their own: blocked on sockets, they must not take the global queue's
+            // few workers, which run the owner's delayed answers.
+            for _ in 0..<20 {
+                polls.enter()
+                Thread.detachNewThread {
+                    if (try? send(front.port, "/slow?wait=5"))?.status == 200 { answered.withLock { $0 += 1 } }
+                    polls.leave()
+                }
+            }
+            Thread.sleep(forTimeInterval: 0.3)
+            let start = Date()
+            let r = try send(front.port, "/echo")
+            let took = Date().timeIntervalSince(start)
+            #expect(r.status == 200)
+            #expect(took < 0.5, "a plain request took \(took) s behind the long polls")
+            #expect(polls.wait(timeout: .now() + 10) == .success)
+            #expect(answered.withLock { $0 } == 20)
+        }
+    }
+
     @Test("a long poll the owner answers after 1.5 s is relayed, not cut short")
     func longPoll() throws {
         try withPair { _, front, _ in
@@ -266,7 +312,7 @@ struct ForwarderTests {
     @Test(
         "the exchange may take 30 s, or a long poll's wait plus 10 s (capped); bad waits mean 30 s",
         arguments: [
-            ([:], 30.0), (["wait": "2"], 30), (["wait": "45"], 55), (["timeout": "100.5"], 110.5),
+            ([:], 30.0), (["wait": "2"], 30), (["wait": "0"], 30), (["wait": "45"], 55), (["timeout": "100.5"], 110.5),
             (["wait": "1e308"], 310), (["wait": "inf"], 30), (["wait": "nan"], 30), (["wait": "-5"], 30),
             (["wait": "abc"], 30), (["wait": String(repeating: "9", count: 400)], 30),
         ] as [([String: String], Double)])
