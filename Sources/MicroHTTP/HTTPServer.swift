@@ -63,6 +63,11 @@ public final class HTTPServer: Sendable {
         core.boundPort.load(ordering: .acquiring)
     }
 
+    /// A second socket listening on the same address and port, for the next image of a process
+    /// that re-executes itself (pass it as `HTTPServerConfiguration.listenSocket`): requires
+    /// `reusePort`. Nil when it cannot be made.
+    public func openSpareListener() -> Int32? { core.openSpareListener() }
+
     /// Graceful stop: answers new requests 503 at once (the listen socket stays open until the
     /// end), answers every pending deferred request with 503 `application/problem+json` except
     /// those marked `answerBeforeShutdown()`, closes every stream, waits until in-flight requests

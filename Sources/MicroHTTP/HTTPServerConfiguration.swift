@@ -18,6 +18,13 @@ public struct HTTPServerConfiguration: Sendable {
     public var connectionLimit: Int = 4096
     /// Length of the listen socket's accept queue.
     public var listenBacklog: Int = 1024
+    /// An already listening socket to serve instead of binding `host:port`, e.g. one a process
+    /// kept open across `execv` so that connections wait in its backlog meanwhile.
+    public var listenSocket: Int32? = nil
+    /// Binds with `SO_REUSEPORT`, so that `HTTPServer.openSpareListener()` can bind a second
+    /// socket to the same port before this server stops (a role change that re-executes the
+    /// process). Only sockets of the same user can share the port.
+    public var reusePort = false
 
     /// Creates a configuration; every argument has the default shown on its property.
     public init(
@@ -28,8 +35,12 @@ public struct HTTPServerConfiguration: Sendable {
         connectionTimeout: Int = 30,
         connectionLimit: Int = 4096,
         listenBacklog: Int = 1024,
-        maxHeaderBytes: Int = 16384
+        maxHeaderBytes: Int = 16384,
+        listenSocket: Int32? = nil,
+        reusePort: Bool = false
     ) {
+        self.listenSocket = listenSocket
+        self.reusePort = reusePort
         self.maxHeaderBytes = maxHeaderBytes
         self.host = host
         self.port = port

@@ -164,6 +164,10 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         case let .failure(error):
             transfer.task.deliver(.failure(error))
         case .success:
+            guard transfer.request.followRedirects else {
+                transfer.task.deliver(.success(transfer.response(status: status, contentLength: length)))
+                return
+            }
             let decision = RedirectPolicy.next(
                 status: status, location: transfer.header.value("location"),
                 currentURL: transfer.url, method: transfer.method,

@@ -10,12 +10,15 @@ import Glibc
 ///
 /// One background thread per client drives libcurl's multi interface (`curl_multi_poll`,
 /// woken by `curl_multi_wakeup` when a request is added or cancelled), so many requests in
-/// flight cost one thread. Redirects are followed by this client, not libcurl: at most
+/// flight cost one thread. libcurl keeps finished connections in the multi handle's cache
+/// (up to 64), so requests to the same origin reuse a keep-alive connection. Redirects are
+/// followed by this client, not libcurl (unless ``OutboundRequest/followRedirects`` is off): at most
 /// ``RedirectPolicy/maxRedirects``, http/https only, each `Location` resolved and checked
 /// with libcurl's URL API (see ``RedirectPolicy``). Bodies are cut at
 /// ``OutboundRequest/maxResponseBytes`` and header blocks at ``OutboundRequest/maxHeaderBytes``,
 /// so memory per request is bounded whatever the target sends; ``OutboundRequest/timeout``
-/// bounds the whole exchange. Proxies from the environment (`http_proxy`, ...) apply as in curl.
+/// bounds the whole exchange. Proxies from the environment (`http_proxy`, ...) apply as in curl
+/// unless ``OutboundRequest/useProxy`` is off.
 ///
 /// **Completion rule.** The completion of each ``send(_:completion:)`` is called exactly once:
 /// with the response or error on the client's thread, or with `cancelled` on the thread that

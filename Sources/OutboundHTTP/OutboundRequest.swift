@@ -17,13 +17,29 @@ public struct OutboundRequest: Sendable {
     public var maxResponseBytes: Int
     /// Bytes of status line plus header lines accepted per response; more is `invalid-response`.
     public var maxHeaderBytes: Int
+    /// Whether a 3xx with a `Location` is followed (``RedirectPolicy``) or is itself the answer.
+    /// A relay (the cluster's forwarder) turns it off: the client must see the 3xx unchanged.
+    public var followRedirects: Bool
+    /// Whether proxies from the environment (`http_proxy`, `no_proxy`, ...) apply. The
+    /// forwarder turns it off: an instance talks to its peers directly, never through a proxy
+    /// that was configured for webhooks and the `http` kind.
+    public var useProxy: Bool
+    /// Whether the URL's path is sent exactly as given. Off, libcurl resolves dot segments
+    /// (`/a/../b` goes out as `/b`), as a browser does. The forwarder turns it on: the owner must
+    /// route the path this instance routed, not another one.
+    public var pathAsIs: Bool
 
-    /// A request with the given parts; limits default to 30 s, 64 KiB of body, 64 KiB of headers.
+    /// A request with the given parts; limits default to 30 s, 64 KiB of body, 64 KiB of headers;
+    /// redirects are followed, environment proxies apply and dot segments are resolved.
     public init(
         method: String, url: String, headers: [(String, String)] = [], body: [UInt8]? = nil,
         timeout: Double = 30, connectTimeout: Double = 10,
-        maxResponseBytes: Int = 64 * 1024, maxHeaderBytes: Int = 64 * 1024
+        maxResponseBytes: Int = 64 * 1024, maxHeaderBytes: Int = 64 * 1024,
+        followRedirects: Bool = true, useProxy: Bool = true, pathAsIs: Bool = false
     ) {
+        self.pathAsIs = pathAsIs
+        self.followRedirects = followRedirects
+        self.useProxy = useProxy
         self.method = method
         self.url = url
         self.headers = headers

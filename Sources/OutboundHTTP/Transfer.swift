@@ -103,6 +103,9 @@ final class Transfer {
         _ = CCurl_easy_setopt_write_callback(easy, CURLOPT_HEADERFUNCTION, Transfer.onHeader)
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me)
         _ = CCurl_easy_setopt_string(easy, CURLOPT_USERAGENT, "opqd")
+        // An empty proxy string is libcurl's documented way to ignore the proxy variables.
+        if !request.useProxy { _ = CCurl_easy_setopt_string(easy, CURLOPT_PROXY, "") }
+        if request.pathAsIs { _ = CCurl_easy_setopt_long(easy, CURLOPT_PATH_AS_IS, 1) }
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HTTPHEADER, list)
         if CCurl_easy_setopt_string(easy, CURLOPT_URL, url) != CURLE_OK {
             curl_easy_cleanup(easy)

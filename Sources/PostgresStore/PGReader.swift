@@ -62,6 +62,16 @@ final class PGReader {
         return rows(r, PGRecordDecoder.event).reversed()
     }
 
+    /// Events after `seq`, oldest first: what a follower's feed takes in.
+    func events(after seq: UInt64, limit: Int) throws(PGFailure) -> [ChangeEvent] {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                "SELECT \(PGSchema.eventColumns) FROM opqd.events WHERE seq > $1::bigint ORDER BY seq LIMIT $2::bigint",
+                [PGParameter(Int64(clamping: seq)), PGParameter(limit)])
+        }
+        return rows(r, PGRecordDecoder.event)
+    }
+
     func events(of id: OperationID, after: UInt64, limit: Int) throws(PGFailure) -> [ChangeEvent] {
         let r = try withConnection { c throws(PGFailure) in
             try c.exec(

@@ -99,7 +99,9 @@ struct ArrayColumn {
 /// The rows of one bulk statement per table, column by column.
 struct BulkRows {
     var operations = [ArrayColumn](repeating: ArrayColumn(), count: 24)
-    var events = [ArrayColumn](repeating: ArrayColumn(), count: 8)
+    var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
+    /// The ownership epoch the events are written under (NULL without fencing).
+    var epoch: Int64?
     var queues = [ArrayColumn](repeating: ArrayColumn(), count: 6)
     var operationCount = 0, eventCount = 0, queueCount = 0
     private var scratch: [UInt8] = []
@@ -178,6 +180,7 @@ struct BulkRows {
         Self.change(e.old, &events[5], &scratch)
         Self.change(e.new, &events[6], &scratch)
         events[7].text(e.state.rawValue)
+        events[8].int(epoch)
     }
 
     private static func json(_ v: JSONValue?, _ column: inout ArrayColumn, _ scratch: inout [UInt8]) {

@@ -12,8 +12,9 @@
 /// keys and values) are `bytea`: PostgreSQL's `text` cannot hold U+0000, which a JSON string
 /// can, and a row the server refuses would stall the writer forever.
 ///
-/// Later steps of clustering add tables (`queue_owner`, `instance`, `inbox`) and take `seq`
-/// from a sequence; nothing here assumes one instance except the advisory lock.
+/// Clustering (CLUSTER.md): `instance` lists live instances, `ownership` holds the lease of the
+/// instance that owns the queues (scope `*`: for now one owner runs every queue) with its
+/// epoch, and `opqd.fence` checks it inside each of the owner's commits.
 enum PGSchema {
     /// The version this build writes.
     static var version: Int { migrations.count }
@@ -84,8 +85,43 @@ enum PGSchema {
             key   bytea PRIMARY KEY,
             value bytea NOT NULL
         );
+        """,
+        // 1 -> 2: instances, the ownership lease that fences every owner's commit, and the
+        // epoch each event was written under (so a fenced owner's absence can be checked).
+        // Run as one script (`runScript`): the function's body holds semicolons.
         """
+        CREATE TABLE opqd.instance (
+            id           text PRIMARY KEY,
+            url          text NOT NULL,
+            started_at   timestamptz NOT NULL,
+            heartbeat_at timestamptz NOT NULL
+        );
+        CREATE TABLE opqd.ownership (
+            scope      text PRIMARY KEY,
+            instance   text NOT NULL,
+            epoch      bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        );
+        ALTER TABLE opqd.events ADD COLUMN epoch bigint;
+        CREATE FUNCTION opqd.fence(who text, held bigint) RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM 1 FROM opqd.ownership WHERE scope = '*' AND instance = who AND epoch = held FOR SHARE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'opqd instance % no longer owns the queues (epoch %)', who, held USING ERRCODE = 'OP001';
+            END IF;
+        END $$;
+        """,
     ]
+
+    /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
+    static let scriptMigrations: Set<Int> = [1]
+
+    /// The SQLSTATE `opqd.fence` raises: this instance's commit was refused because another
+    /// instance took the queues (a higher epoch).
+    static let fencedState = "OP001"
+    /// First in every fenced transaction: takes a share lock on the ownership row (a takeover
+    /// waits for this commit) and aborts the transaction unless the epoch is still ours.
+    static let fence = "SELECT opqd.fence($1, $2::bigint)"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.
@@ -105,8 +141,8 @@ enum PGSchema {
         "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
         "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]",
     ]
-    static let eventColumns = "seq, time, queue, operation, key, old, new, state"
-    static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]"]
+    static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
+    static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]
     static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
     static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"]
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"

@@ -91,7 +91,21 @@ final class PGWriter: @unchecked Sendable {
     /// server that went away even when nothing is written).
     static let idleCheckSeconds = 2.0
 
-    init(connection: PGConnection, url: String, displayURL: String, lastSeq: UInt64) throws(PGFailure) {
+    /// With a fence, every commit first checks (`opqd.fence`) that this instance still owns the
+    /// queues at that epoch, instead of the advisory lock; a refused commit is never retried:
+    /// `fenced` turns true, `onFenced` is called once, and nothing more is committed or reported
+    /// durable.
+    let fence: PGFence?
+    private let onFenced: @Sendable () -> Void
+    let fenced = Atomic<Bool>(false)
+
+    init(
+        connection: PGConnection, url: String, displayURL: String, lastSeq: UInt64, fence: PGFence? = nil,
+        onFenced: @escaping @Sendable () -> Void = {}
+    ) throws(PGFailure) {
+        self.fence = fence
+        self.onFenced = onFenced
+        bulk.epoch = fence?.epoch
         try connection.enterPipelineMode()
         self.connection = connection
         self.url = url
@@ -244,8 +258,9 @@ final class PGWriter: @unchecked Sendable {
         connection?.close()
         connection = nil
         let c = try PGConnection(url: url)
-        let locked = try c.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
-        guard locked.bool(0, 0) == true else {
+        var locked = fence != nil
+        if !locked { locked = try c.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true }
+        guard locked else {
             throw PGFailure(
                 message: "another opqd instance took the database's instance lock while this one was disconnected", sqlState: nil,
                 connectionLost: true)
@@ -272,6 +287,12 @@ final class PGWriter: @unchecked Sendable {
     /// is reported durable until it is. While closing it gives up after a few attempts, and the
     /// callbacks of what was lost never fire.
     private func commitWithRetry(_ jobs: [PGJob]) {
+        // Fenced: another instance owns the queues now; nothing of this one may be written.
+        if fenced.load(ordering: .acquiring) {
+            for case let .purge(_, _, reply) in jobs { reply.send(0) }
+            for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
+            return
+        }
         var delay: UInt32 = 20_000
         var attempt = 0
         var replacing = false
@@ -290,6 +311,15 @@ final class PGWriter: @unchecked Sendable {
                 afterCommit(outcome)
                 return
             } catch {
+                if error.sqlState == PGSchema.fencedState {
+                    lastError.withLock {
+                        $0 = PostgresStoreError(.io, url: displayURL, detail: "this instance no longer owns the queues: \(error.message)")
+                    }
+                    if !fenced.exchange(true, ordering: .acquiringAndReleasing) { onFenced() }
+                    for case let .purge(_, _, reply) in jobs { reply.send(0) }
+                    for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
+                    return
+                }
                 if error.sqlState == "23505" && !replacing {
                     // unique_violation: a seq written before (only an engine that did not
                     // restore does that). Keep the newer events rather than wedging the writer.
@@ -351,10 +381,12 @@ final class PGWriter: @unchecked Sendable {
             bulk.reset()
         }
         bulk.reset()
+        bulk.epoch = fence?.epoch
         // A failure while sending leaves the pipeline half-written: the connection is dropped
         // (and the batch retried on a new one).
         do throws(PGFailure) {
             try send("BEGIN")
+            if let fence { try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)]) }
             position = 0
             for job in jobs {
                 if case .records = job {} else { try flush() }

@@ -27,7 +27,12 @@ public final class PostgresStore: OperationStore {
 
     /// Connects, takes the database's instance lock, creates or migrates the schema and starts
     /// the writer. Throws when the store cannot be used as it is: see `PostgresStoreError`.
-    public init(url: String, connectTimeoutSeconds: Int = 5) throws(PostgresStoreError) {
+    /// With a `fence` (a cluster owner), no advisory lock is taken: every commit is fenced by the
+    /// ownership epoch instead (see `PGWriter`), and `onFenced` is called once when a commit is
+    /// refused because another instance took the queues.
+    public init(
+        url: String, connectTimeoutSeconds: Int = 5, fence: PGFence? = nil, onFenced: @escaping @Sendable () -> Void = {}
+    ) throws(PostgresStoreError) {
         let shown = Self.redact(url)
         displayURL = shown
         let conn: PGConnection
@@ -35,8 +40,9 @@ public final class PostgresStore: OperationStore {
             throw PostgresStoreError(.cannotConnect, url: shown, detail: error.description)
         }
         do {
-            let locked = try conn.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
-            guard locked.bool(0, 0) == true else {
+            var locked = fence != nil
+            if !locked { locked = try conn.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true }
+            guard locked else {
                 throw PostgresStoreError(.inUse, url: shown, detail: "its instance lock is held")
             }
         } catch let e as PostgresStoreError {
@@ -59,7 +65,7 @@ public final class PostgresStore: OperationStore {
         let readConnection: PGConnection
         do {
             readConnection = try PGConnection(url: url, connectTimeoutSeconds: connectTimeoutSeconds)
-            writer = try PGWriter(connection: conn, url: url, displayURL: shown, lastSeq: lastSeq)
+            writer = try PGWriter(connection: conn, url: url, displayURL: shown, lastSeq: lastSeq, fence: fence, onFenced: onFenced)
         } catch {
             throw PostgresStoreError(.cannotConnect, url: shown, detail: error.description)
         }
@@ -82,6 +88,8 @@ public final class PostgresStore: OperationStore {
             }
             try conn.exec("BEGIN")
             do {
+                // Instances starting together migrate one after the other.
+                try conn.exec("SELECT pg_advisory_xact_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
                 // Only when missing: CREATE … IF NOT EXISTS would still need the CREATE privilege
                 // on the database, which a user that only owns the schema may not have.
                 if try conn.exec("SELECT to_regclass('opqd.schema_version') IS NULL").bool(0, 0) == true {
@@ -111,6 +119,10 @@ public final class PostgresStore: OperationStore {
                 }
                 if version < PGSchema.version {
                     for v in version..<PGSchema.version {
+                        if PGSchema.scriptMigrations.contains(v) {
+                            try conn.runScript(PGSchema.migrations[v])
+                            continue
+                        }
                         for statement in PGSchema.migrations[v].split(separator: ";") where !statement.trimmingCharacters().isEmpty {
                             try conn.exec(String(statement))
                         }

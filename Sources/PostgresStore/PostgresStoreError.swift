@@ -36,7 +36,7 @@ public struct PostgresStoreError: Error, Sendable, Equatable, CustomStringConver
                 "cannot connect to PostgreSQL at \(url): \(detail). Check that the server is running and reachable, and the user, password and database in --store."
         case .inUse:
             return
-                "another opqd instance is using the database \(url); clustering is not enabled yet, so only one opqd may use a database. Stop the other one, or point --store at another database."
+                "another opqd instance is using the database \(url) as a store of its own (its instance lock is held); opqd instances share a database only as a cluster (opqd --store URL). Stop the other one, or point --store at another database."
         case let .newerSchema(found, supported):
             return
                 "the database \(url) has opqd schema version \(found), but this opqd understands up to \(supported). Run a newer opqd, or restore a backup made by this version."

@@ -10,12 +10,25 @@ import QueueStore
 /// the engine and what feeds clients come first, then the router (every controller with just
 /// the dependencies it uses), then the server around it; nothing refers back to the application.
 public func buildApplication(configuration: OpqdConfiguration, logger: Logger? = nil) throws -> OpqdApplication {
+    try buildApplication(configuration: configuration, logger: logger, cluster: nil)
+}
+
+/// `cluster`: this instance owns the queues of a PostgreSQL cluster at `cluster.epoch`; its
+/// commits are fenced by that epoch and kinds start only after their start is committed.
+func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster: OwnerCluster?) throws -> OpqdApplication {
     var logger = logger ?? Logger(label: "opqd")
     logger.logLevel = configuration.logLevel
     let limits = configuration.limits
 
     let store: any ServiceStore
-    if OpqdConfiguration.isPostgresURL(configuration.store) {
+    if let cluster {
+        store = try PostgresStore(
+            url: configuration.store, fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch),
+            onFenced: { [logger] in
+                logger.warning("another instance took over the queues: this one's commits are refused from now on; dropping them")
+                cluster.change(.becomeFollower)
+            })
+    } else if OpqdConfiguration.isPostgresURL(configuration.store) {
         store = try PostgresStore(url: configuration.store)
     } else if configuration.store == "sqlite" {
         store = try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
@@ -35,7 +48,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         configuration: EngineConfiguration(
             defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
             maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
-            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies))
+            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil))
 
     let lastSeq = recovered?.lastSeq ?? 0
     let kept = contiguousTail(store.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
@@ -60,11 +73,14 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 
     let metrics = Metrics()
     let access = Access(token: configuration.token, readToken: configuration.readToken)
+    let serverID = serverIdentity(store)
     let instance = InstanceInfo(
-        id: serverIdentity(store), store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name, now: SystemClock().now())
+        id: cluster?.directory.selfID ?? serverID, store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name,
+        now: SystemClock().now())
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
-        store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance)
+        store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance,
+        serverID: serverID, directory: cluster?.directory)
     let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
         logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
     }
@@ -72,7 +88,8 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
         configuration: HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,
             maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
-            connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes),
+            connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes,
+            listenSocket: cluster?.listenSocket),
         handler: { request in dispatcher.handle(request) },
         log: { [logger] level, message in
             logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
@@ -104,7 +121,7 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance)
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster)
 }
 
 /// This server's identity: a random id kept in the store's meta table from its first start
@@ -121,7 +138,7 @@ func serverIdentity(_ store: any ServiceStore) -> String {
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
     store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
-    instance: InstanceInfo
+    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?
 ) -> Router {
     var router = Router()
     ServiceController(engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle).addRoutes(
@@ -130,9 +147,9 @@ func buildRouter(
     let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
     operations.addRoutes(to: &router)
     ArchiveController(
-        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: instance.id
+        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
     ).addRoutes(to: &router)
-    ClusterController(engine: engine, instance: instance).addRoutes(to: &router)
+    ClusterController(engine: engine, instance: instance, directory: directory).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

@@ -6,7 +6,7 @@ import QueueEngine
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
 /// background timers, graceful shutdown).
-public final class OpqdApplication: Sendable {
+public final class OpqdApplication: OpqdService {
     public let configuration: OpqdConfiguration
     public let engine: QueueEngine
     let server: HTTPServer
@@ -16,13 +16,16 @@ public final class OpqdApplication: Sendable {
     let lifecycle: Lifecycle
     let logger: Logger
     let instance: InstanceInfo
+    /// Set when this instance owns the queues of a PostgreSQL cluster.
+    let cluster: OwnerCluster?
     private let timers = TimerBox()
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo
+        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil
     ) {
         self.instance = instance
+        self.cluster = cluster
         self.configuration = configuration
         self.engine = engine
         self.server = server
@@ -68,7 +71,9 @@ public final class OpqdApplication: Sendable {
             if tick % 15 == 0 { events.heartbeat() }
         }
         heartbeat.resume()
-        timers.set([purge, heartbeat])
+        var all = [purge, heartbeat]
+        if let cluster { all.append(try startLeaseRenewal(cluster)) }
+        timers.set(all)
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
             logger.warning(
@@ -96,7 +101,52 @@ public final class OpqdApplication: Sendable {
             store.setMeta(writes, then: nil)
         }
         store.close()
+        if let cluster {
+            // Everything is committed: the next owner may start at once.
+            cluster.membership.release(epoch: cluster.epoch)
+            cluster.membership.close()
+        }
         logger.info("opqd stopped")
+    }
+
+    /// The owner's side of the cluster: registers this instance, then every period heartbeats,
+    /// refreshes the directory and renews the lease; a renewal that finds another epoch means
+    /// another instance took the queues over (this one was stopped or cut off past its lease):
+    /// it gives up the role. A renewal that cannot reach PostgreSQL is retried; meanwhile the
+    /// fence keeps every commit honest.
+    private func startLeaseRenewal(_ cluster: OwnerCluster) throws -> DispatchSourceTimer {
+        try cluster.membership.register(advertise: instance.url)
+        cluster.directory.refresh()
+        let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
+        renew.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
+        let logger = self.logger
+        renew.setEventHandler {
+            do {
+                if try !cluster.membership.renew(epoch: cluster.epoch) {
+                    logger.warning("another instance owns the queues now (this one's lease ran out); dropping them")
+                    cluster.change(.becomeFollower)
+                    return
+                }
+            } catch {
+                logger.warning("cannot renew the ownership lease", metadata: ["error": "\(error)"])
+            }
+            cluster.directory.refresh()
+        }
+        renew.resume()
+        return renew
+    }
+
+    /// Stops serving for a role change (this instance lost the queues), keeping the listening
+    /// socket for the next image: pending answers get 503 (the change they wait for may or may
+    /// not have been committed before the fence), streams close. Nothing is committed any more.
+    public func handOver() -> Int32? {
+        guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
+        let fd = server.openSpareListener()
+        timers.cancelAll()
+        events.closeStreams()
+        server.shutdown(timeout: .seconds(1))
+        webhooks.stop()
+        return fd
     }
 }
 

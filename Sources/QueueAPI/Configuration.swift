@@ -35,6 +35,9 @@ public struct OpqdConfiguration: Sendable {
     /// The URL other instances and clients reach this one by (`GET /v1/cluster`); default
     /// `http://<host>:<port>`.
     public var advertise: String? = nil
+    /// With a PostgreSQL store: seconds the owner's lease lasts (renewed every third of it);
+    /// when the owner stops renewing, another instance takes the queues over after it.
+    public var lease: Double = 10
     /// When set, webhook deliveries carry `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body>`
     /// keyed with it, so receivers can tell opqd's POSTs from anyone else's. Never logged.
     public var webhookSecret: String? = nil
@@ -123,13 +126,17 @@ public struct OpqdConfiguration: Sendable {
             }
             c.advertise = v
         },
+        Option(
+            flag: "--lease", env: "OPQD_LEASE",
+            help: "with a postgres:// store, seconds the owner's lease lasts; another instance takes the queues over after it (default 10)"
+        ) { c, v in c.lease = try seconds(v, "--lease", 1...300) },
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
         Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },
         Option(
             flag: "--store", env: "OPQD_STORE",
             help:
-                "sqlite (default: durable, in --data), memory (nothing survives a restart) or postgres://user:pass@host:port/db (one opqd per database for now)"
+                "sqlite (default: durable, in --data), memory (nothing survives a restart) or postgres://user:pass@host:port/db (any number of instances share it; one owns the queues, the others forward to it)"
         ) { c, v in
             guard v == "sqlite" || v == "memory" || OpqdConfiguration.isPostgresURL(v) else {
                 throw ConfigurationError("--store must be sqlite, memory or a postgres:// URL; got '\(v)'")

@@ -31,6 +31,14 @@ info:
       their delivery cursors are durable like everything else.
     * Every change event is shown (feed, stream, long poll, webhook) only once it is
       committed, so a `seq` once seen always names the same change, also after a crash.
+    * With `--store postgres://…` any number of instances serve one database (a cluster):
+      one owns the queues (a lease in PostgreSQL, `--lease`), the others relay every request
+      to it and its answer back unchanged, and serve `/healthz`, `/readyz`, `/metrics`,
+      `/v1/cluster`, the dashboard and the change feed themselves. On any route a follower
+      may answer 503 with `Retry-After` when no owner can be reached: `no-owner` (a takeover
+      is under way), `owner-unavailable` (the owner did not answer: the change may or may not
+      have happened; retry with an `Idempotency-Key`), `cluster-unavailable` (PostgreSQL
+      cannot be read).
     * Limits are server options with safe defaults; hitting one answers a problem naming
       the limit and its flag and changes nothing: `--max-queues`, `--max-unfinished`,
       `--max-unfinished-per-queue` (429 `too-many-queues` / `too-many-operations`, with
@@ -135,7 +143,7 @@ paths:
                     const: ready
                   store:
                     type: string
-                    enum: [sqlite, memory]
+                    enum: [sqlite, memory, postgres]
                     description: The store in use (`--store`; default `sqlite`).
         '503':
           $ref: '#/components/responses/ServiceUnavailable'
@@ -340,10 +348,11 @@ paths:
       description: |
         Every instance with the URL others reach it by (`--advertise`, default
         `http://<host>:<port>`), when it started, its last heartbeat (once a second) and the
-        queues it owns. The read-only token is enough. Until queue ownership on PostgreSQL
-        lands, one opqd serves a store alone (a second one on the same PostgreSQL database is
-        refused at start): `mode` is `single` and the one instance owns every queue. Refuses
-        unknown query parameters.
+        queues it owns. The read-only token is enough. With SQLite or memory, one opqd serves
+        the store alone: `mode` is `single` and the one instance owns every queue. With
+        PostgreSQL, `mode` is `cluster`: every live instance as the database lists them, the
+        owner (`owner: true`, with its `epoch`) owning every queue. Refuses unknown query
+        parameters.
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -353,6 +362,8 @@ paths:
           $ref: '#/components/responses/Unprocessable'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
         '200':
           description: The instances.
           content:
@@ -3560,8 +3571,8 @@ components:
       required: [mode, store, instances]
       properties:
         mode:
-          enum: [single]
-          description: "`single`: one instance serves the store alone."
+          enum: [single, cluster]
+          description: "`single`: one instance serves the store alone; `cluster`: instances share a PostgreSQL database."
         store:
           enum: [sqlite, memory, postgres]
         instances:
@@ -3573,7 +3584,14 @@ components:
             properties:
               id:
                 type: string
-                description: The instance's id (kept in its store; archives carry it as `exportedFrom`).
+                description: The instance's id (single mode, the store's id, which archives carry as `exportedFrom`; in a cluster, random per instance).
+              owner:
+                type: boolean
+                description: In a cluster, whether this instance holds the ownership lease (and runs every queue).
+              epoch:
+                type: integer
+                minimum: 1
+                description: The owner's ownership epoch (one more at every takeover); only on the owner.
               url:
                 type: string
               self:

@@ -17,10 +17,16 @@ public struct EngineConfiguration: Sendable {
     public var maxUnfinishedPerQueue: Int
     /// Dependencies of one operation, a barrier's (every unfinished operation of its queue) included.
     public var maxDependencies: Int
+    /// Start a kind only once the change that made its operation executing is durable. A
+    /// cluster owner sets it: its commits are fenced by its ownership epoch, so an owner that
+    /// lost its queues (paused past its lease) cannot start anything the new owner also starts.
+    /// One store alone does without it: a start lost in a crash is restarted by the restart rules.
+    public var startAfterCommit: Bool
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
-        maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000
+        maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false
     ) {
+        self.startAfterCommit = startAfterCommit
         self.defaultMaxConcurrentOperationCount = defaultMaxConcurrentOperationCount
         self.maxUnfinishedOperations = maxUnfinishedOperations
         self.maxQueues = maxQueues
@@ -115,7 +121,13 @@ public final class QueueEngine: Sendable {
 
     private func run(_ effect: Effect) {
         switch effect {
-        case let .start(kind, ctx): kind.start(ctx)
+        case let .start(kind, ctx):
+            if configuration.startAfterCommit {
+                // The records of this change were appended before its effects run (`perform`).
+                store.whenDurable(currentTicket) { if ctx.isCurrent { kind.start(ctx) } }
+            } else {
+                kind.start(ctx)
+            }
         case let .cancel(kind, ctx): kind.cancel(ctx)
         case let .pause(kind, ctx): kind.pause(ctx)
         case let .call(f): f()

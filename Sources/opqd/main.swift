@@ -21,6 +21,9 @@ var signals = sigset_t()
 sigemptyset(&signals)
 sigaddset(&signals, SIGINT)
 sigaddset(&signals, SIGTERM)
+// A cluster instance's role change (RoleChange.swift in opqd): raised by the service's own
+// threads, handled here on the main thread.
+sigaddset(&signals, SIGUSR1)
 pthread_sigmask(SIG_BLOCK, &signals, nil)
 
 let arguments = Array(CommandLine.arguments.dropFirst())
@@ -47,9 +50,17 @@ do {
 var logger = Logger(label: "opqd")
 logger.logLevel = configuration.logLevel
 
-let app: OpqdApplication
+// Set by the image before this one when a cluster instance changed role (`execv` below).
+let environment = ProcessEnvironment.all()
+let handoff = ClusterHandoff.fromEnvironment(environment)
+for name in ClusterHandoff.variables { unsetenv(name) }
+
+let app: any OpqdService
 do {
-    app = try buildApplication(configuration: configuration, logger: logger)
+    RoleChanges.instanceID = handoff?.instanceID ?? ClusterHandoff.newInstanceID()
+    app = try buildService(configuration: configuration, logger: logger, instanceID: RoleChanges.instanceID, handoff: handoff) { change in
+        RoleChanges.request(change)
+    }
     try app.start()
 } catch {
     logger.critical("opqd could not start", metadata: ["error": "\(error)"])
@@ -60,7 +71,16 @@ print("opqd listening on http://\(configuration.host):\(app.port)")
 fflush(nil)
 
 var received: Int32 = 0
-sigwait(&signals, &received)
+while true {
+    sigwait(&signals, &received)
+    if received == SIGUSR1 {
+        guard let change = RoleChanges.requested else { continue }
+        logger.info("changing role", metadata: ["to": "\(change)"])
+        let socket = app.handOver()
+        RoleChanges.reexecute(change, socket: socket, logger: logger)
+    }
+    break
+}
 logger.info("signal received, stopping", metadata: ["signal": "\(received == SIGTERM ? "SIGTERM" : "SIGINT")"])
 app.shutdown()
 exit(0)

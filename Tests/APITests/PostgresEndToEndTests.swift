@@ -100,8 +100,8 @@ struct PostgresEndToEndTests {
         }
     }
 
-    @Test("a second opqd on the same database refuses to start, and starts once the first stopped")
-    func secondInstanceIsRefused() async throws {
+    @Test("a second opqd on the same database follows the first: it forwards changes, serves the feed, and takes over after a kill -9")
+    func secondInstanceFollows() async throws {
         let binary = try OpqdBinary.locate()
         let url = try TestPostgres.createDatabase()
         let logs = try makeTemporaryDirectory(prefix: "opqd-pg-logs")
@@ -110,22 +110,50 @@ struct PostgresEndToEndTests {
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let first = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/first.log", extraArguments: ["--store", url])
-            let second = try Self.runToExit(binary, ["--data", logs + "/b", "--store", url])
-            #expect(second.code == 1)
-            #expect(second.log.contains("another opqd instance is using the database"), "\(second.log)")
-            #expect(second.log.contains("clustering is not enabled yet"))
-            // The first is unaffected.
-            _ = try first.request("POST", "/v1/queues", json: #"{"name":"still"}"#).expecting(201)
+            let lease = ["--store", url, "--lease", "1"]
+            let first = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/first.log", extraArguments: lease)
+            let second = try ServerProcess(binary: binary, data: logs + "/b", logPath: logs + "/second.log", extraArguments: lease)
+            defer {
+                second.signal(SIGTERM)
+                _ = second.waitForExit(timeout: 10)
+            }
+            let cluster = try second.request("GET", "/v1/cluster").expecting(200)
+            #expect(cluster.string("mode") == "cluster")
+            let instances = cluster.objects("instances")
+            #expect(instances.count == 2)
+            #expect(instances.filter { $0["owner"] as? Bool == true }.count == 1)
+            #expect(instances.first { $0["self"] as? Bool == true }?["owner"] as? Bool == false, "the second one follows")
+            // A change through the follower is the owner's, answered after its commit.
+            _ = try second.request("POST", "/v1/queues", json: #"{"name":"still","maxConcurrentOperationCount":1}"#).expecting(201)
+            let created = try second.request("POST", "/v1/queues/still/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#).expecting(201)
+            let id = try #require(created.string("id"))
+            _ = try first.request("GET", "/v1/operations/\(id)").expecting(200)
+            let done = try second.request("GET", "/v1/operations/\(id)/wait?timeout=10").expecting(200)
+            #expect(done.string("state") == "finished")
+            // The follower's own feed, read back from PostgreSQL, is the owner's.
+            let deadline = Date().addingTimeInterval(5)
+            var theirs: [Int] = [], ours: [Int] = []
+            repeat {
+                theirs = try first.request("GET", "/v1/events?after=0").expecting(200).objects("events").compactMap { $0["seq"] as? Int }
+                ours = try second.request("GET", "/v1/events?after=0").expecting(200).objects("events").compactMap { $0["seq"] as? Int }
+            } while ours != theirs && Date() < deadline
+            #expect(!ours.isEmpty && ours == theirs)
+
             first.signal(SIGKILL)
             _ = first.waitForExit(timeout: 10)
-            // Its session ended with the process: the lock went with it.
-            let third = try ServerProcess(binary: binary, data: logs + "/c", logPath: logs + "/third.log", extraArguments: ["--store", url])
-            defer {
-                third.signal(SIGTERM)
-                _ = third.waitForExit(timeout: 10)
+            // The lease (1 s) runs out, the follower takes over and serves the queue itself.
+            let takeover = Date().addingTimeInterval(10)
+            var owner = false
+            while !owner && Date() < takeover {
+                Thread.sleep(forTimeInterval: 0.1)
+                let view = try? second.request("GET", "/v1/cluster")
+                owner = view?.status == 200 && view?.objects("instances").first { $0["self"] as? Bool == true }?["owner"] as? Bool == true
             }
-            _ = try third.request("GET", "/v1/queues/still").expecting(200)
+            #expect(owner, "the follower took over")
+            _ = try second.request("GET", "/v1/queues/still").expecting(200)
+            let after = try second.request("POST", "/v1/queues/still/operations", json: #"{"kind":"delay","spec":{"seconds":0}}"#).expecting(201)
+            let next = try #require(after.string("id"))
+            #expect(try second.request("GET", "/v1/operations/\(next)/wait?timeout=10").expecting(200).string("state") == "finished")
         }
     }
 
@@ -142,7 +170,7 @@ struct PostgresEndToEndTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (42)")
             let newer = try Self.runToExit(binary, ["--data", data, "--store", url])
             #expect(newer.code == 1)
-            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 1"), "\(newer.log)")
+            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 2"), "\(newer.log)")
             #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "42")
 
             let unreachable = try Self.runToExit(binary, ["--data", data, "--store", "postgres://opqd:hunter2@127.0.0.1:1/opqd"])
@@ -166,7 +194,9 @@ struct PostgresEndToEndTests {
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let opqd = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd.log", extraArguments: ["--store", url])
+            // Lease 2 s: the restart after the kill -9 below waits for the dead owner's lease.
+            let opqd = try ServerProcess(
+                binary: binary, data: logs + "/unused", logPath: logs + "/opqd.log", extraArguments: ["--store", url, "--lease", "2"])
             defer {
                 opqd.signal(SIGTERM)
                 _ = opqd.waitForExit(timeout: 15)
@@ -205,12 +235,14 @@ struct PostgresEndToEndTests {
             // Acknowledged means committed: it is there after a kill -9.
             opqd.signal(SIGKILL)
             _ = opqd.waitForExit(timeout: 10)
-            let again = try ServerProcess(binary: binary, data: logs + "/unused", logPath: logs + "/opqd-1.log", extraArguments: ["--store", url])
+            let again = try ServerProcess(
+                binary: binary, data: logs + "/unused", logPath: logs + "/opqd-1.log", extraArguments: ["--store", url, "--lease", "2"])
             defer {
                 again.signal(SIGTERM)
                 _ = again.waitForExit(timeout: 10)
             }
-            _ = try again.request("GET", "/v1/operations/\(id)").expecting(200)
+            // It follows until the killed owner's lease runs out, then takes the queues over.
+            #expect(waitUntil(timeout: 15, every: 0.1) { (try? again.request("GET", "/v1/operations/\(id)").status) == 200 })
         }
     }
 }

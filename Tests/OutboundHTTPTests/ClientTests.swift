@@ -87,6 +87,16 @@ extension Result {
         #expect(r.response?.status == 302 && r.response?.body == Array("nowhere".utf8))
     }
 
+    @Test func redirectIsTheAnswerWhenNotFollowing() throws {
+        let server = try HostileServer(["/r": { _, out in out.write(reply(307, [("Location", "/elsewhere")], body: "moved")) }])
+        defer { server.stop() }
+        let r = try #require(exchange(client, OutboundRequest(method: "POST", url: "\(server.base)/r", body: [1], followRedirects: false)))
+        let response = try #require(r.response, "\(r)")
+        #expect(response.status == 307 && response.body == Array("moved".utf8) && response.redirects == 0)
+        #expect(response.headers.contains { $0.0 == "Location" && $0.1 == "/elsewhere" })
+        #expect(server.requests.count == 1)
+    }
+
     static let echo: HostileServer.Route = { request, out in
         out.write(
             reply(

@@ -375,8 +375,14 @@ struct PostgresStoreTests {
                 return e.description.contains("another opqd instance is using the database")
             }
             first.close()
-            let second = try PostgresStore(url: url)
-            second.close()
+            // The server ends the closed session (and its lock) on its own time.
+            var second: PostgresStore?
+            for _ in 0..<100 where second == nil {
+                second = try? PostgresStore(url: url)
+                if second == nil { usleep(50_000) }
+            }
+            #expect(second != nil, "the lock stayed held after the first store closed")
+            second?.close()
         }
     }
 
@@ -387,14 +393,16 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "1")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "6")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "2")
+            // Version 2 added the cluster's instance and ownership tables (and the fence function).
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "8")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname = 'fence'") == "1")
 
             try TestPostgres.psql(url, "UPDATE opqd.schema_version SET version = 99")
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 1)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 2)
             }
         }
     }

@@ -107,7 +107,8 @@ final class ServerCore: Sendable {
                     // MHD: pages a connection never touches cost nothing.
                     option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, min(max(256, config.maxHeaderBytes), 1 << 20) * 4 + 32 * 1024)),
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
-                    option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
+                    config.listenSocket.map { option(.LISTEN_SOCKET, Int($0)) } ?? option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
+                    option(.LISTENING_ADDRESS_REUSE, config.reusePort ? 1 : 0),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
                     option(
                         .NOTIFY_CONNECTION, unsafeBitCast(Callbacks.connectionChanged, to: Int.self),
@@ -136,12 +137,51 @@ final class ServerCore: Sendable {
                 throw HTTPServerError("cannot listen on \(config.host):\(config.port): \(reason)")
             }
             boundPort.store(Int(CMicroHTTPD_daemon_bind_port(daemon)), ordering: .releasing)
+            if let fd = config.listenSocket, boundPort.load(ordering: .acquiring) == 0 {
+                var bound = sockaddr_in()
+                var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+                let ok = withUnsafeMutablePointer(to: &bound) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) == 0 }
+                }
+                if ok { boundPort.store(Int(UInt16(bigEndian: bound.sin_port)), ordering: .releasing) }
+            }
             lifecycle = .running(MHDDaemon(raw: daemon))
         }
         log("info", "listening on \(config.host):\(port) with \(max(1, config.threads)) threads")
     }
 
     private var port: Int { boundPort.load(ordering: .acquiring) }
+
+    /// A second socket listening on this server's address and port (`SO_REUSEPORT`: the server
+    /// must have been started with `reusePort`), close-on-exec clear; nil with errno's reason
+    /// logged when it cannot be made. The server's own socket is shut down when it stops, so a
+    /// process that re-executes itself hands this one over instead: connections that arrive
+    /// after the server stopped wait in its backlog for the next image.
+    func openSpareListener() -> Int32? {
+        let port = boundPort.load(ordering: .acquiring)
+        guard port > 0 else { return nil }
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        var one: Int32 = 1
+        _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        _ = setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(truncatingIfNeeded: port).bigEndian)
+        guard inet_pton(AF_INET, configuration.host, &address.sin_addr) == 1 else {
+            close(fd)
+            return nil
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0, listen(fd, Int32(max(1, min(configuration.listenBacklog, 65535)))) == 0 else {
+            log("error", "cannot open a second listening socket on port \(port): errno \(errno)")
+            close(fd)
+            return nil
+        }
+        return fd
+    }
 
     func shutdown(timeout: Duration) {
         // The lock is held throughout so that a concurrent second call returns only once stopped.

@@ -105,6 +105,14 @@ final class PGConnection: @unchecked Sendable {
         return result
     }
 
+    /// Runs a fixed script of several statements (no parameters), e.g. a migration that
+    /// defines a function whose body holds semicolons. Outside pipeline mode only.
+    func runScript(_ sql: String) throws(PGFailure) {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        guard let raw = PQexec(c, sql) else { throw lost("no result") }
+        try PGResult(raw).check(connectionLost: !isUsable)
+    }
+
     // MARK: - pipeline mode
 
     /// Pipeline mode (libpq >= 14): statements are sent without waiting for each answer, so a

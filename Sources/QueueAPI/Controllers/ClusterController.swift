@@ -25,12 +25,13 @@ final class InstanceInfo: Sendable {
 }
 
 /// `GET /v1/cluster`: the instances serving this API, with their URL, heartbeat and the
-/// queues each owns. Until queue ownership on PostgreSQL lands (issue 13), one opqd serves a
-/// store alone (a second one on the same database is refused at start), so the cluster is
-/// this instance, owning every queue: `mode` says `single`.
+/// queues each owns. With SQLite (or memory) one opqd serves the store alone: `mode` says
+/// `single` and the cluster is this instance. With PostgreSQL (`directory`), the instances
+/// as the database lists them, the owner with its epoch and every queue (`mode: cluster`).
 struct ClusterController: Sendable {
     let engine: QueueEngine
     let instance: InstanceInfo
+    let directory: ClusterDirectory?
 
     func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/cluster") { req, _ in try cluster(req) }
@@ -38,6 +39,7 @@ struct ClusterController: Sendable {
 
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
+        if let directory { return .response(try directory.render(ownQueues: engine.queues().map(\.name).sorted())) }
         let queues = engine.queues().map(\.name).sorted()
         var o = JSONOut(capacity: 256 + 40 * queues.count)
         o.open()

@@ -1,0 +1,243 @@
+import Locking
+import QueueEngine
+import QueueStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What fences an owner's commits: its instance id and the ownership epoch it won.
+public struct PGFence: Sendable, Equatable {
+    public let instance: String
+    public let epoch: Int64
+    public init(instance: String, epoch: Int64) {
+        self.instance = instance
+        self.epoch = epoch
+    }
+}
+
+/// One instance as the `instance` table shows it.
+public struct PGInstance: Sendable, Equatable {
+    public var id: String
+    public var url: String
+    /// Microseconds since the Unix epoch, by the database's clock.
+    public var startedAt: Int64
+    public var heartbeatAt: Int64
+    public var isOwner: Bool
+}
+
+/// The cluster as one read of the database shows it: live instances and the current owner.
+public struct PGClusterView: Sendable {
+    public var instances: [PGInstance]
+    /// The lease holder while its lease runs.
+    public var owner: (id: String, url: String, epoch: Int64)?
+}
+
+/// This instance's membership of the cluster (CLUSTER.md), on its own connection:
+/// its row in `instance` (heartbeat), and the ownership lease (scope `*`: one owner runs every
+/// queue for now) that it renews while it owns, or takes when the holder's lease ran out.
+///
+/// Times that decide ownership are the database's (`now()`), never this machine's, so clock
+/// skew between instances does not matter. Locally the owner keeps a deadline on the monotonic
+/// clock (`ownsUntil`): its authority cannot outlive the moment it *sent* its last successful
+/// renewal plus the lease, whatever the database's clock says, so work it starts before that
+/// deadline is safe even without a commit (and every commit is fenced anyway).
+///
+/// @unchecked Sendable: the connection is used under `lock` only.
+public final class PGMembership: @unchecked Sendable {
+    public let instanceID: String
+    public let leaseSeconds: Double
+    private let url: String
+    private let displayURL: String
+    private let lock = Lock<Void>(())
+    private var connection: PGConnection?
+    private var reader: PGReader?
+    private let deadline = Lock<Int>(0)
+
+    /// Connects and brings the schema up to date (as `PostgresStore` does).
+    public init(url: String, instanceID: String, leaseSeconds: Double) throws(PostgresStoreError) {
+        self.url = url
+        displayURL = PostgresStore.redact(url)
+        self.instanceID = instanceID
+        self.leaseSeconds = leaseSeconds
+        let conn: PGConnection
+        do { conn = try PGConnection(url: url) } catch {
+            throw PostgresStoreError(.cannotConnect, url: displayURL, detail: error.description)
+        }
+        try PostgresStore.migrate(conn, url: displayURL)
+        connection = conn
+    }
+
+    /// Runs `body` on the connection, reconnecting once when it was lost.
+    private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
+        try lock.withLock { _ throws(PGFailure) in
+            var retried = false
+            while true {
+                let c: PGConnection
+                if let existing = connection, existing.isUsable {
+                    c = existing
+                } else {
+                    connection?.close()
+                    connection = nil
+                    c = try PGConnection(url: url)
+                    connection = c
+                }
+                do throws(PGFailure) {
+                    return try body(c)
+                } catch {
+                    if error.connectionLost && !retried {
+                        retried = true
+                        continue
+                    }
+                    throw error
+                }
+            }
+        }
+    }
+
+    /// Inserts or refreshes this instance's row.
+    public func register(advertise: String) throws {
+        try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                INSERT INTO opqd.instance (id, url, started_at, heartbeat_at) VALUES ($1, $2, now(), now()) \
+                ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at
+                """, [PGParameter(instanceID), PGParameter(advertise)])
+        }
+    }
+
+    /// Heartbeat, and forgetting instances silent for long (at least a minute, 10 leases).
+    public func beat() throws {
+        let forget = max(60, leaseSeconds * 10)
+        try withConnection { c throws(PGFailure) in
+            try c.exec("UPDATE opqd.instance SET heartbeat_at = now() WHERE id = $1", [PGParameter(instanceID)])
+            try c.exec("DELETE FROM opqd.instance WHERE heartbeat_at < now() - make_interval(secs => $1::float8)", [PGParameter(String(forget))])
+        }
+    }
+
+    /// Takes the ownership when nobody holds it or its holder's lease ran out: the epoch won,
+    /// or nil when another instance holds it.
+    public func tryAcquire() throws -> Int64? {
+        let sent = Self.monotonicNanos()
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at) \
+                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8)) \
+                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at \
+                WHERE o.expires_at < now() RETURNING epoch
+                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds))])
+        }
+        guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
+        extendDeadline(from: sent)
+        return epoch
+    }
+
+    /// Renews the lease at `epoch` (also one that ran out: while the epoch is unchanged nobody
+    /// took over): true when it is still ours. Also how an instance that re-executed itself to
+    /// become the owner confirms the epoch it won.
+    public func renew(epoch: Int64) throws -> Bool {
+        let sent = Self.monotonicNanos()
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                UPDATE opqd.ownership SET expires_at = now() + make_interval(secs => $3::float8) \
+                WHERE scope = '*' AND instance = $1 AND epoch = $2::bigint
+                """, [PGParameter(instanceID), PGParameter(epoch), PGParameter(String(leaseSeconds))])
+        }
+        guard r.changes == 1 else { return false }
+        extendDeadline(from: sent)
+        return true
+    }
+
+    /// Gives the ownership up at once (a clean stop), so another instance takes over without
+    /// waiting for the lease to run out; and removes this instance's row.
+    public func release(epoch: Int64?) {
+        _ = try? withConnection { c throws(PGFailure) in
+            if let epoch {
+                try c.exec(
+                    "UPDATE opqd.ownership SET expires_at = now() - interval '1 second' WHERE scope = '*' AND instance = $1 AND epoch = $2::bigint",
+                    [PGParameter(instanceID), PGParameter(epoch)])
+            }
+            try c.exec("DELETE FROM opqd.instance WHERE id = $1", [PGParameter(instanceID)])
+        }
+        deadline.withLock { $0 = 0 }
+    }
+
+    /// True until the lease this instance last renewed may have run out (monotonic clock).
+    public var ownsNow: Bool { Self.monotonicNanos() < deadline.withLock { $0 } }
+
+    private func extendDeadline(from sent: Int) {
+        // A little under the lease: the database's clock may run slightly faster than ours.
+        let lease = Int(leaseSeconds * 0.95 * 1e9)
+        deadline.withLock { $0 = sent &+ lease }
+    }
+
+    /// Live instances (a heartbeat within `stale` seconds) and the current owner.
+    public func view(stale: Double) throws -> PGClusterView {
+        let (rows, owner) = try withConnection { c throws(PGFailure) in
+            let rows = try c.exec(
+                """
+                SELECT id, url, floor(extract(epoch FROM started_at) * 1000000)::bigint, \
+                floor(extract(epoch FROM heartbeat_at) * 1000000)::bigint FROM opqd.instance \
+                WHERE heartbeat_at > now() - make_interval(secs => $1::float8) ORDER BY started_at, id
+                """, [PGParameter(String(stale))])
+            let owner = try c.exec(
+                """
+                SELECT o.instance, coalesce(i.url, ''), o.epoch FROM opqd.ownership o LEFT JOIN opqd.instance i ON i.id = o.instance \
+                WHERE o.scope = '*' AND o.expires_at > now()
+                """)
+            return (rows, owner)
+        }
+        var view = PGClusterView(instances: [], owner: nil)
+        if owner.rows == 1, let id = owner.text(0, 0), let url = owner.text(0, 1), let epoch = owner.int64(0, 2) {
+            view.owner = (id, url, epoch)
+        }
+        for i in 0..<rows.rows {
+            guard let id = rows.text(i, 0), let url = rows.text(i, 1), let started = rows.int64(i, 2), let beat = rows.int64(i, 3) else { continue }
+            view.instances.append(PGInstance(id: id, url: url, startedAt: started, heartbeatAt: beat, isOwner: view.owner?.id == id))
+        }
+        return view
+    }
+
+    /// Every queue's name, sorted (what the owner runs, as a follower reports it).
+    public func queueNames() throws -> [String] {
+        let r = try withConnection { c throws(PGFailure) in try c.exec("SELECT name FROM opqd.queues ORDER BY name") }
+        return (0..<r.rows).compactMap { r.text($0, 0) }
+    }
+
+    /// Committed events after `seq`, oldest first (a follower's feed), on a second connection.
+    public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
+        try lock.withLock { _ throws(PGFailure) in
+            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader else { return [] }
+            return try reader.events(after: seq, limit: limit)
+        }
+    }
+
+    /// The newest events, oldest first (where a follower's feed starts).
+    public func recentEvents(limit: Int) throws -> [ChangeEvent] {
+        try lock.withLock { _ throws(PGFailure) in
+            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader else { return [] }
+            return try reader.recentEvents(limit: limit)
+        }
+    }
+
+    /// The newest seq ever given out (`last_seq` in meta, or the newest event).
+    public func lastSeq() throws -> UInt64 {
+        let r = try withConnection { c throws(PGFailure) in try c.exec(PGSchema.lastSeq) }
+        return (try? PGReader.lastSeq(r)) ?? 0
+    }
+
+    public func close() {
+        lock.withLock { _ in
+            connection?.close()
+            connection = nil
+            reader?.close()
+            reader = nil
+        }
+    }
+
+    static func monotonicNanos() -> Int { clockNanos(CLOCK_MONOTONIC) }
+}

@@ -1,0 +1,432 @@
+import Dispatch
+import Locking
+import Logging
+import MicroHTTP
+import PostgresStore
+import QueueEngine
+
+/// A running opqd, whichever role it serves in: what `main` starts, stops, and hands its
+/// listening socket over from when the role changes.
+public protocol OpqdService: AnyObject, Sendable {
+    /// The bound port (after `start`).
+    var port: Int { get }
+    func start() throws
+    /// Graceful stop (SIGTERM).
+    func shutdown()
+    /// Stops serving quickly for a role change and returns a duplicate of the listening socket
+    /// that survives `execv` (nil if there is none), so the next image serves the same port and
+    /// connections wait in its backlog meanwhile.
+    func handOver() -> Int32?
+}
+
+/// How a cluster instance changes role. `main` re-executes the binary (same pid, same
+/// arguments, the listening socket kept): becoming the owner starts from an empty process that
+/// loads every queue from PostgreSQL with the restart rules, exactly like a restart; losing the
+/// ownership drops everything the old owner held in memory (engine, kinds' timers, leases,
+/// answers waiting for commits that the fence refused), which nothing short of a new process
+/// guarantees.
+public enum RoleChange: Sendable, Equatable {
+    /// This instance won the ownership at `epoch` (it holds the lease row already).
+    case becomeOwner(epoch: Int64)
+    /// Another instance owns the queues now (a fenced commit, or a renewal that found a newer
+    /// epoch): forward to it.
+    case becomeFollower
+}
+
+/// What one image of the process hands the next across `execv` (environment variables).
+public struct ClusterHandoff: Sendable {
+    public var instanceID: String
+    public var epoch: Int64?
+    public var listenSocket: Int32?
+    public var startedAt: Int64?
+
+    public init(instanceID: String, epoch: Int64?, listenSocket: Int32?, startedAt: Int64?) {
+        self.instanceID = instanceID
+        self.epoch = epoch
+        self.listenSocket = listenSocket
+        self.startedAt = startedAt
+    }
+
+    static let instanceVariable = "OPQD_HANDOFF_INSTANCE"
+    static let epochVariable = "OPQD_HANDOFF_EPOCH"
+    static let socketVariable = "OPQD_HANDOFF_FD"
+
+    /// Read from (and then removed from) the environment; nil on a first start. Values that do
+    /// not parse are ignored (a first start), never trusted blindly.
+    public static func fromEnvironment(_ env: [String: String]) -> ClusterHandoff? {
+        guard let id = env[instanceVariable], !id.isEmpty, id.utf8.count <= 64 else { return nil }
+        let fd = env[socketVariable].flatMap { Int32($0) }.flatMap { $0 > 2 ? $0 : nil }
+        return ClusterHandoff(instanceID: id, epoch: env[epochVariable].flatMap { Int64($0) }, listenSocket: fd, startedAt: nil)
+    }
+
+    /// The variables for the next image.
+    public func environment() -> [(String, String)] {
+        var out = [(Self.instanceVariable, instanceID)]
+        if let epoch { out.append((Self.epochVariable, String(epoch))) }
+        if let listenSocket { out.append((Self.socketVariable, String(listenSocket))) }
+        return out
+    }
+
+    public static let variables = [instanceVariable, epochVariable, socketVariable]
+
+    /// A new instance's id: random, 96 bits in hex.
+    public static func newInstanceID() -> String {
+        var g = SystemRandomNumberGenerator()
+        return String(g.next() >> 16, radix: 16) + String(g.next() >> 32, radix: 16)
+    }
+}
+
+/// Starts the service the configuration asks for: with a PostgreSQL store, this instance
+/// joins the cluster and becomes the owner (it won the lease, or inherited it across a role
+/// change) or a follower; otherwise the single-instance service (`buildApplication`).
+/// `roleChange` is called (once, from a background thread) when the role must change.
+public func buildService(
+    configuration: OpqdConfiguration, logger: Logger, instanceID id: String, handoff: ClusterHandoff?,
+    roleChange: @escaping @Sendable (RoleChange) -> Void
+) throws -> any OpqdService {
+    guard OpqdConfiguration.isPostgresURL(configuration.store) else {
+        return try buildApplication(configuration: configuration, logger: logger)
+    }
+    let membership = try PGMembership(url: configuration.store, instanceID: id, leaseSeconds: configuration.lease)
+    var epoch: Int64?
+    if let inherited = handoff?.epoch, try membership.renew(epoch: inherited) {
+        epoch = inherited
+    } else {
+        epoch = try membership.tryAcquire()
+    }
+    let directory = ClusterDirectory(membership: membership, selfID: id, logger: logger)
+    let cluster = OwnerCluster(membership: membership, directory: directory, roleChange: roleChange, listenSocket: handoff?.listenSocket)
+    if let epoch {
+        logger.info("owner of the queues", metadata: ["instance": "\(id)", "epoch": "\(epoch)"])
+        cluster.epoch = epoch
+        return try buildApplication(configuration: configuration, logger: logger, cluster: cluster)
+    }
+    logger.info("following the owner of the queues", metadata: ["instance": "\(id)"])
+    return try FollowerService(configuration: configuration, logger: logger, cluster: cluster)
+}
+
+/// What the owner's application needs of the cluster: its membership (lease renewal), the
+/// directory `GET /v1/cluster` reads, and how to give up the role.
+final class OwnerCluster: @unchecked Sendable {
+    let membership: PGMembership
+    let directory: ClusterDirectory
+    let roleChange: @Sendable (RoleChange) -> Void
+    let listenSocket: Int32?
+    /// Set once, before the application is built.
+    var epoch: Int64 = 0
+    private let changed = Locking.Lock(false)
+
+    init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
+        self.membership = membership
+        self.directory = directory
+        self.roleChange = roleChange
+        self.listenSocket = listenSocket
+    }
+
+    /// Calls `roleChange` at most once per image.
+    func change(_ to: RoleChange) {
+        let first = changed.withLock { c -> Bool in
+            defer { c = true }
+            return !c
+        }
+        if first { roleChange(to) }
+    }
+
+    /// How often the lease is renewed (and a follower looks for an expired one): a third of it,
+    /// at most every second.
+    var period: Double { min(1, membership.leaseSeconds / 3) }
+}
+
+/// The cluster as this instance last read it from PostgreSQL, refreshed by its timer; what
+/// `GET /v1/cluster` answers and where a follower forwards to.
+final class ClusterDirectory: Sendable {
+    let membership: PGMembership
+    let selfID: String
+    let logger: Logger
+    private let state = Locking.Lock<(view: PGClusterView?, error: String?)>((nil, nil))
+
+    init(membership: PGMembership, selfID: String, logger: Logger) {
+        self.membership = membership
+        self.selfID = selfID
+        self.logger = logger
+    }
+
+    /// Heartbeat and a fresh view. Instances silent for 3 leases (at least 5 s) are not shown.
+    func refresh() {
+        do {
+            try membership.beat()
+            let view = try membership.view(stale: max(5, membership.leaseSeconds * 3))
+            state.withLock { $0 = (view, nil) }
+        } catch {
+            let message = "\(error)"
+            let was = state.withLock { s -> String? in
+                defer { s.error = message }
+                return s.error
+            }
+            if was == nil { logger.warning("cannot reach PostgreSQL for the cluster's state", metadata: ["error": "\(message)"]) }
+        }
+    }
+
+    var view: PGClusterView? { state.withLock { $0.view } }
+    /// Why the last refresh failed (nil when it worked).
+    var unavailable: String? { state.withLock { $0.error } }
+    /// The owner's URL, unless it is this instance or unknown.
+    var ownerURL: String? {
+        guard let o = view?.owner, o.id != selfID, !o.url.isEmpty else { return nil }
+        return o.url
+    }
+
+    /// `GET /v1/cluster` in cluster mode. `ownQueues`: the queues when this instance owns them
+    /// (from its engine); otherwise the owner's are read from PostgreSQL.
+    func render(ownQueues: [String]?) throws -> HTTPResponse {
+        guard let view else {
+            throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
+        }
+        var ownerQueues: [String] = []
+        if let ownQueues {
+            ownerQueues = ownQueues
+        } else if view.owner != nil {
+            do { ownerQueues = try membership.queueNames() } catch { throw ClusterUnavailable(detail: "\(error)") }
+        }
+        var o = JSONOut(capacity: 256 + 40 * ownerQueues.count)
+        o.open()
+        o.key("mode"); o.string("cluster")
+        o.key("store"); o.string("postgres")
+        o.key("instances"); o.openArray()
+        for i in view.instances {
+            o.open()
+            o.key("id"); o.string(i.id)
+            o.key("url"); o.string(i.url)
+            o.key("self"); o.bool(i.id == selfID)
+            o.key("startedAt"); o.time(Self.time(i.startedAt))
+            o.key("heartbeatAt"); o.time(Self.time(i.heartbeatAt))
+            o.key("owner"); o.bool(i.isOwner)
+            if i.isOwner, let epoch = view.owner?.epoch {
+                o.key("epoch"); o.int(Int(clamping: epoch))
+            }
+            o.key("queues"); o.openArray()
+            if i.isOwner { for q in ownerQueues { o.string(q) } }
+            o.closeArray()
+            o.close()
+        }
+        o.closeArray()
+        o.close()
+        return json(200, o.bytes)
+    }
+
+    /// Microseconds from the database as a timestamp, saturating.
+    static func time(_ micros: Int64) -> Timestamp {
+        let (n, overflow) = micros.multipliedReportingOverflow(by: 1000)
+        return Timestamp(nanoseconds: overflow ? (micros < 0 ? .min : .max) : n)
+    }
+}
+
+/// The cluster's state could not be read from PostgreSQL: 503.
+struct ClusterUnavailable: Error, ProblemConvertible {
+    let detail: String
+    var problem: Problem {
+        Problem(
+            503, "cluster-unavailable", "Cluster state unavailable", "cannot read the cluster's state from PostgreSQL: \(detail)",
+            headers: [("Retry-After", "1")])
+    }
+}
+
+/// A cluster instance that does not own the queues: it answers `/healthz`, `/readyz`,
+/// `/metrics`, `GET /v1/cluster`, the dashboard page and the change feed (long polls and SSE,
+/// from PostgreSQL: the owner's commits are read back in `seq` order) itself, and forwards
+/// every other request to the owner, relaying its answer unchanged. Every period it heartbeats
+/// and, when the owner's lease has run out, tries to take the ownership: if it wins, it asks to
+/// become the owner (`RoleChange.becomeOwner`).
+final class FollowerService: OpqdService {
+    let configuration: OpqdConfiguration
+    let logger: Logger
+    let cluster: OwnerCluster
+    let server: HTTPServer
+    let events: EventLog
+    let forwarder: Forwarder
+    let lifecycle = Lifecycle()
+    private let timers = TimerBox()
+    private let forwarded = ForwardCounts()
+
+    init(configuration: OpqdConfiguration, logger: Logger, cluster: OwnerCluster) throws {
+        self.configuration = configuration
+        self.logger = logger
+        self.cluster = cluster
+        let limits = configuration.limits
+        let membership = cluster.membership
+        let lastSeq = try membership.lastSeq()
+        let kept = contiguousTail(try membership.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
+        let events = EventLog(
+            capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1, maxBacklog: limits.sseBacklog)
+        events.append(kept)
+        self.events = events
+        let forwarder = Forwarder(selfID: cluster.directory.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: 300)
+        self.forwarder = forwarder
+
+        let access = Access(token: configuration.token, readToken: configuration.readToken)
+        var router = Router()
+        let (directory, lifecycle, forwarded) = (cluster.directory, self.lifecycle, self.forwarded)
+        router.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        router.add("GET", "/readyz", access: .open) { _, _ in
+            if lifecycle.isStopping {
+                return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
+            }
+            if let problem = directory.unavailable {
+                return .response(Problem(503, "not-ready", "Not ready", "cannot reach PostgreSQL: \(problem)").response)
+            }
+            if directory.ownerURL == nil {
+                return .response(Problem(503, "not-ready", "Not ready", "no instance owns the queues right now").response)
+            }
+            return .response(json(200, Array(#"{"status":"ready","store":"postgres"}"#.utf8)))
+        }
+        router.add("GET", "/metrics") { _, _ in
+            .response(
+                HTTPResponse(
+                    status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+                    body: forwarded.render(streams: events.streamCount)))
+        }
+        router.add("GET", "/v1/cluster") { req, _ in
+            _ = try Query(req, allowed: [])
+            return .response(try directory.render(ownQueues: nil))
+        }
+        EventsController(events: events, scheduler: DispatchScheduler(), limits: limits).addRoutes(to: &router)
+        DashboardController(access: access).addRoutes(to: &router)
+        let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
+            logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
+        }
+        let local = router
+        server = HTTPServer(
+            configuration: HTTPServerConfiguration(
+                host: configuration.host, port: configuration.port, threads: configuration.threads,
+                maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
+                connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes,
+                listenSocket: cluster.listenSocket, reusePort: true),
+            handler: { request in
+                if case .found = local.match(method: request.method, path: request.path) { return dispatcher.handle(request) }
+                // Never forwarded twice: a forwarded request reaching a follower means the
+                // owner changed in between; the client retries.
+                guard !Forwarder.wasForwarded(request), let owner = directory.ownerURL else {
+                    forwarded.count(relayed: false)
+                    return .routed(
+                        Router.unmatched,
+                        .response(
+                            Problem(
+                                503, "no-owner", "No owner",
+                                "no instance owns the queues right now (a takeover is under way); retry shortly, with an Idempotency-Key for changes",
+                                headers: [("Retry-After", "1")]
+                            ).response))
+                }
+                forwarded.count(relayed: true)
+                return .routed("forwarded", forwarder.forward(request, to: owner))
+            },
+            log: { [logger] level, message in
+                logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
+            },
+            headCheck: { head in
+                guard case .found = local.match(method: head.method, path: head.path) else { return nil }
+                return dispatcher.refusal(head)
+            })
+    }
+
+    var port: Int { server.port }
+
+    func start() throws {
+        let directory = cluster.directory
+        directory.refresh()
+        try server.start()
+        let advertise = configuration.advertise ?? "http://\(configuration.host):\(port)"
+        try cluster.membership.register(advertise: advertise)
+        directory.refresh()
+
+        // The feed: what the owner committed, read back in seq order. One writer commits at a
+        // time, each commit's seqs above the last, so rows become visible in seq order and a
+        // reader never sees a later seq before an earlier one.
+        let tail = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.feed"))
+        tail.schedule(deadline: .now() + 0.05, repeating: 0.05)
+        let (events, membership, logger) = (self.events, cluster.membership, self.logger)
+        let failing = Locking.Lock(false)
+        tail.setEventHandler {
+            do {
+                while true {
+                    let batch = try membership.events(after: events.lastSeq, limit: 1000)
+                    if !batch.isEmpty { events.append(batch) }
+                    if batch.count < 1000 { break }
+                }
+                failing.withLock { $0 = false }
+            } catch {
+                if !failing.withLock({ f in
+                    defer { f = true }; return f
+                }) {
+                    logger.warning("cannot read the feed from PostgreSQL", metadata: ["error": "\(error)"])
+                }
+            }
+        }
+        tail.resume()
+
+        let beat = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.membership"))
+        beat.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
+        let cluster = self.cluster
+        beat.setEventHandler { [events] in
+            directory.refresh()
+            events.cutOffStalled()
+            guard let view = directory.view, view.owner == nil else { return }
+            do {
+                if let epoch = try cluster.membership.tryAcquire() {
+                    logger.info("took over the queues", metadata: ["epoch": "\(epoch)"])
+                    cluster.change(.becomeOwner(epoch: epoch))
+                }
+            } catch {
+                logger.warning("cannot take over the queues", metadata: ["error": "\(error)"])
+            }
+        }
+        beat.resume()
+        timers.set([tail, beat])
+        logger.info("opqd serving as a follower", metadata: ["host": "\(configuration.host)", "port": "\(port)"])
+    }
+
+    func shutdown() {
+        guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        timers.cancelAll()
+        events.closeStreams()
+        server.shutdown(timeout: .seconds(8))
+        cluster.membership.release(epoch: nil)
+        cluster.membership.close()
+        logger.info("opqd stopped")
+    }
+
+    func handOver() -> Int32? {
+        guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
+        let fd = server.openSpareListener()
+        timers.cancelAll()
+        events.closeStreams()
+        server.shutdown(timeout: .seconds(2))
+        return fd
+    }
+}
+
+/// A follower's counts for `/metrics`.
+final class ForwardCounts: Sendable {
+    private let counts = Locking.Lock<(relayed: Int, refused: Int)>((0, 0))
+    func count(relayed: Bool) {
+        counts.withLock { c in
+            if relayed { c.relayed &+= 1 } else { c.refused &+= 1 }
+        }
+    }
+    func render(streams: Int) -> [UInt8] {
+        let c = counts.withLock { $0 }
+        return Array(
+            """
+            # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
+            # TYPE opqd_cluster_owner gauge
+            opqd_cluster_owner 0
+            # HELP opqd_forwarded_requests_total Requests this follower forwarded to the owner, or refused for want of one.
+            # TYPE opqd_forwarded_requests_total counter
+            opqd_forwarded_requests_total{outcome="forwarded"} \(c.relayed)
+            opqd_forwarded_requests_total{outcome="no_owner"} \(c.refused)
+            # HELP opqd_sse_streams Open Server-Sent Events streams.
+            # TYPE opqd_sse_streams gauge
+            opqd_sse_streams \(streams)
+
+            """.utf8)
+    }
+}

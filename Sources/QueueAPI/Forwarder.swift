@@ -1,0 +1,200 @@
+import MicroHTTP
+import OutboundHTTP
+
+/// Relays one API request to the instance that owns its queue and relays that instance's
+/// answer unchanged (status, headers, body), so that a 2xx relayed from the owner still means
+/// "durable": the owner answers only after its commit (CLUSTER.md, "Any instance answers any
+/// request").
+///
+/// One ``OutboundHTTPClient`` per forwarder: its libcurl multi handle keeps the connections to
+/// each owner alive between requests, so a forwarded request costs one round trip on a warm
+/// connection, not a TCP handshake. Its one thread waits for every owner at once, and the
+/// answer is `.deferred`, so no server thread blocks while the owner works (or holds a long poll).
+///
+/// What is not relayed: hop-by-hop fields (RFC 9110 §7.6.1, and those a `Connection` field
+/// names), `Host` and `Content-Length` (both belong to the new connection), `Expect` (the
+/// request is sent whole). Redirects are never followed and no proxy is used: a 3xx is the
+/// owner's answer to the client, and peers talk to each other directly. The path goes out as
+/// it came in (no dot segments resolved), so the owner routes what this instance routed.
+///
+/// When the owner does not answer (refused, reset, timeout, an answer cut short) the client
+/// gets 503 `owner-unavailable` with `Retry-After: 1`: the request may or may not have taken
+/// effect, exactly as with any timeout, and an `Idempotency-Key` makes the retry safe.
+final class Forwarder: Sendable {
+    /// Set on every forwarded request, valued with the forwarding instance's id. An instance
+    /// that receives a request carrying it handles the request itself, never forwards it again,
+    /// so two instances that disagree on the owner for a moment cannot bounce it between them.
+    static let header = "opqd-forwarded-by"
+
+    /// True when `request` was forwarded by another instance (see ``header``).
+    static func wasForwarded(_ request: HTTPRequest) -> Bool {
+        request.header(header) != nil
+    }
+
+    /// Request and response fields that describe one connection, not the message (RFC 9110
+    /// §7.6.1), plus `host`, `content-length` and `expect`, which libcurl writes for the new one.
+    static let hopByHop: Set<String> = [
+        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length", "expect",
+    ]
+
+    /// Seconds a connection to the owner may take: on a LAN it takes well under a millisecond,
+    /// so two seconds without one means the owner is gone, and the client should hear so soon.
+    static let connectTimeout = 2.0
+    /// Seconds a plain request may take at the owner, answer included, unless the forwarder
+    /// was made with another (tests do, to see a timeout without waiting for it).
+    static let defaultRequestTimeout = 30.0
+    /// Seconds added to a long poll's own wait: the owner answers at the end of the wait, and
+    /// its answer still has to be committed and sent.
+    static let longPollMargin = 10.0
+
+    let selfID: String
+    let maxResponseBytes: Int
+    let maxWaitSeconds: Double
+    /// Seconds a request that is not a long poll may take, answer included.
+    let requestTimeout: Double
+    let client: OutboundHTTPClient
+
+    /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
+    /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
+    init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout) {
+        self.selfID = selfID
+        self.requestTimeout = requestTimeout.isFinite && requestTimeout > 0 ? min(requestTimeout, 3600) : Self.defaultRequestTimeout
+        self.maxResponseBytes = max(0, maxResponseBytes)
+        self.maxWaitSeconds = maxWaitSeconds.isFinite ? min(max(maxWaitSeconds, 0), 86_400) : 300
+        client = OutboundHTTPClient()
+    }
+
+    /// The answer of the instance at `base` (e.g. `http://10.0.0.2:8080`, no trailing slash)
+    /// to `request`, relayed. Deferred: the server thread returns at once and the connection is
+    /// resumed when the owner's answer (or the failure) is in. If the client leaves meanwhile,
+    /// the exchange with the owner still runs to its end; its answer is then dropped.
+    func forward(_ request: HTTPRequest, to base: String) -> HTTPHandlerResult {
+        let outbound = outboundRequest(for: request, base: base)
+        let isLongPoll = Self.longPollSeconds(request.query) != nil
+        let (client, cap) = (self.client, maxResponseBytes)
+        return .deferred { responder in
+            // A change may be committed at the owner right now: at shutdown, wait for its
+            // answer rather than answer 503. A long poll changes nothing and may hold for
+            // minutes, so shutdown answers it at once, as it does for local long polls.
+            if !isLongPoll { responder.answerBeforeShutdown() }
+            client.send(outbound) { result in
+                responder.respond(Self.relay(result, maxResponseBytes: cap))
+            }
+        }
+    }
+
+    /// The request to send to the owner.
+    func outboundRequest(for request: HTTPRequest, base: String) -> OutboundRequest {
+        var url = base
+        while url.hasSuffix("/") { url.removeLast() }
+        url += request.path
+        let query = Self.encodeQuery(request.query)
+        if !query.isEmpty { url += "?" + query }
+
+        // Fields named by `Connection` are hop-by-hop for this message too.
+        let named = Self.connectionTokens([request.header("connection") ?? ""])
+        var headers: [(String, String)] = []
+        headers.reserveCapacity(request.headers.count + 1)
+        // Sorted so the same request is always sent the same way (the dictionary has no order).
+        for (name, value) in request.headers.sorted(by: { $0.key < $1.key }) {
+            let lower = name.lowercased()
+            guard !Self.hopByHop.contains(lower), !named.contains(lower), lower != Self.header else { continue }
+            headers.append((name, value))
+        }
+        headers.append((Self.header, selfID))
+
+        // Only methods that carry a body get one; an empty POST still says `Content-Length: 0`.
+        let method = request.method
+        let carriesBody = !request.body.isEmpty || method == "POST" || method == "PUT" || method == "PATCH"
+        return OutboundRequest(
+            method: method, url: url, headers: headers, body: carriesBody ? request.body : nil,
+            timeout: exchangeTimeout(request.query), connectTimeout: Self.connectTimeout,
+            maxResponseBytes: maxResponseBytes, followRedirects: false, useProxy: false, pathAsIs: true)
+    }
+
+    /// Seconds the whole exchange may take: ``requestTimeout``, or for a long poll its wait
+    /// plus ``longPollMargin`` (the wait capped at what the API accepts), whichever is longer:
+    /// a long poll ends with an answer the owner may have to commit, like any other request.
+    func exchangeTimeout(_ query: [String: String]) -> Double {
+        guard let wait = Self.longPollSeconds(query) else { return requestTimeout }
+        return max(requestTimeout, min(wait, maxWaitSeconds) + Self.longPollMargin)
+    }
+
+    /// The `wait` (or `timeout`) of a long poll in seconds, when it is a usable number.
+    /// Defensive: the owner validates the value and refuses a bad one; here a bad one only
+    /// means the plain timeout.
+    static func longPollSeconds(_ query: [String: String]) -> Double? {
+        for key in ["wait", "timeout"] {
+            if let text = query[key], text.utf8.count <= 32, let seconds = Double(text), seconds.isFinite, seconds > 0 {
+                return seconds
+            }
+        }
+        return nil
+    }
+
+    /// The decoded query as a query string: pairs sorted by name, everything outside RFC 3986's
+    /// unreserved set percent-encoded (so `&`, `=`, `+`, `%` and space survive the trip).
+    static func encodeQuery(_ query: [String: String]) -> String {
+        query.sorted { $0.key < $1.key }.map { percentEncoded($0.key) + "=" + percentEncoded($0.value) }.joined(separator: "&")
+    }
+
+    /// `text` with every byte outside `A-Z a-z 0-9 - . _ ~` written as `%XX`.
+    static func percentEncoded(_ text: String) -> String {
+        let hex = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count)
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"):
+                out.append(byte)
+            default:
+                out.append(contentsOf: [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The field names listed in `Connection` values (`Connection: close, X-Hop` names `x-hop`),
+    /// lowercased.
+    static func connectionTokens(_ values: [String]) -> Set<String> {
+        var names: Set<String> = []
+        for value in values {
+            for token in value.split(separator: ",") {
+                let trimmed = token.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed()
+                if !trimmed.isEmpty { names.insert(String(trimmed).lowercased()) }
+            }
+        }
+        return names
+    }
+
+    /// The client's answer for the owner's answer or the failure.
+    static func relay(_ result: Result<OutboundResponse, OutboundError>, maxResponseBytes: Int) -> HTTPResponse {
+        switch result {
+        case let .success(answer):
+            if answer.truncated {
+                return Problem(
+                    502, "owner-answer-too-large", "Bad Gateway",
+                    "the owner's answer is larger than \(maxResponseBytes) bytes, the most this instance relays; the request was handled there, so do not simply repeat a change without an Idempotency-Key"
+                ).response
+            }
+            let named = connectionTokens(answer.headers.filter { $0.0.lowercased() == "connection" }.map(\.1))
+            let headers = answer.headers.filter { name, _ in
+                let lower = name.lowercased()
+                return !hopByHop.contains(lower) && !named.contains(lower)
+            }
+            return HTTPResponse(status: answer.status, headers: headers, body: answer.body)
+        case let .failure(error) where error.type == "invalid-url":
+            // The request could not even be written (e.g. a path libcurl will not send): it
+            // never reached the owner, so nothing happened there.
+            return Problem.badRequest("the request cannot be forwarded to the queue's owner: \(error.detail)").response
+        case let .failure(error):
+            return Problem(
+                503, "owner-unavailable", "Service Unavailable",
+                "the instance that owns this queue did not answer (\(error.type)); the request may or may not have taken effect there. Retry it; send an Idempotency-Key so that a retried create happens once",
+                headers: [("Retry-After", "1")]
+            ).response
+        }
+    }
+}
