@@ -29,6 +29,7 @@ final class CreateLedger: Sendable {
         var inDoubt: [String] = []
         var unavailable = 0
         var noAnswer = 0
+        var inProgress = 0
         var problems: [String] = []
         var retryAfter: [String] = []
     }
@@ -80,6 +81,11 @@ final class CreateLedger: Sendable {
                 }
                 // Honours Retry-After, but polls faster than whole seconds to time the switch.
                 usleep(useconds_t(min(Double(after ?? "1") ?? 1, 0.2) * 1e6))
+            case 409 where r.string("type")?.hasSuffix("/idempotency-in-progress") == true:
+                // The first attempt is still being committed (its answer was lost on the way): the
+                // contract's answer is 409 until it is, then a replay.
+                state.withLock { $0.inProgress += 1 }
+                usleep(100_000)
             default:
                 state.withLock { $0.problems.append("\(key) through opqd #\(node.index): \(r.status) \(r.text.prefix(300))") }
                 return nil
@@ -95,7 +101,8 @@ final class CreateLedger: Sendable {
             let retried = s.acks.filter { $0.attempts > 1 }.count
             let replayed = s.acks.filter(\.replayed).count
             return "\(s.acks.count) creates acknowledged (\(retried) after a retry, \(replayed) of them replayed by Idempotency-Key), "
-                + "\(s.inDoubt.count) in doubt, \(s.unavailable) answers 503 (Retry-After e.g. \(s.retryAfter.first ?? "-")), \(s.noAnswer) without an answer"
+                + "\(s.inDoubt.count) in doubt, \(s.unavailable) answers 503 (Retry-After e.g. \(s.retryAfter.first ?? "-")), "
+                + "\(s.inProgress) answers 409 idempotency-in-progress, \(s.noAnswer) without an answer"
         }
     }
 }
