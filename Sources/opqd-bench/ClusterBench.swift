@@ -10,8 +10,10 @@
 //   (c) latency of a simple GET (GET /v1/queues/{q}, queue-scoped): sequential requests on one
 //       keep-alive connection to the owner (direct) and to a non-owner (forwarded).
 // CPU: utime + stime of every opqd process from /proc/PID/stat before and after (a) and (b),
-// per 1,000 operations, summed and per process. On 2 cores the instances share the CPU with
-// PostgreSQL and the clients: read the ratios, not the absolute figures.
+// per 1,000 operations, summed and per process; and PostgreSQL's (the postmaster's own and
+// reaped children's times plus its live children's, when the server runs on this machine). On 2
+// cores the instances share the CPU with PostgreSQL and the clients: read the ratios, not the
+// absolute figures.
 import Dispatch
 import Foundation
 import PostgresStore
@@ -29,7 +31,7 @@ enum ClusterBench {
         var seconds = 5.0
         var clients = 16
         var workers = 8
-        var jobs = 20_000
+        var jobs = 50_000
         var batch = 50
         var gets = 2_000
         var instances = [1, 2, 3]
@@ -44,6 +46,9 @@ enum ClusterBench {
         var creates = 0, createFailures = 0
         var createSeconds = 0.0
         var createCPU: [Double] = []
+        /// PostgreSQL's CPU seconds (the postmaster and its children) in (a) and (b); nil for SQLite.
+        var createPostgresCPU: Double?
+        var jobPostgresCPU: Double?
         var jobs = 0, jobFailures = 0
         var jobSeconds = 0.0
         var jobCPU: [Double] = []
@@ -63,7 +68,7 @@ enum ClusterBench {
         while i < args.count {
             let value = i + 1 < args.count ? args[i + 1] : nil
             switch (args[i], value) {
-            case ("--quick", _): o.seconds = 2; o.jobs = 5_000; o.gets = 500; i -= 1
+            case ("--quick", _): o.seconds = 2; o.jobs = 10_000; o.gets = 500; i -= 1
             case let ("--postgres", v?): server = v
             case let ("--seconds", v?): o.seconds = max(0.5, Double(v) ?? o.seconds)
             case let ("--clients", v?): o.clients = max(1, min(Int(v) ?? o.clients, 256))
@@ -88,7 +93,7 @@ enum ClusterBench {
         print("opqd: \(BenchSupport.opqdBinary())")
         print(
             "(a) \(o.clients) clients creating delay operations for \(BenchSupport.fmt(o.seconds, 1)) s; (b) \(BenchSupport.grouped(Double(o.jobs))) external jobs, "
-                + "\(o.workers) workers claiming up to \(o.batch) and finishing them in one request, at most \(BenchSupport.fmt(o.seconds, 1)) s; "
+                + "\(o.workers) workers claiming up to \(o.batch) and finishing them in one request, at most \(BenchSupport.fmt(2 * o.seconds, 1)) s; "
                 + "(c) \(o.gets) sequential GET /v1/queues/{q} direct and forwarded. Clients and workers round-robin over the instances.")
 
         var results: [Outcome] = []
@@ -101,7 +106,8 @@ enum ClusterBench {
 
         print("")
         let header = [
-            ("store", 9), ("N", 2), ("creates/s", 10), ("CPU s/1k", 9), ("jobs/s", 9), ("CPU s/1k", 9), ("GET direct p50/p99 ms", 22),
+            ("store", 9), ("N", 2), ("creates/s", 10), ("CPU s/1k", 9), ("PG s/1k", 8), ("jobs/s", 9), ("CPU s/1k", 9), ("PG s/1k", 8),
+            ("GET direct p50/p99 ms", 22),
             ("GET forwarded p50/p99 ms", 25),
         ]
         print(header.map { BenchSupport.pad($0.0, $0.1, right: $0.0 != "store") }.joined(separator: " "))
@@ -121,13 +127,15 @@ enum ClusterBench {
                 BenchSupport.pad(r.label, 9), BenchSupport.pad(String(r.instances), 2, right: true),
                 BenchSupport.pad(BenchSupport.grouped(r.createsPerSecond), 10, right: true),
                 BenchSupport.pad(BenchSupport.fmt(Outcome.per1000(r.createCPU, r.creates), 3), 9, right: true),
+                BenchSupport.pad(r.createPostgresCPU.map { BenchSupport.fmt(Outcome.per1000([$0], r.creates), 3) } ?? "-", 8, right: true),
                 BenchSupport.pad(BenchSupport.grouped(r.jobsPerSecond), 9, right: true),
                 BenchSupport.pad(BenchSupport.fmt(Outcome.per1000(r.jobCPU, r.jobs), 3), 9, right: true),
+                BenchSupport.pad(r.jobPostgresCPU.map { BenchSupport.fmt(Outcome.per1000([$0], r.jobs), 3) } ?? "-", 8, right: true),
                 BenchSupport.pad(ms(r.direct), 22, right: true), BenchSupport.pad(ms(r.forwarded), 25, right: true),
             ]
             print(cells.joined(separator: " "))
         }
-        print("(CPU s/1k = user+system CPU seconds of all opqd processes per 1,000 operations; per process, owner first:)")
+        print("(CPU s/1k = user+system CPU seconds of all opqd processes per 1,000 operations, PG s/1k the same of PostgreSQL; per opqd process, owner first:)")
         for r in results where r.started == r.instances {
             func split(_ cpu: [Double], _ n: Int) -> String {
                 guard n > 0, !cpu.isEmpty else { return "-" }
@@ -153,6 +161,8 @@ enum ClusterBench {
             summary.append(("jobs_per_s_\(key)", Int(r.jobsPerSecond.rounded())))
             summary.append(("create_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000(r.createCPU, r.creates))))
             summary.append(("job_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000(r.jobCPU, r.jobs))))
+            if let c = r.createPostgresCPU { summary.append(("create_pg_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000([c], r.creates)))) }
+            if let c = r.jobPostgresCPU { summary.append(("job_pg_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000([c], r.jobs)))) }
             if !r.direct.isEmpty { summary.append(("get_direct_p50_ms_\(key)", BenchSupport.round3(BenchSupport.percentile(r.direct.sorted(), 0.5) * 1000))) }
             if !r.forwarded.isEmpty {
                 summary.append(("get_forwarded_p50_ms_\(key)", BenchSupport.round3(BenchSupport.percentile(r.forwarded.sorted(), 0.5) * 1000)))
@@ -216,11 +226,15 @@ enum ClusterBench {
 
         // (a) durable creates.
         let body = Array(#"{"kind":"delay","spec":{"seconds":60}}"#.utf8)
+        var postmaster: pid_t?
+        if let postgres, let database { postmaster = postmasterPID(TestPostgres.url(postgres, database: database)) }
+        let pg0 = postmaster.map(postgresCPU)
         let cpu0 = pids.map(cpuSeconds)
         let (created, failed, wall) = forEachClient(ports: ports, clients: o.clients, seconds: o.seconds) { c, k in
             (try? c.request("POST", "/v1/queues/\(queues[k % queues.count])/operations", body: body).status) == 201
         }
         let cpu1 = pids.map(cpuSeconds)
+        out.createPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg0.map { a - $0 } }
         (out.creates, out.createFailures, out.createSeconds) = (created, failed, wall)
         out.createCPU = zip(cpu1, cpu0).map { $0 - $1 }
         if failed > 0 { out.problems.append("\(failed) creates not answered 201") }
@@ -235,9 +249,11 @@ enum ClusterBench {
             out.problems.append("jobs setup: \(error)")
             return out
         }
+        let pg2 = postmaster.map(postgresCPU)
         let cpu2 = pids.map(cpuSeconds)
-        let (finished, refused, jobWall) = work(ports: ports, workers: o.workers, batch: o.batch, seconds: o.seconds)
+        let (finished, refused, jobWall) = work(ports: ports, workers: o.workers, batch: o.batch, seconds: 2 * o.seconds)
         let cpu3 = pids.map(cpuSeconds)
+        out.jobPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg2.map { a - $0 } }
         (out.jobs, out.jobFailures, out.jobSeconds) = (finished, refused, jobWall)
         out.jobCPU = zip(cpu3, cpu2).map { $0 - $1 }
         if refused > 0 { out.problems.append("\(refused) claims or finishes refused") }
@@ -263,6 +279,34 @@ enum ClusterBench {
         // After ")": state is field 3, so utime (14) and stime (15) are at 11 and 12.
         guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
         return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// The PostgreSQL server's postmaster, when it runs on this machine: the parent of the
+    /// backend serving a psql session on `url` (nil if that cannot be read).
+    static func postmasterPID(_ url: String) -> pid_t? {
+        guard let text = try? TestPostgres.psql(url, "SELECT pg_backend_pid()"), let backend = Int32(text) else { return nil }
+        guard let parent = statFields(backend).flatMap({ Int32($0[1]) }), parent > 1, statFields(parent) != nil else { return nil }
+        return parent
+    }
+
+    /// The fields of /proc/PID/stat after the command name (state first).
+    static func statFields(_ pid: pid_t) -> [Substring]? {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = text.lastIndex(of: ")") else { return nil }
+        return text[text.index(after: close)...].split(separator: " ")
+    }
+
+    /// CPU seconds of PostgreSQL so far: the postmaster's own and its reaped children's
+    /// (utime, stime, cutime, cstime), plus every live child's utime + stime.
+    static func postgresCPU(_ postmaster: pid_t) -> Double {
+        let tick = Double(sysconf(Int32(_SC_CLK_TCK)))
+        var ticks = 0.0
+        if let f = statFields(postmaster), f.count > 14 { ticks += f[11...14].compactMap { Double($0) }.reduce(0, +) }
+        let parent = Substring(String(postmaster))
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let pid = Int32(entry), let f = statFields(pid), f.count > 12, f[1] == parent else { continue }
+            ticks += (Double(f[11]) ?? 0) + (Double(f[12]) ?? 0)
+        }
+        return ticks / tick
     }
 
     /// `clients` threads, client k on its own keep-alive connection to `ports[k % ports.count]`,

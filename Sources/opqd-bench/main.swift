@@ -55,10 +55,10 @@ let usage = """
                          HTTP (single and 1,000-operation batches) with commits and records per commit, and
                          the store alone (commit latency, flood of appends). Fresh databases on URL
                          (default $OPQD_TEST_POSTGRES_URL; scripts/pg.sh start DIR prints one).
-      cluster --postgres URL [--seconds 5] [--clients 16] [--workers 8] [--jobs 20000] [--batch 50] [--instances 1,2,3] [--quick]
+      cluster --postgres URL [--seconds 5] [--clients 16] [--workers 8] [--jobs 50000] [--batch 50] [--instances 1,2,3] [--quick]
                          one opqd on SQLite, then 1, 2 and 3 instances on one fresh PostgreSQL database each:
                          durable creates/s and external jobs/s with clients and workers round-robin over the
-                         instances, opqd CPU seconds per 1,000 operations (each process from /proc), and GET
+                         instances, CPU seconds per 1,000 operations of each opqd process and of a local PostgreSQL (/proc), and GET
                          latency p50/p99 to the owner (direct) vs to a non-owner (forwarded).
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
