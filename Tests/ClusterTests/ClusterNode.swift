@@ -83,6 +83,8 @@ final class ClusterNode: @unchecked Sendable {  // mutable state only behind `st
     var port: Int { state.withLock { $0.ports.last ?? 0 } }
     /// How many listening lines it printed (one per exec).
     var listeningLines: Int { state.withLock { $0.ports.count } }
+    /// Every port it listened on, in order (one per exec).
+    var ports: [Int] { state.withLock { $0.ports } }
     var url: String { "http://127.0.0.1:\(port)" }
 
     /// Sends `signal` unless the process has been reaped.

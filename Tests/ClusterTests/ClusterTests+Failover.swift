@@ -58,6 +58,8 @@ extension ClusterTests {
         cluster.record(problems, "failover")
 
         if !cluster.awaitIdle("f", through: others, timeout: 40) { cluster.record(["queue f still had unfinished operations 40 s after the load"], "waiting") }
+        let epochs = cluster.epochRanges()
+        cluster.record(epochs.problems, "the events rows per epoch")
         let listed = Listing(queue: "f", through: newOwner)
         cluster.record(acknowledgedProblems(ledger, listed: listed, through: others[0]), "acknowledged creates")
         let (feeds, feedProblems) = Feed.readAll(from: others)
@@ -69,7 +71,7 @@ extension ClusterTests {
                 + String(
                     format: "opqd #%d reported owner=true %.2f s after the kill, the first create sent after it was answered 201 %.2f s after it ",
                     newOwner.index, ownedAfter, servedAfter ?? -1)
-                + "(lease \(Int(TestCluster.lease)) s); \(ledger.summary); feed: \(feed.events.count) events")
+                + "(lease \(Int(TestCluster.lease)) s); \(ledger.summary); feed: \(feed.events.count) events; \(epochs.summary)")
     }
 
     // MARK: - fencing
@@ -148,6 +150,8 @@ extension ClusterTests {
             problems.append(
                 "events of the old epoch \(oldEpoch): \(oldRowsAtCont.map(String.init) ?? "?") at SIGCONT, \(oldRowsNow.map(String.init) ?? "?") after")
         }
+        let epochs = cluster.epochRanges()
+        problems += epochs.problems
         cluster.record(problems, "fencing")
 
         if !cluster.awaitIdle("s", through: others, timeout: 40) { cluster.record(["queue s still had unfinished operations 40 s after the load"], "waiting") }
@@ -163,6 +167,6 @@ extension ClusterTests {
                 + String(format: "opqd #%d owned (epoch %d) %.2f s after SIGSTOP; ", newOwner?.index ?? -1, newEpoch, ownedAfter)
                 + String(format: "after SIGCONT the old owner answered as a follower in %.2f s (", followerAfter ?? -1)
                 + "listening lines \(execsBefore) -> \(owner.listeningLines)); events rows: old epoch \(oldRowsNow.map(String.init) ?? "?"), new epoch \(newRows) from seq \(firstNew), \(late) late; "
-                + "\(ledger.summary); feed: \(feed.events.count) events")
+                + "\(ledger.summary); feed: \(feed.events.count) events; \(epochs.summary)")
     }
 }

@@ -72,6 +72,11 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
         } catch {
             record(["\(error)"], "thrown")
         }
+        // A role change re-executes an instance with the same pid and port (README): a load
+        // balancer's target stays valid.
+        for n in nodes where Set(n.ports).count > 1 {
+            record(["opqd #\(n.index) (pid \(n.pid)) listened on ports \(n.ports) one exec after another; README: same pid and port"], "ports")
+        }
         let all = found.withLock { $0 }
         if !all.isEmpty {
             let text = all.map { f in
@@ -113,6 +118,24 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
     /// The current ownership epoch, from `opqd.ownership` (nil if it cannot be read).
     func epoch() -> Int? {
         Int((try? TestPostgres.psql(database, "SELECT epoch FROM opqd.ownership WHERE scope = '*'")) ?? "")
+    }
+
+    /// The events rows per epoch (`epoch: seq lo–hi (rows)`), and a problem for every pair of
+    /// epochs whose rows interleave: an older epoch's row above a newer epoch's first seq means an
+    /// owner wrote after it was superseded (or a new owner wrote below its predecessor's rows).
+    func epochRanges() -> (summary: String, problems: [String]) {
+        let sql = "SELECT coalesce(epoch, -1) || ' ' || min(seq) || ' ' || max(seq) || ' ' || count(*) FROM opqd.events GROUP BY epoch ORDER BY epoch"
+        let text: String
+        do { text = try TestPostgres.psql(database, sql) } catch { return ("?", ["cannot read opqd.events per epoch: \(error)"]) }
+        let rows = text.split(separator: "\n").map { $0.split(separator: " ").compactMap { Int($0) } }.filter { $0.count == 4 }
+        var problems: [String] = []
+        for a in rows where a[0] < 0 { problems.append("\(a[3]) events rows without an epoch (seq \(a[1])–\(a[2]))") }
+        for a in rows where a[0] >= 0 {
+            for b in rows where b[0] > a[0] && a[2] > b[1] {
+                problems.append("epoch \(a[0]) wrote seq \(a[2]), above seq \(b[1]), the first of the newer epoch \(b[0])")
+            }
+        }
+        return (rows.map { "epoch \($0[0]): seq \($0[1])–\($0[2]) (\($0[3]) rows)" }.joined(separator: ", "), problems)
     }
 
     /// Creates a queue through `node`; throws unless 201.
