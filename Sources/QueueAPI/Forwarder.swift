@@ -16,7 +16,8 @@ import OutboundHTTP
 /// names), `Host` and `Content-Length` (both belong to the new connection), `Expect` (the
 /// request is sent whole). Redirects are never followed and no proxy is used: a 3xx is the
 /// owner's answer to the client, and peers talk to each other directly. The path goes out as
-/// it came in (no dot segments resolved), so the owner routes what this instance routed.
+/// it came in (no dot segments resolved), so the owner routes what this instance routed; only
+/// bytes outside ASCII, which no queue name has, are percent-encoded on the way (by libcurl).
 ///
 /// When the owner does not answer (refused, reset, timeout, an answer cut short) the client
 /// gets 503 `owner-unavailable` with `Retry-After: 1`: the request may or may not have taken
