@@ -334,6 +334,15 @@ struct ForwarderTests {
         }
     }
 
+    @Test("a URL the client library will not send (over 8 KiB) is 400 naming why, and nothing reaches the owner")
+    func unsendable() throws {
+        try withPair { owner, front, _ in
+            let r = try send(front.port, "/echo?big=" + String(repeating: "x", count: 9000))
+            expectProblem(r, 400, mentioning: ["cannot be forwarded", "8192"])
+            #expect(owner.openConnections == 0)
+        }
+    }
+
     @Test("a long poll the owner answers after 1.5 s is relayed, not cut short")
     func longPoll() throws {
         try withPair { _, front, _ in
