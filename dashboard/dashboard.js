@@ -174,10 +174,14 @@
     const list = Array.isArray(c.instances) ? c.instances : [];
     const el = $('cluster');
     const n = list.length;
-    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + (c.mode === 'single' ? ' · single' : ''));
-    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + '), heartbeat ' + String(i.heartbeatAt) + ', ' +
-      (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
+    // In a cluster, which instance owns the queues (it changes at a takeover: re-read below).
+    const owner = list.find((i) => i.owner === true);
+    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + ' · ' + String(c.mode || '') +
+      (owner ? ' · owner ' + String(owner.url) + ' (epoch ' + String(owner.epoch) + ')' : ''));
+    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + (i.owner ? ', owner' : '') + (i.self ? ', answering' : '') +
+      '), heartbeat ' + String(i.heartbeatAt) + ', ' + (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
     el.hidden = false;
+    if (!S.clusterTimer) S.clusterTimer = setInterval(loadCluster, 5000);
   }
 
   // ---- the stream ----

@@ -1,6 +1,8 @@
+import Dispatch
 import Locking
 import QueueEngine
 import QueueStore
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -97,7 +99,7 @@ public final class PGMembership: @unchecked Sendable {
 
     /// Inserts or refreshes this instance's row.
     public func register(advertise: String) throws {
-        try withConnection { c throws(PGFailure) in
+        _ = try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
                 INSERT INTO opqd.instance (id, url, started_at, heartbeat_at) VALUES ($1, $2, now(), now()) \
@@ -240,4 +242,48 @@ public final class PGMembership: @unchecked Sendable {
     }
 
     static func monotonicNanos() -> Int { clockNanos(CLOCK_MONOTONIC) }
+}
+
+/// Wakes a follower when the owner committed events: one `NOTIFY opqd_events` per commit that
+/// holds events (sent by the owner's writer inside the commit, so it arrives only once the
+/// events are visible), received on a connection of its own that `LISTEN`s. `wake` runs on the
+/// listener's thread for every batch of notifications, and once after every (re)connection, so
+/// nothing committed while it was away is left unread. Reconnects with backoff.
+public final class PGListener: @unchecked Sendable {
+    public static let channel = "opqd_events"
+    private let url: String
+    private let wake: @Sendable () -> Void
+    private let stopping = Atomic<Bool>(false)
+
+    public init(url: String, wake: @escaping @Sendable () -> Void) {
+        self.url = url
+        self.wake = wake
+    }
+
+    /// Runs on a queue of its own, blocked in `poll` most of the time.
+    public func start() {
+        DispatchQueue(label: "opqd.listen").async { [self] in run() }
+    }
+
+    /// Stops within a second (the thread's poll interval).
+    public func stop() { stopping.store(true, ordering: .releasing) }
+
+    private func run() {
+        var delay: UInt32 = 50_000
+        while !stopping.load(ordering: .acquiring) {
+            do throws(PGFailure) {
+                let c = try PGConnection(url: url)
+                defer { c.close() }
+                try c.exec("LISTEN \(Self.channel)")
+                delay = 50_000
+                wake()
+                while !stopping.load(ordering: .acquiring) {
+                    if try c.awaitNotifications(seconds: 1) > 0 { wake() }
+                }
+            } catch {
+                usleep(delay)
+                delay = min(delay * 2, 2_000_000)
+            }
+        }
+    }
 }

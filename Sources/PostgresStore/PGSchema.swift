@@ -122,6 +122,8 @@ enum PGSchema {
     /// First in every fenced transaction: takes a share lock on the ownership row (a takeover
     /// waits for this commit) and aborts the transaction unless the epoch is still ours.
     static let fence = "SELECT opqd.fence($1, $2::bigint)"
+    /// Wakes the followers' feeds (`PGListener`); the payload is the commit's newest seq.
+    static let notifyEvents = "SELECT pg_notify('opqd_events', $1)"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.

@@ -439,6 +439,9 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Kept apart from the events so that deleting events never moves the sequence back.
             if out.maxSeq > lastSeq.load(ordering: .relaxed) { try send(PGSchema.setLastSeq, [PGParameter(String(out.maxSeq))]) }
+            // A cluster's followers wake on it (delivered at commit, once the events are
+            // visible): one per commit, not per event.
+            if fence != nil && out.maxSeq > 0 { try send(PGSchema.notifyEvents, [PGParameter(String(out.maxSeq))]) }
             try send("COMMIT")
             try conn.sync()
         } catch {

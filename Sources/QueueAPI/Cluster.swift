@@ -247,6 +247,7 @@ final class FollowerService: OpqdService {
     let lifecycle = Lifecycle()
     private let timers = TimerBox()
     private let forwarded = ForwardCounts()
+    private let listener = Locking.Lock<PGListener?>(nil)
 
     init(configuration: OpqdConfiguration, logger: Logger, cluster: OwnerCluster) throws {
         self.configuration = configuration
@@ -340,32 +341,20 @@ final class FollowerService: OpqdService {
 
         // The feed: what the owner committed, read back in seq order. One writer commits at a
         // time, each commit's seqs above the last, so rows become visible in seq order and a
-        // reader never sees a later seq before an earlier one.
-        let tail = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.feed"))
-        tail.schedule(deadline: .now() + 0.05, repeating: 0.05)
-        let (events, membership, logger) = (self.events, cluster.membership, self.logger)
-        let failing = Locking.Lock(false)
-        tail.setEventHandler {
-            do {
-                while true {
-                    let batch = try membership.events(after: events.lastSeq, limit: 1000)
-                    if !batch.isEmpty { events.append(batch) }
-                    if batch.count < 1000 { break }
-                }
-                failing.withLock { $0 = false }
-            } catch {
-                if !failing.withLock({ f in
-                    defer { f = true }; return f
-                }) {
-                    logger.warning("cannot read the feed from PostgreSQL", metadata: ["error": "\(error)"])
-                }
-            }
-        }
+        // reader never sees a later seq before an earlier one. Read when the owner's NOTIFY
+        // says a commit with events happened, and every second in any case.
+        let feed = FeedTail(events: events, membership: cluster.membership, logger: logger)
+        let listener = PGListener(url: configuration.store) { feed.pull() }
+        listener.start()
+        self.listener.withLock { $0 = listener }
+        let tail = DispatchSource.makeTimerSource(queue: .global())
+        tail.schedule(deadline: .now() + 1, repeating: 1)
+        tail.setEventHandler { feed.pull() }
         tail.resume()
 
         let beat = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.membership"))
         beat.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
-        let cluster = self.cluster
+        let (cluster, logger) = (self.cluster, self.logger)
         beat.setEventHandler { [events] in
             directory.refresh()
             events.cutOffStalled()
@@ -387,6 +376,7 @@ final class FollowerService: OpqdService {
     func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         timers.cancelAll()
+        listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
         cluster.membership.release(epoch: nil)
@@ -398,9 +388,56 @@ final class FollowerService: OpqdService {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
         let fd = server.openSpareListener()
         timers.cancelAll()
+        listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(2))
         return fd
+    }
+}
+
+/// Reads committed events after the feed's newest into it, one pull at a time: a pull asked
+/// for while one runs makes that one read again, so a NOTIFY is never lost between the two.
+final class FeedTail: Sendable {
+    let events: EventLog
+    let membership: PGMembership
+    let logger: Logger
+    private let state = Locking.Lock<(running: Bool, again: Bool, failing: Bool)>((false, false, false))
+
+    init(events: EventLog, membership: PGMembership, logger: Logger) {
+        self.events = events
+        self.membership = membership
+        self.logger = logger
+    }
+
+    func pull() {
+        let start = state.withLock { s -> Bool in
+            if s.running { s.again = true; return false }
+            s.running = true
+            return true
+        }
+        guard start else { return }
+        while true {
+            do {
+                while true {
+                    let batch = try membership.events(after: events.lastSeq, limit: 1000)
+                    if !batch.isEmpty { events.append(batch) }
+                    if batch.count < 1000 { break }
+                }
+                state.withLock { $0.failing = false }
+            } catch {
+                let first = state.withLock { s -> Bool in
+                    defer { s.failing = true }
+                    return !s.failing
+                }
+                if first { logger.warning("cannot read the feed from PostgreSQL", metadata: ["error": "\(error)"]) }
+            }
+            let more = state.withLock { s -> Bool in
+                if s.again { s.again = false; return true }
+                s.running = false
+                return false
+            }
+            if !more { return }
+        }
     }
 }
 

@@ -1,3 +1,4 @@
+import Dispatch
 import MicroHTTP
 import OutboundHTTP
 
@@ -15,7 +16,8 @@ import OutboundHTTP
 /// names), `Host` and `Content-Length` (both belong to the new connection), `Expect` (the
 /// request is sent whole). Redirects are never followed and no proxy is used: a 3xx is the
 /// owner's answer to the client, and peers talk to each other directly. The path goes out as
-/// it came in (no dot segments resolved), so the owner routes what this instance routed.
+/// it came in (no dot segments resolved), so the owner routes what this instance routed; only
+/// bytes outside ASCII, which no queue name has, are percent-encoded on the way (by libcurl).
 ///
 /// When the owner does not answer (refused, reset, timeout, an answer cut short) the client
 /// gets 503 `owner-unavailable` with `Retry-After: 1`: the request may or may not have taken
@@ -67,19 +69,43 @@ final class Forwarder: Sendable {
 
     /// The answer of the instance at `base` (e.g. `http://10.0.0.2:8080`, no trailing slash)
     /// to `request`, relayed. Deferred: the server thread returns at once and the connection is
-    /// resumed when the owner's answer (or the failure) is in. If the client leaves meanwhile,
-    /// the exchange with the owner still runs to its end; its answer is then dropped.
+    /// resumed when the owner's answer (or the failure) is in.
+    ///
+    /// A long poll whose client leaves is let go of at the owner too: every
+    /// ``clientCheckInterval`` the forwarder looks whether its client is still there, and when
+    /// it is not, aborts the exchange, which closes the connection to the owner. The owner then
+    /// sees its own client gone, as it would have seen the real one, so a claim held for a
+    /// client that left is not handed out (its leases go back to the queue at once).
     func forward(_ request: HTTPRequest, to base: String) -> HTTPHandlerResult {
         let outbound = outboundRequest(for: request, base: base)
         let isLongPoll = Self.longPollSeconds(request.query) != nil
         let (client, cap) = (self.client, maxResponseBytes)
         return .deferred { responder in
             // A change may be committed at the owner right now: at shutdown, wait for its
-            // answer rather than answer 503. A long poll changes nothing and may hold for
-            // minutes, so shutdown answers it at once, as it does for local long polls.
+            // answer rather than answer 503. Long polls may hold for minutes, so shutdown
+            // answers them at once, as it does local long polls (and the watch below then
+            // aborts the exchange, so the owner sees this client gone).
             if !isLongPoll { responder.answerBeforeShutdown() }
-            client.send(outbound) { result in
+            let task = client.send(outbound) { result in
                 responder.respond(Self.relay(result, maxResponseBytes: cap))
+            }
+            if isLongPoll { Self.watch(responder, task) }
+        }
+    }
+
+    /// Seconds between two looks at a long poll's client (a non-blocking peek at its socket).
+    static let clientCheckInterval = 0.25
+
+    /// Aborts `task` once `responder`'s client has gone or the request was answered otherwise
+    /// (shutdown); ends when the answer is given. Aborting answers the client 503, a no-op for
+    /// a connection that is gone, and resumes it, which is what lets MHD release it.
+    static func watch(_ responder: HTTPResponder, _ task: OutboundTask) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + clientCheckInterval) {
+            // True also once answered: then the task has completed and cancel does nothing.
+            if responder.isClientGone {
+                task.cancel()
+            } else {
+                watch(responder, task)
             }
         }
     }

@@ -37,6 +37,21 @@ private func ownerHandler(_ req: HTTPRequest) -> HTTPHandlerResult {
         return .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: ForwarderTests.binary))
     case "/huge":
         return .response(HTTPResponse(status: 200, body: [UInt8](repeating: 7, count: 3 << 20)))
+    case "/hold":
+        // Holds until its client (the forwarder's connection) is gone, then says when.
+        return .deferred { responder in
+            @Sendable func look() {
+                DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) {
+                    if responder.isClientGone {
+                        ForwarderTests.ownerSawClientGone.withLock { $0 = Date() }
+                        responder.respond(HTTPResponse(status: 204))
+                    } else {
+                        look()
+                    }
+                }
+            }
+            look()
+        }
     case "/slow":
         let request = req
         return .deferred { responder in
@@ -88,6 +103,9 @@ private func decode(_ r: TestResponse) throws -> [String: Any] {
 
 @Suite("Forwarder: one request relayed to the queue's owner and its answer relayed unchanged")
 struct ForwarderTests {
+    /// When the owner's `/hold` saw its client leave.
+    static let ownerSawClientGone = Lock<Date?>(nil)
+
     /// 1 MiB of every byte value, so a lossy decode anywhere would show.
     static let binary: [UInt8] = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2_654_435_761 >> 7) }
 
@@ -122,6 +140,10 @@ struct ForwarderTests {
             // The owner must route exactly what this instance routed: no dot segments resolved.
             let dotted = try decode(try send(front.port, "/v1/queues/a/../b/./echo"))
             #expect(dotted["path"] as? String == "/v1/queues/a/../b/./echo")
+            // Raw UTF-8 in a path (sent unencoded by some clients) is percent-encoded by libcurl on
+            // the way; queue names are ASCII, so such a path names no queue either way.
+            let raw = try decode(try send(front.port, "/v1/queues/é/echo"))
+            #expect((raw["path"] as? String)?.lowercased() == "/v1/queues/%c3%a9/echo")
         }
     }
 
@@ -295,6 +317,29 @@ struct ForwarderTests {
             #expect(took < 0.5, "a plain request took \(took) s behind the long polls")
             #expect(polls.wait(timeout: .now() + 10) == .success)
             #expect(answered.withLock { $0 } == 20)
+        }
+    }
+
+    @Test("a long poll whose client leaves is let go of at the owner, so a claim is not handed to nobody")
+    func clientLeavesLongPoll() throws {
+        try withPair { owner, front, _ in
+            let connection = try RawConnection(port: front.port, timeout: 5)
+            #expect(connection.send("POST /hold?wait=20 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))
+            #expect(waitUntil(timeout: 2) { owner.requestsInFlight == 1 }, "the long poll reached the owner")
+            let left = Date()
+            connection.close()
+            #expect(waitUntil(timeout: 3, every: 0.01) { Self.ownerSawClientGone.withLock { $0 } != nil }, "the owner never saw the client leave")
+            if let seen = Self.ownerSawClientGone.withLock({ $0 }) { #expect(seen.timeIntervalSince(left) < 1.5) }
+            #expect(waitUntil(timeout: 2) { front.requestsInFlight == 0 }, "the forwarding server let go of the request")
+        }
+    }
+
+    @Test("a URL the client library will not send (over 8 KiB) is 400 naming why, and nothing reaches the owner")
+    func unsendable() throws {
+        try withPair { owner, front, _ in
+            let r = try send(front.port, "/echo?big=" + String(repeating: "x", count: 9000))
+            expectProblem(r, 400, mentioning: ["cannot be forwarded", "8192"])
+            #expect(owner.openConnections == 0)
         }
     }
 

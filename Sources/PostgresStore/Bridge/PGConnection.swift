@@ -113,6 +113,27 @@ final class PGConnection: @unchecked Sendable {
         try PGResult(raw).check(connectionLost: !isUsable)
     }
 
+    // MARK: - notifications
+
+    /// Waits up to `seconds` for the socket to become readable, then takes in what arrived and
+    /// returns how many notifications (`LISTEN`) were pending, each freed. Throws when the
+    /// connection broke.
+    func awaitNotifications(seconds: Double) throws(PGFailure) -> Int {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        let fd = PQsocket(c)
+        guard fd >= 0 else { throw lost("no socket") }
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let ms = Int32(max(0, min(seconds, 60)) * 1000)
+        _ = poll(&p, 1, ms)
+        guard PQconsumeInput(c) == 1 else { throw lost("reading notifications failed") }
+        var count = 0
+        while let n = PQnotifies(c) {
+            PQfreemem(n)
+            count += 1
+        }
+        return count
+    }
+
     // MARK: - pipeline mode
 
     /// Pipeline mode (libpq >= 14): statements are sent without waiting for each answer, so a

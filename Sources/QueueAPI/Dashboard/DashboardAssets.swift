@@ -311,7 +311,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"79a244d97589a24fc6299f3956e1b129\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"d9220ff916da23cdf9d6b5cfe7b52dc4\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -489,10 +489,14 @@ let dashboardJS = DashboardAsset(
     const list = Array.isArray(c.instances) ? c.instances : [];
     const el = $('cluster');
     const n = list.length;
-    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + (c.mode === 'single' ? ' · single' : ''));
-    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + '), heartbeat ' + String(i.heartbeatAt) + ', ' +
-      (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
+    // In a cluster, which instance owns the queues (it changes at a takeover: re-read below).
+    const owner = list.find((i) => i.owner === true);
+    setText(el, n + (n === 1 ? ' instance' : ' instances') + ' · ' + String(c.store || '') + ' · ' + String(c.mode || '') +
+      (owner ? ' · owner ' + String(owner.url) + ' (epoch ' + String(owner.epoch) + ')' : ''));
+    el.title = list.map((i) => String(i.url) + ' (' + String(i.id) + (i.owner ? ', owner' : '') + (i.self ? ', answering' : '') +
+      '), heartbeat ' + String(i.heartbeatAt) + ', ' + (Array.isArray(i.queues) ? i.queues.length : 0) + ' queues').join('\n');
     el.hidden = false;
+    if (!S.clusterTimer) S.clusterTimer = setInterval(loadCluster, 5000);
   }
 
   // ---- the stream ----
