@@ -46,7 +46,7 @@ struct ClusterTests {
         for (i, q) in queues.enumerated() { try cluster.createQueue(q.name, maxConcurrent: q.limit, suspended: true, via: nodes[i % nodes.count]) }
 
         let ledger = CreateLedger()
-        /// Created ids with the instance that created them, to draw dependencies from.
+        // The ids created so far, by any client through any instance: dependencies are drawn from them.
         let pool = Lock<[String]>([])
         let resumed = Lock(false)
         let resumeProblems = Lock<[String]>([])
