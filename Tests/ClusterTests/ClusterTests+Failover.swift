@@ -62,6 +62,7 @@ extension ClusterTests {
         cluster.record(epochs.problems, "the events rows per epoch")
         let listed = Listing(queue: "f", through: newOwner)
         cluster.record(acknowledgedProblems(ledger, listed: listed, through: others[0]), "acknowledged creates")
+        cluster.record(cluster.describe(duplicates: listed), "operations created twice under one Idempotency-Key (which epoch wrote each)")
         let (feeds, feedProblems) = Feed.readAll(from: others)
         cluster.record(feedProblems, "the feeds after the failover")
         guard let feed = feeds.first?.feed else { return }
@@ -160,6 +161,7 @@ extension ClusterTests {
         if !cluster.awaitIdle("s", through: others, timeout: 40) { cluster.record(["queue s still had unfinished operations 40 s after the load"], "waiting") }
         let listed = Listing(queue: "s", through: others[0])
         cluster.record(acknowledgedProblems(ledger, listed: listed, through: others[1]), "acknowledged creates")
+        cluster.record(cluster.describe(duplicates: listed), "operations created twice under one Idempotency-Key (which epoch wrote each)")
         let (feeds, feedProblems) = Feed.readAll(from: cluster.nodes)
         cluster.record(feedProblems, "the feeds after the partition")
         guard let feed = feeds.first?.feed else { return }

@@ -138,6 +138,23 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
         return (rows.map { "epoch \($0[0]): seq \($0[1])–\($0[2]) (\($0[3]) rows)" }.joined(separator: ", "), problems)
     }
 
+    /// For operations that should not exist twice (same name): the epoch and seq of each one's
+    /// first event and its state, from `opqd.events` and `opqd.operations`, to tell which owner
+    /// committed which copy.
+    func describe(duplicates listed: Listing) -> [String] {
+        var lines: [String] = []
+        for (name, ids) in listed.byName.sorted(by: { $0.key < $1.key }) where ids.count > 1 {
+            let numbers = ids.compactMap { id in id.hasPrefix("op-") ? Int(id.dropFirst(3), radix: 16) : nil }
+            guard numbers.count == ids.count else { continue }
+            let sql =
+                "SELECT 'op-' || lpad(to_hex(e.operation), 16, '0') || ': first event seq ' || min(e.seq) || ' epoch ' || min(e.epoch) "
+                + "FROM opqd.events e WHERE e.operation IN (\(numbers.map(String.init).joined(separator: ","))) GROUP BY e.operation ORDER BY e.operation"
+            let rows = ((try? TestPostgres.psql(database, sql)) ?? "?").split(separator: "\n").joined(separator: "; ")
+            lines.append("\(name): \(rows)")
+        }
+        return lines
+    }
+
     /// Creates a queue through `node`; throws unless 201.
     func createQueue(_ name: String, maxConcurrent: Int, suspended: Bool = false, via node: ClusterNode) throws {
         let r = try node.request(
