@@ -117,27 +117,45 @@ public final class PGMembership: @unchecked Sendable {
         }
     }
 
-    /// Takes the ownership when nobody holds it or its holder's lease ran out: the epoch won,
-    /// or nil when another instance holds it.
-    public func tryAcquire() throws -> Int64? {
+    /// Takes the ownership when nobody holds it or its holder's lease ran out: the epoch won
+    /// and a random token that only the winner knows (the next image of this process proves
+    /// with it that it is the winner: `confirm`), or nil when another instance holds it.
+    public func tryAcquire() throws -> (epoch: Int64, token: String)? {
+        let sent = Self.monotonicNanos()
+        var g = SystemRandomNumberGenerator()
+        let token = hex64(g.next()) + hex64(g.next())
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
+                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8), $3) \
+                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
+                token = excluded.token WHERE o.expires_at < now() RETURNING epoch
+                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token)])
+        }
+        guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
+        extendDeadline(from: sent)
+        return (epoch, token)
+    }
+
+    /// The next image of the process that won `epoch` confirms it with the winner's `token`
+    /// (from its environment), and renews the lease: true when both still match.
+    public func confirm(epoch: Int64, token: String) throws -> Bool {
         let sent = Self.monotonicNanos()
         let r = try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
-                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at) \
-                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8)) \
-                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at \
-                WHERE o.expires_at < now() RETURNING epoch
-                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds))])
+                UPDATE opqd.ownership SET expires_at = now() + make_interval(secs => $4::float8) \
+                WHERE scope = '*' AND instance = $1 AND epoch = $2::bigint AND token = $3
+                """, [PGParameter(instanceID), PGParameter(epoch), PGParameter(token), PGParameter(String(leaseSeconds))])
         }
-        guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
+        guard r.changes == 1 else { return false }
         extendDeadline(from: sent)
-        return epoch
+        return true
     }
 
     /// Renews the lease at `epoch` (also one that ran out: while the epoch is unchanged nobody
-    /// took over): true when it is still ours. Also how an instance that re-executed itself to
-    /// become the owner confirms the epoch it won.
+    /// took over): true when it is still ours.
     public func renew(epoch: Int64) throws -> Bool {
         let sent = Self.monotonicNanos()
         let r = try withConnection { c throws(PGFailure) in
@@ -286,4 +304,10 @@ public final class PGListener: @unchecked Sendable {
             }
         }
     }
+}
+
+/// 16 lowercase hex digits, zero-padded.
+func hex64(_ n: UInt64) -> String {
+    let s = String(n, radix: 16)
+    return String(repeating: "0", count: max(0, 16 - s.count)) + s
 }
