@@ -237,7 +237,7 @@ final class ClusterDirectory: Sendable {
     let membership: PGMembership
     let selfID: String
     let logger: Logger
-    private let state = Locking.Lock<(view: PGClusterView?, error: String?)>((nil, nil))
+    private let state = Locking.Lock<(view: PGClusterView?, error: String?, queues: [String])>((nil, nil, []))
 
     init(membership: PGMembership, selfID: String, logger: Logger) {
         self.membership = membership
@@ -250,7 +250,9 @@ final class ClusterDirectory: Sendable {
         do {
             try membership.beat()
             let view = try membership.view(stale: max(5, membership.leaseSeconds * 3))
-            state.withLock { $0 = (view, nil) }
+            // The owner's queues as a follower shows them: read here, not on a server thread.
+            let queues = view.owner != nil && view.owner?.id != selfID ? try membership.queueNames() : []
+            state.withLock { $0 = (view, nil, queues) }
         } catch {
             let message = "\(error)"
             let was = state.withLock { s -> String? in
@@ -276,12 +278,7 @@ final class ClusterDirectory: Sendable {
         guard let view else {
             throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
         }
-        var ownerQueues: [String] = []
-        if let ownQueues {
-            ownerQueues = ownQueues
-        } else if view.owner != nil {
-            do { ownerQueues = try membership.queueNames() } catch { throw ClusterUnavailable(detail: "\(error)") }
-        }
+        let ownerQueues = ownQueues ?? state.withLock { $0.queues }
         var o = JSONOut(capacity: 256 + 40 * ownerQueues.count)
         o.open()
         o.key("mode"); o.string("cluster")
