@@ -45,15 +45,15 @@ public struct PGClusterView: Sendable {
 /// renewal plus the lease, whatever the database's clock says, so work it starts before that
 /// deadline is safe even without a commit (and every commit is fenced anyway).
 ///
-/// @unchecked Sendable: the connection is used under `lock` only.
+/// @unchecked Sendable: `session` is used under `lock` only, the feed's reader under `feed`.
 public final class PGMembership: @unchecked Sendable {
     public let instanceID: String
     public let leaseSeconds: Double
     private let url: String
     private let displayURL: String
     private let lock = Lock<Void>(())
-    private var connection: PGConnection?
-    private var reader: PGReader?
+    private let session: PGReader
+    private let feed = Lock<PGReader?>(nil)
     private let deadline = Lock<Int>(0)
 
     /// Connects and brings the schema up to date (as `PostgresStore` does).
@@ -67,34 +67,12 @@ public final class PGMembership: @unchecked Sendable {
             throw PostgresStoreError(.cannotConnect, url: displayURL, detail: error.description)
         }
         try PostgresStore.migrate(conn, url: displayURL)
-        connection = conn
+        session = PGReader(url: url, connection: conn)
     }
 
-    /// Runs `body` on the connection, reconnecting once when it was lost.
+    /// Runs `body` on the connection (a `PGReader`'s, reconnecting once when it was lost).
     private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
-        try lock.withLock { _ throws(PGFailure) in
-            var retried = false
-            while true {
-                let c: PGConnection
-                if let existing = connection, existing.isUsable {
-                    c = existing
-                } else {
-                    connection?.close()
-                    connection = nil
-                    c = try PGConnection(url: url)
-                    connection = c
-                }
-                do throws(PGFailure) {
-                    return try body(c)
-                } catch {
-                    if error.connectionLost && !retried {
-                        retried = true
-                        continue
-                    }
-                    throw error
-                }
-            }
-        }
+        try lock.withLock { _ throws(PGFailure) in try session.withConnection(body) }
     }
 
     /// Inserts or refreshes this instance's row.
@@ -226,20 +204,21 @@ public final class PGMembership: @unchecked Sendable {
         return (0..<r.rows).compactMap { r.text($0, 0) }
     }
 
-    /// Committed events after `seq`, oldest first (a follower's feed), on a second connection.
+    /// Committed events after `seq`, oldest first (a follower's feed), on a second connection
+    /// with a lock of its own, so the feed and the heartbeat never wait for each other.
     public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
-        try lock.withLock { _ throws(PGFailure) in
-            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader else { return [] }
+        try feed.withLock { r throws(PGFailure) in
+            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader = r else { return [] }
             return try reader.events(after: seq, limit: limit)
         }
     }
 
     /// The newest events, oldest first (where a follower's feed starts).
     public func recentEvents(limit: Int) throws -> [ChangeEvent] {
-        try lock.withLock { _ throws(PGFailure) in
-            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader else { return [] }
+        try feed.withLock { r throws(PGFailure) in
+            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader = r else { return [] }
             return try reader.recentEvents(limit: limit)
         }
     }
@@ -251,11 +230,10 @@ public final class PGMembership: @unchecked Sendable {
     }
 
     public func close() {
-        lock.withLock { _ in
-            connection?.close()
-            connection = nil
-            reader?.close()
-            reader = nil
+        lock.withLock { _ in session.close() }
+        feed.withLock { r in
+            r?.close()
+            r = nil
         }
     }
 
