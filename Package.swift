@@ -85,6 +85,9 @@ let package = Package(
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
         // Hostile clients and targets against the real `opqd` binary (a child process on a real port).
         .testTarget(name: "HostileTests", dependencies: ["TestKit", "Locking", "opqd"]),
+        // Three real `opqd` processes on one PostgreSQL database (OPQD_TEST_POSTGRES_URL): exactly once,
+        // kill -9 failover and SIGSTOP fencing of the owner (scripts/test.sh runs it on its own).
+        .testTarget(name: "ClusterTests", dependencies: ["TestKit", "Locking", "Spawning", "opqd"]),
     ]
 )
 

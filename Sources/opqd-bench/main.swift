@@ -8,6 +8,7 @@
 //   opqd-bench bulk [N]              the engine's share of bulk cancel and filtered listing (BulkBench.swift)
 //   opqd-bench batch [--quick]       durable creates via POST /v1/operations:batch vs single creates (BatchBench.swift)
 //   opqd-bench pgstore --postgres U  --store postgres:// vs SQLite --sync full, HTTP and store alone (PGStoreBench.swift)
+//   opqd-bench cluster --postgres U  1, 2, 3 instances on one PostgreSQL vs one on SQLite (ClusterBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -54,6 +55,11 @@ let usage = """
                          HTTP (single and 1,000-operation batches) with commits and records per commit, and
                          the store alone (commit latency, flood of appends). Fresh databases on URL
                          (default $OPQD_TEST_POSTGRES_URL; scripts/pg.sh start DIR prints one).
+      cluster --postgres URL [--seconds 5] [--clients 16] [--workers 8] [--jobs 50000] [--batch 50] [--instances 1,2,3] [--quick]
+                         one opqd on SQLite, then 1, 2 and 3 instances on one fresh PostgreSQL database each:
+                         durable creates/s and external jobs/s with clients and workers round-robin over the
+                         instances, CPU seconds per 1,000 operations of each opqd process and of a local PostgreSQL (/proc), and GET
+                         latency p50/p99 to the owner (direct) vs to a non-owner (forwarded).
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -86,6 +92,8 @@ case "batch":
     exit(BatchBench.main(args))
 case "pgstore":
     exit(PGStoreBench.main(args))
+case "cluster":
+    exit(ClusterBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

@@ -1,0 +1,177 @@
+import Foundation
+import Locking
+import TestKit
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension ClusterTests {
+    // MARK: - failover
+
+    @Test(
+        "kill -9 of the owner under load: another instance owns within lease + a few seconds, nothing acknowledged is lost, the feed has no gap and no duplicate"
+    )
+    func failover() async throws {
+        try await TestCluster(name: "failover").run(Self.failover)
+    }
+
+    static func failover(_ cluster: TestCluster) throws {
+        guard let owner = cluster.awaitOwner() else {
+            cluster.record(["no single owner agreed on by all instances within 20 s"], "start")
+            return
+        }
+        let others = cluster.nodes.filter { $0 !== owner }
+        try cluster.createQueue("f", maxConcurrent: 8, via: others[0])
+        let load = SteadyLoad(clients: 4, queue: "f", prefix: "f", seconds: 0.01...0.1) { others }
+        usleep(1_500_000)
+        let ackedBefore = load.ledger.acks.count
+        let killedAt = monotonicSeconds()
+        owner.killNow()
+
+        // The new owner: one of the others says so and the other agrees.
+        let newOwner = cluster.awaitOwner(among: others, timeout: TestCluster.lease + 15)
+        let ownedAfter = monotonicSeconds() - killedAt
+        // Serving: the first create sent after the kill and answered 201.
+        var servedAfter: Double?
+        _ = waitUntil(timeout: 15, every: 0.01) {
+            servedAfter = load.ledger.acks.filter { $0.sentAt > killedAt }.map(\.answeredAt).min().map { $0 - killedAt }
+            return servedAfter != nil
+        }
+        usleep(2_000_000)
+        let stopped = load.finish()
+        let ledger = load.ledger
+        var problems = ledger.problems
+        if !stopped { problems.append("the clients did not stop within 40 s") }
+        guard let newOwner else {
+            cluster.record(problems + ["no instance took over within \(TestCluster.lease + 15) s of the kill: \(ledger.summary)"], "takeover")
+            return
+        }
+        if ownedAfter > TestCluster.lease + 5 {
+            problems.append(String(format: "the new owner reported only %.2f s after the kill (lease %.0f s)", ownedAfter, TestCluster.lease))
+        }
+        if servedAfter == nil { problems.append("no create sent after the kill was answered 201 within 15 s of the new owner") }
+        if ackedBefore == 0 { problems.append("no create was acknowledged before the kill") }
+        let inDoubt = ledger.state.withLock { $0.inDoubt }
+        if !inDoubt.isEmpty { problems.append("\(inDoubt.count) creates never answered 201 within 30 s of retries: \(inDoubt.prefix(5))") }
+        cluster.record(problems, "failover")
+
+        if !cluster.awaitIdle("f", through: others, timeout: 40) { cluster.record(["queue f still had unfinished operations 40 s after the load"], "waiting") }
+        let epochs = cluster.epochRanges()
+        cluster.record(epochs.problems, "the events rows per epoch")
+        let listed = Listing(queue: "f", through: newOwner)
+        cluster.record(acknowledgedProblems(ledger, listed: listed, through: others[0]), "acknowledged creates")
+        let (feeds, feedProblems) = Feed.readAll(from: others)
+        cluster.record(feedProblems, "the feeds after the failover")
+        guard let feed = feeds.first?.feed else { return }
+        cluster.record(feed.exactlyOnceProblems(expected: ledger.ackedIDs, inDoubt: listed.ids(named: inDoubt)), "exactly once after the failover")
+        print(
+            "ClusterTests.failover: owner opqd #\(owner.index) (pid \(owner.pid)) killed (SIGKILL) after \(ackedBefore) acknowledged creates; "
+                + String(
+                    format: "opqd #%d reported owner=true %.2f s after the kill, the first create sent after it was answered 201 %.2f s after it ",
+                    newOwner.index, ownedAfter, servedAfter ?? -1)
+                + "(lease \(Int(TestCluster.lease)) s); \(ledger.summary); feed: \(feed.events.count) events; \(epochs.summary)")
+    }
+
+    // MARK: - fencing
+
+    @Test("an owner stopped (SIGSTOP) for 3x its lease writes nothing after the new owner took over, and comes back as a follower with the same pid")
+    func fencing() async throws {
+        try await TestCluster(name: "fencing").run(Self.fencing)
+    }
+
+    static func fencing(_ cluster: TestCluster) throws {
+        guard let owner = cluster.awaitOwner() else {
+            cluster.record(["no single owner agreed on by all instances within 20 s"], "start")
+            return
+        }
+        guard let oldEpoch = cluster.epoch() else {
+            cluster.record(["cannot read the epoch of opqd.ownership (scope '*')"], "start")
+            return
+        }
+        let others = cluster.nodes.filter { $0 !== owner }
+        try cluster.createQueue("s", maxConcurrent: 8, via: others[0])
+        let load = SteadyLoad(clients: 4, queue: "s", prefix: "s", seconds: 0.01...0.1) { others }
+        usleep(1_500_000)
+        let ackedBefore = load.ledger.acks.count
+        let pid = owner.pid
+        let execsBefore = owner.listeningLines
+        let stoppedAt = monotonicSeconds()
+        owner.signal(SIGSTOP)
+        let newOwner = cluster.awaitOwner(among: others, timeout: 3 * TestCluster.lease)
+        let ownedAfter = monotonicSeconds() - stoppedAt
+        let remaining = stoppedAt + 3 * TestCluster.lease - monotonicSeconds()
+        if remaining > 0 { usleep(useconds_t(remaining * 1e6)) }
+        let newEpoch = cluster.epoch()
+        let countOld = "SELECT count(*) FROM opqd.events WHERE epoch = \(oldEpoch)"
+        let oldRowsAtCont = Int((try? TestPostgres.psql(cluster.database, countOld)) ?? "")
+        let contAt = monotonicSeconds()
+        owner.signal(SIGCONT)
+        // A few seconds later: the same process, serving again, as a follower.
+        var followerAfter: Double?
+        _ = waitUntil(timeout: 15, every: 0.05) {
+            guard owner.isRunning, owner.clusterView()?.owner == false else { return false }
+            followerAfter = monotonicSeconds() - contAt
+            return true
+        }
+        let settle = contAt + 3 - monotonicSeconds()
+        if settle > 0 { usleep(useconds_t(settle * 1e6)) }
+        let stopped = load.finish()
+        let ledger = load.ledger
+
+        var problems = ledger.problems
+        if !stopped { problems.append("the clients did not stop within 40 s") }
+        if newOwner == nil { problems.append("no other instance took over within \(3 * TestCluster.lease) s of the SIGSTOP") }
+        if !owner.isRunning || kill(pid, 0) != 0 {
+            problems.append("the stopped owner (pid \(pid)) is gone: \(owner.waitForExit(timeout: 0)?.description ?? "?")")
+        }
+        if followerAfter == nil {
+            problems.append(
+                "the old owner (pid \(pid)) did not answer GET /v1/cluster with owner=false within 15 s of SIGCONT: \(owner.clusterView()?.answer ?? [:])")
+        }
+        // After SIGCONT, all three agree on one owner, and it is not the old one (it may be another
+        // than the first to take over, if that one lost its new lease again).
+        let finalOwner = cluster.awaitOwner(timeout: 10)
+        if finalOwner == nil || finalOwner === owner {
+            problems.append("after SIGCONT the instances do not agree on an owner other than the old one (\(finalOwner.map { "opqd #\($0.index)" } ?? "none"))")
+        }
+        guard let newEpoch, newEpoch > oldEpoch else {
+            cluster.record(problems + ["the epoch went from \(oldEpoch) to \(newEpoch.map(String.init) ?? "nothing") across the takeover"], "fencing")
+            return
+        }
+        // The rows: nothing of the old epoch after the new epoch's first event, and nothing at all after SIGCONT.
+        let firstNew = try TestPostgres.psql(cluster.database, "SELECT coalesce(min(seq), -1) FROM opqd.events WHERE epoch = \(newEpoch)")
+        let late = try TestPostgres.psql(
+            cluster.database,
+            "SELECT count(*) FROM opqd.events WHERE epoch = \(oldEpoch) AND seq > (SELECT min(seq) FROM opqd.events WHERE epoch = \(newEpoch))")
+        let oldRowsNow = Int(try TestPostgres.psql(cluster.database, countOld))
+        let newRows = try TestPostgres.psql(cluster.database, "SELECT count(*) FROM opqd.events WHERE epoch = \(newEpoch)")
+        if firstNew == "-1" { problems.append("the new epoch \(newEpoch) wrote no event") }
+        if late != "0" { problems.append("\(late) events of the old epoch \(oldEpoch) have a seq above \(firstNew), the new epoch's first") }
+        if oldRowsNow != oldRowsAtCont {
+            problems.append(
+                "events of the old epoch \(oldEpoch): \(oldRowsAtCont.map(String.init) ?? "?") at SIGCONT, \(oldRowsNow.map(String.init) ?? "?") after")
+        }
+        let epochs = cluster.epochRanges()
+        problems += epochs.problems
+        cluster.record(problems, "fencing")
+
+        if !cluster.awaitIdle("s", through: others, timeout: 40) { cluster.record(["queue s still had unfinished operations 40 s after the load"], "waiting") }
+        let listed = Listing(queue: "s", through: others[0])
+        cluster.record(acknowledgedProblems(ledger, listed: listed, through: others[1]), "acknowledged creates")
+        let (feeds, feedProblems) = Feed.readAll(from: cluster.nodes)
+        cluster.record(feedProblems, "the feeds after the partition")
+        guard let feed = feeds.first?.feed else { return }
+        let inDoubt = ledger.state.withLock { $0.inDoubt }
+        cluster.record(feed.exactlyOnceProblems(expected: ledger.ackedIDs, inDoubt: listed.ids(named: inDoubt)), "exactly once after the partition")
+        print(
+            "ClusterTests.fencing: owner opqd #\(owner.index) (pid \(pid), epoch \(oldEpoch)) stopped for \(Int(3 * TestCluster.lease)) s after \(ackedBefore) creates; "
+                + String(
+                    format: "opqd #%d owned (epoch %d) %.2f s after SIGSTOP, opqd #%d at the end; ", newOwner?.index ?? -1, newEpoch, ownedAfter,
+                    finalOwner?.index ?? -1)
+                + String(format: "after SIGCONT the old owner answered as a follower in %.2f s (", followerAfter ?? -1)
+                + "listening lines \(execsBefore) -> \(owner.listeningLines)); events rows: old epoch \(oldRowsNow.map(String.init) ?? "?"), new epoch \(newRows) from seq \(firstNew), \(late) late; "
+                + "\(ledger.summary); feed: \(feed.events.count) events; \(epochs.summary)")
+    }
+}

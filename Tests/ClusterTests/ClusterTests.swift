@@ -1,0 +1,175 @@
+import Foundation
+import Locking
+import TestKit
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether there is a PostgreSQL to run the cluster on; says so on stdout when there is not.
+private let hasPostgres: Bool = {
+    if TestPostgres.serverURL == nil { print("ClusterTests skipped: \(TestPostgres.missing)") }
+    return TestPostgres.serverURL != nil
+}()
+
+/// Three real `opqd` processes on one PostgreSQL database, `--lease 2`: one owns every queue,
+/// the others forward to it. One test at a time: each runs 3 servers on 2 shared cores, and a
+/// starved owner that misses its renewal would fail over for the wrong reason.
+@Suite("A cluster of three opqd processes on one PostgreSQL", .serialized, .enabled(if: hasPostgres, "needs OPQD_TEST_POSTGRES_URL (scripts/test.sh sets it)"))
+struct ClusterTests {
+    // MARK: - exactly once
+
+    struct QueuePlan: Sendable {
+        let name: String
+        let limit: Int
+    }
+    static let queues = [QueuePlan(name: "q1", limit: 1), QueuePlan(name: "q2", limit: 2), QueuePlan(name: "q3", limit: 3), QueuePlan(name: "q4", limit: 2)]
+    static let priorities = ["veryLow", "low", "normal", "high", "veryHigh"]
+
+    @Test("operations created through all three instances each start once and finish once, in dependency order, within every queue's limit")
+    func exactlyOnce() async throws {
+        try await TestCluster(name: "once").run(Self.exactlyOnce)
+    }
+
+    static func exactlyOnce(_ cluster: TestCluster) throws {
+        let clients = 6
+        let perClient = 50
+        let t0 = monotonicSeconds()
+        guard cluster.awaitOwner() != nil else {
+            cluster.record(["no single owner agreed on by all instances within 20 s"], "start")
+            return
+        }
+        let nodes = cluster.nodes
+        // Suspended at first, so ready operations pile up and the limits are tested; resumed
+        // half-way, while the creates go on.
+        for (i, q) in queues.enumerated() { try cluster.createQueue(q.name, maxConcurrent: q.limit, suspended: true, via: nodes[i % nodes.count]) }
+
+        let ledger = CreateLedger()
+        // The ids created so far, by any client through any instance: dependencies are drawn from them.
+        let pool = Lock<[String]>([])
+        let resumed = Lock(false)
+        let resumeProblems = Lock<[String]>([])
+        let group = DispatchGroup()
+        for c in 0..<clients {
+            group.enter()
+            let thread = Thread {
+                defer { group.leave() }
+                let home = nodes[c % nodes.count]
+                var rng = SystemRandomNumberGenerator()
+                for n in 0..<perClient {
+                    let queue = queues[Int.random(in: 0..<queues.count, using: &rng)].name
+                    var dependencies: [String] = []
+                    if Double.random(in: 0..<1, using: &rng) < 0.4 {
+                        let known = pool.withLock { $0 }
+                        if !known.isEmpty {
+                            for _ in 0..<Int.random(in: 1...3, using: &rng) { dependencies.append(known[Int.random(in: 0..<known.count, using: &rng)]) }
+                        }
+                    }
+                    dependencies = Array(Set(dependencies))
+                    let key = "once-\(c)-\(n)"
+                    let deps = dependencies.map { "\"\($0)\"" }.joined(separator: ",")
+                    let seconds = Double(Int.random(in: 5...40, using: &rng)) / 1000
+                    let body =
+                        #"{"kind":"delay","name":"\#(key)","queuePriority":"\#(priorities.randomElement(using: &rng)!)","#
+                        + #""dependencies":[\#(deps)],"spec":{"seconds":\#(seconds)}}"#
+                    // The home instance first; another one only if it fails to answer.
+                    let targets = [home] + nodes.filter { $0 !== home }
+                    if let id = ledger.create(
+                        queue: queue, body: body, key: key, dependencies: dependencies, targets: { targets }, deadline: monotonicSeconds() + 30)
+                    {
+                        pool.withLock { $0.append(id) }
+                    }
+                    // Half-way through, one client resumes every queue (each through another instance).
+                    let total = pool.withLock { $0.count }
+                    if total >= clients * perClient / 2,
+                        resumed.withLock({ r in
+                            defer { r = true }
+                            return !r
+                        })
+                    {
+                        for (i, q) in queues.enumerated() {
+                            let via = nodes[(i + 1) % nodes.count]
+                            let r = via.exchange("POST", "/v1/queues/\(q.name)/resume")
+                            if r.status != 200 { resumeProblems.withLock { $0.append("resume \(q.name) through opqd #\(via.index): \(r)") } }
+                        }
+                    }
+                }
+            }
+            thread.stackSize = 1 << 20
+            thread.start()
+        }
+        guard group.wait(timeout: .now() + 60) == .success else {
+            cluster.record(["the clients did not finish their creates within 60 s: \(ledger.summary)"], "creates")
+            return
+        }
+        let created = monotonicSeconds()
+        cluster.record(ledger.problems + resumeProblems.withLock { $0 }, "creates")
+        if !resumed.withLock({ $0 }) { cluster.record(["the queues were never resumed (\(ledger.acks.count) creates acknowledged)"], "creates") }
+
+        for (i, q) in queues.enumerated() where !cluster.awaitIdle(q.name, through: [nodes[i % nodes.count]] + nodes, timeout: 40) {
+            cluster.record(["queue \(q.name) still had unfinished operations after 40 s"], "waiting")
+        }
+        let finished = monotonicSeconds()
+
+        // Every instance counts the same: all finished, none left.
+        var problems: [String] = []
+        let perQueue = Dictionary(grouping: ledger.acks, by: \.queue).mapValues(\.count)
+        for node in nodes {
+            for q in queues {
+                guard let r = try? node.request("GET", "/v1/queues/\(q.name)"), r.status == 200 else {
+                    problems.append("GET /v1/queues/\(q.name) through opqd #\(node.index) failed")
+                    continue
+                }
+                let counts = r.object["counts"] as? [String: Any] ?? [:]
+                let done = (counts["finished"] as? NSNumber)?.intValue
+                if r.int("operationCount") != 0 || done != perQueue[q.name, default: 0] {
+                    problems.append(
+                        "opqd #\(node.index): \(q.name) has operationCount \(r.int("operationCount") ?? -1), finished \(done ?? -1); expected 0 and \(perQueue[q.name, default: 0])"
+                    )
+                }
+            }
+        }
+        cluster.record(problems, "queue counts")
+
+        let (feeds, feedProblems) = Feed.readAll(from: nodes)
+        cluster.record(feedProblems, "the feeds")
+        guard let feed = feeds.first?.feed else { return }
+        cluster.record(feed.exactlyOnceProblems(expected: ledger.ackedIDs), "exactly once")
+        // Dependency order: started after every dependency finished.
+        let histories = feed.histories
+        problems = []
+        var crossInstance = 0
+        var crossQueue = 0
+        let home = Dictionary(ledger.acks.map { ($0.id, ($0.node, $0.queue)) }) { a, _ in a }
+        for ack in ledger.acks {
+            guard let start = histories[ack.id]?.starts.first else { continue }
+            for dep in ack.dependencies {
+                if home[dep]?.0 != home[ack.id]?.0 { crossInstance += 1 }
+                if home[dep]?.1 != ack.queue { crossQueue += 1 }
+                guard let done = histories[dep]?.finishes.first else {
+                    problems.append("\(ack.id) depends on \(dep), which never finished in the feed")
+                    continue
+                }
+                if start < done { problems.append("\(ack.id) (\(ack.queue)) started at seq \(start), before its dependency \(dep) finished at seq \(done)") }
+            }
+        }
+        cluster.record(problems, "dependency order")
+        if crossInstance == 0 || crossQueue == 0 {
+            cluster.record(["the dependencies should cross instances (\(crossInstance)) and queues (\(crossQueue))"], "the workload")
+        }
+        // Replaying the feed per queue: never more executing than the limit.
+        let peaks = feed.peakExecuting
+        cluster.record(
+            queues.filter { (peaks[$0.name] ?? 0) > $0.limit }.map {
+                "queue \($0.name) (maxConcurrentOperationCount \($0.limit)) had \(peaks[$0.name]!) operations executing at once in the feed"
+            }, "the limits")
+        if ledger.acks.count != clients * perClient { cluster.record(["\(ledger.summary)"], "creates") }
+        let peak = queues.map { "\($0.name) \(peaks[$0.name] ?? 0)/\($0.limit)" }.joined(separator: ", ")
+        print(
+            "ClusterTests.exactlyOnce: \(ledger.acks.count) operations in \(queues.count) queues through \(nodes.count) instances: "
+                + String(format: "created in %.2f s, all finished %.2f s later; ", created - t0, finished - created)
+                + "\(feed.events.count) events (\(feeds.count) feeds read); peak executing \(peak); "
+                + "\(crossInstance) dependencies across instances, \(crossQueue) across queues; \(ledger.summary)")
+    }
+}

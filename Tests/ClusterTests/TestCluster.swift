@@ -1,0 +1,166 @@
+import Foundation
+import Locking
+import TestKit
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Three (or `size`) real `opqd` processes on one fresh PostgreSQL database of their own
+/// (`OPQD_TEST_POSTGRES_URL`'s server), each `--store <database> --port 0 --lease 2`.
+final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
+    /// Seconds of the ownership lease every instance is started with.
+    static let lease = 2.0
+
+    let database: String
+    let logs: String
+    let nodes: [ClusterNode]
+
+    init(size: Int = 3, name: String) throws {
+        let binary = try OpqdBinary.locate()
+        database = try TestPostgres.createDatabase()
+        logs = try makeTemporaryDirectory(prefix: "opqd-cluster-\(name)")
+        var started: [ClusterNode] = []
+        do {
+            for i in 0..<size {
+                started.append(
+                    try ClusterNode(
+                        index: i, binary: binary, arguments: ["--store", database, "--lease", String(Int(Self.lease))],
+                        data: logs + "/data-\(i)", logPath: logs + "/opqd-\(i).log"))
+            }
+        } catch {
+            for n in started { n.killNow() }
+            TestPostgres.dropDatabase(database)
+            throw error
+        }
+        nodes = started
+    }
+
+    /// Stops every process (SIGCONT, SIGTERM, then SIGKILL), drops the database and removes the logs.
+    func shutdown() {
+        for n in nodes { n.signal(SIGCONT); n.signal(SIGTERM) }
+        for n in nodes where n.waitForExit(timeout: 10) == nil { n.killNow() }
+        TestPostgres.dropDatabase(database)
+        try? FileManager.default.removeItem(atPath: logs)
+    }
+
+    /// Every instance's pid, port, state and stderr tail, for a failure's message.
+    func tails(_ count: Int = 2500) -> String {
+        nodes.map { n in
+            let state = n.waitForExit(timeout: 0).map(\.description) ?? "running"
+            return "--- opqd #\(n.index) pid \(n.pid) port \(n.port) (\(state)), stderr tail ---\n\(n.logTail(count))"
+        }.joined(separator: "\n")
+    }
+
+    /// Problems found so far, by what was checked.
+    private let found = Lock<[(what: String, problems: [String])]>([])
+
+    /// Notes `problems` (if any) under `what`, to be recorded by `run` in the test's task:
+    /// the checks run on a thread of their own, where Swift Testing cannot tell which test an
+    /// issue belongs to.
+    func record(_ problems: [String], _ what: String) {
+        guard !problems.isEmpty else { return }
+        found.withLock { $0.append((what, problems)) }
+    }
+
+    /// Runs `checks` on a thread of its own, then records what they found (or threw) as
+    /// issues of the calling test, with every instance's stderr tail; always shuts the cluster down.
+    func run(_ checks: @escaping @Sendable (TestCluster) throws -> Void, sourceLocation: SourceLocation = #_sourceLocation) async {
+        do {
+            try await onThread { try checks(self) }
+        } catch {
+            record(["\(error)"], "thrown")
+        }
+        // A role change re-executes an instance with the same pid and port (README): a load
+        // balancer's target stays valid.
+        for n in nodes where Set(n.ports).count > 1 {
+            record(["opqd #\(n.index) (pid \(n.pid)) listened on ports \(n.ports) one exec after another; README: same pid and port"], "ports")
+        }
+        let all = found.withLock { $0 }
+        if !all.isEmpty {
+            let text = all.map { f in
+                let shown = f.problems.prefix(40).joined(separator: "\n  ")
+                let more = f.problems.count > 40 ? "\n  … and \(f.problems.count - 40) more" : ""
+                return "\(f.what): \(f.problems.count) problem(s):\n  \(shown)\(more)"
+            }.joined(separator: "\n")
+            Issue.record("\(text)\n\(tails())", sourceLocation: sourceLocation)
+        }
+        shutdown()
+    }
+
+    /// The instances among `among` (default all running ones) that say, in their own
+    /// `GET /v1/cluster`, that they hold the ownership lease.
+    func owners(among: [ClusterNode]? = nil) -> [ClusterNode] {
+        (among ?? nodes.filter(\.isRunning)).filter { $0.clusterView()?.owner == true }
+    }
+
+    /// Waits (up to `timeout`) until exactly one of `among` says it is the owner and every
+    /// other of them answers `GET /v1/cluster` naming that same owner; returns it.
+    func awaitOwner(among: [ClusterNode]? = nil, timeout: Double = 20) -> ClusterNode? {
+        var found: ClusterNode?
+        _ = waitUntil(timeout: timeout, every: 0.05) {
+            let candidates = among ?? nodes.filter(\.isRunning)
+            let owners = owners(among: candidates)
+            guard owners.count == 1, let owner = owners.first else { return false }
+            // The others agree: the instance with owner=true in their answer has the owner's URL.
+            for n in candidates where n !== owner {
+                guard let view = n.clusterView() else { return false }
+                let named = (view.answer["instances"] as? [[String: Any]] ?? []).filter { $0["owner"] as? Bool == true }
+                guard named.count == 1, (named[0]["url"] as? String)?.hasSuffix(":\(owner.port)") == true else { return false }
+            }
+            found = owner
+            return true
+        }
+        return found
+    }
+
+    /// The current ownership epoch, from `opqd.ownership` (nil if it cannot be read).
+    func epoch() -> Int? {
+        Int((try? TestPostgres.psql(database, "SELECT epoch FROM opqd.ownership WHERE scope = '*'")) ?? "")
+    }
+
+    /// The events rows per epoch (`epoch: seq lo–hi (rows)`), and a problem for every pair of
+    /// epochs whose rows interleave: an older epoch's row above a newer epoch's first seq means an
+    /// owner wrote after it was superseded (or a new owner wrote below its predecessor's rows).
+    func epochRanges() -> (summary: String, problems: [String]) {
+        let sql = "SELECT coalesce(epoch, -1) || ' ' || min(seq) || ' ' || max(seq) || ' ' || count(*) FROM opqd.events GROUP BY epoch ORDER BY epoch"
+        let text: String
+        do { text = try TestPostgres.psql(database, sql) } catch { return ("?", ["cannot read opqd.events per epoch: \(error)"]) }
+        let rows = text.split(separator: "\n").map { $0.split(separator: " ").compactMap { Int($0) } }.filter { $0.count == 4 }
+        var problems: [String] = []
+        for a in rows where a[0] < 0 { problems.append("\(a[3]) events rows without an epoch (seq \(a[1])–\(a[2]))") }
+        for a in rows where a[0] >= 0 {
+            for b in rows where b[0] > a[0] && a[2] > b[1] {
+                problems.append("epoch \(a[0]) wrote seq \(a[2]), above seq \(b[1]), the first of the newer epoch \(b[0])")
+            }
+        }
+        return (rows.map { "epoch \($0[0]): seq \($0[1])–\($0[2]) (\($0[3]) rows)" }.joined(separator: ", "), problems)
+    }
+
+    /// Creates a queue through `node`; throws unless 201.
+    func createQueue(_ name: String, maxConcurrent: Int, suspended: Bool = false, via node: ClusterNode) throws {
+        let r = try node.request(
+            "POST", "/v1/queues", json: #"{"name":"\#(name)","maxConcurrentOperationCount":\#(maxConcurrent),"isSuspended":\#(suspended)}"#)
+        guard r.status == 201 else { throw Unexpected("creating queue \(name) through opqd #\(node.index)", r) }
+    }
+
+    /// Long-polls `GET /v1/queues/{name}/wait` through the nodes in turn until the queue is idle
+    /// or `timeout` passes; returns whether it became idle.
+    func awaitIdle(_ queue: String, through nodes: [ClusterNode], timeout: Double) -> Bool {
+        let deadline = monotonicSeconds() + timeout
+        var turn = 0
+        while monotonicSeconds() < deadline {
+            let node = nodes[turn % nodes.count]
+            turn += 1
+            let wait = max(1, min(10, Int(deadline - monotonicSeconds())))
+            if let r = node.exchange("GET", "/v1/queues/\(queue)/wait?timeout=\(wait)", timeout: Double(wait) + 5).response,
+                r.status == 200, r.bool("idle") == true
+            {
+                return true
+            }
+            usleep(50_000)
+        }
+        return false
+    }
+}
