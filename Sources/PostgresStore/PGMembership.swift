@@ -45,15 +45,15 @@ public struct PGClusterView: Sendable {
 /// renewal plus the lease, whatever the database's clock says, so work it starts before that
 /// deadline is safe even without a commit (and every commit is fenced anyway).
 ///
-/// @unchecked Sendable: the connection is used under `lock` only.
+/// @unchecked Sendable: `session` is used under `lock` only, the feed's reader under `feed`.
 public final class PGMembership: @unchecked Sendable {
     public let instanceID: String
     public let leaseSeconds: Double
     private let url: String
     private let displayURL: String
     private let lock = Lock<Void>(())
-    private var connection: PGConnection?
-    private var reader: PGReader?
+    private let session: PGReader
+    private let feed = Lock<PGReader?>(nil)
     private let deadline = Lock<Int>(0)
 
     /// Connects and brings the schema up to date (as `PostgresStore` does).
@@ -67,34 +67,12 @@ public final class PGMembership: @unchecked Sendable {
             throw PostgresStoreError(.cannotConnect, url: displayURL, detail: error.description)
         }
         try PostgresStore.migrate(conn, url: displayURL)
-        connection = conn
+        session = PGReader(url: url, connection: conn)
     }
 
-    /// Runs `body` on the connection, reconnecting once when it was lost.
+    /// Runs `body` on the connection (a `PGReader`'s, reconnecting once when it was lost).
     private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
-        try lock.withLock { _ throws(PGFailure) in
-            var retried = false
-            while true {
-                let c: PGConnection
-                if let existing = connection, existing.isUsable {
-                    c = existing
-                } else {
-                    connection?.close()
-                    connection = nil
-                    c = try PGConnection(url: url)
-                    connection = c
-                }
-                do throws(PGFailure) {
-                    return try body(c)
-                } catch {
-                    if error.connectionLost && !retried {
-                        retried = true
-                        continue
-                    }
-                    throw error
-                }
-            }
-        }
+        try lock.withLock { _ throws(PGFailure) in try session.withConnection(body) }
     }
 
     /// Inserts or refreshes this instance's row.
@@ -117,27 +95,45 @@ public final class PGMembership: @unchecked Sendable {
         }
     }
 
-    /// Takes the ownership when nobody holds it or its holder's lease ran out: the epoch won,
-    /// or nil when another instance holds it.
-    public func tryAcquire() throws -> Int64? {
+    /// Takes the ownership when nobody holds it or its holder's lease ran out: the epoch won
+    /// and a random token that only the winner knows (the next image of this process proves
+    /// with it that it is the winner: `confirm`), or nil when another instance holds it.
+    public func tryAcquire() throws -> (epoch: Int64, token: String)? {
+        let sent = Self.monotonicNanos()
+        var g = SystemRandomNumberGenerator()
+        let token = hex64(g.next()) + hex64(g.next())
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
+                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8), $3) \
+                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
+                token = excluded.token WHERE o.expires_at < now() RETURNING epoch
+                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token)])
+        }
+        guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
+        extendDeadline(from: sent)
+        return (epoch, token)
+    }
+
+    /// The next image of the process that won `epoch` confirms it with the winner's `token`
+    /// (from its environment), and renews the lease: true when both still match.
+    public func confirm(epoch: Int64, token: String) throws -> Bool {
         let sent = Self.monotonicNanos()
         let r = try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
-                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at) \
-                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8)) \
-                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at \
-                WHERE o.expires_at < now() RETURNING epoch
-                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds))])
+                UPDATE opqd.ownership SET expires_at = now() + make_interval(secs => $4::float8) \
+                WHERE scope = '*' AND instance = $1 AND epoch = $2::bigint AND token = $3
+                """, [PGParameter(instanceID), PGParameter(epoch), PGParameter(token), PGParameter(String(leaseSeconds))])
         }
-        guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
+        guard r.changes == 1 else { return false }
         extendDeadline(from: sent)
-        return epoch
+        return true
     }
 
     /// Renews the lease at `epoch` (also one that ran out: while the epoch is unchanged nobody
-    /// took over): true when it is still ours. Also how an instance that re-executed itself to
-    /// become the owner confirms the epoch it won.
+    /// took over): true when it is still ours.
     public func renew(epoch: Int64) throws -> Bool {
         let sent = Self.monotonicNanos()
         let r = try withConnection { c throws(PGFailure) in
@@ -208,20 +204,21 @@ public final class PGMembership: @unchecked Sendable {
         return (0..<r.rows).compactMap { r.text($0, 0) }
     }
 
-    /// Committed events after `seq`, oldest first (a follower's feed), on a second connection.
+    /// Committed events after `seq`, oldest first (a follower's feed), on a second connection
+    /// with a lock of its own, so the feed and the heartbeat never wait for each other.
     public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
-        try lock.withLock { _ throws(PGFailure) in
-            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader else { return [] }
+        try feed.withLock { r throws(PGFailure) in
+            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader = r else { return [] }
             return try reader.events(after: seq, limit: limit)
         }
     }
 
     /// The newest events, oldest first (where a follower's feed starts).
     public func recentEvents(limit: Int) throws -> [ChangeEvent] {
-        try lock.withLock { _ throws(PGFailure) in
-            if reader == nil { reader = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader else { return [] }
+        try feed.withLock { r throws(PGFailure) in
+            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
+            guard let reader = r else { return [] }
             return try reader.recentEvents(limit: limit)
         }
     }
@@ -233,11 +230,10 @@ public final class PGMembership: @unchecked Sendable {
     }
 
     public func close() {
-        lock.withLock { _ in
-            connection?.close()
-            connection = nil
-            reader?.close()
-            reader = nil
+        lock.withLock { _ in session.close() }
+        feed.withLock { r in
+            r?.close()
+            r = nil
         }
     }
 
@@ -286,4 +282,10 @@ public final class PGListener: @unchecked Sendable {
             }
         }
     }
+}
+
+/// 16 lowercase hex digits, zero-padded.
+func hex64(_ n: UInt64) -> String {
+    let s = String(n, radix: 16)
+    return String(repeating: "0", count: max(0, 16 - s.count)) + s
 }

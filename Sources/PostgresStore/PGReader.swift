@@ -20,7 +20,7 @@ final class PGReader {
     }
 
     /// Runs `body` on a usable connection, reconnecting once if the connection was lost.
-    private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
+    func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
         if closed { throw PGFailure(message: "the store is closed", sqlState: nil, connectionLost: false) }
         var retried = false
         while true {

@@ -100,7 +100,8 @@ enum PGSchema {
             scope      text PRIMARY KEY,
             instance   text NOT NULL,
             epoch      bigint NOT NULL,
-            expires_at timestamptz NOT NULL
+            expires_at timestamptz NOT NULL,
+            token      text NOT NULL
         );
         ALTER TABLE opqd.events ADD COLUMN epoch bigint;
         CREATE FUNCTION opqd.fence(who text, held bigint) RETURNS void LANGUAGE plpgsql AS $$

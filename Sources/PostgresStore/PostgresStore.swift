@@ -2,6 +2,10 @@ import Locking
 import QueueEngine
 import QueueStore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The durable store on PostgreSQL (`--store postgres://user:pass@host:port/db`): one opqd per
 /// database for now, with the SQLite store's contract and durability. Clustering (issue 13)
 /// builds on it: see CLUSTER.md.
@@ -41,7 +45,12 @@ public final class PostgresStore: OperationStore {
         }
         do {
             var locked = fence != nil
-            if !locked { locked = try conn.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true }
+            // A store closed a moment ago: the server ends its session (and the lock) on its own
+            // time, so a restart in the same process waits up to 2 s for it.
+            for attempt in 0..<40 where !locked {
+                if attempt > 0 { usleep(50_000) }
+                locked = try conn.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true
+            }
             guard locked else {
                 throw PostgresStoreError(.inUse, url: shown, detail: "its instance lock is held")
             }
@@ -88,8 +97,16 @@ public final class PostgresStore: OperationStore {
             }
             try conn.exec("BEGIN")
             do {
-                // Instances starting together migrate one after the other.
-                try conn.exec("SELECT pg_advisory_xact_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)])
+                // Instances starting together migrate one after the other. The same key is the
+                // session lock of an opqd that serves the database alone (a store without a
+                // fence, or an older opqd): waiting behind it would be forever, so give up after
+                // 10 s and say who holds it.
+                var locked = false
+                for _ in 0..<200 where !locked {
+                    locked = try conn.exec("SELECT pg_try_advisory_xact_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true
+                    if !locked { usleep(50_000) }
+                }
+                if !locked { throw PostgresStoreError(.inUse, url: url, detail: "its instance lock is held") }
                 // Only when missing: CREATE … IF NOT EXISTS would still need the CREATE privilege
                 // on the database, which a user that only owns the schema may not have.
                 if try conn.exec("SELECT to_regclass('opqd.schema_version') IS NULL").bool(0, 0) == true {

@@ -37,18 +37,22 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     }
     var recovered = try store.recoverState()
     if var r = recovered {
-        r.poisoned = countUncleanStops(store, r, logger: logger)
+        r.poisoned = try countUncleanStops(store, r, logger: logger, abandon: { cluster?.isLeaving ?? false })
         recovered = r
     }
 
+    var mayStart: (@Sendable () -> Bool)?
+    if let cluster { mayStart = { cluster.mayAct } }
     let external = ExternalKind()
     let kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands), external: external)
+    let commands = kinds["command"] as? CommandKind
     let engine = QueueEngine(
         kinds: kinds, store: store.engineStore,
         configuration: EngineConfiguration(
             defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
             maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
-            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil))
+            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil,
+            mayStart: mayStart))
 
     let lastSeq = recovered?.lastSeq ?? 0
     let kept = contiguousTail(store.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
@@ -89,7 +93,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
             host: configuration.host, port: configuration.port, threads: configuration.threads,
             maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
             connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes,
-            listenSocket: cluster?.listenSocket),
+            listenSocket: cluster?.listenSocket, reusePort: cluster != nil),
         handler: { request in dispatcher.handle(request) },
         log: { [logger] level, message in
             logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
@@ -121,7 +125,8 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster)
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster,
+        beforeHandover: { commands?.killAllForHandover() })
 }
 
 /// This server's identity: a random id kept in the store's meta table from its first start
@@ -171,7 +176,11 @@ func contiguousTail(_ events: [ChangeEvent], lastSeq: UInt64) -> [ChangeEvent] {
 /// Poison operations (API.md "Crashes"): counts, per operation, the unclean stops in a row
 /// it was executing during, durably before anything runs again. A clean stop (`shutdown`)
 /// leaves a marker and clears the counts. Returns those that reached 3.
-func countUncleanStops(_ store: any ServiceStore, _ recovered: RecoveredState, logger: Logger) -> Set<OperationID> {
+/// `abandon`: a cluster owner that lost the ownership while starting stops waiting for a
+/// commit that will never come (`OwnershipLostDuringStart`).
+func countUncleanStops(
+    _ store: any ServiceStore, _ recovered: RecoveredState, logger: Logger, abandon: () -> Bool = { false }
+) throws -> Set<OperationID> {
     let clean = store.meta(prefix: "clean_stop").contains { $0.key == "clean_stop" && $0.value == "1" }
     var counts: [String: Int] = [:]
     for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
@@ -191,6 +200,10 @@ func countUncleanStops(_ store: any ServiceStore, _ recovered: RecoveredState, l
         if !executing.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(executing.count)"]) }
     }
     let committed = DispatchSemaphore(value: 0)
-    if store.setMeta(writes, then: { committed.signal() }) { committed.wait() }
+    if store.setMeta(writes, then: { committed.signal() }) {
+        while committed.wait(timeout: .now() + 0.1) == .timedOut {
+            if abandon() { throw OwnershipLostDuringStart() }
+        }
+    }
     return poisoned
 }

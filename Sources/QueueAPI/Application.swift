@@ -18,12 +18,16 @@ public final class OpqdApplication: OpqdService {
     let instance: InstanceInfo
     /// Set when this instance owns the queues of a PostgreSQL cluster.
     let cluster: OwnerCluster?
+    /// Run when this owner gives its role up, before the process re-executes.
+    let beforeHandover: @Sendable () -> Void
     private let timers = TimerBox()
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil
+        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
+        beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
+        self.beforeHandover = beforeHandover
         self.instance = instance
         self.cluster = cluster
         self.configuration = configuration
@@ -71,9 +75,8 @@ public final class OpqdApplication: OpqdService {
             if tick % 15 == 0 { events.heartbeat() }
         }
         heartbeat.resume()
-        var all = [purge, heartbeat]
-        if let cluster { all.append(try startLeaseRenewal(cluster)) }
-        timers.set(all)
+        timers.set([purge, heartbeat])
+        if let cluster { try joinCluster(cluster) }
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
             logger.warning(
@@ -100,6 +103,7 @@ public final class OpqdApplication: OpqdService {
             writes.append(("clean_stop", "1"))
             store.setMeta(writes, then: nil)
         }
+        cluster?.stopRenewing()
         store.close()
         if let cluster {
             // Everything is committed: the next owner may start at once.
@@ -109,31 +113,11 @@ public final class OpqdApplication: OpqdService {
         logger.info("opqd stopped")
     }
 
-    /// The owner's side of the cluster: registers this instance, then every period heartbeats,
-    /// refreshes the directory and renews the lease; a renewal that finds another epoch means
-    /// another instance took the queues over (this one was stopped or cut off past its lease):
-    /// it gives up the role. A renewal that cannot reach PostgreSQL is retried; meanwhile the
-    /// fence keeps every commit honest.
-    private func startLeaseRenewal(_ cluster: OwnerCluster) throws -> DispatchSourceTimer {
+    /// The owner's side of the cluster, once it listens: registers this instance (its URL is
+    /// known now) and reads the directory; the lease is renewed since it was won.
+    private func joinCluster(_ cluster: OwnerCluster) throws {
         try cluster.membership.register(advertise: instance.url)
         cluster.directory.refresh()
-        let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
-        renew.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
-        let logger = self.logger
-        renew.setEventHandler {
-            do {
-                if try !cluster.membership.renew(epoch: cluster.epoch) {
-                    logger.warning("another instance owns the queues now (this one's lease ran out); dropping them")
-                    cluster.change(.becomeFollower)
-                    return
-                }
-            } catch {
-                logger.warning("cannot renew the ownership lease", metadata: ["error": "\(error)"])
-            }
-            cluster.directory.refresh()
-        }
-        renew.resume()
-        return renew
     }
 
     /// Stops serving for a role change (this instance lost the queues), keeping the listening
@@ -141,8 +125,11 @@ public final class OpqdApplication: OpqdService {
     /// not have been committed before the fence), streams close. Nothing is committed any more.
     public func handOver() -> Int32? {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
+        // Children of `command` operations first: the next owner starts them again.
+        beforeHandover()
         let fd = server.openSpareListener()
         timers.cancelAll()
+        cluster?.stopRenewing()
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))
         webhooks.stop()

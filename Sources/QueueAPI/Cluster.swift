@@ -5,6 +5,10 @@ import MicroHTTP
 import PostgresStore
 import QueueEngine
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A running opqd, whichever role it serves in: what `main` starts, stops, and hands its
 /// listening socket over from when the role changes.
 public protocol OpqdService: AnyObject, Sendable {
@@ -26,60 +30,91 @@ public protocol OpqdService: AnyObject, Sendable {
 /// answers waiting for commits that the fence refused), which nothing short of a new process
 /// guarantees.
 public enum RoleChange: Sendable, Equatable {
-    /// This instance won the ownership at `epoch` (it holds the lease row already).
-    case becomeOwner(epoch: Int64)
+    /// This instance won the ownership at `epoch` (it holds the lease row already; `token`
+    /// proves it to the next image).
+    case becomeOwner(epoch: Int64, token: String)
     /// Another instance owns the queues now (a fenced commit, or a renewal that found a newer
     /// epoch): forward to it.
     case becomeFollower
 }
 
 /// What one image of the process hands the next across `execv` (environment variables).
+/// Nothing in it is trusted by itself: the epoch counts only with the token that only the
+/// instance that won it knows (`PGMembership.confirm`), and the socket only when it is a
+/// listening TCP socket.
 public struct ClusterHandoff: Sendable {
     public var instanceID: String
+    /// The epoch this instance won, and the token that proves it.
     public var epoch: Int64?
+    public var token: String?
     public var listenSocket: Int32?
-    public var startedAt: Int64?
 
-    public init(instanceID: String, epoch: Int64?, listenSocket: Int32?, startedAt: Int64?) {
+    public init(instanceID: String, epoch: Int64?, token: String?, listenSocket: Int32?) {
         self.instanceID = instanceID
         self.epoch = epoch
+        self.token = token
         self.listenSocket = listenSocket
-        self.startedAt = startedAt
     }
 
     static let instanceVariable = "OPQD_HANDOFF_INSTANCE"
     static let epochVariable = "OPQD_HANDOFF_EPOCH"
+    static let tokenVariable = "OPQD_HANDOFF_TOKEN"
     static let socketVariable = "OPQD_HANDOFF_FD"
 
-    /// Read from (and then removed from) the environment; nil on a first start. Values that do
-    /// not parse are ignored (a first start), never trusted blindly.
+    /// Read from the environment; nil on a first start. Values that do not parse are ignored.
     public static func fromEnvironment(_ env: [String: String]) -> ClusterHandoff? {
         guard let id = env[instanceVariable], !id.isEmpty, id.utf8.count <= 64 else { return nil }
-        let fd = env[socketVariable].flatMap { Int32($0) }.flatMap { $0 > 2 ? $0 : nil }
-        return ClusterHandoff(instanceID: id, epoch: env[epochVariable].flatMap { Int64($0) }, listenSocket: fd, startedAt: nil)
+        let fd = env[socketVariable].flatMap { Int32($0) }.flatMap { isListeningSocket($0) ? $0 : nil }
+        return ClusterHandoff(
+            instanceID: id, epoch: env[epochVariable].flatMap { Int64($0) }, token: env[tokenVariable].flatMap { $0.isEmpty ? nil : $0 },
+            listenSocket: fd)
+    }
+
+    /// A descriptor above stdio that is a listening stream socket.
+    static func isListeningSocket(_ fd: Int32) -> Bool {
+        guard fd > 2 else { return false }
+        var accepting: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &length) == 0 && accepting == 1
     }
 
     /// The variables for the next image.
     public func environment() -> [(String, String)] {
         var out = [(Self.instanceVariable, instanceID)]
-        if let epoch { out.append((Self.epochVariable, String(epoch))) }
+        if let epoch, let token {
+            out.append((Self.epochVariable, String(epoch)))
+            out.append((Self.tokenVariable, token))
+        }
         if let listenSocket { out.append((Self.socketVariable, String(listenSocket))) }
         return out
     }
 
-    public static let variables = [instanceVariable, epochVariable, socketVariable]
+    public static let variables = [instanceVariable, epochVariable, tokenVariable, socketVariable]
 
-    /// A new instance's id: random, 96 bits in hex.
+    /// A new instance's id: 96 random bits, 24 hex digits.
     public static func newInstanceID() -> String {
         var g = SystemRandomNumberGenerator()
-        return String(g.next() >> 16, radix: 16) + String(g.next() >> 32, radix: 16)
+        return String(hex64(g.next()).prefix(12)) + String(hex64(g.next()).prefix(12))
     }
 }
 
+/// 16 lowercase hex digits, zero-padded.
+func hex64(_ n: UInt64) -> String {
+    let s = String(n, radix: 16)
+    return String(repeating: "0", count: max(0, 16 - s.count)) + s
+}
+
+/// The ownership was lost while this instance was still starting as the owner (a commit was
+/// fenced, or the lease could not be renewed): `main` re-executes it as a follower.
+public struct OwnershipLostDuringStart: Error, CustomStringConvertible {
+    public var description: String { "another instance took the queues over while this one was loading them" }
+}
+
 /// Starts the service the configuration asks for: with a PostgreSQL store, this instance
-/// joins the cluster and becomes the owner (it won the lease, or inherited it across a role
-/// change) or a follower; otherwise the single-instance service (`buildApplication`).
-/// `roleChange` is called (once, from a background thread) when the role must change.
+/// joins the cluster and becomes the owner (it won the lease, or won it in its previous image
+/// and proves it with the token) or a follower; otherwise the single-instance service
+/// (`buildApplication`). `roleChange` is called (once, from a background thread) when the role
+/// must change. Throws `OwnershipLostDuringStart` when the ownership goes while loading.
 public func buildService(
     configuration: OpqdConfiguration, logger: Logger, instanceID id: String, handoff: ClusterHandoff?,
     roleChange: @escaping @Sendable (RoleChange) -> Void
@@ -87,26 +122,47 @@ public func buildService(
     guard OpqdConfiguration.isPostgresURL(configuration.store) else {
         return try buildApplication(configuration: configuration, logger: logger)
     }
-    let membership = try PGMembership(url: configuration.store, instanceID: id, leaseSeconds: configuration.lease)
-    var epoch: Int64?
-    if let inherited = handoff?.epoch, try membership.renew(epoch: inherited) {
-        epoch = inherited
+    if configuration.advertise == nil && configuration.host == "0.0.0.0" {
+        throw ConfigurationError(
+            "with --host 0.0.0.0 and a postgres:// store, set --advertise to the URL the other instances reach this one by (http://0.0.0.0:… reaches nobody)"
+        )
+    }
+    // A first start stops at once when PostgreSQL cannot be reached; a role change (the image
+    // before this one was serving) waits for it up to a minute.
+    var attempt = 0
+    var joined: PGMembership?
+    while joined == nil {
+        do {
+            joined = try PGMembership(url: configuration.store, instanceID: id, leaseSeconds: configuration.lease)
+        } catch {
+            attempt += 1
+            guard handoff != nil, attempt < 120 else { throw error }
+            if attempt == 1 { logger.warning("cannot reach PostgreSQL; retrying for a minute", metadata: ["error": "\(error)"]) }
+            usleep(500_000)
+        }
+    }
+    guard let membership = joined else { throw OwnershipLostDuringStart() }
+    var won: (epoch: Int64, token: String)?
+    if let epoch = handoff?.epoch, let token = handoff?.token, try membership.confirm(epoch: epoch, token: token) {
+        won = (epoch, token)
     } else {
-        epoch = try membership.tryAcquire()
+        won = try membership.tryAcquire()
     }
     let directory = ClusterDirectory(membership: membership, selfID: id, logger: logger)
     let cluster = OwnerCluster(membership: membership, directory: directory, roleChange: roleChange, listenSocket: handoff?.listenSocket)
-    if let epoch {
-        logger.info("owner of the queues", metadata: ["instance": "\(id)", "epoch": "\(epoch)"])
-        cluster.epoch = epoch
+    if let won {
+        logger.info("owner of the queues", metadata: ["instance": "\(id)", "epoch": "\(won.epoch)"])
+        cluster.epoch = won.epoch
+        // Renewed from now on: loading the queues may take longer than the lease.
+        cluster.startRenewing(logger: logger)
         return try buildApplication(configuration: configuration, logger: logger, cluster: cluster)
     }
     logger.info("following the owner of the queues", metadata: ["instance": "\(id)"])
     return try FollowerService(configuration: configuration, logger: logger, cluster: cluster)
 }
 
-/// What the owner's application needs of the cluster: its membership (lease renewal), the
-/// directory `GET /v1/cluster` reads, and how to give up the role.
+/// What the owner's application needs of the cluster: its membership and the lease renewal,
+/// the directory `GET /v1/cluster` reads, and how to give up the role.
 final class OwnerCluster: @unchecked Sendable {
     let membership: PGMembership
     let directory: ClusterDirectory
@@ -115,6 +171,7 @@ final class OwnerCluster: @unchecked Sendable {
     /// Set once, before the application is built.
     var epoch: Int64 = 0
     private let changed = Locking.Lock(false)
+    private let timers = TimerBox()
 
     init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
         self.membership = membership
@@ -132,9 +189,46 @@ final class OwnerCluster: @unchecked Sendable {
         if first { roleChange(to) }
     }
 
+    /// True once a role change was asked for (the ownership is gone or going).
+    var isLeaving: Bool { changed.withLock { $0 } }
+
+    /// True while this instance may act as the owner: the lease it last renewed cannot have
+    /// run out yet (monotonic clock) and no role change is under way. Kinds start only then.
+    var mayAct: Bool { !isLeaving && membership.ownsNow }
+
     /// How often the lease is renewed (and a follower looks for an expired one): a third of it,
     /// at most every second.
     var period: Double { min(1, membership.leaseSeconds / 3) }
+
+    /// Every period: renews the lease and refreshes the directory. A renewal that finds another
+    /// epoch means another instance took the queues over (this one was stopped or cut off past
+    /// its lease): this one gives the role up. While renewals fail (PostgreSQL unreachable) and
+    /// the lease may have run out, nothing new starts here (`mayAct`); the next renewal that
+    /// gets through decides.
+    func startRenewing(logger: Logger) {
+        let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
+        renew.schedule(deadline: .now() + period, repeating: period)
+        renew.setEventHandler { [self] in
+            do {
+                if try !membership.renew(epoch: epoch) {
+                    logger.warning("another instance owns the queues now (this one's lease ran out); dropping them")
+                    change(.becomeFollower)
+                    return
+                }
+            } catch {
+                // Past the local deadline nothing new starts here (`mayAct`), while the renewal
+                // goes on: once PostgreSQL answers, the epoch tells whether it is still ours.
+                logger.warning(
+                    "cannot renew the ownership lease",
+                    metadata: ["error": "\(error)", "owns": "\(membership.ownsNow ? "until the lease runs out" : "unknown: starting nothing")"])
+            }
+            directory.refresh()
+        }
+        renew.resume()
+        timers.set([renew])
+    }
+
+    func stopRenewing() { timers.cancelAll() }
 }
 
 /// The cluster as this instance last read it from PostgreSQL, refreshed by its timer; what
@@ -143,7 +237,7 @@ final class ClusterDirectory: Sendable {
     let membership: PGMembership
     let selfID: String
     let logger: Logger
-    private let state = Locking.Lock<(view: PGClusterView?, error: String?)>((nil, nil))
+    private let state = Locking.Lock<(view: PGClusterView?, error: String?, queues: [String])>((nil, nil, []))
 
     init(membership: PGMembership, selfID: String, logger: Logger) {
         self.membership = membership
@@ -156,7 +250,9 @@ final class ClusterDirectory: Sendable {
         do {
             try membership.beat()
             let view = try membership.view(stale: max(5, membership.leaseSeconds * 3))
-            state.withLock { $0 = (view, nil) }
+            // The owner's queues as a follower shows them: read here, not on a server thread.
+            let queues = view.owner != nil && view.owner?.id != selfID ? try membership.queueNames() : []
+            state.withLock { $0 = (view, nil, queues) }
         } catch {
             let message = "\(error)"
             let was = state.withLock { s -> String? in
@@ -182,12 +278,7 @@ final class ClusterDirectory: Sendable {
         guard let view else {
             throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
         }
-        var ownerQueues: [String] = []
-        if let ownQueues {
-            ownerQueues = ownQueues
-        } else if view.owner != nil {
-            do { ownerQueues = try membership.queueNames() } catch { throw ClusterUnavailable(detail: "\(error)") }
-        }
+        let ownerQueues = ownQueues ?? state.withLock { $0.queues }
         var o = JSONOut(capacity: 256 + 40 * ownerQueues.count)
         o.open()
         o.key("mode"); o.string("cluster")
@@ -256,7 +347,9 @@ final class FollowerService: OpqdService {
         let limits = configuration.limits
         let membership = cluster.membership
         let lastSeq = try membership.lastSeq()
-        let kept = contiguousTail(try membership.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
+        // All the newest kept events, gaps (deleted queues, purged operations) included: the
+        // feed bisects, so a gap only means those events are not shown.
+        let kept = try membership.recentEvents(limit: configuration.eventCapacity)
         let events = EventLog(
             capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1, maxBacklog: limits.sseBacklog)
         events.append(kept)
@@ -304,6 +397,10 @@ final class FollowerService: OpqdService {
                 listenSocket: cluster.listenSocket, reusePort: true),
             handler: { request in
                 if case .found = local.match(method: request.method, path: request.path) { return dispatcher.handle(request) }
+                // The owner checks tokens too, but a follower must not read and relay bodies for
+                // callers without one: the token rules of a route by its method (GET/HEAD: the
+                // read token; anything else: the full token).
+                if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
                 // Never forwarded twice: a forwarded request reaching a follower means the
                 // owner changed in between; the client retries.
                 guard !Forwarder.wasForwarded(request), let owner = directory.ownerURL else {
@@ -324,7 +421,9 @@ final class FollowerService: OpqdService {
                 logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
             },
             headCheck: { head in
-                guard case .found = local.match(method: head.method, path: head.path) else { return nil }
+                guard case .found = local.match(method: head.method, path: head.path) else {
+                    return access.refusal(head, match: .notFound).map { HeadRefusal($0.response, route: Router.unmatched) }
+                }
                 return dispatcher.refusal(head)
             })
     }
@@ -360,9 +459,9 @@ final class FollowerService: OpqdService {
             events.cutOffStalled()
             guard let view = directory.view, view.owner == nil else { return }
             do {
-                if let epoch = try cluster.membership.tryAcquire() {
-                    logger.info("took over the queues", metadata: ["epoch": "\(epoch)"])
-                    cluster.change(.becomeOwner(epoch: epoch))
+                if let won = try cluster.membership.tryAcquire() {
+                    logger.info("took over the queues", metadata: ["epoch": "\(won.epoch)"])
+                    cluster.change(.becomeOwner(epoch: won.epoch, token: won.token))
                 }
             } catch {
                 logger.warning("cannot take over the queues", metadata: ["error": "\(error)"])

@@ -67,6 +67,8 @@ final class EventLog: Sendable {
         var cutOff: [HTTPStream] = []
         let fire: [@Sendable () -> Void] = state.withLock { s in
             for e in encoded {
+                // In seq order only (a follower's reads could overlap): the lookups bisect.
+                guard e.seq > s.lastSeq else { continue }
                 s.ringBytes += e.json.count
                 if s.ring.count < capacity {
                     s.ring.append(e)
@@ -84,7 +86,6 @@ final class EventLog: Sendable {
                 s.byOperation[e.operation, default: []].append(e.seq)
                 s.lastSeq = e.seq
             }
-            if s.ring.count < capacity, let first = s.ring.first { s.firstSeq = first.seq }
             if !s.streams.isEmpty {
                 // Live streams get batches in seq order: sent under the lock (send only buffers).
                 // A replaying stream pulls them from the ring when it gets there.
@@ -121,11 +122,27 @@ final class EventLog: Sendable {
         out.append(contentsOf: "\n\n".utf8)
     }
 
+    /// The kept entry at logical position `i` (0 = oldest).
+    private func at(_ s: State, _ i: Int) -> Entry { s.ring[(s.head + i) % s.ring.count] }
+
+    /// The logical position of the first kept entry with a seq above `after` (`ring.count` when
+    /// none). The seqs kept are increasing but need not be consecutive: events of a queue
+    /// deleted, or of operations purged, before a follower read them are not in its feed.
+    private func position(_ s: State, after: UInt64) -> Int {
+        var (lo, hi) = (0, s.ring.count)
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if at(s, mid).seq <= after { lo = mid + 1 } else { hi = mid }
+        }
+        return lo
+    }
+
     private func entry(_ s: State, seq: UInt64) -> Entry? {
-        guard seq >= s.firstSeq, seq <= s.lastSeq, !s.ring.isEmpty else { return nil }
-        let offset = Int(seq - s.firstSeq)
-        guard offset < s.ring.count else { return nil }
-        return s.ring[(s.head + offset) % s.ring.count]
+        guard seq > 0 else { return nil }
+        let i = position(s, after: seq - 1)
+        guard i < s.ring.count else { return nil }
+        let e = at(s, i)
+        return e.seq == seq ? e : nil
     }
 
     enum Page { case events([[UInt8]], last: UInt64), gone(oldest: UInt64) }
@@ -137,12 +154,14 @@ final class EventLog: Sendable {
             var out: [[UInt8]] = []
             var bytes = 0
             var seq = after
-            // `seq < lastSeq` before `seq + 1`: a cursor at UInt64.max never overflows.
-            while seq < s.lastSeq && out.count < limit, let e = entry(s, seq: seq + 1) {
+            var i = position(s, after: after)
+            while i < s.ring.count && out.count < limit {
+                let e = at(s, i)
                 if !out.isEmpty && bytes + e.json.count + 1 > maxBytes { break }
                 out.append(e.json)
                 bytes += e.json.count + 1
-                seq += 1
+                seq = e.seq
+                i += 1
             }
             return .events(out, last: seq)
         }
@@ -210,10 +229,14 @@ final class EventLog: Sendable {
         }
         var chunk: [UInt8] = []
         var seq = sub.cursor
-        while seq < s.lastSeq && chunk.count < Self.refillBytes, let e = entry(s, seq: seq + 1) {
+        var i = position(s, after: seq)
+        while i < s.ring.count && chunk.count < Self.refillBytes {
+            let e = at(s, i)
             Self.sse(e, to: &chunk)
-            seq += 1
+            seq = e.seq
+            i += 1
         }
+        if i >= s.ring.count { seq = max(seq, s.lastSeq) }
         sub.cursor = seq
         sub.live = seq >= s.lastSeq
         s.streams[id] = sub

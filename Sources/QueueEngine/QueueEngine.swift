@@ -22,11 +22,17 @@ public struct EngineConfiguration: Sendable {
     /// lost its queues (paused past its lease) cannot start anything the new owner also starts.
     /// One store alone does without it: a start lost in a crash is restarted by the restart rules.
     public var startAfterCommit: Bool
+    /// With `startAfterCommit`, asked right before each start: false while the cluster owner
+    /// cannot be sure it still owns the queues (its lease may have run out); the operation is
+    /// then not started here, and the owner gives its role up.
+    public var mayStart: (@Sendable () -> Bool)?
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
-        maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false
+        maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false,
+        mayStart: (@Sendable () -> Bool)? = nil
     ) {
         self.startAfterCommit = startAfterCommit
+        self.mayStart = mayStart
         self.defaultMaxConcurrentOperationCount = defaultMaxConcurrentOperationCount
         self.maxUnfinishedOperations = maxUnfinishedOperations
         self.maxQueues = maxQueues
@@ -124,7 +130,10 @@ public final class QueueEngine: Sendable {
         case let .start(kind, ctx):
             if configuration.startAfterCommit {
                 // The records of this change were appended before its effects run (`perform`).
-                store.whenDurable(currentTicket) { if ctx.isCurrent { kind.start(ctx) } }
+                let mayStart = configuration.mayStart
+                store.whenDurable(currentTicket) {
+                    if ctx.isCurrent && mayStart?() != false { kind.start(ctx) }
+                }
             } else {
                 kind.start(ctx)
             }

@@ -154,6 +154,14 @@ public final class CommandKind: OperationKind {
         return true
     }
 
+    /// SIGKILL to the process group of every child now running, reporting nothing: for a
+    /// cluster owner that lost its queues and is about to re-execute itself. The next owner
+    /// runs these operations again (a new attempt), so none may run on here unsupervised.
+    public func killAllForHandover() {
+        let pids = runs.withLock { $0.values.map(\.pid) }
+        for pid in pids where pid > 0 { kill(-pid, SIGKILL) }
+    }
+
     /// SIGTERM to the process group, SIGKILL after ``killGrace``; reports once the child is gone.
     public func cancel(_ context: ExecutionContext) {
         earlyPauses.withLock { _ = $0.remove(context.operation) }

@@ -31,9 +31,12 @@ enum RoleChanges {
     /// pipes of commands), so the next image starts with nothing of this one but the socket.
     /// Returns only if `execv` failed, after logging why (the caller then stops).
     static func reexecute(_ change: RoleChange, socket: Int32?, logger: Logger) {
-        let handoff = ClusterHandoff(
-            instanceID: instanceID, epoch: { if case let .becomeOwner(e) = change { return e } else { return nil } }(),
-            listenSocket: socket, startedAt: nil)
+        var handoff = ClusterHandoff(instanceID: instanceID, epoch: nil, token: nil, listenSocket: socket)
+        if case let .becomeOwner(epoch, token) = change {
+            handoff.epoch = epoch
+            handoff.token = token
+        }
+        for name in ClusterHandoff.variables { unsetenv(name) }
         for (name, value) in handoff.environment() { setenv(name, value, 1) }
         if let dir = opendir("/proc/self/fd") {
             var fds: [Int32] = []

@@ -62,6 +62,10 @@ do {
         RoleChanges.request(change)
     }
     try app.start()
+} catch let lost as OwnershipLostDuringStart {
+    logger.warning("\(lost); starting again as a follower")
+    RoleChanges.reexecute(.becomeFollower, socket: handoff?.listenSocket, logger: logger)
+    exit(1)
 } catch {
     logger.critical("opqd could not start", metadata: ["error": "\(error)"])
     exit(1)
@@ -78,6 +82,9 @@ while true {
         logger.info("changing role", metadata: ["to": "\(change)"])
         let socket = app.handOver()
         RoleChanges.reexecute(change, socket: socket, logger: logger)
+        // execv failed (logged): this image stopped serving, so it ends, and a supervisor
+        // (Docker's restart policy, systemd) starts it again.
+        exit(1)
     }
     break
 }

@@ -88,6 +88,18 @@ final class ServerCore: Sendable {
                 throw HTTPServerError("invalid host \"\(config.host)\": expected an IPv4 address such as 0.0.0.0")
             }
 
+            // SO_REUSEPORT would let a second server (another opqd started on the same port by
+            // mistake) share the port silently: a plain bind first must find it free.
+            if config.reusePort && config.listenSocket == nil && config.port != 0 {
+                let probe = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                if probe >= 0 {
+                    defer { close(probe) }
+                    let free = withUnsafePointer(to: &address) {
+                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+                    }
+                    if !free { throw HTTPServerError("cannot listen on \(config.host):\(config.port): Address already in use") }
+                }
+            }
             // EPOLL_INTERNAL_THREAD implies INTERNAL_POLLING_THREAD; ALLOW_SUSPEND_RESUME brings the
             // inter-thread channel that MHD_resume_connection needs.
             let flags =
