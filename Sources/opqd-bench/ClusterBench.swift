@@ -281,11 +281,13 @@ enum ClusterBench {
         return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
-    /// The PostgreSQL server's postmaster, when it runs on this machine: the parent of the
-    /// backend serving a psql session on `url` (nil if that cannot be read).
+    /// The PostgreSQL server's postmaster, when it runs on this machine: the parent of its
+    /// checkpointer (a child that lives as long as the server; a psql session's own backend
+    /// may be gone before its /proc entry is read). Nil if that cannot be read.
     static func postmasterPID(_ url: String) -> pid_t? {
-        guard let text = try? TestPostgres.psql(url, "SELECT pg_backend_pid()"), let backend = Int32(text) else { return nil }
-        guard let parent = statFields(backend).flatMap({ Int32($0[1]) }), parent > 1, statFields(parent) != nil else { return nil }
+        guard let text = try? TestPostgres.psql(url, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'"), let child = Int32(text)
+        else { return nil }
+        guard let parent = statFields(child).flatMap({ Int32($0[1]) }), parent > 1, statFields(parent) != nil else { return nil }
         return parent
     }
 
