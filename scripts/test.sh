@@ -66,7 +66,8 @@ logged "PostgreSQL tests" .build/postgres-output.txt swift test --skip-build --f
 step "a cluster of three opqd processes on the throwaway PostgreSQL (Tests/ClusterTests)"
 # On its own, like the PostgreSQL suites: three real servers per test (one test at a time), with a
 # 2 s ownership lease that a starved owner would lose for the wrong reason. `^ClusterTests\.` is the
-# target (module), not APITests' ClusterTests suite of GET /v1/cluster. About a minute.
+# target (module), not APITests' ClusterTests suite of GET /v1/cluster. As root it also cuts the
+# owner's link with the instances in network namespaces of their own (`ip netns`). About a minute.
 logged "cluster tests" .build/cluster-output.txt swift test --skip-build --filter '^ClusterTests\.'
 
 step "hostile clients and targets (Tests/HostileTests, the real binary)"

@@ -14,6 +14,8 @@ import Glibc
 /// again, maybe with another port; `port` is always the latest one.
 final class ClusterNode: @unchecked Sendable {  // mutable state only behind `state`
     let index: Int
+    /// The address it listens on (127.0.0.1, or its network namespace's).
+    let host: String
     let pid: pid_t
     let logPath: String
     let startupSeconds: Double
@@ -24,13 +26,18 @@ final class ClusterNode: @unchecked Sendable {  // mutable state only behind `st
     }
     private let state = Lock(State())
 
-    /// Starts `binary --host 127.0.0.1 --port 0 --data <unused dir> --log-level info <arguments>`
-    /// and waits (up to `timeout`) for its listening line. The child gets this process's
-    /// environment without its OPQD_* settings.
-    init(index: Int, binary: String, arguments: [String], data: String, logPath: String, timeout: Double = 30) throws {
+    /// Starts `binary --host <host> --port 0 --data <unused dir> --log-level info <arguments>`
+    /// (after `launcher`, e.g. `ip netns exec NS`, which execs it: the pid is opqd's) and waits
+    /// (up to `timeout`) for its listening line. The child gets this process's environment
+    /// without its OPQD_* settings.
+    init(
+        index: Int, binary: String, arguments: [String], data: String, logPath: String, timeout: Double = 30, host: String = "127.0.0.1",
+        launcher: [String] = []
+    ) throws {
         self.index = index
+        self.host = host
         self.logPath = logPath
-        let argv = [binary, "--host", "127.0.0.1", "--port", "0", "--data", data, "--log-level", "info"] + arguments
+        let argv = launcher + [binary, "--host", host, "--port", "0", "--data", data, "--log-level", "info"] + arguments
         let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("OPQD_") }
         var request = SpawnRequest(argv, environment: environment.map { "\($0.key)=\($0.value)" })
         request.stdout = .pipe
@@ -85,7 +92,7 @@ final class ClusterNode: @unchecked Sendable {  // mutable state only behind `st
     var listeningLines: Int { state.withLock { $0.ports.count } }
     /// Every port it listened on, in order (one per exec).
     var ports: [Int] { state.withLock { $0.ports } }
-    var url: String { "http://127.0.0.1:\(port)" }
+    var url: String { "http://\(host):\(port)" }
 
     /// Sends `signal` unless the process has been reaped.
     func signal(_ signal: Int32) {
@@ -135,7 +142,7 @@ final class ClusterNode: @unchecked Sendable {  // mutable state only behind `st
 
     /// One request on a fresh connection; never throws, says what happened.
     func exchange(_ method: String, _ target: String, json: String? = nil, headers: [String: String] = [:], timeout: Double = 10) -> HTTPOutcome {
-        HTTPExchange.run(port: port, method: method, path: target, body: json.map { Array($0.utf8) }, headers: headers, timeout: timeout)
+        HTTPExchange.run(host: host, port: port, method: method, path: target, body: json.map { Array($0.utf8) }, headers: headers, timeout: timeout)
     }
 
     /// One request; throws unless a complete answer came.

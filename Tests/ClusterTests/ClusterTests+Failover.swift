@@ -79,10 +79,26 @@ extension ClusterTests {
 
     @Test("an owner stopped (SIGSTOP) for 3x its lease writes nothing after the new owner took over, and comes back as a follower with the same pid")
     func fencing() async throws {
-        try await TestCluster(name: "fencing").run(Self.fencing)
+        try await TestCluster(name: "fencing").run { cluster in
+            try Self.isolation(
+                cluster, Isolation(name: "fencing", cut: "SIGSTOP", heal: "SIGCONT", isolate: { $0.signal(SIGSTOP) }, reconnect: { $0.signal(SIGCONT) }))
+        }
     }
 
-    static func fencing(_ cluster: TestCluster) throws {
+    /// How an owner is cut off from the others and PostgreSQL, and brought back.
+    struct Isolation: Sendable {
+        let name: String
+        /// What the cut and the healing are called in messages.
+        let cut: String
+        let heal: String
+        let isolate: @Sendable (ClusterNode) throws -> Void
+        let reconnect: @Sendable (ClusterNode) throws -> Void
+    }
+
+    /// The owner is isolated for 3x the lease under load through the others, then brought back:
+    /// another instance takes over, the old owner writes no row after that (fencing), and comes
+    /// back as a follower with the same pid; nothing acknowledged is lost or doubled.
+    static func isolation(_ cluster: TestCluster, _ how: Isolation) throws {
         guard let owner = cluster.awaitOwner() else {
             cluster.record(["no single owner agreed on by all instances within 20 s"], "start")
             return
@@ -99,7 +115,7 @@ extension ClusterTests {
         let pid = owner.pid
         let execsBefore = owner.listeningLines
         let stoppedAt = monotonicSeconds()
-        owner.signal(SIGSTOP)
+        try how.isolate(owner)
         let newOwner = cluster.awaitOwner(among: others, timeout: 3 * TestCluster.lease)
         let ownedAfter = monotonicSeconds() - stoppedAt
         let remaining = stoppedAt + 3 * TestCluster.lease - monotonicSeconds()
@@ -108,7 +124,7 @@ extension ClusterTests {
         let countOld = "SELECT count(*) FROM opqd.events WHERE epoch = \(oldEpoch)"
         let oldRowsAtCont = Int((try? TestPostgres.psql(cluster.database, countOld)) ?? "")
         let contAt = monotonicSeconds()
-        owner.signal(SIGCONT)
+        try how.reconnect(owner)
         // A few seconds later: the same process, serving again, as a follower.
         var followerAfter: Double?
         _ = waitUntil(timeout: 15, every: 0.05) {
@@ -123,25 +139,27 @@ extension ClusterTests {
 
         var problems = ledger.problems
         if !stopped { problems.append("the clients did not stop within 40 s") }
-        if newOwner == nil { problems.append("no other instance took over within \(3 * TestCluster.lease) s of the SIGSTOP") }
+        if newOwner == nil { problems.append("no other instance took over within \(3 * TestCluster.lease) s of the \(how.cut)") }
         if !owner.isRunning || kill(pid, 0) != 0 {
             problems.append("the stopped owner (pid \(pid)) is gone: \(owner.waitForExit(timeout: 0)?.description ?? "?")")
         }
         if followerAfter == nil {
             problems.append(
-                "the old owner (pid \(pid)) did not answer GET /v1/cluster with owner=false within 15 s of SIGCONT: \(owner.clusterView()?.answer ?? [:])")
+                "the old owner (pid \(pid)) did not answer GET /v1/cluster with owner=false within 15 s of the \(how.heal): \(owner.clusterView()?.answer ?? [:])"
+            )
         }
-        // After SIGCONT, all three agree on one owner, and it is not the old one (it may be another
+        // Healed, all three agree on one owner, and it is not the old one (it may be another
         // than the first to take over, if that one lost its new lease again).
         let finalOwner = cluster.awaitOwner(timeout: 10)
         if finalOwner == nil || finalOwner === owner {
-            problems.append("after SIGCONT the instances do not agree on an owner other than the old one (\(finalOwner.map { "opqd #\($0.index)" } ?? "none"))")
+            problems.append(
+                "after the \(how.heal) the instances do not agree on an owner other than the old one (\(finalOwner.map { "opqd #\($0.index)" } ?? "none"))")
         }
         guard let newEpoch, newEpoch > oldEpoch else {
-            cluster.record(problems + ["the epoch went from \(oldEpoch) to \(newEpoch.map(String.init) ?? "nothing") across the takeover"], "fencing")
+            cluster.record(problems + ["the epoch went from \(oldEpoch) to \(newEpoch.map(String.init) ?? "nothing") across the takeover"], how.name)
             return
         }
-        // The rows: nothing of the old epoch after the new epoch's first event, and nothing at all after SIGCONT.
+        // The rows: nothing of the old epoch after the new epoch's first event, and nothing at all after the healing.
         let firstNew = try TestPostgres.psql(cluster.database, "SELECT coalesce(min(seq), -1) FROM opqd.events WHERE epoch = \(newEpoch)")
         let late = try TestPostgres.psql(
             cluster.database,
@@ -152,11 +170,11 @@ extension ClusterTests {
         if late != "0" { problems.append("\(late) events of the old epoch \(oldEpoch) have a seq above \(firstNew), the new epoch's first") }
         if oldRowsNow != oldRowsAtCont {
             problems.append(
-                "events of the old epoch \(oldEpoch): \(oldRowsAtCont.map(String.init) ?? "?") at SIGCONT, \(oldRowsNow.map(String.init) ?? "?") after")
+                "events of the old epoch \(oldEpoch): \(oldRowsAtCont.map(String.init) ?? "?") at the \(how.heal), \(oldRowsNow.map(String.init) ?? "?") after")
         }
         let epochs = cluster.epochRanges()
         problems += epochs.problems
-        cluster.record(problems, "fencing")
+        cluster.record(problems, how.name)
 
         if !cluster.awaitIdle("s", through: others, timeout: 40) { cluster.record(["queue s still had unfinished operations 40 s after the load"], "waiting") }
         let listed = Listing(queue: "s", through: others[0])
@@ -168,11 +186,11 @@ extension ClusterTests {
         let inDoubt = ledger.state.withLock { $0.inDoubt }
         cluster.record(feed.exactlyOnceProblems(expected: ledger.ackedIDs, inDoubt: listed.ids(named: inDoubt)), "exactly once after the partition")
         print(
-            "ClusterTests.fencing: owner opqd #\(owner.index) (pid \(pid), epoch \(oldEpoch)) stopped for \(Int(3 * TestCluster.lease)) s after \(ackedBefore) creates; "
+            "ClusterTests.\(how.name): owner opqd #\(owner.index) (pid \(pid), epoch \(oldEpoch)) cut off (\(how.cut)) for \(Int(3 * TestCluster.lease)) s after \(ackedBefore) creates; "
                 + String(
-                    format: "opqd #%d owned (epoch %d) %.2f s after SIGSTOP, opqd #%d at the end; ", newOwner?.index ?? -1, newEpoch, ownedAfter,
+                    format: "opqd #%d owned (epoch %d) %.2f s after the cut, opqd #%d at the end; ", newOwner?.index ?? -1, newEpoch, ownedAfter,
                     finalOwner?.index ?? -1)
-                + String(format: "after SIGCONT the old owner answered as a follower in %.2f s (", followerAfter ?? -1)
+                + "after the \(how.heal) " + String(format: "the old owner answered as a follower in %.2f s (", followerAfter ?? -1)
                 + "listening lines \(execsBefore) -> \(owner.listeningLines)); events rows: old epoch \(oldRowsNow.map(String.init) ?? "?"), new epoch \(newRows) from seq \(firstNew), \(late) late; "
                 + "\(ledger.summary); feed: \(feed.events.count) events; \(epochs.summary)")
     }

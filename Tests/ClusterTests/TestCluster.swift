@@ -13,27 +13,43 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
     /// Seconds of the ownership lease every instance is started with.
     static let lease = 2.0
 
+    /// The database, as the test reaches it (psql).
     let database: String
     let logs: String
     let nodes: [ClusterNode]
+    /// The instances' network namespaces, when they run in some.
+    let lab: NetworkLab?
 
-    init(size: Int = 3, name: String) throws {
-        let binary = try OpqdBinary.locate()
-        database = try TestPostgres.createDatabase()
-        logs = try makeTemporaryDirectory(prefix: "opqd-cluster-\(name)")
-        var started: [ClusterNode] = []
+    /// `lab`: runs instance i in the lab's namespace i (reaching PostgreSQL through its relay);
+    /// the cluster tears the lab down at `shutdown`.
+    init(size: Int = 3, name: String, lab: NetworkLab? = nil) throws {
+        self.lab = lab
+        let binary: String
         do {
+            binary = try OpqdBinary.locate()
+            database = try TestPostgres.createDatabase()
+        } catch {
+            lab?.tearDown()
+            throw error
+        }
+        var started: [ClusterNode] = []
+        var logs = ""
+        do {
+            logs = try makeTemporaryDirectory(prefix: "opqd-cluster-\(name)")
+            let store = try lab?.relayedURL(database) ?? database
             for i in 0..<size {
                 started.append(
                     try ClusterNode(
-                        index: i, binary: binary, arguments: ["--store", database, "--lease", String(Int(Self.lease))],
-                        data: logs + "/data-\(i)", logPath: logs + "/opqd-\(i).log"))
+                        index: i, binary: binary, arguments: ["--store", store, "--lease", String(Int(Self.lease))],
+                        data: logs + "/data-\(i)", logPath: logs + "/opqd-\(i).log", host: lab?.hosts[i] ?? "127.0.0.1", launcher: lab?.launcher(i) ?? []))
             }
         } catch {
             for n in started { n.killNow() }
             TestPostgres.dropDatabase(database)
+            lab?.tearDown()
             throw error
         }
+        self.logs = logs
         nodes = started
     }
 
@@ -41,6 +57,7 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
     func shutdown() {
         for n in nodes { n.signal(SIGCONT); n.signal(SIGTERM) }
         for n in nodes where n.waitForExit(timeout: 10) == nil { n.killNow() }
+        lab?.tearDown()
         TestPostgres.dropDatabase(database)
         try? FileManager.default.removeItem(atPath: logs)
     }
@@ -49,7 +66,7 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
     func tails(_ count: Int = 2500) -> String {
         nodes.map { n in
             let state = n.waitForExit(timeout: 0).map(\.description) ?? "running"
-            return "--- opqd #\(n.index) pid \(n.pid) port \(n.port) (\(state)), stderr tail ---\n\(n.logTail(count))"
+            return "--- opqd #\(n.index) pid \(n.pid) \(n.host):\(n.port) (\(state)), stderr tail ---\n\(n.logTail(count))"
         }.joined(separator: "\n")
     }
 

@@ -38,9 +38,16 @@ public enum HTTPOutcome: Sendable, CustomStringConvertible {
 /// refused connection, an answer that never started, a cut-off answer and a timeout apart.
 public enum HTTPExchange {
     public static func run(port: Int, method: String, path: String, body: [UInt8]?, headers: [String: String] = [:], timeout: Double) -> HTTPOutcome {
+        run(host: "127.0.0.1", port: port, method: method, path: path, body: body, headers: headers, timeout: timeout)
+    }
+
+    /// The same to another IPv4 address than 127.0.0.1 (a test's network namespaces).
+    public static func run(host: String, port: Int, method: String, path: String, body: [UInt8]?, headers: [String: String] = [:], timeout: Double)
+        -> HTTPOutcome
+    {
         let connection: RawConnection
         do {
-            connection = try RawConnection(port: port, timeout: timeout)
+            connection = try RawConnection(host: host, port: port, timeout: timeout)
         } catch let error as TestClientError {
             if error.code == ECONNREFUSED { return .refused }
             if error.code == ECONNRESET { return .closedWithoutAnswer("reset at connect") }

@@ -34,7 +34,12 @@ public final class RawConnection {
 
     /// `receiveBufferBytes` sets `SO_RCVBUF` before connecting (a small window makes a client
     /// that does not read fill the server's buffers quickly).
-    public init(port: Int, timeout: Double = 10, receiveBufferBytes: Int? = nil) throws {
+    public convenience init(port: Int, timeout: Double = 10, receiveBufferBytes: Int? = nil) throws {
+        try self.init(host: "127.0.0.1", port: port, timeout: timeout, receiveBufferBytes: receiveBufferBytes)
+    }
+
+    /// The same to another IPv4 address than 127.0.0.1 (a test's network namespaces).
+    public init(host: String, port: Int, timeout: Double = 10, receiveBufferBytes: Int? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { isClosed = true; throw TestClientError("socket() failed: errno \(errno)") }
         if let receiveBufferBytes {
@@ -49,7 +54,7 @@ public final class RawConnection {
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_addr.s_addr = inet_addr(host)
         var result: Int32
         repeat {
             result = withUnsafePointer(to: &address) {
@@ -63,7 +68,7 @@ public final class RawConnection {
             // did, and libmicrohttpd aborted when its listen socket vanished).
             isClosed = true
             Glibc.close(fd)
-            throw TestClientError("connect() to 127.0.0.1:\(port) failed: errno \(e)", code: e)
+            throw TestClientError("connect() to \(host):\(port) failed: errno \(e)", code: e)
         }
     }
 
