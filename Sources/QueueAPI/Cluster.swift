@@ -461,6 +461,10 @@ final class FollowerService: OpqdService {
             do {
                 if let won = try cluster.membership.tryAcquire() {
                     logger.info("took over the queues", metadata: ["epoch": "\(won.epoch)"])
+                    // Renewed through the handover and the re-execution (which may take longer
+                    // than the lease): the next image confirms the epoch with the token.
+                    cluster.epoch = won.epoch
+                    cluster.startRenewing(logger: logger)
                     cluster.change(.becomeOwner(epoch: won.epoch, token: won.token))
                 }
             } catch {
