@@ -72,8 +72,10 @@ extension Problem {
         Problem(500, "internal-error", "Internal Server Error", "the server failed to handle this request (request \(requestID))")
     }
 
+    /// With `Retry-After`: behind a load balancer, or in a cluster whose instance is changing
+    /// role (a second or two), the retry finds a server.
     public static let shuttingDown = Problem(
-        503, "shutting-down", "Service Unavailable", "the server is shutting down", headers: [("Connection", "close")])
+        503, "shutting-down", "Service Unavailable", "the server is shutting down", headers: [("Retry-After", "1"), ("Connection", "close")])
 }
 
 /// A JSON string literal (quotes included) with the escapes JSON requires.

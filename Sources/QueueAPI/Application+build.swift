@@ -146,7 +146,10 @@ func buildRouter(
     instance: InstanceInfo, serverID: String, directory: ClusterDirectory?
 ) -> Router {
     var router = Router()
-    ServiceController(engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle).addRoutes(
+    ServiceController(
+        engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
+        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? "" }
+    ).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
     let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)

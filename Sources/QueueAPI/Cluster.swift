@@ -272,6 +272,20 @@ final class ClusterDirectory: Sendable {
         return o.url
     }
 
+    /// The owner's `/metrics` lines about the cluster (a follower has its own: `ForwardCounts`).
+    func ownerMetrics() -> String {
+        let epoch = view?.owner.flatMap { $0.id == selfID ? $0.epoch : nil } ?? 0
+        return """
+            # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
+            # TYPE opqd_cluster_owner gauge
+            opqd_cluster_owner 1
+            # HELP opqd_cluster_epoch The ownership epoch this instance holds (one more at every takeover).
+            # TYPE opqd_cluster_epoch gauge
+            opqd_cluster_epoch \(epoch)
+
+            """
+    }
+
     /// `GET /v1/cluster` in cluster mode. `ownQueues`: the queues when this instance owns them
     /// (from its engine); otherwise the owner's are read from PostgreSQL.
     func render(ownQueues: [String]?) throws -> HTTPResponse {
@@ -461,6 +475,10 @@ final class FollowerService: OpqdService {
             do {
                 if let won = try cluster.membership.tryAcquire() {
                     logger.info("took over the queues", metadata: ["epoch": "\(won.epoch)"])
+                    // Renewed through the handover and the re-execution (which may take longer
+                    // than the lease): the next image confirms the epoch with the token.
+                    cluster.epoch = won.epoch
+                    cluster.startRenewing(logger: logger)
                     cluster.change(.becomeOwner(epoch: won.epoch, token: won.token))
                 }
             } catch {

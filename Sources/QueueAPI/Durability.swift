@@ -80,6 +80,25 @@ struct Durability: Sendable {
                 headers: response.headers, body: response.body, createdAt: SystemClock().now())
             // Until the change and the kept answer are committed, a retry gets 409 in-progress,
             // never a replay of an answer a crash could still take back.
+            //
+            // The kept answer goes to the store right away when the change is already in the
+            // store's queue ahead of it: the writer commits in order, so it lands in the same
+            // transaction as the change (or a later one), never before it. A crash between two
+            // commits would otherwise leave the change without its key, and the retry the key is
+            // for (after a 503 or a lost answer) would make it twice. Otherwise (another thread is
+            // still handing the change over) it is saved once the change is durable.
+            let change = engine.currentTicket
+            if engine.appendedTicket >= change {
+                return .deferred { responder in
+                    responder.answerBeforeShutdown()
+                    store.saveIdempotency(record) {
+                        engine.whenDurable {
+                            cache.finish(scope, response: response)
+                            responder.respond(response)
+                        }
+                    }
+                }
+            }
             return .deferred { responder in
                 responder.answerBeforeShutdown()
                 engine.whenDurable {

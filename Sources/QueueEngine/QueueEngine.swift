@@ -179,6 +179,10 @@ public final class QueueEngine: Sendable {
     /// The newest change ticket handed to the store. Wait on it with `whenDurable`.
     public var currentTicket: UInt64 { state.withLock { $0.ticket } }
 
+    /// The newest ticket whose records the store has been given (`append`): a write submitted
+    /// to the store after this is read is ordered after every change up to it.
+    public var appendedTicket: UInt64 { ticketCounter.load(ordering: .acquiring) }
+
     /// Calls `done` once every change made so far is durable.
     public func whenDurable(_ done: @escaping @Sendable () -> Void) {
         let t = currentTicket

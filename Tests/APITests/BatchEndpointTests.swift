@@ -205,6 +205,7 @@ struct BatchDurabilityTests {
             #expect(server.waitForExit(timeout: 10) == .signaled(SIGKILL))
 
             let again = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-1.log", extraArguments: store.arguments)
+            try StoreChoice.awaitOwner(again)
             defer {
                 again.signal(SIGTERM)
                 _ = again.waitForExit(timeout: 10)

@@ -42,6 +42,7 @@ struct CrashRecoveryTests {
         for cycle in 0..<Self.cycles {
             if cycle > 0 {
                 server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-\(cycle).log", extraArguments: store.arguments)
+                try await onThread { [server] in try StoreChoice.awaitOwner(server) }
                 let (problems, note) = try await onThread { [server] in try Self.verify(server, ledger, after: "kill \(cycle)") }
                 summary.append(String(format: "restart %d: %.3f s to listening; ", cycle, server.startupSeconds) + note)
                 for p in problems { Issue.record("\(p)\n--- log ---\n\(server.logTail())") }
@@ -99,6 +100,7 @@ struct CrashRecoveryTests {
         }
 
         server = try ServerProcess(binary: binary, data: data, logPath: logs + "/opqd-final.log", extraArguments: store.arguments)
+        try await onThread { [server] in try StoreChoice.awaitOwner(server) }
         let (problems, note) = try await onThread { [server] in try Self.verify(server, ledger, after: "the last kill") }
         for p in problems { Issue.record("\(p)\n--- log ---\n\(server.logTail())") }
         summary.append(String(format: "final restart: %.3f s to listening; ", server.startupSeconds) + note)

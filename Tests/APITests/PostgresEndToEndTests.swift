@@ -21,8 +21,23 @@ enum StoreChoice: String, CaseIterable, Sendable, CustomTestStringConvertible {
         case .sqlite: return ([], {})
         case .postgres:
             let url = try TestPostgres.createDatabase()
-            return (["--store", url], { TestPostgres.dropDatabase(url) })
+            // A restart after kill -9 follows until the dead owner's lease runs out: 1 s.
+            return (["--store", url, "--lease", "1"], { TestPostgres.dropDatabase(url) })
         }
+    }
+
+    /// Waits until `server` serves the queues itself: at once with SQLite; with PostgreSQL once
+    /// it took the ownership over (after the killed one's lease). Throws after 15 s.
+    static func awaitOwner(_ server: ServerProcess) throws {
+        let deadline = Date().addingTimeInterval(15)
+        while Date() < deadline {
+            if let view = try? server.request("GET", "/v1/cluster"), view.status == 200 {
+                if view.string("mode") == "single" { return }
+                if view.objects("instances").contains(where: { $0["self"] as? Bool == true && $0["owner"] as? Bool == true }) { return }
+            }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        throw Unexpected("the restarted opqd did not take the queues over within 15 s")
     }
 }
 

@@ -16,6 +16,8 @@ struct ServiceController: Sendable {
     let webhooks: Webhooks
     let store: any ServiceStore
     let lifecycle: Lifecycle
+    /// In a cluster, the owner's own lines (`opqd_cluster_owner 1`, its epoch); empty otherwise.
+    var clusterMetrics: @Sendable () -> String = { "" }
 
     func addRoutes(to r: inout Router) {
         r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
@@ -24,7 +26,8 @@ struct ServiceController: Sendable {
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                    body: metrics.render(engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats)))
+                    body: metrics.render(engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats)
+                        + Array(clusterMetrics().utf8)))
         }
         r.add("GET", "/openapi.yaml") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
