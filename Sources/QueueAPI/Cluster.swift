@@ -507,18 +507,24 @@ final class FollowerService: OpqdService {
         timers.cancelAll()
         listener.withLock { $0?.stop() }
         events.closeStreams()
-        server.shutdown(timeout: .seconds(2))
+        // This instance won the queues because their owner stopped renewing: requests relayed
+        // to it are not coming back. Their clients get 503 with Retry-After at once rather than
+        // delaying the takeover (their changes may or may not have happened, as with any 503).
+        server.shutdown(timeout: .milliseconds(300))
         return fd
     }
 }
 
 /// Reads committed events after the feed's newest into it, one pull at a time: a pull asked
 /// for while one runs makes that one read again, so a NOTIFY is never lost between the two.
+/// Reads again at most every `spacing` seconds: an idle feed answers a NOTIFY at once, a busy
+/// one (a commit every millisecond) costs PostgreSQL at most one read per spacing per follower.
 final class FeedTail: Sendable {
     let events: EventLog
     let membership: PGMembership
     let logger: Logger
     private let state = Locking.Lock<(running: Bool, again: Bool, failing: Bool)>((false, false, false))
+    static let spacing = 0.005
 
     init(events: EventLog, membership: PGMembership, logger: Logger) {
         self.events = events
@@ -548,6 +554,7 @@ final class FeedTail: Sendable {
                 }
                 if first { logger.warning("cannot read the feed from PostgreSQL", metadata: ["error": "\(error)"]) }
             }
+            usleep(UInt32(Self.spacing * 1_000_000))
             let more = state.withLock { s -> Bool in
                 if s.again { s.again = false; return true }
                 s.running = false
