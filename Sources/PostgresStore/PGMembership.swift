@@ -12,9 +12,12 @@ import Glibc
 public struct PGFence: Sendable, Equatable {
     public let instance: String
     public let epoch: Int64
-    public init(instance: String, epoch: Int64) {
+    /// The lease: how long a transaction may sit open before the server ends its session.
+    public let leaseSeconds: Double
+    public init(instance: String, epoch: Int64, leaseSeconds: Double = 10) {
         self.instance = instance
         self.epoch = epoch
+        self.leaseSeconds = leaseSeconds
     }
 }
 
@@ -71,8 +74,16 @@ public final class PGMembership: @unchecked Sendable {
     }
 
     /// Runs `body` on the connection (a `PGReader`'s, reconnecting once when it was lost).
+    /// Lock waits end after the lease: a renewal or takeover never hangs behind a transaction
+    /// a cut-off owner left open (the server ends that one after the lease too).
     private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
-        try lock.withLock { _ throws(PGFailure) in try session.withConnection(body) }
+        let ms = String(Int(max(1, min(leaseSeconds, 300)) * 1000))
+        return try lock.withLock { _ throws(PGFailure) in
+            try session.withConnection { c throws(PGFailure) in
+                try c.exec("SELECT set_config('lock_timeout', $1, false)", [PGParameter(ms)])
+                return try body(c)
+            }
+        }
     }
 
     /// Inserts or refreshes this instance's row.

@@ -35,6 +35,8 @@ struct PGWriterShared {
     var committed: UInt64 = 0
     var sleeping = false
     var stopping = false
+    /// Callers holding the next commit (`PGWriter.hold`).
+    var holds = 0
 }
 
 /// The single writer: a dedicated thread that owns the write connection and commits everything
@@ -186,9 +188,26 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
+    /// A caller about to append a change and, right behind it, a write that must be committed
+    /// in the same transaction (an Idempotency-Key's kept answer) holds the next commit until it
+    /// has submitted both: the writer waits for holds to end, at most 2 ms, before it takes the
+    /// next batch. `release` exactly once per `hold`.
+    func hold() { shared.withLock { $0.holds += 1 } }
+    func release() { shared.withLock { $0.holds -= 1 } }
+
+    /// Waits (bounded) while a caller holds the next commit.
+    private func waitForHolds() {
+        var spins = 0
+        while spins < 20 && shared.withLock({ $0.holds > 0 }) {
+            usleep(100)
+            spins += 1
+        }
+    }
+
     private func run() {
         var jobs: [PGJob] = []
         while true {
+            waitForHolds()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {
@@ -252,12 +271,26 @@ final class PGWriter: @unchecked Sendable {
         try c.exec("SET statement_timeout TO 0")
     }
 
+    /// A cluster owner's write connection: a transaction it leaves open (the link cut in the
+    /// middle of a pipeline, so COMMIT never arrived) holds the fence's share lock on the
+    /// ownership row, and the takeover would wait for it until TCP gives up, which can take
+    /// hours: the server ends such a session after the lease. Keepalives find a dead link
+    /// sooner too.
+    static func prepareFencedSession(_ c: PGConnection, leaseSeconds: Double) throws(PGFailure) {
+        let ms = Int(max(1, min(leaseSeconds, 300)) * 1000)
+        try c.exec("SELECT set_config('idle_in_transaction_session_timeout', $1, false)", [PGParameter(String(ms))])
+        try c.exec("SET tcp_keepalives_idle TO 5")
+        try c.exec("SET tcp_keepalives_interval TO 2")
+        try c.exec("SET tcp_keepalives_count TO 3")
+    }
+
     /// The connection, reconnecting (and taking the instance lock again) when it broke.
     private func usableConnection() throws(PGFailure) -> PGConnection {
         if let c = connection, c.isUsable { return c }
         connection?.close()
         connection = nil
         let c = try PGConnection(url: url)
+        if let fence { try Self.prepareFencedSession(c, leaseSeconds: fence.leaseSeconds) }
         var locked = fence != nil
         if !locked { locked = try c.exec("SELECT pg_try_advisory_lock($1::bigint)", [PGParameter(PGSchema.instanceLock)]).bool(0, 0) == true }
         guard locked else {

@@ -60,7 +60,10 @@ public final class PostgresStore: OperationStore {
             throw PostgresStoreError(.io, url: shown, detail: "taking the instance lock: \(error)")
         }
         try Self.migrate(conn, url: shown)
-        do { try PGWriter.prepareSession(conn) } catch {
+        do {
+            try PGWriter.prepareSession(conn)
+            if let fence { try PGWriter.prepareFencedSession(conn, leaseSeconds: fence.leaseSeconds) }
+        } catch {
             throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
         }
         let lastSeq: UInt64
@@ -184,6 +187,10 @@ public final class PostgresStore: OperationStore {
     // MARK: - OperationStore
 
     public var wantsRecords: Bool { true }
+
+    /// See `PGWriter.hold`.
+    public func holdCommits() { writer.hold() }
+    public func releaseCommits() { writer.release() }
 
     /// Queues `records` for the writer thread and returns at once. After `close` they are dropped.
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {

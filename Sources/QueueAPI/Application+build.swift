@@ -23,7 +23,8 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     let store: any ServiceStore
     if let cluster {
         store = try PostgresStore(
-            url: configuration.store, fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch),
+            url: configuration.store,
+            fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch, leaseSeconds: configuration.lease),
             onFenced: { [logger] in
                 logger.warning("another instance took over the queues: this one's commits are refused from now on; dropping them")
                 cluster.change(.becomeFollower)
@@ -42,7 +43,15 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     }
 
     var mayStart: (@Sendable () -> Bool)?
-    if let cluster { mayStart = { cluster.mayAct } }
+    if let cluster {
+        mayStart = {
+            if cluster.mayAct { return true }
+            // Not started here, and not to be forgotten: giving the role up re-executes the
+            // process, and whoever owns next restarts the operation (restart rules).
+            cluster.change(.becomeFollower)
+            return false
+        }
+    }
     let external = ExternalKind()
     let kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands), external: external)
     let commands = kinds["command"] as? CommandKind

@@ -251,7 +251,8 @@ final class ClusterDirectory: Sendable {
             try membership.beat()
             let view = try membership.view(stale: max(5, membership.leaseSeconds * 3))
             // The owner's queues as a follower shows them: read here, not on a server thread.
-            let queues = view.owner != nil && view.owner?.id != selfID ? try membership.queueNames() : []
+            let others = view.owner != nil && view.owner?.id != selfID
+            let queues = others ? ((try? membership.queueNames()) ?? state.withLock { $0.queues }) : []
             state.withLock { $0 = (view, nil, queues) }
         } catch {
             let message = "\(error)"

@@ -1,3 +1,4 @@
+import Locking
 import MicroHTTP
 import QueueEngine
 import QueueStore
@@ -55,6 +56,15 @@ struct Durability: Sendable {
         case .mismatch:
             throw Problem.invalid("Idempotency-Key", "was already used with a different request body")
         case .new:
+            // The next commit waits (briefly) until the change and its kept answer are both
+            // handed to the writer, so they share one transaction (below).
+            let writer = self.store
+            writer.holdCommits()
+            var held = true
+            func release() {
+                if held { writer.releaseCommits(); held = false }
+            }
+            defer { release() }
             let response: HTTPResponse
             do {
                 response = try body()
@@ -81,22 +91,26 @@ struct Durability: Sendable {
             // Until the change and the kept answer are committed, a retry gets 409 in-progress,
             // never a replay of an answer a crash could still take back.
             //
-            // The kept answer goes to the store right away when the change is already in the
-            // store's queue ahead of it: the writer commits in order, so it lands in the same
-            // transaction as the change (or a later one), never before it. A crash between two
-            // commits would otherwise leave the change without its key, and the retry the key is
-            // for (after a 503 or a lost answer) would make it twice. Otherwise (another thread is
-            // still handing the change over) it is saved once the change is durable.
+            // The kept answer goes to the writer right behind the change when the change is
+            // already in the writer's queue, while the next commit is held: the writer commits
+            // in order, so both land in one transaction (a commit that started before the hold
+            // took neither). A crash between two commits would otherwise leave the change without
+            // its key, and the retry the key is for (after a 503 or a lost answer) would make it
+            // twice. Otherwise (another thread is still handing the change over) it is saved once
+            // the change is durable.
             let change = engine.currentTicket
             if engine.appendedTicket >= change {
+                // Submitted here, while the hold lasts (the deferred closure runs after this
+                // returns); answered once committed, which the change then is too.
+                let pending = PendingAnswer(response)
+                store.saveIdempotency(record) {
+                    cache.finish(scope, response: response)
+                    pending.committed()
+                }
+                release()
                 return .deferred { responder in
                     responder.answerBeforeShutdown()
-                    store.saveIdempotency(record) {
-                        engine.whenDurable {
-                            cache.finish(scope, response: response)
-                            responder.respond(response)
-                        }
-                    }
+                    pending.attach(responder)
                 }
             }
             return .deferred { responder in
@@ -109,5 +123,29 @@ struct Durability: Sendable {
                 }
             }
         }
+    }
+}
+
+/// An answer to send once a commit has happened and a responder exists, whichever comes first.
+final class PendingAnswer: Sendable {
+    private let response: HTTPResponse
+    private let state = Lock<(committed: Bool, responder: HTTPResponder?)>((false, nil))
+
+    init(_ response: HTTPResponse) { self.response = response }
+
+    func committed() {
+        let responder = state.withLock { s -> HTTPResponder? in
+            s.committed = true
+            return s.responder
+        }
+        responder?.respond(response)
+    }
+
+    func attach(_ responder: HTTPResponder) {
+        let now = state.withLock { s -> Bool in
+            s.responder = responder
+            return s.committed
+        }
+        if now { responder.respond(response) }
     }
 }

@@ -62,13 +62,20 @@ final class EventLog: Sendable {
 
     /// Appends a batch from the engine (in seq order) and wakes whoever waits.
     func append(_ events: [ChangeEvent]) {
-        let encoded = events.map { Entry(seq: $0.seq, operation: $0.operation.raw, json: $0.json) }
+        let all = events.map { Entry(seq: $0.seq, operation: $0.operation.raw, json: $0.json) }
         // Streams cut off are closed after the lock is released: their close callbacks take it.
         var cutOff: [HTTPStream] = []
         let fire: [@Sendable () -> Void] = state.withLock { s in
+            // In seq order only (a follower's reads could overlap): the lookups bisect, and
+            // live streams must not get an event twice.
+            var encoded: [Entry] = []
+            encoded.reserveCapacity(all.count)
+            var last = s.lastSeq
+            for e in all where e.seq > last {
+                encoded.append(e)
+                last = e.seq
+            }
             for e in encoded {
-                // In seq order only (a follower's reads could overlap): the lookups bisect.
-                guard e.seq > s.lastSeq else { continue }
                 s.ringBytes += e.json.count
                 if s.ring.count < capacity {
                     s.ring.append(e)

@@ -41,10 +41,16 @@ protocol ServiceStore: AnyObject, Sendable {
     /// Why the store cannot commit right now (the writer keeps retrying); nil when it can.
     /// Readiness is 503 meanwhile.
     var unavailable: String? { get }
+    /// Holds the next commit while a change and a write that must share its transaction are
+    /// handed over (see `StoreWriter.hold`); no-ops without a writer.
+    func holdCommits()
+    func releaseCommits()
 }
 
 extension ServiceStore {
     var unavailable: String? { nil }
+    func holdCommits() {}
+    func releaseCommits() {}
 }
 
 extension SQLiteStore: ServiceStore {

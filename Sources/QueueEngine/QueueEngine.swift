@@ -24,7 +24,8 @@ public struct EngineConfiguration: Sendable {
     public var startAfterCommit: Bool
     /// With `startAfterCommit`, asked right before each start: false while the cluster owner
     /// cannot be sure it still owns the queues (its lease may have run out); the operation is
-    /// then not started here, and the owner gives its role up.
+    /// then not started here, and the closure has the owner give its role up (the next owner
+    /// restarts it).
     public var mayStart: (@Sendable () -> Bool)?
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,

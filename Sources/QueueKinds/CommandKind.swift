@@ -1,6 +1,7 @@
 import Foundation
 import Locking
 import QueueEngine
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -41,6 +42,8 @@ public final class CommandKind: OperationKind {
 
     private let configuration: KindsConfiguration
     private let runs = Lock<[OperationID: CommandRun]>([:])
+    /// Set once by `killAllForHandover`: nothing is spawned any more.
+    private let handingOver = Atomic<Bool>(false)
     /// Pauses that came while the operation's child was being spawned (no run registered yet):
     /// applied as soon as the run is registered, so the child is stopped, not left running.
     private let earlyPauses = Lock<Set<OperationID>>([])
@@ -108,8 +111,9 @@ public final class CommandKind: OperationKind {
 
     /// Spawns the child in a slot; false when nothing was started (the slot is free again).
     private func launch(_ context: ExecutionContext) -> Bool {
-        // Cancelled, paused or timed out while it waited for its slot: nothing to start.
-        guard context.isCurrent else { return false }
+        // Cancelled, paused or timed out while it waited for its slot: nothing to start. Nor
+        // once this cluster owner is handing its queues over.
+        guard context.isCurrent, !handingOver.load(ordering: .sequentiallyConsistent) else { return false }
         let spec: CommandSpec
         do { spec = try CommandSpec(context.spec) } catch {
             context.finish(.failed(type: "invalid-spec", detail: HTTPKind.describe(error)))
@@ -132,6 +136,7 @@ public final class CommandKind: OperationKind {
         if let identity = ProcessIdentity(pid: pid) { context.save(identity.json) }
         let replaced = runs.withLock { $0.updateValue(run, forKey: context.operation) }
         replaced?.stop(.cancelled)
+        if handingOver.load(ordering: .sequentiallyConsistent) { kill(-pid, SIGKILL) }
         if earlyPauses.withLock({ $0.remove(context.operation) != nil }) {
             // Paused while it was being spawned: stop it now; resume finds it and SIGCONTs it.
             run.pause()
@@ -154,10 +159,15 @@ public final class CommandKind: OperationKind {
         return true
     }
 
-    /// SIGKILL to the process group of every child now running, reporting nothing: for a
+    /// SIGKILL to the process group of every child now running (their operations are reported
+    /// failed, in commits the fence refuses), and no child spawned after it: for a
     /// cluster owner that lost its queues and is about to re-execute itself. The next owner
     /// runs these operations again (a new attempt), so none may run on here unsupervised.
     public func killAllForHandover() {
+        // First: no launch after this one spawns (a killed child frees its slot, which would
+        // launch the next waiting command), and one that registers its run after the snapshot
+        // below kills its own child (`launch`).
+        handingOver.store(true, ordering: .sequentiallyConsistent)
         let pids = runs.withLock { $0.values.map(\.pid) }
         for pid in pids where pid > 0 { kill(-pid, SIGKILL) }
     }

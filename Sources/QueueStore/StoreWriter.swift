@@ -41,6 +41,8 @@ struct WriterShared {
     var stopping = false
     /// `close` was called on the writer thread: it closes the connection as it exits.
     var finishOnExit = false
+    /// Callers holding the next commit (`StoreWriter.hold`).
+    var holds = 0
 }
 
 /// The single writer: a dedicated thread that owns the write connection and commits
@@ -204,9 +206,26 @@ final class StoreWriter: @unchecked Sendable {
         connection.close()
     }
 
+    /// A caller about to append a change and, right behind it, a write that must be committed
+    /// in the same transaction (an Idempotency-Key's kept answer) holds the next commit until it
+    /// has submitted both: the writer waits for holds to end, at most 2 ms, before it takes the
+    /// next batch. `release` exactly once per `hold`.
+    func hold() { shared.withLock { $0.holds += 1 } }
+    func release() { shared.withLock { $0.holds -= 1 } }
+
+    /// Waits (bounded) while a caller holds the next commit.
+    private func waitForHolds() {
+        var spins = 0
+        while spins < 20 && shared.withLock({ $0.holds > 0 }) {
+            usleep(100)
+            spins += 1
+        }
+    }
+
     private func run() {
         var jobs: [WriteJob] = []
         while true {
+            waitForHolds()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {

@@ -94,6 +94,10 @@ final class ServerCore: Sendable {
                 let probe = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
                 if probe >= 0 {
                     defer { close(probe) }
+                    // SO_REUSEADDR as MHD's own socket has: connections of a previous run in
+                    // TIME_WAIT do not count, a listening socket does.
+                    var one: Int32 = 1
+                    _ = setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
                     let free = withUnsafePointer(to: &address) {
                         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
                     }
@@ -120,7 +124,6 @@ final class ServerCore: Sendable {
                     option(.CONNECTION_MEMORY_LIMIT, max(32 * 1024, min(max(256, config.maxHeaderBytes), 1 << 20) * 4 + 32 * 1024)),
                     option(.LISTEN_BACKLOG_SIZE, max(1, config.listenBacklog)),
                     config.listenSocket.map { option(.LISTEN_SOCKET, Int($0)) } ?? option(.SOCK_ADDR, pointer: UnsafeMutableRawPointer(address)),
-                    option(.LISTENING_ADDRESS_REUSE, config.reusePort ? 1 : 0),
                     // Two-pointer options: the function goes in `value`, its context in `ptr_value`.
                     option(
                         .NOTIFY_CONNECTION, unsafeBitCast(Callbacks.connectionChanged, to: Int.self),
@@ -133,6 +136,9 @@ final class ServerCore: Sendable {
                         pointer: context),
                     option(.END),
                 ]
+                // Only to ask for SO_REUSEPORT: a 0 here would also turn off MHD's default
+                // SO_REUSEADDR, and a restart on the same port would wait out TIME_WAIT.
+                if config.reusePort { options.insert(option(.LISTENING_ADDRESS_REUSE, 1), at: options.count - 1) }
                 return options.withUnsafeMutableBufferPointer { options in
                     CMicroHTTPD_start_daemon(
                         flags, UInt16(config.port), Callbacks.access, context, Callbacks.log, context,
