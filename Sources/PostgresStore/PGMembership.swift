@@ -48,14 +48,13 @@ public struct PGClusterView: Sendable {
 /// renewal plus the lease, whatever the database's clock says, so work it starts before that
 /// deadline is safe even without a commit (and every commit is fenced anyway).
 ///
-/// @unchecked Sendable: `session` is used under `lock` only, the feed's reader under `feed`.
+/// @unchecked Sendable: every connection is used under its lock (`session`, `feed`).
 public final class PGMembership: @unchecked Sendable {
     public let instanceID: String
     public let leaseSeconds: Double
     private let url: String
     private let displayURL: String
-    private let lock = Lock<Void>(())
-    private let session: PGReader
+    private let session: Lock<PGReader>
     private let feed = Lock<PGReader?>(nil)
     private let deadline = Lock<Int>(0)
 
@@ -70,7 +69,7 @@ public final class PGMembership: @unchecked Sendable {
             throw PostgresStoreError(.cannotConnect, url: displayURL, detail: error.description)
         }
         try PostgresStore.migrate(conn, url: displayURL)
-        session = PGReader(url: url, connection: conn)
+        session = Lock(PGReader(url: url, connection: conn))
     }
 
     /// Runs `body` on the connection (a `PGReader`'s, reconnecting once when it was lost).
@@ -78,8 +77,8 @@ public final class PGMembership: @unchecked Sendable {
     /// a cut-off owner left open (the server ends that one after the lease too).
     private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
         let ms = String(Int(max(1, min(leaseSeconds, 300)) * 1000))
-        return try lock.withLock { _ throws(PGFailure) in
-            try session.withConnection { c throws(PGFailure) in
+        return try session.withLock { r throws(PGFailure) in
+            try r.withConnection { c throws(PGFailure) in
                 try c.exec("SELECT set_config('lock_timeout', $1, false)", [PGParameter(ms)])
                 return try body(c)
             }
@@ -241,7 +240,7 @@ public final class PGMembership: @unchecked Sendable {
     }
 
     public func close() {
-        lock.withLock { _ in session.close() }
+        session.withLock { $0.close() }
         feed.withLock { r in
             r?.close()
             r = nil

@@ -192,9 +192,10 @@ final class OwnerCluster: @unchecked Sendable {
     /// True once a role change was asked for (the ownership is gone or going).
     var isLeaving: Bool { changed.withLock { $0 } }
 
-    /// True while this instance may act as the owner: the lease it last renewed cannot have
-    /// run out yet (monotonic clock) and no role change is under way. Kinds start only then.
-    var mayAct: Bool { !isLeaving && membership.ownsNow }
+    /// True while this instance may act as the owner: no role change is under way, and the
+    /// lease it last renewed cannot have run out yet (monotonic clock) or no other instance
+    /// was alive at the last read (nobody to take over). Kinds start only then.
+    var mayAct: Bool { !isLeaving && (membership.ownsNow || !directory.othersAlive) }
 
     /// How often the lease is renewed (and a follower looks for an expired one): a third of it,
     /// at most every second.
@@ -202,9 +203,9 @@ final class OwnerCluster: @unchecked Sendable {
 
     /// Every period: renews the lease and refreshes the directory. A renewal that finds another
     /// epoch means another instance took the queues over (this one was stopped or cut off past
-    /// its lease): this one gives the role up. While renewals fail (PostgreSQL unreachable) and
-    /// the lease may have run out, nothing new starts here (`mayAct`); the next renewal that
-    /// gets through decides.
+    /// its lease): this one gives the role up. So does an owner whose renewals failed until the
+    /// lease it last renewed may have run out (PostgreSQL unreachable), unless it was alone; and
+    /// a start refused because `mayAct` turned false makes it give the role up too.
     func startRenewing(logger: Logger) {
         let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
         renew.schedule(deadline: .now() + period, repeating: period)
@@ -216,11 +217,18 @@ final class OwnerCluster: @unchecked Sendable {
                     return
                 }
             } catch {
-                // Past the local deadline nothing new starts here (`mayAct`), while the renewal
-                // goes on: once PostgreSQL answers, the epoch tells whether it is still ours.
-                logger.warning(
-                    "cannot renew the ownership lease",
-                    metadata: ["error": "\(error)", "owns": "\(membership.ownsNow ? "until the lease runs out" : "unknown: starting nothing")"])
+                // Past the local deadline another instance may own the queues any moment: give
+                // the role up (the next image waits for PostgreSQL, then follows or takes over),
+                // killing what runs here, rather than run on beside the next owner.
+                // An instance alone in the cluster (as last read) keeps its queues and its
+                // waiting answers: nobody is there to take over.
+                if !membership.ownsNow && directory.othersAlive {
+                    logger.warning(
+                        "the ownership lease may have run out while PostgreSQL could not be reached; dropping the queues", metadata: ["error": "\(error)"])
+                    change(.becomeFollower)
+                    return
+                }
+                logger.warning("cannot renew the ownership lease", metadata: ["error": "\(error)"])
             }
             directory.refresh()
         }
@@ -265,6 +273,8 @@ final class ClusterDirectory: Sendable {
     }
 
     var view: PGClusterView? { state.withLock { $0.view } }
+    /// Whether the last read showed another live instance.
+    var othersAlive: Bool { view?.instances.contains { $0.id != selfID } ?? false }
     /// Why the last refresh failed (nil when it worked).
     var unavailable: String? { state.withLock { $0.error } }
     /// The owner's URL, unless it is this instance or unknown.

@@ -51,6 +51,8 @@ public final class QueueEngine: Sendable {
     let state: Lock<EngineCore>
     let observers: ObserverHub
     let durable = DurablePublisher()
+    /// Kind effects waiting for their commit (`startAfterCommit`).
+    let held = Lock<(effects: [(ticket: UInt64, effect: Effect)], running: Bool, again: UInt64)>(([], false, 0))
     /// The store that makes changes durable.
     public let store: any OperationStore
     public let configuration: EngineConfiguration
@@ -128,18 +130,8 @@ public final class QueueEngine: Sendable {
 
     private func run(_ effect: Effect) {
         switch effect {
-        case let .start(kind, ctx):
-            if configuration.startAfterCommit {
-                // The records of this change were appended before its effects run (`perform`).
-                let mayStart = configuration.mayStart
-                store.whenDurable(currentTicket) {
-                    if ctx.isCurrent && mayStart?() != false { kind.start(ctx) }
-                }
-            } else {
-                kind.start(ctx)
-            }
-        case let .cancel(kind, ctx): kind.cancel(ctx)
-        case let .pause(kind, ctx): kind.pause(ctx)
+        case .start, .cancel, .pause:
+            if configuration.startAfterCommit { hold(effect) } else { runKind(effect) }
         case let .call(f): f()
         case let .timeout(id, token, seconds):
             scheduler.after(seconds: seconds) { [self] in timeoutFired(id, token: token) }
@@ -155,6 +147,66 @@ public final class QueueEngine: Sendable {
                     core.makeReadyIfPossible(op)
                 }
             }
+        }
+    }
+
+    private func runKind(_ effect: Effect) {
+        switch effect {
+        case let .start(kind, ctx):
+            guard configuration.startAfterCommit else { return kind.start(ctx) }
+            if ctx.isCurrent && configuration.mayStart?() != false { kind.start(ctx) }
+        case let .cancel(kind, ctx): kind.cancel(ctx)
+        case let .pause(kind, ctx): kind.pause(ctx)
+        default: run(effect)
+        }
+    }
+
+    // MARK: - kinds after the commit (`startAfterCommit`)
+
+    /// Holds a kind's effect (start, cancel, pause) until the change that made it is durable,
+    /// then runs it with the others in the order they were made: a start, a pause and a resume
+    /// made before one commit run as start, pause, resume after it (not as two starts).
+    private func hold(_ effect: Effect) {
+        // The records of this change were appended before its effects run (`perform`).
+        let ticket = currentTicket
+        held.withLock { $0.effects.append((ticket, effect)) }
+        store.whenDurable(ticket) { [self] in releaseHeld(upTo: ticket) }
+    }
+
+    /// Runs the held effects whose change is durable, oldest first, one thread at a time (a
+    /// call while another runs makes that one look again).
+    private func releaseHeld(upTo ticket: UInt64) {
+        var upTo = ticket
+        let first = held.withLock { h -> Bool in
+            if h.running {
+                h.again = max(h.again, ticket)
+                return false
+            }
+            h.running = true
+            return true
+        }
+        guard first else { return }
+        while true {
+            let ready: [Effect] = held.withLock { h in
+                // From the front only: a later ticket ahead in the list (two threads raced to
+                // hold) keeps those behind it for its own commit, a moment later.
+                var k = 0
+                while k < h.effects.count && h.effects[k].ticket <= upTo { k += 1 }
+                let out = h.effects[0..<k].map(\.effect)
+                h.effects.removeFirst(k)
+                return out
+            }
+            for e in ready { runKind(e) }
+            let more = held.withLock { h -> Bool in
+                if h.again > 0 {
+                    upTo = max(upTo, h.again)
+                    h.again = 0
+                    return true
+                }
+                h.running = false
+                return false
+            }
+            if !more { return }
         }
     }
 

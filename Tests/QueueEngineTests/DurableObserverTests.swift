@@ -43,3 +43,45 @@ struct DurableObserverTests {
         #expect(all == Array(1...UInt64(all.count)), "in seq order, each once: \(all)")
     }
 }
+
+@Suite("startAfterCommit: kinds act only on committed changes, in the order they were made")
+struct StartAfterCommitTests {
+    func fixture() throws -> (QueueEngine, ManualKind, ManualStore) {
+        let store = ManualStore()
+        let kind = ManualKind()
+        let clock = ManualClock()
+        let engine = QueueEngine(
+            kinds: ["manual": kind], store: store, clock: clock, scheduler: clock,
+            configuration: EngineConfiguration(startAfterCommit: true))
+        try engine.createQueue(name: "q")
+        return (engine, kind, store)
+    }
+
+    @Test("nothing starts before the commit; start, pause and resume made before one commit run once each, in order")
+    func heldUntilCommitInOrder() throws {
+        let (engine, kind, store) = try fixture()
+        let op = try engine.addOperation(to: "q", OperationRequest(kind: "manual")).id
+        #expect(try engine.operation(op).state == .executing)
+        #expect(kind.entries.isEmpty, "started before its start was committed")
+        _ = try engine.pause(op)
+        _ = try engine.resume(op)
+        #expect(kind.entries.isEmpty)
+        store.commit(upTo: store.appended)
+        #expect(kind.entries.map(\.call) == [.start, .pause, .start], "\(kind.entries.map(\.call))")
+        #expect(kind.calls(.start, for: op).count == 2 && kind.calls(.start, for: op).last?.isResume == true)
+    }
+
+    @Test("a start the owner may not make (mayStart false) is not made")
+    func mayStartRefuses() throws {
+        let store = ManualStore()
+        let kind = ManualKind()
+        let allowed = Locked(false)
+        let engine = QueueEngine(
+            kinds: ["manual": kind], store: store,
+            configuration: EngineConfiguration(startAfterCommit: true, mayStart: { allowed.withLock { $0 } }))
+        try engine.createQueue(name: "q")
+        _ = try engine.addOperation(to: "q", OperationRequest(kind: "manual"))
+        store.commit(upTo: store.appended)
+        #expect(kind.entries.isEmpty)
+    }
+}
