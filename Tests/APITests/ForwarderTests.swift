@@ -102,6 +102,9 @@ private func decode(_ r: TestResponse) throws -> [String: Any] {
 }
 
 @Suite("Forwarder: one request relayed to the queue's owner and its answer relayed unchanged")
+/// Each test runs on a thread of its own (`onThread`): they block on sockets and sleeps, up
+/// to 5 s, and the cooperative pool has one thread per core, which other suites' awaits need
+/// (a blocked pool made a 0.3 s long poll of another suite take 5 s).
 struct ForwarderTests {
     /// When the owner's `/hold` saw its client leave.
     static let ownerSawClientGone = Lock<Date?>(nil)
@@ -110,247 +113,275 @@ struct ForwarderTests {
     static let binary: [UInt8] = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2_654_435_761 >> 7) }
 
     @Test("a GET reaches the owner with its path, query, end-to-end headers and the forwarded-by mark")
-    func relaysRequest() throws {
-        try withPair { owner, front, _ in
-            let target = "/v1/queues/q%2Fx/echo?a=1%262&b=x%3Dy&c=100%25&d=1%2B1&e=two%20words&f=%C3%A9&empty="
-            let headers = [
-                ("X-Custom", "kept"), ("Authorization", "Bearer t"), ("Idempotency-Key", "k-1"),
-                ("Keep-Alive", "timeout=5"), ("TE", "trailers"), ("Proxy-Authorization", "Basic x"),
-                ("Connection", "X-Hop"), ("X-Hop", "dropped"), ("User-Agent", "tester/1"),
-            ]
-            let direct = try decode(try send(owner.port, target, headers: headers))
-            let r = try send(front.port, target, headers: headers)
-            #expect(r.status == 200)
-            #expect(r.headers["x-owner"] == "yes")
-            let seen = try decode(r)
-            #expect(seen["method"] as? String == "GET")
-            #expect(seen["path"] as? String == "/v1/queues/q%2Fx/echo", "the raw path, not decoded")
-            let query = seen["query"] as? [String: String] ?? [:]
-            #expect(query == (direct["query"] as? [String: String]), "the owner decodes the same query as when asked directly")
-            #expect(query["a"] == "1&2" && query["b"] == "x=y" && query["c"] == "100%" && query["d"] == "1+1")
-            #expect(query["e"] == "two words" && query["f"] == "é" && query["empty"] == "")
-            let h = seen["headers"] as? [String: String] ?? [:]
-            #expect(h["opqd-forwarded-by"] == "instance-a")
-            #expect(h["x-custom"] == "kept" && h["authorization"] == "Bearer t" && h["idempotency-key"] == "k-1")
-            #expect(h["user-agent"] == "tester/1")
-            for dropped in ["keep-alive", "te", "proxy-authorization", "x-hop"] {
-                #expect(h[dropped] == nil, "\(dropped) is hop-by-hop and must not reach the owner")
+    func relaysRequest() async throws {
+        try await onThread {
+            try withPair { owner, front, _ in
+                let target = "/v1/queues/q%2Fx/echo?a=1%262&b=x%3Dy&c=100%25&d=1%2B1&e=two%20words&f=%C3%A9&empty="
+                let headers = [
+                    ("X-Custom", "kept"), ("Authorization", "Bearer t"), ("Idempotency-Key", "k-1"),
+                    ("Keep-Alive", "timeout=5"), ("TE", "trailers"), ("Proxy-Authorization", "Basic x"),
+                    ("Connection", "X-Hop"), ("X-Hop", "dropped"), ("User-Agent", "tester/1"),
+                ]
+                let direct = try decode(try send(owner.port, target, headers: headers))
+                let r = try send(front.port, target, headers: headers)
+                #expect(r.status == 200)
+                #expect(r.headers["x-owner"] == "yes")
+                let seen = try decode(r)
+                #expect(seen["method"] as? String == "GET")
+                #expect(seen["path"] as? String == "/v1/queues/q%2Fx/echo", "the raw path, not decoded")
+                let query = seen["query"] as? [String: String] ?? [:]
+                #expect(query == (direct["query"] as? [String: String]), "the owner decodes the same query as when asked directly")
+                #expect(query["a"] == "1&2" && query["b"] == "x=y" && query["c"] == "100%" && query["d"] == "1+1")
+                #expect(query["e"] == "two words" && query["f"] == "é" && query["empty"] == "")
+                let h = seen["headers"] as? [String: String] ?? [:]
+                #expect(h["opqd-forwarded-by"] == "instance-a")
+                #expect(h["x-custom"] == "kept" && h["authorization"] == "Bearer t" && h["idempotency-key"] == "k-1")
+                #expect(h["user-agent"] == "tester/1")
+                for dropped in ["keep-alive", "te", "proxy-authorization", "x-hop"] {
+                    #expect(h[dropped] == nil, "\(dropped) is hop-by-hop and must not reach the owner")
+                }
+                #expect(h["host"] == "127.0.0.1:\(owner.port)", "Host names the owner")
+                // The owner must route exactly what this instance routed: no dot segments resolved.
+                let dotted = try decode(try send(front.port, "/v1/queues/a/../b/./echo"))
+                #expect(dotted["path"] as? String == "/v1/queues/a/../b/./echo")
+                // Raw UTF-8 in a path (sent unencoded by some clients) is percent-encoded by libcurl on
+                // the way; queue names are ASCII, so such a path names no queue either way.
+                let raw = try decode(try send(front.port, "/v1/queues/é/echo"))
+                #expect((raw["path"] as? String)?.lowercased() == "/v1/queues/%c3%a9/echo")
             }
-            #expect(h["host"] == "127.0.0.1:\(owner.port)", "Host names the owner")
-            // The owner must route exactly what this instance routed: no dot segments resolved.
-            let dotted = try decode(try send(front.port, "/v1/queues/a/../b/./echo"))
-            #expect(dotted["path"] as? String == "/v1/queues/a/../b/./echo")
-            // Raw UTF-8 in a path (sent unencoded by some clients) is percent-encoded by libcurl on
-            // the way; queue names are ASCII, so such a path names no queue either way.
-            let raw = try decode(try send(front.port, "/v1/queues/é/echo"))
-            #expect((raw["path"] as? String)?.lowercased() == "/v1/queues/%c3%a9/echo")
         }
     }
 
     @Test("a POST body reaches the owner byte for byte, and an empty POST arrives with no body")
-    func relaysBody() throws {
-        try withPair { _, front, _ in
-            let body = Array(#"{"name":"é & \u0000 ünïcode"}"#.utf8) + [0, 255, 10, 13]
-            let seen = try decode(try send(front.port, "POST", "/v1/queues", headers: [("Content-Type", "application/json")], body: body))
-            #expect(seen["method"] as? String == "POST")
-            #expect(Data(base64Encoded: seen["body"] as? String ?? "").map(Array.init) == body)
-            #expect((seen["headers"] as? [String: String])?["content-type"] == "application/json")
-            let empty = try decode(try send(front.port, "POST", "/v1/queues/q/resume", body: []))
-            #expect(empty["method"] as? String == "POST" && empty["body"] as? String == "")
-            let delete = try decode(try send(front.port, "DELETE", "/v1/queues/q"))
-            #expect(delete["method"] as? String == "DELETE")
+    func relaysBody() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let body = Array(#"{"name":"é & \u0000 ünïcode"}"#.utf8) + [0, 255, 10, 13]
+                let seen = try decode(try send(front.port, "POST", "/v1/queues", headers: [("Content-Type", "application/json")], body: body))
+                #expect(seen["method"] as? String == "POST")
+                #expect(Data(base64Encoded: seen["body"] as? String ?? "").map(Array.init) == body)
+                #expect((seen["headers"] as? [String: String])?["content-type"] == "application/json")
+                let empty = try decode(try send(front.port, "POST", "/v1/queues/q/resume", body: []))
+                #expect(empty["method"] as? String == "POST" && empty["body"] as? String == "")
+                let delete = try decode(try send(front.port, "DELETE", "/v1/queues/q"))
+                #expect(delete["method"] as? String == "DELETE")
+            }
         }
     }
 
     @Test("statuses, Location, ETag and problem bodies come back unchanged; a 302 is not followed")
-    func relaysAnswers() throws {
-        try withPair { _, front, _ in
-            let created = try send(front.port, "POST", "/created", body: [])
-            #expect(created.status == 201 && created.headers["location"] == "/v1/operations/42" && created.text == #"{"id":"42"}"#)
-            let notModified = try send(front.port, "/not-modified", headers: [("If-None-Match", "\"v7\"")])
-            #expect(notModified.status == 304 && notModified.headers["etag"] == "\"v7\"" && notModified.body.isEmpty)
-            let conflict = try send(front.port, "POST", "/conflict", body: [])
-            expectProblem(conflict, 409)
-            #expect(conflict.string("type") == "https://opqd.dev/problems/queue-exists")
-            let moved = try send(front.port, "/moved")
-            #expect(moved.status == 302 && moved.headers["location"] == "/echo" && moved.text == "see /echo", "\(moved)")
-            #expect(moved.headers.values("date").count <= 1, "one Date field: \(moved.headers)")
+    func relaysAnswers() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let created = try send(front.port, "POST", "/created", body: [])
+                #expect(created.status == 201 && created.headers["location"] == "/v1/operations/42" && created.text == #"{"id":"42"}"#)
+                let notModified = try send(front.port, "/not-modified", headers: [("If-None-Match", "\"v7\"")])
+                #expect(notModified.status == 304 && notModified.headers["etag"] == "\"v7\"" && notModified.body.isEmpty)
+                let conflict = try send(front.port, "POST", "/conflict", body: [])
+                expectProblem(conflict, 409)
+                #expect(conflict.string("type") == "https://opqd.dev/problems/queue-exists")
+                let moved = try send(front.port, "/moved")
+                #expect(moved.status == 302 && moved.headers["location"] == "/echo" && moved.text == "see /echo", "\(moved)")
+                #expect(moved.headers.values("date").count <= 1, "one Date field: \(moved.headers)")
+            }
         }
     }
 
     @Test("HEAD is relayed as HEAD and answered without a body")
-    func relaysHead() throws {
-        try withPair { _, front, _ in
-            let r = try send(front.port, "HEAD", "/echo?x=1")
-            #expect(r.status == 200 && r.body.isEmpty && r.headers["x-owner"] == "yes")
-            // The connection is still in step: the next answer parses.
-            #expect(try send(front.port, "GET", "/echo").status == 200)
+    func relaysHead() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let r = try send(front.port, "HEAD", "/echo?x=1")
+                #expect(r.status == 200 && r.body.isEmpty && r.headers["x-owner"] == "yes")
+                // The connection is still in step: the next answer parses.
+                #expect(try send(front.port, "GET", "/echo").status == 200)
+            }
         }
     }
 
     @Test("a 1 MiB binary answer arrives byte for byte")
-    func relaysBinary() throws {
-        try withPair { _, front, _ in
-            let r = try send(front.port, "/binary")
-            #expect(r.status == 200 && r.headers["content-type"] == "application/octet-stream")
-            #expect(r.body.count == Self.binary.count && r.body == Self.binary)
+    func relaysBinary() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let r = try send(front.port, "/binary")
+                #expect(r.status == 200 && r.headers["content-type"] == "application/octet-stream")
+                #expect(r.body.count == Self.binary.count && r.body == Self.binary)
+            }
         }
     }
 
     @Test("an answer larger than the forwarder relays is 502, not a truncated 200")
-    func tooLarge() throws {
-        try withPair(maxResponseBytes: 2 << 20) { _, front, _ in
-            let r = try send(front.port, "/huge")
-            expectProblem(r, 502, mentioning: ["larger than"])
-            #expect(r.string("type") == "https://opqd.dev/problems/owner-answer-too-large")
+    func tooLarge() async throws {
+        try await onThread {
+            try withPair(maxResponseBytes: 2 << 20) { _, front, _ in
+                let r = try send(front.port, "/huge")
+                expectProblem(r, 502, mentioning: ["larger than"])
+                #expect(r.string("type") == "https://opqd.dev/problems/owner-answer-too-large")
+            }
         }
     }
 
     @Test("50 sequential forwarded requests share one keep-alive connection to the owner")
-    func keepAlive() throws {
-        // A raw owner, so that every connection it ever accepted is counted (an owner that
-        // closed each connection after one answer would keep `openConnections` low too).
-        let accepted = Lock(0)
-        let owner = try RawServer(timeout: 2) { connection, _ in
-            accepted.withLock { $0 += 1 }
-            while let line = try? connection.readLine(), !line.isEmpty {
-                var length = 0
-                while let field = try? connection.readLine(), !field.isEmpty {
-                    let lower = field.lowercased()
-                    if lower.hasPrefix("content-length:") { length = Int(lower.dropFirst(15).trimmingCharacters(in: .whitespaces)) ?? 0 }
+    func keepAlive() async throws {
+        try await onThread {
+            // A raw owner, so that every connection it ever accepted is counted (an owner that
+            // closed each connection after one answer would keep `openConnections` low too).
+            let accepted = Lock(0)
+            let owner = try RawServer(timeout: 2) { connection, _ in
+                accepted.withLock { $0 += 1 }
+                while let line = try? connection.readLine(), !line.isEmpty {
+                    var length = 0
+                    while let field = try? connection.readLine(), !field.isEmpty {
+                        let lower = field.lowercased()
+                        if lower.hasPrefix("content-length:") { length = Int(lower.dropFirst(15).trimmingCharacters(in: .whitespaces)) ?? 0 }
+                    }
+                    if length > 0 { _ = try? connection.readBytes(length) }
+                    guard connection.send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") else { return }
                 }
-                if length > 0 { _ = try? connection.readBytes(length) }
-                guard connection.send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") else { return }
             }
+            defer { owner.stop() }
+            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
+            let front = HTTPServer(
+                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
+            try front.start()
+            defer { front.shutdown(timeout: .seconds(2)) }
+            let client = KeepAliveClient(port: front.port, retries: 0)
+            for i in 0..<50 {
+                let r = try client.request(i % 2 == 0 ? "GET" : "POST", "/echo?i=\(i)", body: i % 2 == 0 ? nil : Array("{}".utf8))
+                #expect(r.status == 200 && r.text == "ok")
+            }
+            // The owner's handler holds its idle connection until its 2 s receive timeout: `stop` waits for it.
+            #expect(accepted.withLock { $0 } == 1, "the owner accepted \(accepted.withLock { $0 }) connections for 50 requests")
         }
-        defer { owner.stop() }
-        let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
-        let front = HTTPServer(
-            configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-        try front.start()
-        defer { front.shutdown(timeout: .seconds(2)) }
-        let client = KeepAliveClient(port: front.port, retries: 0)
-        for i in 0..<50 {
-            let r = try client.request(i % 2 == 0 ? "GET" : "POST", "/echo?i=\(i)", body: i % 2 == 0 ? nil : Array("{}".utf8))
-            #expect(r.status == 200 && r.text == "ok")
-        }
-        // The owner's handler holds its idle connection until its 2 s receive timeout: `stop` waits for it.
-        #expect(accepted.withLock { $0 } == 1, "the owner accepted \(accepted.withLock { $0 }) connections for 50 requests")
     }
 
     @Test("nobody listening at the owner: 503 owner-unavailable with Retry-After, at once")
-    func ownerDown() throws {
-        try withPair(ownerBase: "http://127.0.0.1:\(closedPort())") { _, front, _ in
-            let start = Date()
-            let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
-            #expect(Date().timeIntervalSince(start) < 3)
-            expectProblem(r, 503, mentioning: ["may or may not", "Idempotency-Key"])
-            #expect(r.string("type") == "https://opqd.dev/problems/owner-unavailable")
-            #expect(r.headers["retry-after"] == "1")
+    func ownerDown() async throws {
+        try await onThread {
+            try withPair(ownerBase: "http://127.0.0.1:\(closedPort())") { _, front, _ in
+                let start = Date()
+                let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
+                #expect(Date().timeIntervalSince(start) < 3)
+                expectProblem(r, 503, mentioning: ["may or may not", "Idempotency-Key"])
+                #expect(r.string("type") == "https://opqd.dev/problems/owner-unavailable")
+                #expect(r.headers["retry-after"] == "1")
+            }
         }
     }
 
     @Test("an owner that cuts its answer short, or sends garbage, is 503, never a partial relay")
-    func ownerMisbehaves() throws {
-        let owner = try RawServer { connection, _ in
-            guard let line = try? connection.readLine() else { return }
-            while let l = try? connection.readLine(), !l.isEmpty {}
-            if line.contains("/short") {
-                _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
-            } else {
-                _ = connection.send("NOT HTTP AT ALL\r\n\r\n")
+    func ownerMisbehaves() async throws {
+        try await onThread {
+            let owner = try RawServer { connection, _ in
+                guard let line = try? connection.readLine() else { return }
+                while let l = try? connection.readLine(), !l.isEmpty {}
+                if line.contains("/short") {
+                    _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+                } else {
+                    _ = connection.send("NOT HTTP AT ALL\r\n\r\n")
+                }
             }
-        }
-        defer { owner.stop() }
-        let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
-        let front = HTTPServer(
-            configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-        try front.start()
-        defer { front.shutdown(timeout: .seconds(2)) }
-        for path in ["/short", "/garbage"] {
-            let r = try send(front.port, path)
-            expectProblem(r, 503)
-            #expect(r.headers["retry-after"] == "1", "\(path)")
+            defer { owner.stop() }
+            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
+            let front = HTTPServer(
+                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
+            try front.start()
+            defer { front.shutdown(timeout: .seconds(2)) }
+            for path in ["/short", "/garbage"] {
+                let r = try send(front.port, path)
+                expectProblem(r, 503)
+                #expect(r.headers["retry-after"] == "1", "\(path)")
+            }
         }
     }
 
     @Test("an owner slower than the exchange may take is 503 at the deadline, not a hang")
-    func ownerTooSlow() throws {
-        let owner = try RawServer(timeout: 5) { connection, server in
-            while let l = try? connection.readLine(), !l.isEmpty {}
-            // Holds the request past the forwarder's deadline, then answers anyway.
-            _ = waitUntil(timeout: 2, every: 0.05) { server.isStopping }
-            _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+    func ownerTooSlow() async throws {
+        try await onThread {
+            let owner = try RawServer(timeout: 5) { connection, server in
+                while let l = try? connection.readLine(), !l.isEmpty {}
+                // Holds the request past the forwarder's deadline, then answers anyway.
+                _ = waitUntil(timeout: 2, every: 0.05) { server.isStopping }
+                _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+            }
+            defer { owner.stop() }
+            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, requestTimeout: 0.5)
+            let front = HTTPServer(
+                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
+            try front.start()
+            defer { front.shutdown(timeout: .seconds(2)) }
+            let start = Date()
+            let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
+            let took = Date().timeIntervalSince(start)
+            expectProblem(r, 503, mentioning: ["timeout", "may or may not"])
+            #expect(took >= 0.4 && took < 1.8, "answered after \(took) s")
         }
-        defer { owner.stop() }
-        let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, requestTimeout: 0.5)
-        let front = HTTPServer(
-            configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-        try front.start()
-        defer { front.shutdown(timeout: .seconds(2)) }
-        let start = Date()
-        let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
-        let took = Date().timeIntervalSince(start)
-        expectProblem(r, 503, mentioning: ["timeout", "may or may not"])
-        #expect(took >= 0.4 && took < 1.8, "answered after \(took) s")
     }
 
     @Test("while 20 long polls wait at the owner, a plain request through the same forwarder is answered at once")
-    func noHeadOfLineBlocking() throws {
-        try withPair { _, front, _ in
-            let polls = DispatchGroup()
-            let answered = Lock(0)
-            // Threads of their own: blocked on sockets, they must not take the global queue's
-            // few workers, which run the owner's delayed answers.
-            for _ in 0..<20 {
-                polls.enter()
-                Thread.detachNewThread {
-                    if (try? send(front.port, "/slow?wait=5"))?.status == 200 { answered.withLock { $0 += 1 } }
-                    polls.leave()
+    func noHeadOfLineBlocking() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let polls = DispatchGroup()
+                let answered = Lock(0)
+                // Threads of their own: blocked on sockets, they must not take the global queue's
+                // few workers, which run the owner's delayed answers.
+                for _ in 0..<20 {
+                    polls.enter()
+                    Thread.detachNewThread {
+                        if (try? send(front.port, "/slow?wait=5"))?.status == 200 { answered.withLock { $0 += 1 } }
+                        polls.leave()
+                    }
                 }
+                Thread.sleep(forTimeInterval: 0.3)
+                let start = Date()
+                let r = try send(front.port, "/echo")
+                let took = Date().timeIntervalSince(start)
+                #expect(r.status == 200)
+                #expect(took < 0.5, "a plain request took \(took) s behind the long polls")
+                #expect(polls.wait(timeout: .now() + 10) == .success)
+                #expect(answered.withLock { $0 } == 20)
             }
-            Thread.sleep(forTimeInterval: 0.3)
-            let start = Date()
-            let r = try send(front.port, "/echo")
-            let took = Date().timeIntervalSince(start)
-            #expect(r.status == 200)
-            #expect(took < 0.5, "a plain request took \(took) s behind the long polls")
-            #expect(polls.wait(timeout: .now() + 10) == .success)
-            #expect(answered.withLock { $0 } == 20)
         }
     }
 
     @Test("a long poll whose client leaves is let go of at the owner, so a claim is not handed to nobody")
-    func clientLeavesLongPoll() throws {
-        try withPair { owner, front, _ in
-            let connection = try RawConnection(port: front.port, timeout: 5)
-            #expect(connection.send("POST /hold?wait=20 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))
-            #expect(waitUntil(timeout: 2) { owner.requestsInFlight == 1 }, "the long poll reached the owner")
-            let left = Date()
-            connection.close()
-            #expect(waitUntil(timeout: 3, every: 0.01) { Self.ownerSawClientGone.withLock { $0 } != nil }, "the owner never saw the client leave")
-            if let seen = Self.ownerSawClientGone.withLock({ $0 }) { #expect(seen.timeIntervalSince(left) < 1.5) }
-            #expect(waitUntil(timeout: 2) { front.requestsInFlight == 0 }, "the forwarding server let go of the request")
+    func clientLeavesLongPoll() async throws {
+        try await onThread {
+            try withPair { owner, front, _ in
+                let connection = try RawConnection(port: front.port, timeout: 5)
+                #expect(connection.send("POST /hold?wait=20 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))
+                #expect(waitUntil(timeout: 2) { owner.requestsInFlight == 1 }, "the long poll reached the owner")
+                let left = Date()
+                connection.close()
+                #expect(waitUntil(timeout: 3, every: 0.01) { Self.ownerSawClientGone.withLock { $0 } != nil }, "the owner never saw the client leave")
+                if let seen = Self.ownerSawClientGone.withLock({ $0 }) { #expect(seen.timeIntervalSince(left) < 1.5) }
+                #expect(waitUntil(timeout: 2) { front.requestsInFlight == 0 }, "the forwarding server let go of the request")
+            }
         }
     }
 
     @Test("a URL the client library will not send (over 8 KiB) is 400 naming why, and nothing reaches the owner")
-    func unsendable() throws {
-        try withPair { owner, front, _ in
-            let r = try send(front.port, "/echo?big=" + String(repeating: "x", count: 9000))
-            expectProblem(r, 400, mentioning: ["cannot be forwarded", "8192"])
-            #expect(owner.openConnections == 0)
+    func unsendable() async throws {
+        try await onThread {
+            try withPair { owner, front, _ in
+                let r = try send(front.port, "/echo?big=" + String(repeating: "x", count: 9000))
+                expectProblem(r, 400, mentioning: ["cannot be forwarded", "8192"])
+                #expect(owner.openConnections == 0)
+            }
         }
     }
 
     @Test("a long poll the owner answers after 1.5 s is relayed, not cut short")
-    func longPoll() throws {
-        try withPair { _, front, _ in
-            let start = Date()
-            let r = try send(front.port, "/slow?wait=2")
-            let took = Date().timeIntervalSince(start)
-            #expect(r.status == 200 && r.text == "late 2")
-            #expect(took >= 1.4, "answered after \(took) s")
+    func longPoll() async throws {
+        try await onThread {
+            try withPair { _, front, _ in
+                let start = Date()
+                let r = try send(front.port, "/slow?wait=2")
+                let took = Date().timeIntervalSince(start)
+                #expect(r.status == 200 && r.text == "late 2")
+                #expect(took >= 1.4, "answered after \(took) s")
+            }
         }
     }
 
@@ -397,24 +428,27 @@ struct ForwarderTests {
 
     /// A figure for the README, not a check: run with `OPQD_FORWARD_LATENCY=1`.
     @Test(.enabled(if: ProcessInfo.processInfo.environment["OPQD_FORWARD_LATENCY"] == "1"))
-    func latency() throws {
-        try withPair { owner, front, _ in
-            func run(_ port: Int) throws -> (p50: Double, p99: Double) {
-                let client = KeepAliveClient(port: port, retries: 0)
-                for _ in 0..<200 { _ = try client.request("GET", "/created") }
-                var micros: [Double] = []
-                for _ in 0..<2000 {
-                    let t = DispatchTime.now().uptimeNanoseconds
-                    _ = try client.request("GET", "/created")
-                    micros.append(Double(DispatchTime.now().uptimeNanoseconds - t) / 1000)
+    func latency() async throws {
+        try await onThread {
+            try withPair { owner, front, _ in
+                func run(_ port: Int) throws -> (p50: Double, p99: Double) {
+                    let client = KeepAliveClient(port: port, retries: 0)
+                    for _ in 0..<200 { _ = try client.request("GET", "/created") }
+                    var micros: [Double] = []
+                    for _ in 0..<2000 {
+                        let t = DispatchTime.now().uptimeNanoseconds
+                        _ = try client.request("GET", "/created")
+                        micros.append(Double(DispatchTime.now().uptimeNanoseconds - t) / 1000)
+                    }
+                    micros.sort()
+                    return (micros[1000], micros[1980])
                 }
-                micros.sort()
-                return (micros[1000], micros[1980])
+                let direct = try run(owner.port)
+                let forwarded = try run(front.port)
+                print(
+                    "forwarder latency, 2000 GETs on loopback, µs: direct p50 \(direct.p50) p99 \(direct.p99); forwarded p50 \(forwarded.p50) p99 \(forwarded.p99)"
+                )
             }
-            let direct = try run(owner.port)
-            let forwarded = try run(front.port)
-            print(
-                "forwarder latency, 2000 GETs on loopback, µs: direct p50 \(direct.p50) p99 \(direct.p99); forwarded p50 \(forwarded.p50) p99 \(forwarded.p99)")
         }
     }
 }
