@@ -52,7 +52,7 @@ public final class QueueEngine: Sendable {
     let observers: ObserverHub
     let durable = DurablePublisher()
     /// Kind effects waiting for their commit (`startAfterCommit`).
-    let held = Lock<(effects: [(ticket: UInt64, effect: Effect)], running: Bool, again: UInt64)>(([], false, 0))
+    let held = Lock<(effects: [(ticket: UInt64, effect: Effect)], running: Bool, again: UInt64?)>(([], false, nil))
     /// The store that makes changes durable.
     public let store: any OperationStore
     public let configuration: EngineConfiguration
@@ -179,7 +179,7 @@ public final class QueueEngine: Sendable {
         var upTo = ticket
         let first = held.withLock { h -> Bool in
             if h.running {
-                h.again = max(h.again, ticket)
+                h.again = max(h.again ?? 0, ticket)
                 return false
             }
             h.running = true
@@ -198,9 +198,9 @@ public final class QueueEngine: Sendable {
             }
             for e in ready { runKind(e) }
             let more = held.withLock { h -> Bool in
-                if h.again > 0 {
-                    upTo = max(upTo, h.again)
-                    h.again = 0
+                if let again = h.again {
+                    upTo = max(upTo, again)
+                    h.again = nil
                     return true
                 }
                 h.running = false
