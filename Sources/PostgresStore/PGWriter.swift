@@ -49,10 +49,11 @@ struct PGWriterShared {
 /// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
 /// few other statements, `COMMIT` and a sync point, then reads the answers.
 ///
-/// The connection also holds the session-level advisory lock that keeps a second opqd off the
-/// database. Holding it on the connection that commits, rather than a separate one, means a lost
-/// lock cannot go unnoticed: the lock goes with the connection, and the writer takes it again
-/// on its new connection before it commits anything more.
+/// Without a fence, the connection also holds the session-level advisory lock that keeps a
+/// second opqd off the database. Holding it on the connection that commits, rather than a
+/// separate one, means a lost lock cannot go unnoticed: the lock goes with the connection, and
+/// the writer takes it again on its new connection before it commits anything more. With a
+/// fence (a cluster owner), every transaction starts with `opqd.fence` instead.
 ///
 /// When the connection breaks, the writer reconnects with backoff and commits the batch again
 /// (every statement is an upsert or a delete, or an event INSERT that becomes an upsert when its

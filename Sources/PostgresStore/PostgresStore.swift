@@ -6,9 +6,10 @@ import QueueStore
 import Glibc
 #endif
 
-/// The durable store on PostgreSQL (`--store postgres://user:pass@host:port/db`): one opqd per
-/// database for now, with the SQLite store's contract and durability. Clustering (issue 13)
-/// builds on it: see CLUSTER.md.
+/// The durable store on PostgreSQL (`--store postgres://user:pass@host:port/db`), with the
+/// SQLite store's contract and durability. A cluster owner opens it with a `PGFence` (its
+/// commits fenced by the ownership epoch, see CLUSTER.md and `PGMembership`); without one it
+/// serves one opqd alone, kept so by a session advisory lock.
 ///
 /// It talks to libpq directly (`Bridge/`, the only code that calls `PQ*`), PostgreSQL's own
 /// client library, synchronous, which fits a store whose writes are one dedicated thread doing
