@@ -217,19 +217,25 @@ public final class PGMembership: @unchecked Sendable {
     /// Committed events after `seq`, oldest first (a follower's feed), on a second connection
     /// with a lock of its own, so the feed and the heartbeat never wait for each other.
     public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
-        try feed.withLock { r throws(PGFailure) in
-            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader = r else { return [] }
-            return try reader.events(after: seq, limit: limit)
-        }
+        try withFeed { r throws(PGFailure) in try r.events(after: seq, limit: limit) }
     }
 
     /// The newest events, oldest first (where a follower's feed starts).
     public func recentEvents(limit: Int) throws -> [ChangeEvent] {
+        try withFeed { r throws(PGFailure) in try r.recentEvents(limit: limit) }
+    }
+
+    /// The feed's reader, connected on first use.
+    private func withFeed<T>(_ body: (PGReader) throws(PGFailure) -> T) throws(PGFailure) -> T {
         try feed.withLock { r throws(PGFailure) in
-            if r == nil { r = PGReader(url: url, connection: try PGConnection(url: url)) }
-            guard let reader = r else { return [] }
-            return try reader.recentEvents(limit: limit)
+            let reader: PGReader
+            if let existing = r {
+                reader = existing
+            } else {
+                reader = PGReader(url: url, connection: try PGConnection(url: url))
+                r = reader
+            }
+            return try body(reader)
         }
     }
 

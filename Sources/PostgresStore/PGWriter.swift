@@ -35,8 +35,6 @@ struct PGWriterShared {
     var committed: UInt64 = 0
     var sleeping = false
     var stopping = false
-    /// Callers holding the next commit (`PGWriter.hold`).
-    var holds = 0
 }
 
 /// The single writer: a dedicated thread that owns the write connection and commits everything
@@ -189,26 +187,14 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
-    /// A caller about to append a change and, right behind it, a write that must be committed
-    /// in the same transaction (an Idempotency-Key's kept answer) holds the next commit until it
-    /// has submitted both: the writer waits for holds to end, at most 2 ms, before it takes the
-    /// next batch. `release` exactly once per `hold`.
-    func hold() { shared.withLock { $0.holds += 1 } }
-    func release() { shared.withLock { $0.holds -= 1 } }
-
-    /// Waits (bounded) while a caller holds the next commit.
-    private func waitForHolds() {
-        var spins = 0
-        while spins < 20 && shared.withLock({ $0.holds > 0 }) {
-            usleep(100)
-            spins += 1
-        }
-    }
+    /// Holds the next commit while a change and a write that must share its transaction are
+    /// handed over (see `CommitHold`).
+    let commitHold = CommitHold()
 
     private func run() {
         var jobs: [PGJob] = []
         while true {
-            waitForHolds()
+            commitHold.waitWhileHeld()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {

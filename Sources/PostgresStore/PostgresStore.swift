@@ -189,9 +189,9 @@ public final class PostgresStore: OperationStore {
 
     public var wantsRecords: Bool { true }
 
-    /// See `PGWriter.hold`.
-    public func holdCommits() { writer.hold() }
-    public func releaseCommits() { writer.release() }
+    /// See `CommitHold`.
+    public func holdCommits() { writer.commitHold.hold() }
+    public func releaseCommits() { writer.commitHold.release() }
 
     /// Queues `records` for the writer thread and returns at once. After `close` they are dropped.
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {

@@ -1,3 +1,4 @@
+import Digest
 import Dispatch
 import Locking
 import Logging
@@ -94,14 +95,8 @@ public struct ClusterHandoff: Sendable {
     /// A new instance's id: 96 random bits, 24 hex digits.
     public static func newInstanceID() -> String {
         var g = SystemRandomNumberGenerator()
-        return String(hex64(g.next()).prefix(12)) + String(hex64(g.next()).prefix(12))
+        return SHA256.hex((0..<12).map { _ in UInt8.random(in: 0...255, using: &g) })
     }
-}
-
-/// 16 lowercase hex digits, zero-padded.
-func hex64(_ n: UInt64) -> String {
-    let s = String(n, radix: 16)
-    return String(repeating: "0", count: max(0, 16 - s.count)) + s
 }
 
 /// The ownership was lost while this instance was still starting as the owner (a commit was
@@ -286,15 +281,22 @@ final class ClusterDirectory: Sendable {
     /// The owner's `/metrics` lines about the cluster (a follower has its own: `ForwardCounts`).
     func ownerMetrics() -> String {
         let epoch = view?.owner.flatMap { $0.id == selfID ? $0.epoch : nil } ?? 0
-        return """
-            # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
-            # TYPE opqd_cluster_owner gauge
-            opqd_cluster_owner 1
+        return Self.ownerGauge(true) + """
             # HELP opqd_cluster_epoch The ownership epoch this instance holds (one more at every takeover).
             # TYPE opqd_cluster_epoch gauge
             opqd_cluster_epoch \(epoch)
 
             """
+    }
+
+    /// `opqd_cluster_owner`, which the owner and the followers both report.
+    static func ownerGauge(_ owns: Bool) -> String {
+        """
+        # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
+        # TYPE opqd_cluster_owner gauge
+        opqd_cluster_owner \(owns ? 1 : 0)
+
+        """
     }
 
     /// `GET /v1/cluster` in cluster mode. `ownQueues`: the queues when this instance owns them
@@ -586,19 +588,18 @@ final class ForwardCounts: Sendable {
     }
     func render(streams: Int) -> [UInt8] {
         let c = counts.withLock { $0 }
-        return Array(
-            """
-            # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
-            # TYPE opqd_cluster_owner gauge
-            opqd_cluster_owner 0
-            # HELP opqd_forwarded_requests_total Requests this follower forwarded to the owner, or refused for want of one.
-            # TYPE opqd_forwarded_requests_total counter
-            opqd_forwarded_requests_total{outcome="forwarded"} \(c.relayed)
-            opqd_forwarded_requests_total{outcome="no_owner"} \(c.refused)
-            # HELP opqd_sse_streams Open Server-Sent Events streams.
-            # TYPE opqd_sse_streams gauge
-            opqd_sse_streams \(streams)
+        let text =
+            ClusterDirectory.ownerGauge(false)
+                + """
+                # HELP opqd_forwarded_requests_total Requests this follower forwarded to the owner, or refused for want of one.
+                # TYPE opqd_forwarded_requests_total counter
+                opqd_forwarded_requests_total{outcome="forwarded"} \(c.relayed)
+                opqd_forwarded_requests_total{outcome="no_owner"} \(c.refused)
+                # HELP opqd_sse_streams Open Server-Sent Events streams.
+                # TYPE opqd_sse_streams gauge
+                opqd_sse_streams \(streams)
 
-            """.utf8)
+                """
+        return Array(text.utf8)
     }
 }

@@ -42,7 +42,7 @@ protocol ServiceStore: AnyObject, Sendable {
     /// Readiness is 503 meanwhile.
     var unavailable: String? { get }
     /// Holds the next commit while a change and a write that must share its transaction are
-    /// handed over (see `StoreWriter.hold`); no-ops without a writer.
+    /// handed over (see `CommitHold`); no-ops without a writer.
     func holdCommits()
     func releaseCommits()
 }

@@ -99,9 +99,9 @@ public final class SQLiteStore: OperationStore {
 
     /// Queues `records` for the writer thread and returns at once. After `close` they are
     /// dropped (and their tickets never become durable).
-    /// See `StoreWriter.hold`.
-    public func holdCommits() { writer.hold() }
-    public func releaseCommits() { writer.release() }
+    /// See `CommitHold`.
+    public func holdCommits() { writer.commitHold.hold() }
+    public func releaseCommits() { writer.commitHold.release() }
 
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
         writer.appends.add(1, ordering: .relaxed)

@@ -41,8 +41,6 @@ struct WriterShared {
     var stopping = false
     /// `close` was called on the writer thread: it closes the connection as it exits.
     var finishOnExit = false
-    /// Callers holding the next commit (`StoreWriter.hold`).
-    var holds = 0
 }
 
 /// The single writer: a dedicated thread that owns the write connection and commits
@@ -206,26 +204,14 @@ final class StoreWriter: @unchecked Sendable {
         connection.close()
     }
 
-    /// A caller about to append a change and, right behind it, a write that must be committed
-    /// in the same transaction (an Idempotency-Key's kept answer) holds the next commit until it
-    /// has submitted both: the writer waits for holds to end, at most 2 ms, before it takes the
-    /// next batch. `release` exactly once per `hold`.
-    func hold() { shared.withLock { $0.holds += 1 } }
-    func release() { shared.withLock { $0.holds -= 1 } }
-
-    /// Waits (bounded) while a caller holds the next commit.
-    private func waitForHolds() {
-        var spins = 0
-        while spins < 20 && shared.withLock({ $0.holds > 0 }) {
-            usleep(100)
-            spins += 1
-        }
-    }
+    /// Holds the next commit while a change and a write that must share its transaction are
+    /// handed over (see `CommitHold`).
+    let commitHold = CommitHold()
 
     private func run() {
         var jobs: [WriteJob] = []
         while true {
-            waitForHolds()
+            commitHold.waitWhileHeld()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {
