@@ -112,6 +112,22 @@ enum PGSchema {
             END IF;
         END $$;
         """,
+        // 2 -> 3: seq from a sequence inside the commit, so that several writers (owners)
+        // commit events with one global seq (see `insertEvents`), starting after the newest
+        // seq handed out so far; and one mark per writer, so that a batch whose COMMIT's answer
+        // was lost is not committed twice.
+        """
+        CREATE SEQUENCE opqd.event_seq AS bigint MINVALUE 1 CACHE 1;
+        SELECT setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
+            coalesce((SELECT max(seq) FROM opqd.events), 0),
+            coalesce((SELECT CASE WHEN encode(value, 'escape') ~ '^[0-9]{1,18}$' THEN encode(value, 'escape')::bigint END
+                      FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), 0)) AS last) AS s;
+        CREATE TABLE opqd.commit_mark (
+            writer text PRIMARY KEY,
+            ticket bigint NOT NULL,
+            at     timestamptz NOT NULL
+        );
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -123,8 +139,8 @@ enum PGSchema {
     /// First in every fenced transaction: takes a share lock on the ownership row (a takeover
     /// waits for this commit) and aborts the transaction unless the epoch is still ours.
     static let fence = "SELECT opqd.fence($1, $2::bigint)"
-    /// Wakes the followers' feeds (`PGListener`); the payload is the commit's newest seq.
-    static let notifyEvents = "SELECT pg_notify('opqd_events', $1)"
+    /// Wakes every instance's feed (`PGListener`); the payload is the newest seq handed out.
+    static let notifyEvents = "SELECT pg_notify('opqd_events', (SELECT last_value::text FROM opqd.event_seq))"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.
@@ -166,11 +182,42 @@ enum PGSchema {
 
     static let upsertOperations = bulkUpsert(
         table: "operations", columns: operationColumns, types: operationArrayTypes, conflict: "id", casts: ["dependencies": "bigint[]"])
-    /// Events are new rows: a plain INSERT, about a third cheaper than the upsert for the server.
-    static let insertEvents = bulkInsert(table: "events", columns: eventColumns, types: eventArrayTypes)
-    /// For the rare batch that repeats a seq already stored (only an engine that did not restore
-    /// does that), retried after the INSERT's unique violation: the newer event wins.
-    static let upsertEvents = bulkUpsert(table: "events", columns: eventColumns, types: eventArrayTypes, conflict: "seq")
+    /// The transaction-level advisory lock every commit with events takes right before it
+    /// numbers them (`opqd` + 1 in ASCII), held to the end of the commit.
+    static let eventLock: Int64 = 0x6F70_7165
+    /// Taken right before the first `insertEvents` of a transaction: the writers number their
+    /// events one commit at a time, and the lock is released only once the commit is visible,
+    /// so seqs become visible in seq order and a feed reader that sees seq N sees every seq
+    /// below it (a sequence alone hands values out before commit: two commits could become
+    /// visible out of order and a reader skip the earlier). Measured against a counter row
+    /// (`opqd-bench feed-order`): as safe, a little faster, and no hot row to vacuum.
+    static let lockEvents = "SELECT pg_advisory_xact_lock(\(eventLock)::bigint)"
+    /// Events are new rows, numbered here, in the order given (the engine's own seqs, `$1`,
+    /// only order them). Answers the newest seq and the count: under the lock the values are
+    /// consecutive, so the events got newest - count + 1 ... newest.
+    static let insertEvents: String = {
+        let arrays = eventArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
+        return """
+            WITH i AS (INSERT INTO opqd.events (\(eventColumns)) \
+            SELECT nextval('opqd.event_seq'), r.time, r.queue, r.operation, r.key, r.old, r.new, r.state, r.epoch \
+            FROM unnest(\(arrays)) WITH ORDINALITY AS r(\(eventColumns), n) ORDER BY r.n RETURNING seq) \
+            SELECT max(seq), min(seq), count(*) FROM i
+            """
+    }()
+    /// After a unique violation (a sequence behind the events, which only a hand-edited
+    /// database has): moved past the newest stored seq, then the batch is tried again.
+    static let catchUpEventSeq = """
+        SELECT setval('opqd.event_seq', greatest((SELECT last_value FROM opqd.event_seq), coalesce((SELECT max(seq) FROM opqd.events), 1)))
+        """
+    /// In every commit with events: the writer's newest committed ticket (see `PGWriter`).
+    static let markCommit = """
+        INSERT INTO opqd.commit_mark (writer, ticket, at) VALUES ($1, $2::bigint, now()) \
+        ON CONFLICT (writer) DO UPDATE SET ticket = excluded.ticket, at = excluded.at
+        """
+    static let committedTicket = "SELECT ticket FROM opqd.commit_mark WHERE writer = $1"
+    /// Marks of writers gone for a day (a live writer's mark is only ever read seconds after it
+    /// wrote it).
+    static let deleteOldMarks = "DELETE FROM opqd.commit_mark WHERE at < now() - interval '1 day'"
 
     static func bulkInsert(table: String, columns: String, types: [String]) -> String {
         let arrays = types.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
@@ -199,14 +246,11 @@ enum PGSchema {
     static let deleteMeta = "DELETE FROM opqd.meta WHERE key = $1::bytea"
     static let deleteMetaPrefix = "DELETE FROM opqd.meta WHERE substring(key FROM 1 FOR length($1::bytea)) = $1::bytea"
     static let selectMetaPrefix = "SELECT key, value FROM opqd.meta WHERE substring(key FROM 1 FOR length($1::bytea)) = $1::bytea ORDER BY key"
-    /// The newest seq ever written, kept apart from the events so that purging never moves it back.
-    static let setLastSeq = """
-        INSERT INTO opqd.meta (key, value) VALUES (convert_to('last_seq', 'UTF8'), convert_to($1, 'UTF8')) \
-        ON CONFLICT (key) DO UPDATE SET value = excluded.value
-        """
-    /// `last_seq` from meta (its bytes; NULL when absent) and the newest event's seq.
+    /// `last_seq` from meta (its bytes; NULL when absent: schema 2 kept the newest seq there) and
+    /// the newest seq handed out (the counter, which purging never moves back, or a newer event).
     static let lastSeq = """
-        SELECT (SELECT value FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), (SELECT max(seq) FROM opqd.events)
+        SELECT (SELECT value FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), \
+        greatest((SELECT max(seq) FROM opqd.events), (SELECT CASE WHEN is_called THEN last_value END FROM opqd.event_seq))
         """
 }
 

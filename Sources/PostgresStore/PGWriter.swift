@@ -53,11 +53,18 @@ struct PGWriterShared {
 /// the writer takes it again on its new connection before it commits anything more. With a
 /// fence (a cluster owner), every transaction starts with `opqd.fence` instead.
 ///
-/// When the connection breaks, the writer reconnects with backoff and commits the batch again
-/// (every statement is an upsert or a delete, or an event INSERT that becomes an upsert when its
-/// rows are already there, so running a batch twice gives the same result as once, whether or
-/// not the lost COMMIT had reached the server). Nothing is reported durable
-/// until a COMMIT is answered; `lastError` says why meanwhile (readiness reads it).
+/// Events get their `seq` in the commit, from the sequence `opqd.event_seq` under a
+/// transaction advisory lock (see `PGSchema.lockEvents`): several writers (cluster owners)
+/// share one global seq, and a feed reader never skips an event that becomes visible later.
+/// The engine's own seqs only order the rows.
+///
+/// When the connection breaks, the writer reconnects with backoff and commits the batch again.
+/// Every statement but the events' INSERT is an upsert or a delete, so running it twice gives
+/// the same result as once; the INSERT would number the events twice, so a batch with events
+/// also writes this writer's mark (`opqd.commit_mark`: its newest committed ticket), and after
+/// a lost connection the mark says whether the lost COMMIT had reached the server. Nothing is
+/// reported durable until a COMMIT is answered (or the mark shows it was); `lastError` says
+/// why meanwhile (readiness reads it).
 ///
 /// @unchecked Sendable: `connection`, `bulk` and the dedup tables are touched only by the writer
 /// thread while it runs, and by `init` before it starts. Everything callers touch is in `shared`
@@ -82,6 +89,13 @@ final class PGWriter: @unchecked Sendable {
     let lastSeq: Atomic<UInt64>
 
     private var connection: PGConnection?
+    /// Names this writer's row in `opqd.commit_mark`: random, as tickets start again with
+    /// every engine.
+    let writerID: String = {
+        var g = SystemRandomNumberGenerator()
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: (0..<24).map { _ in digits[Int.random(in: 0..<16, using: &g)] }, as: UTF8.self)
+    }()
     private var bulk = BulkRows()
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
@@ -315,13 +329,22 @@ final class PGWriter: @unchecked Sendable {
         }
         var delay: UInt32 = 20_000
         var attempt = 0
-        var replacing = false
+        var catchUp = false
+        var lostConnection = false
+        let numbered = Self.eventsTicket(jobs)
         while true {
             attempt += 1
             do throws(PGFailure) {
                 let conn = try usableConnection()
+                // The batch's COMMIT may have reached the server before the connection broke:
+                // its events must not be numbered (and shown) twice.
+                if lostConnection, let ticket = numbered, try committedTicket(on: conn) >= ticket {
+                    lastError.withLock { $0 = nil }
+                    afterCommit(Self.outcomeWithoutCommit(jobs))
+                    return
+                }
                 let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
-                let outcome = try apply(jobs, on: conn, replacingEvents: replacing)
+                let outcome = try apply(jobs, on: conn, catchUp: catchUp)
                 let wall = clockNanos(CLOCK_MONOTONIC) - wall0
                 busyNanos.add(wall, ordering: .relaxed)
                 commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
@@ -340,12 +363,13 @@ final class PGWriter: @unchecked Sendable {
                     for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
                     return
                 }
-                if error.sqlState == "23505" && !replacing {
-                    // unique_violation: a seq written before (only an engine that did not
-                    // restore does that). Keep the newer events rather than wedging the writer.
-                    replacing = true
+                if error.sqlState == "23505" && !catchUp {
+                    // unique_violation: the counter is behind the stored events (a database
+                    // edited by hand). Move it past them rather than wedge the writer.
+                    catchUp = true
                     continue
                 }
+                if error.connectionLost { lostConnection = true }
                 failed(error)
                 if shared.withLock({ $0.stopping }) && attempt >= 3 {
                     for case let .purge(_, _, reply) in jobs { reply.send(0) }
@@ -363,14 +387,61 @@ final class PGWriter: @unchecked Sendable {
         var records = 0
         var callbacks: [@Sendable () -> Void] = []
         var replies: [(PGReply, Int)] = []
-        var maxSeq: UInt64 = 0
+        /// The newest seq the commit handed out (0: it had no events).
+        var lastSeq: UInt64 = 0
+        /// The committed events with the seqs they were given; nil when unknown (a commit whose
+        /// answer was lost).
+        var events: [ChangeEvent]? = []
+    }
+
+    /// The newest ticket of a batch that has events (nil without): what its mark holds.
+    static func eventsTicket(_ jobs: [PGJob]) -> UInt64? {
+        var ticket: UInt64?
+        for case let .records(records, t) in jobs where records.contains(where: { if case .event = $0 { true } else { false } }) {
+            ticket = max(ticket ?? 0, t)
+        }
+        return ticket
+    }
+
+    /// What a batch that was committed, though its answer was lost, reports: every callback;
+    /// the counts of its deletes are unknown (0: a purge goes on at its next round).
+    private static func outcomeWithoutCommit(_ jobs: [PGJob]) -> Outcome {
+        var out = Outcome()
+        out.events = nil
+        for job in jobs {
+            switch job {
+            case let .records(records, ticket):
+                out.ticket = max(out.ticket, ticket)
+                out.records += records.count
+            case let .idempotency(_, done):
+                out.records += 1
+                if let done { out.callbacks.append(done) }
+            case let .meta(pairs, done):
+                out.records += pairs.count
+                if let done { out.callbacks.append(done) }
+            case let .deleteMetaPrefix(_, done):
+                if let done { out.callbacks.append(done) }
+            case let .purge(_, _, reply), let .purgeIdempotency(_, reply):
+                out.replies.append((reply, 0))
+            }
+        }
+        return out
+    }
+
+    /// This writer's newest committed ticket, from its mark (0 when it has none).
+    private func committedTicket(on conn: PGConnection) throws(PGFailure) -> UInt64 {
+        try conn.send(PGSchema.committedTicket, [PGParameter(writerID)])
+        try conn.sync()
+        let r = try conn.readPipeline(count: 1)
+        guard let first = r.first, first.rows > 0, let t = first.int64(0, 0), let ticket = UInt64(exactly: t) else { return 0 }
+        return ticket
     }
 
     /// One transaction for everything in `jobs`, in order. An operation, queue or event seq
     /// written several times is written once, at its last position (the upserts replace whole
     /// rows, so that is the same result as writing each), which also keeps every key to one row
     /// per statement as `ON CONFLICT DO UPDATE` requires.
-    private func apply(_ jobs: [PGJob], on conn: PGConnection, replacingEvents: Bool) throws(PGFailure) -> Outcome {
+    private func apply(_ jobs: [PGJob], on conn: PGConnection, catchUp: Bool) throws(PGFailure) -> Outcome {
         var out = Outcome()
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
@@ -390,6 +461,9 @@ final class PGWriter: @unchecked Sendable {
         var sent = 0
         /// Statement index -> the reply that gets its row count.
         var counted: [(Int, PGReply)] = []
+        /// Statements that answer the newest seq they handed out, with their events in order.
+        var numbering: [(statement: Int, events: [ChangeEvent])] = []
+        var pending: [ChangeEvent] = []
         func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
             try conn.send(sql, parameters)
             sent += 1
@@ -397,7 +471,12 @@ final class PGWriter: @unchecked Sendable {
         func flush() throws(PGFailure) {
             if bulk.queueCount > 0 { try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter)) }
             if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
-            if bulk.eventCount > 0 { try send(replacingEvents ? PGSchema.upsertEvents : PGSchema.insertEvents, bulk.events.map(\.parameter)) }
+            if bulk.eventCount > 0 {
+                if numbering.isEmpty { try send(PGSchema.lockEvents) }
+                numbering.append((sent, pending))
+                pending.removeAll()
+                try send(PGSchema.insertEvents, bulk.events.map(\.parameter))
+            }
             bulk.reset()
         }
         bulk.reset()
@@ -407,6 +486,7 @@ final class PGWriter: @unchecked Sendable {
         do throws(PGFailure) {
             try send("BEGIN")
             if let fence { try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)]) }
+            if catchUp { try send(PGSchema.catchUpEventSeq) }
             position = 0
             for job in jobs {
                 if case .records = job {} else { try flush() }
@@ -420,8 +500,10 @@ final class PGWriter: @unchecked Sendable {
                         case let .operation(s):
                             if lastOperation[s.id.raw] == position { bulk.add(s) }
                         case let .event(e):
-                            if lastEvent[e.seq] == position { bulk.add(e) }
-                            out.maxSeq = max(out.maxSeq, e.seq)
+                            if lastEvent[e.seq] == position {
+                                bulk.add(e)
+                                pending.append(e)
+                            }
                         case let .queue(q):
                             if lastQueue[q.name] == position { bulk.add(q) }
                         case let .queueDeleted(name):
@@ -457,11 +539,12 @@ final class PGWriter: @unchecked Sendable {
                 }
             }
             try flush()
-            // Kept apart from the events so that deleting events never moves the sequence back.
-            if out.maxSeq > lastSeq.load(ordering: .relaxed) { try send(PGSchema.setLastSeq, [PGParameter(String(out.maxSeq))]) }
-            // A cluster's followers wake on it (delivered at commit, once the events are
-            // visible): one per commit, not per event.
-            if fence != nil && out.maxSeq > 0 { try send(PGSchema.notifyEvents, [PGParameter(String(out.maxSeq))]) }
+            if !numbering.isEmpty {
+                try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: out.ticket))])
+                // Every instance's feed wakes on it (delivered at commit, once the events are
+                // visible): one per commit, not per event.
+                if fence != nil { try send(PGSchema.notifyEvents) }
+            }
             try send("COMMIT")
             try conn.sync()
         } catch {
@@ -486,6 +569,27 @@ final class PGWriter: @unchecked Sendable {
             throw error
         }
         for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
+        // Under the lock each statement numbered its events newest - count + 1 ... newest, in
+        // order; anything else (a sequence someone else draws from) and they are read back.
+        for (index, events) in numbering {
+            guard index < results.count, let newest = results[index].int64(0, 0), let top = UInt64(exactly: newest) else {
+                out.events = nil
+                continue
+            }
+            out.lastSeq = max(out.lastSeq, top)
+            guard let oldest = results[index].int64(0, 1), results[index].int64(0, 2) == Int64(events.count),
+                UInt64(events.count) <= top, oldest == Int64(top - UInt64(events.count)) + 1
+            else {
+                out.events = nil
+                continue
+            }
+            var seq = top - UInt64(events.count)
+            for var e in events {
+                seq += 1
+                e.seq = seq
+                out.events?.append(e)
+            }
+        }
         return out
     }
 
@@ -508,11 +612,17 @@ final class PGWriter: @unchecked Sendable {
         ]
     }
 
+    /// Called on the writer thread after each commit with events, before anyone waiting for it
+    /// is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
+    /// (read them back). See `PostgresStore.onCommittedEvents`.
+    let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
+
     private func afterCommit(_ out: Outcome) {
+        if out.events?.isEmpty != true, let tell = committedEvents.withLock({ $0 }) { tell(out.events) }
         commits.add(1, ordering: .relaxed)
         recordsCommitted.add(out.records, ordering: .relaxed)
         if out.records > largestCommit.load(ordering: .relaxed) { largestCommit.store(out.records, ordering: .relaxed) }
-        if out.maxSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.maxSeq, ordering: .relaxed) }
+        if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
         var ready: [@Sendable () -> Void] = []
         shared.withLock { s in
             if out.ticket > s.committed {

@@ -63,6 +63,7 @@ public final class PostgresStore: OperationStore {
         try Self.migrate(conn, url: shown)
         do {
             try PGWriter.prepareSession(conn)
+            try conn.exec(PGSchema.deleteOldMarks)
             if let fence { try PGWriter.prepareFencedSession(conn, leaseSeconds: fence.leaseSeconds) }
         } catch {
             throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
@@ -202,6 +203,15 @@ public final class PostgresStore: OperationStore {
     /// Calls `done` once everything appended up to `ticket` is committed.
     public func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
         writer.whenDurable(ticket, done)
+    }
+
+    /// `tell` is called on the writer thread after each commit that had events, before the
+    /// callbacks of `whenDurable` for it run: with the committed events, numbered as PostgreSQL
+    /// numbered them (their `seq` is the global one, not the engine's), or with nil when they
+    /// are not known (a commit whose answer was lost: read them back). In order, one call at a
+    /// time; it must not block.
+    public func onCommittedEvents(_ tell: @escaping @Sendable ([ChangeEvent]?) -> Void) {
+        writer.committedEvents.withLock { $0 = tell }
     }
 
     /// The highest ticket committed so far.

@@ -21,14 +21,17 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     let limits = configuration.limits
 
     let store: any ServiceStore
+    var fencedStore: PostgresStore?
     if let cluster {
-        store = try PostgresStore(
+        let pg = try PostgresStore(
             url: configuration.store,
             fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch, leaseSeconds: configuration.lease),
             onFenced: { [logger] in
                 logger.warning("another instance took over the queues: this one's commits are refused from now on; dropping them")
                 cluster.change(.becomeFollower)
             })
+        fencedStore = pg
+        store = pg
     } else if OpqdConfiguration.isPostgresURL(configuration.store) {
         store = try PostgresStore(url: configuration.store)
     } else if configuration.store == "sqlite" {
@@ -114,9 +117,18 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
 
     _ = engine.observeAll { batch in metrics.observe(batch) }
     // Clients are shown only committed changes: a seq once shown always names the same event.
-    engine.observeDurable { batch in
-        events.append(batch)
-        webhooks.deliver(batch)
+    // A cluster owner shows them with the seqs PostgreSQL gave them in the commit (global, for
+    // every instance's feed), not the engine's.
+    var feed: OwnerFeed?
+    if let cluster, let fencedStore {
+        let owner = OwnerFeed(events: events, webhooks: webhooks, membership: cluster.membership, logger: logger)
+        fencedStore.onCommittedEvents { owner.committed($0) }
+        feed = owner
+    } else {
+        engine.observeDurable { batch in
+            events.append(batch)
+            webhooks.deliver(batch)
+        }
     }
     if let recovered {
         engine.restore(recovered)
@@ -134,7 +146,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster,
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster, feed: feed,
         beforeHandover: { commands?.killAllForHandover() })
 }
 

@@ -2,6 +2,7 @@ import Dispatch
 import Locking
 import Logging
 import MicroHTTP
+import PostgresStore
 import QueueEngine
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
@@ -20,13 +21,17 @@ public final class OpqdApplication: OpqdService {
     let cluster: OwnerCluster?
     /// Run when this owner gives its role up, before the process re-executes.
     let beforeHandover: @Sendable () -> Void
+    /// A cluster owner's feed: its own commits, and others' read back from PostgreSQL.
+    let feed: OwnerFeed?
+    private let listener = Locking.Lock<PGListener?>(nil)
     private let timers = TimerBox()
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
         store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
-        beforeHandover: @escaping @Sendable () -> Void = {}
+        feed: OwnerFeed? = nil, beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
+        self.feed = feed
         self.beforeHandover = beforeHandover
         self.instance = instance
         self.cluster = cluster
@@ -75,7 +80,13 @@ public final class OpqdApplication: OpqdService {
             if tick % 15 == 0 { events.heartbeat() }
         }
         heartbeat.resume()
-        timers.set([purge, heartbeat])
+        var running = [purge, heartbeat]
+        if let feed {
+            let (listener, tail) = feed.tail.follow(url: configuration.store)
+            self.listener.withLock { $0 = listener }
+            running.append(tail)
+        }
+        timers.set(running)
         if let cluster { try joinCluster(cluster) }
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
@@ -93,6 +104,7 @@ public final class OpqdApplication: OpqdService {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         logger.info("opqd stopping")
         timers.cancelAll()
+        listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
         webhooks.stop()
@@ -129,6 +141,7 @@ public final class OpqdApplication: OpqdService {
         beforeHandover()
         let fd = server.openSpareListener()
         timers.cancelAll()
+        listener.withLock { $0?.stop() }
         cluster?.stopRenewing()
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))

@@ -465,18 +465,12 @@ final class FollowerService: OpqdService {
         try cluster.membership.register(advertise: advertise)
         directory.refresh()
 
-        // The feed: what the owner committed, read back in seq order. One writer commits at a
-        // time, each commit's seqs above the last, so rows become visible in seq order and a
-        // reader never sees a later seq before an earlier one. Read when the owner's NOTIFY
-        // says a commit with events happened, and every second in any case.
-        let feed = FeedTail(events: events, membership: cluster.membership, logger: logger)
-        let listener = PGListener(url: configuration.store) { feed.pull() }
-        listener.start()
+        // The feed: what the owner committed, read back in seq order (see `FeedTail`).
+        let feed = FeedTail(membership: cluster.membership, logger: logger, lastSeq: { [events] in events.lastSeq }) { [events] in
+            events.append($0)
+        }
+        let (listener, tail) = feed.follow(url: configuration.store)
         self.listener.withLock { $0 = listener }
-        let tail = DispatchSource.makeTimerSource(queue: .global())
-        tail.schedule(deadline: .now() + 1, repeating: 1)
-        tail.setEventHandler { feed.pull() }
-        tail.resume()
 
         let beat = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.membership"))
         beat.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
@@ -525,56 +519,6 @@ final class FollowerService: OpqdService {
         // delaying the takeover (their changes may or may not have happened, as with any 503).
         server.shutdown(timeout: .milliseconds(300))
         return fd
-    }
-}
-
-/// Reads committed events after the feed's newest into it, one pull at a time: a pull asked
-/// for while one runs makes that one read again, so a NOTIFY is never lost between the two.
-/// Reads again at most every `spacing` seconds: an idle feed answers a NOTIFY at once, a busy
-/// one (a commit every millisecond) costs PostgreSQL at most one read per spacing per follower.
-final class FeedTail: Sendable {
-    let events: EventLog
-    let membership: PGMembership
-    let logger: Logger
-    private let state = Locking.Lock<(running: Bool, again: Bool, failing: Bool)>((false, false, false))
-    static let spacing = 0.005
-
-    init(events: EventLog, membership: PGMembership, logger: Logger) {
-        self.events = events
-        self.membership = membership
-        self.logger = logger
-    }
-
-    func pull() {
-        let start = state.withLock { s -> Bool in
-            if s.running { s.again = true; return false }
-            s.running = true
-            return true
-        }
-        guard start else { return }
-        while true {
-            do {
-                while true {
-                    let batch = try membership.events(after: events.lastSeq, limit: 1000)
-                    if !batch.isEmpty { events.append(batch) }
-                    if batch.count < 1000 { break }
-                }
-                state.withLock { $0.failing = false }
-            } catch {
-                let first = state.withLock { s -> Bool in
-                    defer { s.failing = true }
-                    return !s.failing
-                }
-                if first { logger.warning("cannot read the feed from PostgreSQL", metadata: ["error": "\(error)"]) }
-            }
-            usleep(UInt32(Self.spacing * 1_000_000))
-            let more = state.withLock { s -> Bool in
-                if s.again { s.again = false; return true }
-                s.running = false
-                return false
-            }
-            if !more { return }
-        }
     }
 }
 

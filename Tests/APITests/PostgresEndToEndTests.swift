@@ -172,6 +172,57 @@ struct PostgresEndToEndTests {
         }
     }
 
+    @Test("the owner's feed shows a change as soon as it is answered, numbered as PostgreSQL numbered it; a follower's feed is the same")
+    func feedSeqsComeFromTheCommit() async throws {
+        let binary = try OpqdBinary.locate()
+        let url = try TestPostgres.createDatabase()
+        let logs = try makeTemporaryDirectory(prefix: "opqd-pg-logs")
+        defer {
+            TestPostgres.dropDatabase(url)
+            try? FileManager.default.removeItem(atPath: logs)
+        }
+        try await onThread {
+            let lease = ["--store", url, "--lease", "1"]
+            let owner = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/owner.log", extraArguments: lease)
+            let follower = try ServerProcess(binary: binary, data: logs + "/b", logPath: logs + "/follower.log", extraArguments: lease)
+            defer {
+                follower.signal(SIGTERM)
+                _ = follower.waitForExit(timeout: 10)
+            }
+            try StoreChoice.awaitOwner(owner)
+            _ = try owner.request("POST", "/v1/queues", json: #"{"name":"feed","maxConcurrentOperationCount":2}"#).expecting(201)
+            var newest = 0
+            for i in 0..<40 {
+                let created = try owner.request("POST", "/v1/queues/feed/operations", json: #"{"kind":"delay","spec":{"seconds":0.01}}"#)
+                    .expecting(201)
+                let id = try #require(created.string("id"))
+                // Without waiting: what was answered is in the feed already.
+                let page = try owner.request("GET", "/v1/events?after=\(newest)").expecting(200).objects("events")
+                #expect(page.contains { $0["operation"] as? String == id }, "operation \(i) (\(id)) missing from the owner's feed after its 201")
+                newest = page.compactMap { $0["seq"] as? Int }.max() ?? newest
+            }
+            for op in try owner.request("GET", "/v1/queues/feed/operations?limit=100").expecting(200).objects("operations") {
+                if let id = op["id"] as? String { _ = try owner.request("GET", "/v1/operations/\(id)/wait?timeout=10").expecting(200) }
+            }
+            // Every seq shown is the stored one, once, in order; the follower shows the same events.
+            let stored = try TestPostgres.psql(url, "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM opqd.events")
+            let deadline = Date().addingTimeInterval(5)
+            var theirs: [[String: Any]] = [], ours: [[String: Any]] = []
+            repeat {
+                theirs = try owner.request("GET", "/v1/events?after=0&limit=1000").expecting(200).objects("events")
+                ours = try follower.request("GET", "/v1/events?after=0&limit=1000").expecting(200).objects("events")
+            } while (ours.count != theirs.count || theirs.map { "\($0["seq"] ?? "")" }.joined(separator: ",") != stored) && Date() < deadline
+            let seqs = theirs.compactMap { $0["seq"] as? Int }
+            #expect(seqs.map(String.init).joined(separator: ",") == stored)
+            #expect(seqs == Array(seqs.sorted()) && Set(seqs).count == seqs.count)
+            #expect(ours.count == theirs.count)
+            func text(_ e: [String: Any]) -> String {
+                String(decoding: (try? JSONSerialization.data(withJSONObject: e, options: .sortedKeys)) ?? Data(), as: UTF8.self)
+            }
+            #expect(ours.map(text) == theirs.map(text))
+        }
+    }
+
     @Test("a database with a newer opqd schema, or an unreachable server, stops the start with a clear message")
     func refusalsAtStart() async throws {
         let binary = try OpqdBinary.locate()
@@ -185,7 +236,7 @@ struct PostgresEndToEndTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (42)")
             let newer = try Self.runToExit(binary, ["--data", data, "--store", url])
             #expect(newer.code == 1)
-            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 2"), "\(newer.log)")
+            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 3"), "\(newer.log)")
             #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "42")
 
             let unreachable = try Self.runToExit(binary, ["--data", data, "--store", "postgres://opqd:hunter2@127.0.0.1:1/opqd"])

@@ -3,6 +3,7 @@ import Foundation
 import PostgresStore
 import QueueEngine
 import QueueStore
+import Spawning
 import Synchronization
 import Testing
 
@@ -125,18 +126,42 @@ struct PostgresStoreTests {
         }
     }
 
-    @Test func aRepeatedEventSeqReplacesTheOldEventInsteadOfWedgingTheWriter() throws {
+    /// The store numbers events in the commit (one counter for every writer): the engine's seqs
+    /// only order them, so an engine that repeats a seq (one that did not restore) still gets
+    /// new, contiguous seqs; within one batch the last event of a repeated seq is kept.
+    @Test func eventsAreNumberedInTheCommitWhateverSeqTheEngineGaveThem() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            let numbered = Locked<[[UInt64]?]>([])
+            store.onCommittedEvents { batch in numbered.withLock { $0.append(batch?.map(\.seq)) } }
+            store.append([.event(event(1, 1)), .event(event(2, 1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            let again = event(1, 7, key: .isFinished)
+            store.append([.event(event(1, 8)), .event(again), .operation(operationSnapshot(7))], upTo: 2)
+            #expect(waitDurable(store, 2))
+            var renumbered = again
+            renumbered.seq = 3
+            #expect(store.recentEvents(limit: 10) == [event(1, 1), event(2, 1), renumbered])
+            #expect(numbered.value == [[1, 2], [3]])
+            #expect(try store.load().operations.map(\.id.raw) == [7])
+            #expect(try store.load().lastSeq == 3)
+            #expect(store.lastError == nil)
+        }
+    }
+
+    /// A sequence behind the stored events (a database edited by hand) is moved past them
+    /// rather than wedging the writer on the unique seq.
+    @Test func aSequenceBehindTheEventsCatchesUp() throws {
         try withTestDatabase { url in
             let store = try PostgresStore(url: url)
             defer { store.close() }
             store.append([.event(event(1, 1)), .event(event(2, 1))], upTo: 1)
             #expect(waitDurable(store, 1))
-            let again = event(1, 7, key: .isFinished)
-            // Twice in one batch as well: one statement may not upsert a row twice.
-            store.append([.event(event(1, 8)), .event(again), .operation(operationSnapshot(7))], upTo: 2)
+            try TestPostgres.psql(url, "SELECT setval('opqd.event_seq', 1)")
+            store.append([.event(event(3, 1))], upTo: 2)
             #expect(waitDurable(store, 2))
-            #expect(store.recentEvents(limit: 10) == [again, event(2, 1)])
-            #expect(try store.load().operations.map(\.id.raw) == [7])
+            #expect(store.recentEvents(limit: 10).map(\.seq) == [1, 2, 3])
             #expect(store.lastError == nil)
         }
     }
@@ -393,16 +418,18 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "2")
-            // Version 2 added the cluster's instance and ownership tables (and the fence function).
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "8")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "3")
+            // Version 2 added the cluster's instance and ownership tables (and the fence function),
+            // version 3 the seq's sequence and the writers' commit marks.
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "9")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname = 'fence'") == "1")
 
             try TestPostgres.psql(url, "UPDATE opqd.schema_version SET version = 99")
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 2)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 3)
             }
         }
     }
@@ -553,6 +580,90 @@ struct PostgresStoreTests {
             #expect(waitUntil(timeout: 10) { store.lastError == nil })
             #expect(store.stats.failures > 0)
             #expect(try store.load().queues.map(\.name) == ["before", "during"])
+        }
+    }
+}
+
+/// A batch whose COMMIT reached the server but whose answer never came back (the connection
+/// broke in between) is not committed a second time: its events keep the seqs they got.
+@Suite("PostgresStoreTests: a COMMIT whose answer was lost")
+struct LostCommitAnswerTests {
+    /// A TCP relay to the server that, once the file `arm` exists, passes the next message that
+    /// holds a COMMIT to the server, swallows everything the server answers after it, and closes
+    /// the connection half a second later (the file is removed: one cut).
+    static let relay = """
+        import os, socket, sys, threading, time
+        host, port, arm = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+        lsock = socket.socket(); lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind(('127.0.0.1', 0)); lsock.listen(16)
+        print(lsock.getsockname()[1], flush=True)
+        guard = threading.Lock()
+        def serve(c):
+            u = socket.create_connection((host, port))
+            cut = threading.Event()
+            def down():
+                try:
+                    while True:
+                        d = u.recv(65536)
+                        if not d: break
+                        if not cut.is_set(): c.sendall(d)
+                except OSError: pass
+            threading.Thread(target=down, daemon=True).start()
+            try:
+                while True:
+                    d = c.recv(65536)
+                    if not d: break
+                    with guard:
+                        fire = b'COMMIT' in d and os.path.exists(arm)
+                        if fire: os.remove(arm)
+                    if fire: cut.set()
+                    u.sendall(d)
+                    if fire:
+                        time.sleep(0.5)
+                        break
+            except OSError: pass
+            for s in (c, u):
+                try: s.shutdown(socket.SHUT_RDWR)
+                except OSError: pass
+                s.close()
+        while True:
+            conn, _ = lsock.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+        """
+
+    @Test func aBatchWhoseCommitAnswerWasLostIsNotNumberedTwice() throws {
+        try withTestDatabase { url in
+            guard let at = url.range(of: "@127.0.0.1:"), let slash = url[at.upperBound...].firstIndex(of: "/"),
+                let port = Int(url[at.upperBound..<slash])
+            else { throw TestClientError("the test server's URL is not postgres://…@127.0.0.1:PORT/…: \(url)") }
+            let arm = NSTemporaryDirectory() + "opqd-relay-arm-\(UInt64.random(in: 0...UInt64.max))"
+            var request = SpawnRequest(["/usr/bin/python3", "-c", Self.relay, "127.0.0.1", String(port), arm])
+            request.stdout = .pipe
+            let relay = try ChildProcess(request)
+            defer {
+                relay.killNow()
+                try? FileManager.default.removeItem(atPath: arm)
+            }
+            let line = relay.readLine(timeout: 10) ?? ""
+            guard let relayPort = Int(line) else { throw TestClientError("the relay did not start: \(line)") }
+            let relayed = url.replacingCharacters(in: at.upperBound..<slash, with: String(relayPort))
+
+            let store = try PostgresStore(url: relayed)
+            defer { store.close() }
+            let numbered = Locked<[[UInt64]?]>([])
+            store.onCommittedEvents { batch in numbered.withLock { $0.append(batch?.map(\.seq)) } }
+            store.append([.event(event(1, 1)), .event(event(2, 1))], upTo: 1)
+            #expect(waitDurable(store, 1))
+
+            #expect(FileManager.default.createFile(atPath: arm, contents: Data()))
+            store.append([.event(event(3, 1)), .event(event(4, 1))], upTo: 2)
+            #expect(waitDurable(store, 2, timeout: 20))
+            #expect(!FileManager.default.fileExists(atPath: arm), "the relay never cut a COMMIT's answer")
+            #expect(store.stats.failures > 0)
+            #expect(store.recentEvents(limit: 10).map(\.seq) == [1, 2, 3, 4])
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.events") == "4")
+            // The lost commit's events are not known to the writer: it says so, to be read back.
+            #expect(numbered.value.count == 2 && numbered.value.first == [1, 2] && numbered.value.last == .some(nil))
         }
     }
 }
