@@ -24,7 +24,7 @@ public enum PGFeedOrderBench {
         /// serialises the commits as the advisory lock does, and the values have no holes.
         case counterRow = "counter-row"
 
-        /// The letter the brief and the report use: (a), (b), (c).
+        /// The letter the report uses: (a), (b), (c).
         public var letter: String {
             switch self {
             case .sequence: return "a"
@@ -44,6 +44,8 @@ public enum PGFeedOrderBench {
         public let strategy: Strategy
         public let writers: Int
         public let batch: Int
+        /// Every commit also sent `pg_notify`, as opqd's writer does once per commit with events.
+        public let notify: Bool
         /// From the writers' start to the last one's stop.
         public let seconds: Double
         public let commits: Int
@@ -73,99 +75,157 @@ public enum PGFeedOrderBench {
         public var eventsPerSecond: Double { seconds > 0 ? Double(events) / seconds : 0 }
     }
 
-    /// Runs one strategy on a fresh schema of the database at `url` (dropped afterwards): `writers`
-    /// threads, each on its own connection, commit transactions of `batch` events as fast as they
-    /// can for `seconds`, while one reader thread polls the feed as opqd's would.
-    public static func run(url: String, strategy: Strategy, writers: Int, batch: Int, seconds: Double) throws(Failure) -> Figures {
+    /// Runs every strategy of `strategies`, each on its own fresh schema of the database at `url`
+    /// (dropped afterwards): `writers` threads, each on its own connection, commit transactions of
+    /// `batch` events as fast as they can for `seconds` in all, while one reader thread polls the
+    /// feed as opqd's would. The strategies take turns in `slices` slices (a, b, c, a, b, c, ...),
+    /// so that a disk or a CPU shared with others slows each of them alike rather than whichever
+    /// ran at the wrong moment. With `notify`, each commit also sends one `pg_notify`
+    /// (PGSchema.notifyEvents), whose commit-time lock serialises every notifying commit on the
+    /// server whatever the strategy.
+    public static func run(
+        url: String, strategies: [Strategy] = Strategy.allCases, writers: Int, batch: Int, seconds: Double, slices: Int = 1, notify: Bool = false
+    ) throws(Failure) -> [Figures] {
         let writers = max(1, min(writers, 64))
         let batch = max(1, min(batch, 10_000))
         let seconds = seconds.isFinite ? max(0.1, min(seconds, 600)) : 3
-        let schema = "opqd_feed_\(strategy.rawValue.split(separator: "-").joined(separator: "_"))_\(UInt32.random(in: 0...UInt32.max))"
-        let admin = try connect(url)
-        do throws(PGFailure) {
-            try admin.runScript(
-                """
-                CREATE SCHEMA \(schema);
-                CREATE TABLE \(schema).events (
-                    seq bigint PRIMARY KEY, time bigint NOT NULL, queue text NOT NULL, operation bigint NOT NULL,
-                    key text NOT NULL, old text, new text, state text NOT NULL);
-                CREATE SEQUENCE \(schema).seq;
-                CREATE TABLE \(schema).counter (last bigint NOT NULL);
-                INSERT INTO \(schema).counter VALUES (0);
-                """)
-        } catch { throw Failure(description: "creating schema \(schema): \(error)") }
-        defer { _ = try? admin.runScript("DROP SCHEMA IF EXISTS \(schema) CASCADE") }
+        let slices = max(1, min(slices, 100))
+        var contenders: [Contender] = []
+        defer { for c in contenders { c.drop() } }
+        for strategy in strategies {
+            contenders.append(try Contender(url: url, strategy: strategy, writers: writers, batch: batch, notify: notify))
+        }
+        for _ in 0..<slices {
+            for c in contenders { try c.slice(seconds: seconds / Double(slices)) }
+        }
+        var out: [Figures] = []
+        for c in contenders { out.append(try c.figures()) }
+        return out
+    }
 
-        // Every connection is made before the clock starts, so the run measures commits only.
+    /// One strategy's schema, connections and running totals across its slices.
+    private final class Contender {
+        let strategy: Strategy
+        let schema: String
+        let batch: Int
+        let notify: Bool
+        let admin: PGConnection
         var writerConnections: [PGConnection] = []
-        for _ in 0..<writers {
-            let c = try connect(url)
-            do throws(PGFailure) { try c.enterPipelineMode() } catch { throw Failure(description: "pipeline mode: \(error)") }
-            writerConnections.append(c)
+        var readerConnection: PGConnection?
+        var statements: CommitStatements
+        var results: [WriterResult] = []
+        var feed = FeedResult()
+        var nanoseconds = 0
+
+        init(url: String, strategy: Strategy, writers: Int, batch: Int, notify: Bool) throws(Failure) {
+            self.strategy = strategy
+            self.batch = batch
+            self.notify = notify
+            schema = "opqd_feed_\(strategy.rawValue.split(separator: "-").joined(separator: "_"))_\(UInt32.random(in: 0...UInt32.max))"
+            statements = commitStatements(strategy, schema: schema, lockKey: Int64.random(in: 1...Int64.max))
+            if notify { statements.after = "SELECT pg_notify('\(schema)', '')" }
+            admin = try connect(url)
+            do throws(PGFailure) {
+                try admin.runScript(
+                    """
+                    CREATE SCHEMA \(schema);
+                    CREATE TABLE \(schema).events (
+                        seq bigint PRIMARY KEY, time bigint NOT NULL, queue text NOT NULL, operation bigint NOT NULL,
+                        key text NOT NULL, old text, new text, state text NOT NULL);
+                    CREATE SEQUENCE \(schema).seq;
+                    CREATE TABLE \(schema).counter (last bigint NOT NULL);
+                    INSERT INTO \(schema).counter VALUES (0);
+                    """)
+            } catch { throw Failure(description: "creating schema \(schema): \(error)") }
+            // Every connection is made before any clock starts, so the slices measure commits only.
+            for _ in 0..<writers {
+                let c = try connect(url)
+                do throws(PGFailure) { try c.enterPipelineMode() } catch { throw Failure(description: "pipeline mode: \(error)") }
+                writerConnections.append(c)
+            }
+            readerConnection = try connect(url)
+            results = (0..<writers).map { WriterResult(nextOperation: Int64($0) &* 1_000_000_000_000) }
         }
-        let readerConnection = try connect(url)
-        // Closed before the schema is dropped (defers run last first).
-        defer {
+
+        /// Closes the connections, then drops the schema.
+        func drop() {
             for c in writerConnections { c.close() }
-            readerConnection.close()
+            readerConnection?.close()
+            _ = try? admin.runScript("DROP SCHEMA IF EXISTS \(schema) CASCADE")
+            admin.close()
         }
 
-        let statements = commitStatements(strategy, schema: schema, lockKey: Int64.random(in: 1...Int64.max))
-        let results = Lock([WriterResult]())
-        let feed = Lock(FeedResult())
-        let writersDone = Lock(false)
-        let start = clockNanos(CLOCK_MONOTONIC)
-        let deadline = start &+ Int(seconds * 1e9)
-
-        let reader = BenchThread.start {
-            let r = readFeed(readerConnection, schema: schema, writersDone: writersDone)
-            feed.withLock { $0 = r }
-        }
-        guard let reader else {
-            throw Failure(description: "cannot start the reader thread")
-        }
-        var threads: [BenchThread] = []
-        for (w, conn) in writerConnections.enumerated() {
-            let t = BenchThread.start {
-                let r = commitUntil(deadline, on: conn, writer: w, batch: batch, statements: statements)
-                results.withLock { $0.append(r) }
+        /// The writers commit for `seconds` while the reader polls; the reader goes on from where
+        /// the previous slice left it and stops once it has caught up after the writers stopped.
+        func slice(seconds: Double) throws(Failure) {
+            guard let readerConnection else { throw Failure(description: "no reader connection") }
+            let schema = schema, batch = batch, statements = statements, before = feed
+            let firsts = results.map(\.nextOperation)
+            let collected = Lock([(Int, WriterResult)]())
+            let feedAfter = Lock(before)
+            let writersDone = Lock(false)
+            let start = clockNanos(CLOCK_MONOTONIC)
+            let deadline = start &+ Int(seconds * 1e9)
+            let reader = BenchThread.start {
+                let r = readFeed(readerConnection, schema: schema, from: before, writersDone: writersDone)
+                feedAfter.withLock { $0 = r }
             }
-            if let t { threads.append(t) }
-        }
-        for t in threads { t.join() }
-        let stop = clockNanos(CLOCK_MONOTONIC)
-        writersDone.withLock { $0 = true }
-        reader.join()
-        let read = feed.value
-
-        let all = results.value
-        guard all.count == writers else { throw Failure(description: "only \(all.count) of \(writers) writer threads started") }
-        var latencies = all.flatMap(\.latencies)
-        latencies.sort()
-        let firstFailure = all.compactMap(\.firstFailure).first ?? read.failure
-
-        let stored: Int, below: Int, low: Int64, high: Int64
-        var counterBytes: Int?
-        do throws(PGFailure) {
-            let t = try admin.exec(
-                "SELECT count(*), coalesce(min(seq), 0), coalesce(max(seq), 0), count(*) FILTER (WHERE seq <= $1::bigint) FROM \(schema).events",
-                [PGParameter(read.cursor)])
-            stored = Int(t.int64(0, 0) ?? 0)
-            low = t.int64(0, 1) ?? 0
-            high = t.int64(0, 2) ?? 0
-            below = Int(t.int64(0, 3) ?? 0)
-            if strategy == .counterRow {
-                counterBytes = try admin.exec("SELECT pg_relation_size('\(schema).counter')").int64(0, 0).map { Int($0) }
+            guard let reader else { throw Failure(description: "cannot start the reader thread") }
+            var threads: [BenchThread] = []
+            for (w, conn) in writerConnections.enumerated() {
+                let t = BenchThread.start {
+                    let r = commitUntil(deadline, on: conn, writer: w, from: firsts[w], batch: batch, statements: statements)
+                    collected.withLock { $0.append((w, r)) }
+                }
+                if let t { threads.append(t) }
             }
-        } catch { throw Failure(description: "reading the table back: \(error)") }
-        return Figures(
-            strategy: strategy, writers: writers, batch: batch, seconds: Double(stop &- start) / 1e9,
-            commits: all.reduce(0) { $0 &+ $1.commits }, events: all.reduce(0) { $0 &+ $1.commits &* batch },
-            failures: all.reduce(0) { $0 &+ $1.failures }, firstFailure: firstFailure,
-            latencyP50: percentile(latencies, 0.5), latencyP99: percentile(latencies, 0.99),
-            readerPolls: read.polls, readerSeen: read.seen, finalCursor: read.cursor, stored: stored,
-            skips: max(0, below &- read.seen), holes: stored > 0 ? max(0, high &- low &+ 1 &- Int64(stored)) : 0,
-            counterBytes: counterBytes)
+            for t in threads { t.join() }
+            nanoseconds &+= clockNanos(CLOCK_MONOTONIC) &- start
+            writersDone.withLock { $0 = true }
+            reader.join()
+            feed = feedAfter.value
+            let got = collected.value
+            for (w, r) in got where w < results.count {
+                results[w].commits &+= r.commits
+                results[w].failures &+= r.failures
+                results[w].latencies += r.latencies
+                if results[w].firstFailure == nil { results[w].firstFailure = r.firstFailure }
+                // Each writer goes on from where it stopped: operation ids never repeat.
+                results[w].nextOperation = r.nextOperation
+            }
+            guard got.count == writerConnections.count else {
+                throw Failure(description: "only \(got.count) of \(writerConnections.count) writer threads started")
+            }
+        }
+
+        /// The totals, and the table read back against what the reader saw.
+        func figures() throws(Failure) -> Figures {
+            var latencies = results.flatMap(\.latencies)
+            latencies.sort()
+            let stored: Int, below: Int, low: Int64, high: Int64
+            var counterBytes: Int?
+            do throws(PGFailure) {
+                let t = try admin.exec(
+                    "SELECT count(*), coalesce(min(seq), 0), coalesce(max(seq), 0), count(*) FILTER (WHERE seq <= $1::bigint) FROM \(schema).events",
+                    [PGParameter(feed.cursor)])
+                stored = Int(t.int64(0, 0) ?? 0)
+                low = t.int64(0, 1) ?? 0
+                high = t.int64(0, 2) ?? 0
+                below = Int(t.int64(0, 3) ?? 0)
+                if strategy == .counterRow {
+                    counterBytes = try admin.exec("SELECT pg_relation_size('\(schema).counter')").int64(0, 0).map { Int($0) }
+                }
+            } catch { throw Failure(description: "reading the table back: \(error)") }
+            let commits = results.reduce(0) { $0 &+ $1.commits }
+            return Figures(
+                strategy: strategy, writers: writerConnections.count, batch: batch, notify: notify, seconds: Double(nanoseconds) / 1e9,
+                commits: commits, events: commits &* batch, failures: results.reduce(0) { $0 &+ $1.failures },
+                firstFailure: results.compactMap(\.firstFailure).first ?? feed.failure,
+                latencyP50: percentile(latencies, 0.5), latencyP99: percentile(latencies, 0.99),
+                readerPolls: feed.polls, readerSeen: feed.seen, finalCursor: feed.cursor, stored: stored,
+                skips: max(0, below &- feed.seen), holes: stored > 0 ? max(0, high &- low &+ 1 &- Int64(stored)) : 0,
+                counterBytes: counterBytes)
+        }
     }
 
     // MARK: - the writers
@@ -178,6 +238,8 @@ public enum PGFeedOrderBench {
         var before: String?
         var insert: String
         var insertTakesCount: Bool
+        /// Sent after the INSERT, with no parameters (the notification), if any.
+        var after: String?
     }
 
     static func commitStatements(_ strategy: Strategy, schema: String, lockKey: Int64) -> CommitStatements {
@@ -207,6 +269,8 @@ public enum PGFeedOrderBench {
     }
 
     struct WriterResult: Sendable {
+        /// The next operation id this writer will use (ids are unique per writer across slices).
+        var nextOperation: Int64 = 0
         var commits = 0
         var failures = 0
         var firstFailure: String?
@@ -215,7 +279,7 @@ public enum PGFeedOrderBench {
 
     /// Commits as fast as it can until `deadline`: each transaction is one round trip (BEGIN,
     /// the statements, COMMIT, sync, then the answers), as PGWriter.apply sends a group commit.
-    static func commitUntil(_ deadline: Int, on conn: PGConnection, writer: Int, batch: Int, statements: CommitStatements) -> WriterResult {
+    static func commitUntil(_ deadline: Int, on conn: PGConnection, writer: Int, from first: Int64, batch: Int, statements: CommitStatements) -> WriterResult {
         var out = WriterResult()
         out.latencies.reserveCapacity(1 << 16)
         // Event values of realistic size; the operation ids differ per writer and per commit.
@@ -225,7 +289,7 @@ public enum PGFeedOrderBench {
         let old = PGParameter(repeated("ready"))
         let new = PGParameter(repeated("running"))
         let count = PGParameter(batch)
-        var operation = Int64(writer) &* 1_000_000_000_000
+        var operation = first
         while clockNanos(CLOCK_MONOTONIC) < deadline {
             let now = Int64(clockNanos(CLOCK_REALTIME))
             var ids: [String] = []
@@ -244,6 +308,7 @@ public enum PGFeedOrderBench {
                 try conn.send("BEGIN"); sent += 1
                 if let before = statements.before { try conn.send(before); sent += 1 }
                 try conn.send(statements.insert, parameters); sent += 1
+                if let after = statements.after { try conn.send(after); sent += 1 }
                 try conn.send("COMMIT"); sent += 1
                 try conn.sync()
                 _ = try conn.readPipeline(count: sent)
@@ -256,6 +321,7 @@ public enum PGFeedOrderBench {
                 if !conn.isUsable || error.connectionLost { break }
             }
         }
+        out.nextOperation = operation
         return out
     }
 
@@ -268,13 +334,13 @@ public enum PGFeedOrderBench {
         var failure: String?
     }
 
-    /// Polls `seq > cursor ORDER BY seq LIMIT 1000` back to back, moving the cursor to the last
-    /// seq read, as a feed reader does; stops at the first short page read after the writers stopped
+    /// Polls `seq > cursor ORDER BY seq LIMIT 1000` back to back from `start`'s cursor, moving the
+    /// cursor to the last seq read, as a feed reader does; stops at the first short page read after the writers stopped
     /// (every commit is visible then). Each seq comes back at most once, so counting is enough.
-    static func readFeed(_ conn: PGConnection, schema: String, writersDone: Lock<Bool>) -> FeedResult {
-        var out = FeedResult()
+    static func readFeed(_ conn: PGConnection, schema: String, from start: FeedResult, writersDone: Lock<Bool>) -> FeedResult {
+        var out = start
         let sql = "SELECT seq FROM \(schema).events WHERE seq > $1::bigint ORDER BY seq LIMIT 1000"
-        while true {
+        while out.failure == nil {
             let finished = writersDone.value
             do throws(PGFailure) {
                 let page = try conn.exec(sql, [PGParameter(out.cursor)])
@@ -287,9 +353,9 @@ public enum PGFeedOrderBench {
                 if finished && page.rows < 1000 { return out }
             } catch {
                 out.failure = "reader: \(error)"
-                return out
             }
         }
+        return out
     }
 
     // MARK: - pieces

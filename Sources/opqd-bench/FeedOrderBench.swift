@@ -8,14 +8,19 @@
 //   (a) sequence       `nextval` in the INSERT, no lock: the unsafe baseline;
 //   (b) advisory-lock  `pg_advisory_xact_lock` then the same INSERT: commits in seq order;
 //   (c) counter-row    a one-row counter bumped in the INSERT's statement: serialised, no holes.
-// Each run has its own fresh schema in one fresh database, both dropped afterwards. The
+// With --notify every commit also sends one pg_notify, as opqd's writer does: its commit-time
+// lock serialises notifying commits whatever the strategy, so the baseline moves.
+// For each K and B the three take turns in slices of about a second (a, b, c, a, b, c, ...), so
+// a disk or CPU shared with other work slows them alike. Each strategy has its own fresh schema
+// in one fresh database, both dropped afterwards. The
 // measuring is PGFeedOrderBench (PostgresStore), next to the connection it needs.
 import Foundation
 import PostgresStore
 
 enum FeedOrderBench {
     static let usage =
-        "usage: opqd-bench feed-order --postgres URL [--seconds S] [--writers 1,2,4] [--batch 1,32]\n"
+        "usage: opqd-bench feed-order --postgres URL [--seconds S] [--writers 1,2,4] [--batch 1,32] [--notify]\n"
+        + "  --notify: every commit also sends one pg_notify, as opqd's writer does (its lock serialises commits)\n"
         + "  URL: a server opqd may create databases on (scripts/pg.sh start DIR prints one); default $OPQD_TEST_POSTGRES_URL\n"
 
     static func main(_ args: [String]) -> Int32 {
@@ -23,10 +28,12 @@ enum FeedOrderBench {
         var seconds = 3.0
         var writers = [1, 2, 4]
         var batches = [1, 32]
+        var notify = false
         var i = 0
         while i < args.count {
             let value = i + 1 < args.count ? args[i + 1] : nil
             switch (args[i], value) {
+            case ("--notify", _): notify = true; i -= 1
             case let ("--postgres", v?): server = v
             case let ("--seconds", v?):
                 guard let s = Double(v), s.isFinite, s > 0 else {
@@ -51,6 +58,9 @@ enum FeedOrderBench {
             return 2
         }
 
+        // About one slice a second, each strategy taking its turn in each: a disk or CPU shared
+        // with others then slows all three alike.
+        let slices = max(1, min(10, Int(seconds.rounded())))
         let database = "opqd_bench_feed_\(UInt64.random(in: 0...UInt64.max))"
         do { try TestPostgres.psql(server, "CREATE DATABASE \(database)") } catch {
             eprint("opqd-bench feed-order: \(error)\n")
@@ -68,7 +78,7 @@ enum FeedOrderBench {
             print("postgres: \(PostgresStore.redact(server)): \(settings.trimmingCharacters(in: .whitespacesAndNewlines))")
         }
         print(
-            "each run: K writers x \(BenchSupport.fmt(seconds, 1)) s, commits of B events in one round trip each (pipeline); one reader polling "
+            "each run: K writers x \(BenchSupport.fmt(seconds, 1)) s, commits of B events\(notify ? " and one pg_notify" : "") in one round trip each (pipeline), the strategies taking turns in \(slices) slice(s); one reader polling "
                 + "seq > cursor ORDER BY seq LIMIT 1000 back to back; a fresh schema per run")
         print("")
         let columns: [(String, Int)] = [
@@ -81,16 +91,18 @@ enum FeedOrderBench {
         var problems: [String] = []
         for batch in batches {
             for k in writers {
-                var baseline: Double?
-                for strategy in PGFeedOrderBench.Strategy.allCases {
-                    let f: PGFeedOrderBench.Figures
-                    do { f = try PGFeedOrderBench.run(url: url, strategy: strategy, writers: k, batch: batch, seconds: seconds) } catch {
-                        problems.append("(\(strategy.letter)) K=\(k) B=\(batch): \(error)")
-                        print(BenchSupport.pad("(\(strategy.letter)) \(strategy.rawValue)", 17) + "  failed: \(error)")
-                        continue
-                    }
+                let figures: [PGFeedOrderBench.Figures]
+                do {
+                    figures = try PGFeedOrderBench.run(url: url, writers: k, batch: batch, seconds: seconds, slices: slices, notify: notify)
+                } catch {
+                    problems.append("K=\(k) B=\(batch): \(error)")
+                    print("K=\(k) B=\(batch) failed: \(error)")
+                    continue
+                }
+                let baseline = figures.first { $0.strategy == .sequence }?.eventsPerSecond
+                for f in figures {
+                    let strategy = f.strategy
                     all.append(f)
-                    if strategy == .sequence { baseline = f.eventsPerSecond }
                     let ratio = baseline.map { $0 > 0 ? BenchSupport.fmt(f.eventsPerSecond / $0, 2) : "-" } ?? "-"
                     let cells = [
                         "(\(strategy.letter)) \(strategy.rawValue)", String(k), String(batch), BenchSupport.grouped(f.commitsPerSecond),
@@ -123,7 +135,7 @@ enum FeedOrderBench {
                     + (skipped == 0 ? " (the race did not show this time: (a) is still unsafe, commits can become visible out of seq order)" : ""))
         }
         for p in problems { print("PROBLEM: \(p)") }
-        var summary: [(String, Any)] = [("seconds", seconds), ("ok", problems.isEmpty)]
+        var summary: [(String, Any)] = [("seconds", seconds), ("notify", notify), ("ok", problems.isEmpty)]
         summary.append(
             (
                 "runs",
