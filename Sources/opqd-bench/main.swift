@@ -9,6 +9,7 @@
 //   opqd-bench batch [--quick]       durable creates via POST /v1/operations:batch vs single creates (BatchBench.swift)
 //   opqd-bench pgstore --postgres U  --store postgres:// vs SQLite --sync full, HTTP and store alone (PGStoreBench.swift)
 //   opqd-bench cluster --postgres U  1, 2, 3 instances on one PostgreSQL vs one on SQLite (ClusterBench.swift)
+//   opqd-bench feed-order --postgres U  a global event seq from K writers: cost and feed skips (FeedOrderBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -60,6 +61,11 @@ let usage = """
                          durable creates/s and external jobs/s with clients and workers round-robin over the
                          instances, CPU seconds per 1,000 operations of each opqd process and of a local PostgreSQL (/proc), and GET
                          latency p50/p99 to the owner (direct) vs to a non-owner (forwarded).
+      feed-order --postgres URL [--seconds 3] [--writers 1,2,4] [--batch 1,32] [--notify]
+                         a global event seq from K concurrent writers on one table: (a) nextval alone,
+                         (b) advisory lock + nextval, (c) one-row counter; commits/s, events/s, commit
+                         latency p50/p99, and events a polling feed reader skipped (fresh database on URL).
+                         --notify: every commit also sends one pg_notify, as opqd's writer does.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -94,6 +100,8 @@ case "pgstore":
     exit(PGStoreBench.main(args))
 case "cluster":
     exit(ClusterBench.main(args))
+case "feed-order":
+    exit(FeedOrderBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
