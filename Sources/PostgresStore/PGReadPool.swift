@@ -28,6 +28,10 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
     private let url: String
     private let slots: DispatchSemaphore
     private let idle = Lock<(readers: [PGReader], closed: Bool)>(([], false))
+    /// When the last read failed for want of PostgreSQL (monotonic ns), and why.
+    private let failed = Lock<(at: Int, reason: String)?>(nil)
+    /// For this long after a failed read, reads fail at once (0.5 s; clients retry after 1 s).
+    static let failFastNanos = 500_000_000
 
     public init(url: String, size: Int = PGReadPool.defaultSize) {
         self.url = url
@@ -36,6 +40,23 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
 
     /// Runs `body` on a reader of its own: an idle one, or a new one while fewer than `size` exist.
     private func withReader<T>(_ body: (PGReader) throws(PGFailure) -> T) throws(PGReadUnavailable) -> T {
+        // Just failed: fail at once rather than have every server thread wait for a connect
+        // timeout of its own while PostgreSQL is away.
+        if let recent = failed.withLock({ $0 }), PGMembership.monotonicNanos() &- recent.at < Self.failFastNanos {
+            throw PGReadUnavailable(description: recent.reason)
+        }
+        do throws(PGReadUnavailable) {
+            let value = try read(body)
+            failed.withLock { $0 = nil }
+            return value
+        } catch {
+            let at = PGMembership.monotonicNanos()
+            failed.withLock { $0 = (at, error.description) }
+            throw error
+        }
+    }
+
+    private func read<T>(_ body: (PGReader) throws(PGFailure) -> T) throws(PGReadUnavailable) -> T {
         guard slots.wait(timeout: .now() + Self.waitSeconds) == .success else {
             throw PGReadUnavailable(description: "every read connection to PostgreSQL stayed busy for \(Int(Self.waitSeconds)) s")
         }
@@ -99,14 +120,29 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
     /// the owner's store reads them); nil when there is no such operation.
     public func history(of id: OperationID, after: UInt64, limit: Int) throws -> [ChangeEvent]? {
         guard let key = Self.key(id) else { return nil }
-        return try withReader { reader throws(PGFailure) -> [ChangeEvent]? in
-            let exists = try reader.withConnection { c throws(PGFailure) in
-                try c.exec("SELECT 1 FROM opqd.operations WHERE id = $1::bigint", [PGParameter(key)])
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.exec(Self.historyQuery, [PGParameter(key), PGParameter(Int64(clamping: after)), PGParameter(max(0, limit))])
             }
-            guard exists.rows > 0 else { return nil }
-            return try reader.events(of: id, after: after, limit: limit)
         }
+        // No row: no such operation. One row of NULLs: an operation without events (after
+        // `after`). Rows that do not decode are skipped, as the owner's store skips them.
+        guard r.rows > 0 else { return nil }
+        var out: [ChangeEvent] = []
+        out.reserveCapacity(r.rows)
+        for i in 0..<r.rows where !r.isNull(i, 0) {
+            if let e = try? PGRecordDecoder.event(r, i) { out.append(e) }
+        }
+        return out
     }
+
+    /// The operation's row joined with its events in one round trip: the existence check and the
+    /// page cannot disagree, and a read costs one statement.
+    static let historyQuery = """
+        SELECT \(PGSchema.eventColumns.split(separator: ",").map { "e." + $0.trimmingCharacters() }.joined(separator: ", ")) \
+        FROM opqd.operations o LEFT JOIN LATERAL (SELECT \(PGSchema.eventColumns) FROM opqd.events \
+        WHERE operation = o.id AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint) e ON true WHERE o.id = $1::bigint ORDER BY e.seq
+        """
 
     /// Closes the idle connections; a read under way closes its own when it ends.
     public func close() {
