@@ -94,19 +94,21 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         guard let key = Self.key(id) else { return nil }
         let r = try withReader { reader throws(PGFailure) in
             try reader.withConnection { c throws(PGFailure) in
-                try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE id = $1::bigint", [PGParameter(key)])
+                try c.execPrepared("opqd_read_operation", Self.operationQuery, [PGParameter(key)])
             }
         }
         guard r.rows > 0 else { return nil }
         do { return try PGRecordDecoder.operation(r, 0) } catch { throw PGReadDamaged(description: error.detail) }
     }
 
+    static let operationQuery = "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE id = $1::bigint"
+
     /// The committed revision of operation `id`, or nil when there is none.
     public func revision(of id: OperationID) throws -> UInt64? {
         guard let key = Self.key(id) else { return nil }
         let r = try withReader { reader throws(PGFailure) in
             try reader.withConnection { c throws(PGFailure) in
-                try c.exec("SELECT revision FROM opqd.operations WHERE id = $1::bigint", [PGParameter(key)])
+                try c.execPrepared("opqd_read_revision", "SELECT revision FROM opqd.operations WHERE id = $1::bigint", [PGParameter(key)])
             }
         }
         guard r.rows > 0 else { return nil }
@@ -122,7 +124,7 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         guard let key = Self.key(id) else { return nil }
         let r = try withReader { reader throws(PGFailure) in
             try reader.withConnection { c throws(PGFailure) in
-                try c.exec(Self.historyQuery, [PGParameter(key), PGParameter(Int64(clamping: after)), PGParameter(max(0, limit))])
+                try c.execPrepared("opqd_read_history", Self.historyQuery, [PGParameter(key), PGParameter(Int64(clamping: after)), PGParameter(max(0, limit))])
             }
         }
         // No row: no such operation. One row of NULLs: an operation without events (after
