@@ -1,4 +1,5 @@
 import Foundation
+import Locking
 import QueueTesting
 import Testing
 
@@ -88,20 +89,23 @@ struct FollowerReadsTests {
             }
             _ = try post("/v1/queues", #"{"name":"reads","maxConcurrentOperationCount":1}"#).expecting(201)
             // Finished (succeeded), with a name that is not plain ASCII and a retry policy.
-            let done = try post(
-                "/v1/queues/reads/operations",
-                #"{"kind":"delay","name":"n\u0000ä ☃","spec":{"seconds":0.01},"retry":{"maxAttempts":2,"backoff":0.5,"multiplier":1.5},"timeout":30}"#
-            ).expecting(201).string("id") ?? ""
+            let done =
+                try post(
+                    "/v1/queues/reads/operations",
+                    #"{"kind":"delay","name":"n\u0000ä ☃","spec":{"seconds":0.01},"retry":{"maxAttempts":2,"backoff":0.5,"multiplier":1.5},"timeout":30}"#
+                ).expecting(201).string("id") ?? ""
             _ = try owner.request("GET", "/v1/operations/\(done)/wait?timeout=10", headers: write).expecting(200)
             // Executing (external, claimed, with progress), one pending behind it, one cancelled.
             let external = try post("/v1/queues/reads/operations", #"{"kind":"external","spec":{"lease":60}}"#).expecting(201).string("id") ?? ""
             let claim = try post("/v1/queues/reads/claim?wait=5", #"{"worker":"w"}"#).expecting(200)
             let lease = (claim.object["lease"] as? [String: Any])?["token"] as? String ?? ""
             _ = try post("/v1/operations/\(external)/progress", #"{"leaseToken":"\#(lease)","completed":3,"total":4}"#).expecting(200)
-            let pending = try post(
-                "/v1/queues/reads/operations", #"{"kind":"delay","queuePriority":"high","dependencies":["\#(external)"],"spec":{"seconds":1}}"#
-            ).expecting(201).string("id") ?? ""
-            let cancelled = try post("/v1/queues/reads/operations", #"{"kind":"delay","spec":{"seconds":1},"notBefore":"2030-01-01T00:00:00Z"}"#)
+            let pending =
+                try post(
+                    "/v1/queues/reads/operations", #"{"kind":"delay","queuePriority":"high","dependencies":["\#(external)"],"spec":{"seconds":1}}"#
+                ).expecting(201).string("id") ?? ""
+            let cancelled =
+                try post("/v1/queues/reads/operations", #"{"kind":"delay","spec":{"seconds":1},"notBefore":"2030-01-01T00:00:00Z"}"#)
                 .expecting(201).string("id") ?? ""
             _ = try post("/v1/operations/\(cancelled)/cancel", "").expecting(200)
             let seqs = try owner.request("GET", "/v1/operations/\(done)/events", headers: write).expecting(200).objects("events").compactMap {
@@ -143,6 +147,17 @@ struct FollowerReadsTests {
                 headers["If-None-Match"] = tag
                 try Self.compare("/v1/operations/\(done)", headers: headers, owner: owner, follower: follower)
             }
+            // Many readers at once (the follower's read connections are shared): every answer whole.
+            let expected = try owner.request("GET", "/v1/operations/\(done)", headers: write).text
+            let wrong = Locking.Lock(0)
+            DispatchQueue.concurrentPerform(iterations: 8) { _ in
+                let client = KeepAliveClient(port: followerProcess.port)
+                for _ in 0..<25 {
+                    let r = try? client.request("GET", "/v1/operations/\(done)", headers: Self.auth(Self.readToken))
+                    if r?.status != 200 || r?.text != expected { wrong.withLock { $0 += 1 } }
+                }
+            }
+            #expect(wrong.withLock { $0 } == 0)
             #expect(try Self.relayed(follower) == before, "the follower answered every operation read itself")
             // What is still relayed comes back the same too (queues, and methods the follower
             // does not answer on these paths).
