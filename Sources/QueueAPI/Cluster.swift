@@ -412,6 +412,7 @@ final class FollowerService: OpqdService {
         }
         EventsController(events: events, scheduler: DispatchScheduler(), limits: limits).addRoutes(to: &router)
         DashboardController(access: access).addRoutes(to: &router)
+        FollowerReads(reads: PostgresOperationReads(pool: PGReadPool(url: configuration.store)), limits: limits).addRoutes(to: &router)
         let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
             logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
         }

@@ -105,6 +105,26 @@ final class PGConnection: @unchecked Sendable {
         return result
     }
 
+    /// Names of the statements prepared on this connection (a new connection starts with none).
+    private var prepared: Set<String> = []
+
+    /// Runs `sql` as the prepared statement `name`, preparing it on this connection first if it
+    /// is not yet: a statement run on every request is parsed and planned once per connection
+    /// rather than once per call. `name` must always go with the same `sql`.
+    func execPrepared(_ name: String, _ sql: String, _ parameters: [PGParameter]) throws(PGFailure) -> PGResult {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        if !prepared.contains(name) {
+            guard let raw = PQprepare(c, name, sql, Int32(parameters.count), nil) else { throw lost("no result") }
+            try PGResult(raw).check(connectionLost: !isUsable)
+            prepared.insert(name)
+        }
+        let raw = withParameters(parameters) { count, values in PQexecPrepared(c, name, count, values, nil, nil, 0) }
+        guard let raw else { throw lost("no result") }
+        let result = PGResult(raw)
+        try result.check(connectionLost: !isUsable)
+        return result
+    }
+
     /// Runs a fixed script of several statements (no parameters), e.g. a migration that
     /// defines a function whose body holds semicolons. Outside pipeline mode only.
     func runScript(_ sql: String) throws(PGFailure) {

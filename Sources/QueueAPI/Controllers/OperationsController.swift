@@ -141,14 +141,21 @@ struct OperationsController: Sendable {
         return .response(json(200, o.bytes, [("ETag", etag)]))
     }
 
-    func get(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+    /// Status and history come from the engine here; a cluster follower answers the same two
+    /// routes with the same code from PostgreSQL (`FollowerReads`).
+    var reads: EngineOperationReads { EngineOperationReads(engine: engine, store: store, events: events) }
+
+    func get(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult { try Self.status(req, idText, from: reads) }
+
+    /// `GET /v1/operations/{id}`: the status with its `ETag`, or 304 for a matching `If-None-Match`.
+    static func status(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let id = try parseOperationID(idText)
         if req.header("if-none-match") != nil {
-            let etag = ETag.operation(try engine.revision(of: id))
+            let etag = ETag.operation(try reads.revision(of: id))
             if ETag.matches(req, etag) { return ETag.notModified(etag) }
         }
-        let op = try engine.operation(id)
+        let op = try reads.operation(id)
         return .response(json(200, op.json, [("ETag", ETag.operation(op.revision))]))
     }
 
@@ -173,16 +180,19 @@ struct OperationsController: Sendable {
     }
 
     func history(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
+        try Self.history(req, idText, from: reads, limits: limits)
+    }
+
+    /// `GET /v1/operations/{id}/events`: the operation's committed events, oldest first, a page
+    /// at a time (`after`, `limit`, the byte budget; `next` carries on).
+    static func history(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads, limits: OpqdConfiguration.Limits) throws
+        -> HTTPHandlerResult
+    {
         let q = try Query(req, allowed: ["after", "limit"])
         let id = try parseOperationID(idText)
         let after = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
         let limit = try q.int("limit", in: 1...10_000) ?? 1000
-        _ = try engine.revision(of: id)
-        // Committed events only, like the feed: from the store (which keeps every event of the
-        // operation until retention), else from the in-memory ring.
-        let list: [(seq: UInt64, json: [UInt8])] =
-            store.history(of: id, after: after, limit: limit + 1)?.map { ($0.seq, $0.json) }
-            ?? Array(events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit + 1))
+        let list = try reads.history(of: id, after: after, limit: limit + 1)
         let budget = pageBudget(limits)
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("events"); o.openArray()
@@ -198,6 +208,35 @@ struct OperationsController: Sendable {
         if more, let last { o.int(last) } else { o.null() }
         o.close()
         return .response(json(200, o.bytes))
+    }
+}
+
+/// Where an operation's status and history are read from: the engine on an owner (or a single
+/// opqd), PostgreSQL on a cluster follower (`FollowerReads`). One route code for both, so both
+/// validate and answer alike.
+protocol OperationReads: Sendable {
+    /// Throws `EngineError.operationNotFound` for an operation that does not exist.
+    func revision(of id: OperationID) throws -> UInt64
+    func operation(_ id: OperationID) throws -> OperationSnapshot
+    /// Committed events with seq > `after`, oldest first, at most `limit`, encoded; throws
+    /// `EngineError.operationNotFound` for an operation that does not exist.
+    func history(of id: OperationID, after: UInt64, limit: Int) throws -> [(seq: UInt64, json: [UInt8])]
+}
+
+/// The engine's operations, and their committed events from the store.
+struct EngineOperationReads: OperationReads {
+    let engine: QueueEngine
+    let store: any ServiceStore
+    let events: EventLog
+
+    func revision(of id: OperationID) throws -> UInt64 { try engine.revision(of: id) }
+    func operation(_ id: OperationID) throws -> OperationSnapshot { try engine.operation(id) }
+    func history(of id: OperationID, after: UInt64, limit: Int) throws -> [(seq: UInt64, json: [UInt8])] {
+        _ = try engine.revision(of: id)
+        // Committed events only, like the feed: from the store (which keeps every event of the
+        // operation until retention), else from the in-memory ring.
+        return store.history(of: id, after: after, limit: limit)?.map { ($0.seq, $0.json) }
+            ?? Array(events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit))
     }
 }
 
