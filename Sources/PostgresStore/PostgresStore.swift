@@ -254,7 +254,12 @@ public final class PostgresStore: OperationStore {
 
     /// Kept events of one operation with seq > `after`, oldest first, at most `limit`.
     public func events(of id: OperationID, after: UInt64 = 0, limit: Int = .max) -> [ChangeEvent] {
-        (try? reader.withLock { r throws(PGFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
+        history(of: id, after: after, limit: limit) ?? []
+    }
+
+    /// As `events(of:)`, but nil when the read failed (not an empty history).
+    public func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? {
+        try? reader.withLock { r throws(PGFailure) in try r.events(of: id, after: after, limit: limit) }
     }
 
     /// Kept events of one queue, or of one operation, with `after` < seq <= `through`; nil when

@@ -71,7 +71,6 @@ extension PostgresStore: ServiceStore {
     var storeStats: StoreStats? { stats }
     var unavailable: String? { unavailableReason }
     func recoverState() throws -> RecoveredState? { try load() }
-    func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
 }
 
 /// `--store memory`: the engine's in-memory store; meta values live as long as the process,

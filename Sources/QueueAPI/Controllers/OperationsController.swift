@@ -234,9 +234,11 @@ struct EngineOperationReads: OperationReads {
     func history(of id: OperationID, after: UInt64, limit: Int) throws -> [(seq: UInt64, json: [UInt8])] {
         _ = try engine.revision(of: id)
         // Committed events only, like the feed: from the store (which keeps every event of the
-        // operation until retention), else from the in-memory ring.
-        return store.history(of: id, after: after, limit: limit)?.map { ($0.seq, $0.json) }
-            ?? Array(events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit))
+        // operation until retention), else (a store that keeps none) from the in-memory ring.
+        if let kept = store.history(of: id, after: after, limit: limit) { return kept.map { ($0.seq, $0.json) } }
+        // A durable store that could not be read: the ring may lack the older events.
+        if store.isDurable { throw StoreReadUnavailable(detail: store.unavailable ?? "the read failed") }
+        return Array(events.events(of: id).lazy.filter { $0.seq > after }.prefix(limit))
     }
 }
 
