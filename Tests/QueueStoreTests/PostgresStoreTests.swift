@@ -586,8 +586,8 @@ struct PostgresStoreTests {
 
 /// A batch whose COMMIT reached the server but whose answer never came back (the connection
 /// broke in between) is not committed a second time: its events keep the seqs they got.
-@Suite("PostgresStoreTests: a COMMIT whose answer was lost")
-struct LostCommitAnswerTests {
+/// (In the `PostgresStoreTests` suite: scripts/test.sh runs it apart, with the server.)
+extension PostgresStoreTests {
     /// A TCP relay to the server that, once the file `arm` exists, passes the next message that
     /// holds a COMMIT to the server, swallows everything the server answers after it, and closes
     /// the connection half a second later (the file is removed: one cut).
