@@ -7,6 +7,9 @@ import QueueStore
 /// busy too long). The caller answers 503 and the client retries.
 public struct PGReadUnavailable: Error, CustomStringConvertible {
     public let description: String
+    /// PostgreSQL could not be reached (not merely busy, or a statement that failed): reads
+    /// fail at once for a moment after it.
+    var unreachable = false
 }
 
 /// A row read back is not one opqd could have written (a database edited by hand): not the
@@ -23,7 +26,7 @@ public struct PGReadDamaged: Error, CustomStringConvertible {
 public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched under its lock
     public static let defaultSize = 4
     /// Seconds a read waits for a free connection before it gives up (503).
-    static let waitSeconds = 5.0
+    static let waitSeconds = 1.0
 
     private let url: String
     private let slots: DispatchSemaphore
@@ -50,8 +53,10 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
             failed.withLock { $0 = nil }
             return value
         } catch {
-            let at = PGMembership.monotonicNanos()
-            failed.withLock { $0 = (at, error.description) }
+            if error.unreachable {
+                let at = PGMembership.monotonicNanos()
+                failed.withLock { $0 = (at, error.description) }
+            }
             throw error
         }
     }
@@ -67,8 +72,8 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         if let r = taken.reader {
             reader = r
         } else {
-            do { reader = PGReader(url: url, connection: try PGConnection(url: url)) } catch {
-                throw PGReadUnavailable(description: error.description)
+            do { reader = PGReader(url: url, connection: try PGConnection(url: url, connectTimeoutSeconds: 2, boundedReads: true), bounded: true) } catch {
+                throw PGReadUnavailable(description: error.description, unreachable: true)
             }
         }
         // Back to the idle list whatever happened: a reader whose connection broke reconnects
@@ -80,7 +85,7 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
             }
             if closed { reader.close() }
         }
-        do { return try body(reader) } catch { throw PGReadUnavailable(description: error.description) }
+        do { return try body(reader) } catch { throw PGReadUnavailable(description: error.description, unreachable: error.connectionLost) }
     }
 
     /// The id as the `bigint` it is stored as; nil for one no operation can have.

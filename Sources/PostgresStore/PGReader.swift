@@ -7,10 +7,13 @@ final class PGReader {
     private let url: String
     private var connection: PGConnection?
     private var closed = false
+    /// Reconnects as `PGConnection(boundedReads:)` (the read pool's readers).
+    private let bounded: Bool
 
-    init(url: String, connection: PGConnection) {
+    init(url: String, connection: PGConnection, bounded: Bool = false) {
         self.url = url
         self.connection = connection
+        self.bounded = bounded
     }
 
     func close() {
@@ -30,7 +33,7 @@ final class PGReader {
             } else {
                 connection?.close()
                 connection = nil
-                c = try PGConnection(url: url)
+                c = bounded ? try PGConnection(url: url, connectTimeoutSeconds: 2, boundedReads: true) : try PGConnection(url: url)
                 connection = c
             }
             do throws(PGFailure) {

@@ -115,7 +115,7 @@ enum PGSchema {
         // 2 -> 3: seq from a sequence inside the commit, so that several writers (owners)
         // commit events with one global seq (see `insertEvents`), starting after the newest
         // seq handed out so far; and one mark per writer, so that a batch whose COMMIT's answer
-        // was lost is not committed twice.
+        // was lost is not committed twice (`opqd.mark`). Run as one script (function body).
         """
         CREATE SEQUENCE opqd.event_seq AS bigint MINVALUE 1 CACHE 1;
         SELECT setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
@@ -127,11 +127,19 @@ enum PGSchema {
             ticket bigint NOT NULL,
             at     timestamptz NOT NULL
         );
+        CREATE FUNCTION opqd.mark(who text, upto bigint) RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO opqd.commit_mark AS m (writer, ticket, at) VALUES (who, upto, now())
+                ON CONFLICT (writer) DO UPDATE SET ticket = excluded.ticket, at = excluded.at WHERE m.ticket < excluded.ticket;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'opqd writer % committed ticket % already', who, upto USING ERRCODE = 'OP002';
+            END IF;
+        END $$;
         """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
-    static let scriptMigrations: Set<Int> = [1]
+    static let scriptMigrations: Set<Int> = [1, 2]
 
     /// The SQLSTATE `opqd.fence` raises: this instance's commit was refused because another
     /// instance took the queues (a higher epoch).
@@ -197,24 +205,37 @@ enum PGSchema {
     /// consecutive, so the events got newest - count + 1 ... newest.
     static let insertEvents: String = {
         let arrays = eventArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
+        let n = "$\(eventArrayTypes.count + 1)::bigint"
+        // The block is taken in one step (nextval, then setval past the block: nobody else
+        // draws while the lock is held) and row n gets top - count + n: no reliance on the order
+        // in which the planner would evaluate nextval per row.
         return """
-            WITH i AS (INSERT INTO opqd.events (\(eventColumns)) \
-            SELECT nextval('opqd.event_seq'), r.time, r.queue, r.operation, r.key, r.old, r.new, r.state, r.epoch \
-            FROM unnest(\(arrays)) WITH ORDINALITY AS r(\(eventColumns), n) ORDER BY r.n RETURNING seq) \
-            SELECT max(seq), min(seq), count(*) FROM i
+            WITH t AS (SELECT setval('opqd.event_seq', nextval('opqd.event_seq') + \(n) - 1) AS top), \
+            i AS (INSERT INTO opqd.events (\(eventColumns)) \
+            SELECT t.top - \(n) + r.n, r.time, r.queue, r.operation, r.key, r.old, r.new, r.state, r.epoch \
+            FROM t, unnest(\(arrays)) WITH ORDINALITY AS r(\(eventColumns), n)) \
+            SELECT top FROM t
             """
     }()
     /// After a unique violation (a sequence behind the events, which only a hand-edited
     /// database has): moved past the newest stored seq, then the batch is tried again.
-    static let catchUpEventSeq = """
-        SELECT setval('opqd.event_seq', greatest((SELECT last_value FROM opqd.event_seq), coalesce((SELECT max(seq) FROM opqd.events), 1)))
+    static var catchUpEventSeq: String { settleEventSeq }
+    /// The first write of every commit with events: moves the writer's mark to the batch's
+    /// newest ticket, or fails the transaction (SQLSTATE `OP002`) when the mark is there
+    /// already, i.e. an earlier attempt at this batch committed although its answer was lost.
+    /// The mark's row lock orders the attempts: a retry waits for an attempt still running on
+    /// the server, then sees what it did.
+    static let markCommit = "SELECT opqd.mark($1, $2::bigint)"
+    static let committedState = "OP002"
+    /// At the start of a writer: the sequence past every seq handed out before (a database an
+    /// older opqd wrote, or events inserted by hand), under the events' lock.
+    static let settleEventSeq = """
+        SELECT pg_advisory_xact_lock(\(eventLock)::bigint), setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
+            coalesce((SELECT max(seq) FROM opqd.events), 0),
+            (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM opqd.event_seq),
+            coalesce((SELECT CASE WHEN encode(value, 'escape') ~ '^[0-9]{1,18}$' THEN encode(value, 'escape')::bigint END
+                      FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), 0)) AS last) AS s
         """
-    /// In every commit with events: the writer's newest committed ticket (see `PGWriter`).
-    static let markCommit = """
-        INSERT INTO opqd.commit_mark (writer, ticket, at) VALUES ($1, $2::bigint, now()) \
-        ON CONFLICT (writer) DO UPDATE SET ticket = excluded.ticket, at = excluded.at
-        """
-    static let committedTicket = "SELECT ticket FROM opqd.commit_mark WHERE writer = $1"
     /// Marks of writers gone for a day (a live writer's mark is only ever read seconds after it
     /// wrote it).
     static let deleteOldMarks = "DELETE FROM opqd.commit_mark WHERE at < now() - interval '1 day'"

@@ -61,10 +61,10 @@ struct PGWriterShared {
 /// When the connection breaks, the writer reconnects with backoff and commits the batch again.
 /// Every statement but the events' INSERT is an upsert or a delete, so running it twice gives
 /// the same result as once; the INSERT would number the events twice, so a batch with events
-/// also writes this writer's mark (`opqd.commit_mark`: its newest committed ticket), and after
-/// a lost connection the mark says whether the lost COMMIT had reached the server. Nothing is
-/// reported durable until a COMMIT is answered (or the mark shows it was); `lastError` says
-/// why meanwhile (readiness reads it).
+/// first moves this writer's mark (`opqd.mark`: its newest committed ticket), which refuses a
+/// batch that an earlier attempt committed though its answer was lost (and waits for an
+/// attempt still running on the server). Nothing is reported durable until a COMMIT is
+/// answered (or the mark shows it was); `lastError` says why meanwhile (readiness reads it).
 ///
 /// @unchecked Sendable: `connection`, `bulk` and the dedup tables are touched only by the writer
 /// thread while it runs, and by `init` before it starts. Everything callers touch is in `shared`
@@ -330,19 +330,10 @@ final class PGWriter: @unchecked Sendable {
         var delay: UInt32 = 20_000
         var attempt = 0
         var catchUp = false
-        var lostConnection = false
-        let numbered = Self.eventsTicket(jobs)
         while true {
             attempt += 1
             do throws(PGFailure) {
                 let conn = try usableConnection()
-                // The batch's COMMIT may have reached the server before the connection broke:
-                // its events must not be numbered (and shown) twice.
-                if lostConnection, let ticket = numbered, try committedTicket(on: conn) >= ticket {
-                    lastError.withLock { $0 = nil }
-                    afterCommit(Self.outcomeWithoutCommit(jobs))
-                    return
-                }
                 let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
                 let outcome = try apply(jobs, on: conn, catchUp: catchUp)
                 let wall = clockNanos(CLOCK_MONOTONIC) - wall0
@@ -363,13 +354,19 @@ final class PGWriter: @unchecked Sendable {
                     for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
                     return
                 }
+                if error.sqlState == PGSchema.committedState {
+                    // An earlier attempt at this batch committed, though its answer was lost
+                    // (the mark says so): done, and its events are not numbered twice.
+                    lastError.withLock { $0 = nil }
+                    afterCommit(Self.outcomeWithoutCommit(jobs))
+                    return
+                }
                 if error.sqlState == "23505" && !catchUp {
                     // unique_violation: the counter is behind the stored events (a database
                     // edited by hand). Move it past them rather than wedge the writer.
                     catchUp = true
                     continue
                 }
-                if error.connectionLost { lostConnection = true }
                 failed(error)
                 if shared.withLock({ $0.stopping }) && attempt >= 3 {
                     for case let .purge(_, _, reply) in jobs { reply.send(0) }
@@ -395,12 +392,14 @@ final class PGWriter: @unchecked Sendable {
     }
 
     /// The newest ticket of a batch that has events (nil without): what its mark holds.
-    static func eventsTicket(_ jobs: [PGJob]) -> UInt64? {
-        var ticket: UInt64?
-        for case let .records(records, t) in jobs where records.contains(where: { if case .event = $0 { true } else { false } }) {
-            ticket = max(ticket ?? 0, t)
+    static func markTicket(_ jobs: [PGJob]) -> UInt64? {
+        var events = false
+        var ticket: UInt64 = 0
+        for case let .records(records, t) in jobs {
+            ticket = max(ticket, t)
+            if !events { events = records.contains { if case .event = $0 { true } else { false } } }
         }
-        return ticket
+        return events ? ticket : nil
     }
 
     /// What a batch that was committed, though its answer was lost, reports: every callback;
@@ -426,15 +425,6 @@ final class PGWriter: @unchecked Sendable {
             }
         }
         return out
-    }
-
-    /// This writer's newest committed ticket, from its mark (0 when it has none).
-    private func committedTicket(on conn: PGConnection) throws(PGFailure) -> UInt64 {
-        try conn.send(PGSchema.committedTicket, [PGParameter(writerID)])
-        try conn.sync()
-        let r = try conn.readPipeline(count: 1)
-        guard let first = r.first, first.rows > 0, let t = first.int64(0, 0), let ticket = UInt64(exactly: t) else { return 0 }
-        return ticket
     }
 
     /// One transaction for everything in `jobs`, in order. An operation, queue or event seq
@@ -475,7 +465,7 @@ final class PGWriter: @unchecked Sendable {
                 if numbering.isEmpty { try send(PGSchema.lockEvents) }
                 numbering.append((sent, pending))
                 pending.removeAll()
-                try send(PGSchema.insertEvents, bulk.events.map(\.parameter))
+                try send(PGSchema.insertEvents, bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)])
             }
             bulk.reset()
         }
@@ -487,6 +477,8 @@ final class PGWriter: @unchecked Sendable {
             try send("BEGIN")
             if let fence { try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)]) }
             if catchUp { try send(PGSchema.catchUpEventSeq) }
+            // First, so that a retry of a batch still running on the server waits for it.
+            if let ticket = Self.markTicket(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: ticket))]) }
             position = 0
             for job in jobs {
                 if case .records = job {} else { try flush() }
@@ -539,12 +531,9 @@ final class PGWriter: @unchecked Sendable {
                 }
             }
             try flush()
-            if !numbering.isEmpty {
-                try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: out.ticket))])
-                // Every instance's feed wakes on it (delivered at commit, once the events are
-                // visible): one per commit, not per event.
-                if fence != nil { try send(PGSchema.notifyEvents) }
-            }
+            // Every instance's feed wakes on it (delivered at commit, once the events are
+            // visible): one per commit, not per event.
+            if !numbering.isEmpty && fence != nil { try send(PGSchema.notifyEvents) }
             try send("COMMIT")
             try conn.sync()
         } catch {
@@ -569,20 +558,15 @@ final class PGWriter: @unchecked Sendable {
             throw error
         }
         for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
-        // Under the lock each statement numbered its events newest - count + 1 ... newest, in
-        // order; anything else (a sequence someone else draws from) and they are read back.
+        // Each statement numbered its events newest - count + 1 ... newest, in order.
         for (index, events) in numbering {
-            guard index < results.count, let newest = results[index].int64(0, 0), let top = UInt64(exactly: newest) else {
-                out.events = nil
-                continue
-            }
-            out.lastSeq = max(out.lastSeq, top)
-            guard let oldest = results[index].int64(0, 1), results[index].int64(0, 2) == Int64(events.count),
-                UInt64(events.count) <= top, oldest == Int64(top - UInt64(events.count)) + 1
+            guard index < results.count, let newest = results[index].int64(0, 0), let top = UInt64(exactly: newest),
+                top >= UInt64(events.count)
             else {
                 out.events = nil
                 continue
             }
+            out.lastSeq = max(out.lastSeq, top)
             var seq = top - UInt64(events.count)
             for var e in events {
                 seq += 1

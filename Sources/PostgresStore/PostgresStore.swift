@@ -64,6 +64,7 @@ public final class PostgresStore: OperationStore {
         do {
             try PGWriter.prepareSession(conn)
             try conn.exec(PGSchema.deleteOldMarks)
+            try conn.exec(PGSchema.settleEventSeq)
             if let fence { try PGWriter.prepareFencedSession(conn, leaseSeconds: fence.leaseSeconds) }
         } catch {
             throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
@@ -255,6 +256,13 @@ public final class PostgresStore: OperationStore {
     /// Kept events of one operation with seq > `after`, oldest first, at most `limit`.
     public func events(of id: OperationID, after: UInt64 = 0, limit: Int = .max) -> [ChangeEvent] {
         history(of: id, after: after, limit: limit) ?? []
+    }
+
+    /// Kept events with seq > `after`, in seq order, at most `limit`; throws when the read
+    /// failed. Every commit's events become visible in seq order (see `PGSchema.lockEvents`), so
+    /// reading on from the newest one read never skips one.
+    public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
+        try reader.withLock { r throws(PGFailure) in try r.events(after: seq, limit: limit) }
     }
 
     /// As `events(of:)`, but nil when the read failed (not an empty history).

@@ -21,7 +21,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     let limits = configuration.limits
 
     let store: any ServiceStore
-    var fencedStore: PostgresStore?
+    var postgres: PostgresStore?
     if let cluster {
         let pg = try PostgresStore(
             url: configuration.store,
@@ -30,10 +30,12 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
                 logger.warning("another instance took over the queues: this one's commits are refused from now on; dropping them")
                 cluster.change(.becomeFollower)
             })
-        fencedStore = pg
+        postgres = pg
         store = pg
     } else if OpqdConfiguration.isPostgresURL(configuration.store) {
-        store = try PostgresStore(url: configuration.store)
+        let pg = try PostgresStore(url: configuration.store)
+        postgres = pg
+        store = pg
     } else if configuration.store == "sqlite" {
         store = try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
     } else {
@@ -67,7 +69,10 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
             mayStart: mayStart))
 
     let lastSeq = recovered?.lastSeq ?? 0
-    let kept = contiguousTail(store.recentEvents(limit: configuration.eventCapacity), lastSeq: lastSeq)
+    // PostgreSQL numbers events in the commit, and a commit that failed leaves its seqs unused:
+    // gaps are normal there, and the feed bisects over them.
+    let recent = store.recentEvents(limit: configuration.eventCapacity)
+    let kept = postgres != nil ? recent : contiguousTail(recent, lastSeq: lastSeq)
     let events = EventLog(
         capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
         maxBacklog: limits.sseBacklog)
@@ -117,12 +122,14 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
 
     _ = engine.observeAll { batch in metrics.observe(batch) }
     // Clients are shown only committed changes: a seq once shown always names the same event.
-    // A cluster owner shows them with the seqs PostgreSQL gave them in the commit (global, for
-    // every instance's feed), not the engine's.
+    // On PostgreSQL they are shown with the seqs it gave them in the commit (global, the same
+    // in every instance's feed), not the engine's.
     var feed: OwnerFeed?
-    if let cluster, let fencedStore {
-        let owner = OwnerFeed(events: events, webhooks: webhooks, membership: cluster.membership, logger: logger)
-        fencedStore.onCommittedEvents { owner.committed($0) }
+    if let postgres {
+        let owner = OwnerFeed(events: events, webhooks: webhooks, logger: logger) { after, limit in
+            try postgres.events(after: after, limit: limit)
+        }
+        postgres.onCommittedEvents { owner.committed($0) }
         feed = owner
     } else {
         engine.observeDurable { batch in

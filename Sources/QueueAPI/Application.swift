@@ -2,7 +2,6 @@ import Dispatch
 import Locking
 import Logging
 import MicroHTTP
-import PostgresStore
 import QueueEngine
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
@@ -23,7 +22,6 @@ public final class OpqdApplication: OpqdService {
     let beforeHandover: @Sendable () -> Void
     /// A cluster owner's feed: its own commits, and others' read back from PostgreSQL.
     let feed: OwnerFeed?
-    private let listener = Locking.Lock<PGListener?>(nil)
     private let timers = TimerBox()
 
     init(
@@ -82,8 +80,9 @@ public final class OpqdApplication: OpqdService {
         heartbeat.resume()
         var running = [purge, heartbeat]
         if let feed {
-            let (listener, tail) = feed.tail.follow(url: configuration.store)
-            self.listener.withLock { $0 = listener }
+            // Its own commits reach the feed from its writer; the timer is the safety net. (No
+            // NOTIFY: the one writer is this instance's, and it would wake on its own commits.)
+            let (_, tail) = feed.tail.follow(notifiedAt: nil)
             running.append(tail)
         }
         timers.set(running)
@@ -104,7 +103,6 @@ public final class OpqdApplication: OpqdService {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         logger.info("opqd stopping")
         timers.cancelAll()
-        listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
         webhooks.stop()
@@ -141,7 +139,6 @@ public final class OpqdApplication: OpqdService {
         beforeHandover()
         let fd = server.openSpareListener()
         timers.cancelAll()
-        listener.withLock { $0?.stop() }
         cluster?.stopRenewing()
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))

@@ -467,10 +467,11 @@ final class FollowerService: OpqdService {
         directory.refresh()
 
         // The feed: what the owner committed, read back in seq order (see `FeedTail`).
-        let feed = FeedTail(membership: cluster.membership, logger: logger, lastSeq: { [events] in events.lastSeq }) { [events] in
-            events.append($0)
-        }
-        let (listener, tail) = feed.follow(url: configuration.store)
+        let membership = cluster.membership
+        let feed = FeedTail(
+            logger: logger, read: { after, limit in try membership.events(after: after, limit: limit) }, lastSeq: { [events] in events.lastSeq }
+        ) { [events] in events.append($0) }
+        let (listener, tail) = feed.follow(notifiedAt: configuration.store)
         self.listener.withLock { $0 = listener }
 
         let beat = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.membership"))

@@ -14,32 +14,36 @@ import Glibc
 /// answers a NOTIFY at once, a busy one (a commit every millisecond) costs PostgreSQL at most
 /// one read per spacing per instance.
 ///
-/// Reading `seq > newest` in seq order never skips an event: every commit takes its seqs from
-/// the counter row `opqd.event_seq` and holds its lock until the commit is visible, so a
-/// reader that sees seq N sees every seq below it (see `PGSchema.insertEvents`).
+/// Reading `seq > newest` in seq order never skips an event: every commit numbers its events
+/// under a transaction advisory lock held until the commit is visible, so a reader that sees
+/// seq N sees every seq below it (see `PGSchema.lockEvents`).
 final class FeedTail: Sendable {
-    let membership: PGMembership
     let logger: Logger
+    let read: @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent]
     let lastSeq: @Sendable () -> UInt64
     let publish: @Sendable ([ChangeEvent]) -> Void
     private let state = Locking.Lock<(running: Bool, again: Bool, failing: Bool)>((false, false, false))
     static let spacing = 0.005
 
     init(
-        membership: PGMembership, logger: Logger, lastSeq: @escaping @Sendable () -> UInt64,
-        publish: @escaping @Sendable ([ChangeEvent]) -> Void
+        logger: Logger, read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent],
+        lastSeq: @escaping @Sendable () -> UInt64, publish: @escaping @Sendable ([ChangeEvent]) -> Void
     ) {
-        self.membership = membership
         self.logger = logger
+        self.read = read
         self.lastSeq = lastSeq
         self.publish = publish
     }
 
-    /// Pulls when a commit with events NOTIFYs (`PGListener`), and every second in any case.
+    /// Pulls every second, and (`url` given) when a commit with events NOTIFYs (`PGListener`).
     /// The caller stops both (`PGListener.stop`, the timer's `cancel`).
-    func follow(url: String) -> (PGListener, DispatchSourceTimer) {
-        let listener = PGListener(url: url) { [self] in pull() }
-        listener.start()
+    func follow(notifiedAt url: String?) -> (PGListener?, DispatchSourceTimer) {
+        var listener: PGListener?
+        if let url {
+            let l = PGListener(url: url) { [self] in pull() }
+            l.start()
+            listener = l
+        }
         let timer = DispatchSource.makeTimerSource(queue: .global())
         timer.schedule(deadline: .now() + 1, repeating: 1)
         timer.setEventHandler { [self] in pull() }
@@ -47,9 +51,14 @@ final class FeedTail: Sendable {
         return (listener, timer)
     }
 
-    /// A pull on a thread of its own (for callers that must not block on PostgreSQL).
-    func pullSoon() {
-        DispatchQueue.global().async { [self] in pull() }
+    /// Reads and publishes everything after the newest, now, on the calling thread. Safe beside
+    /// a pull: `publish` drops what is not newer.
+    func readNow() throws {
+        while true {
+            let batch = try read(lastSeq(), 1000)
+            if !batch.isEmpty { publish(batch) }
+            if batch.count < 1000 { return }
+        }
     }
 
     func pull() {
@@ -61,11 +70,7 @@ final class FeedTail: Sendable {
         guard start else { return }
         while true {
             do {
-                while true {
-                    let batch = try membership.events(after: lastSeq(), limit: 1000)
-                    if !batch.isEmpty { publish(batch) }
-                    if batch.count < 1000 { break }
-                }
+                try readNow()
                 state.withLock { $0.failing = false }
             } catch {
                 let first = state.withLock { s -> Bool in
@@ -85,23 +90,28 @@ final class FeedTail: Sendable {
     }
 }
 
-/// The owner's feed and webhooks in a cluster: events carry the seq PostgreSQL gave them in
-/// the commit (`PGWriter`), not the engine's. The owner's own commits are published as its
-/// writer reports them, before the requests that made them are answered (a client that got a
-/// 2xx finds its change in the feed, as on one instance); anything between the feed's newest
-/// and them (another writer's commits) is read back from PostgreSQL first (`FeedTail`).
+/// The feed and webhooks of an opqd that writes to PostgreSQL (a cluster's owner): events carry
+/// the seq PostgreSQL gave them in the commit (`PGWriter`), not the engine's. Its own commits
+/// are published as its writer reports them, before the requests that made them are answered
+/// (a client that got a 2xx finds its change in the feed, as on SQLite); when they do not
+/// follow the feed's newest (seqs a failed commit drew, events deleted with their queue, or a
+/// commit whose events are not known), what lies between is read back first, on the writer's
+/// thread, so the order holds.
 final class OwnerFeed: Sendable {
     let events: EventLog
     let webhooks: Webhooks
     let tail: FeedTail
 
-    init(events: EventLog, webhooks: Webhooks, membership: PGMembership, logger: Logger) {
+    init(
+        events: EventLog, webhooks: Webhooks, logger: Logger,
+        read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent]
+    ) {
         self.events = events
         self.webhooks = webhooks
         // The tail's reads and `committed` both publish through this lock: each event once,
         // in seq order.
         let publishing = Locking.Lock<Void>(())
-        tail = FeedTail(membership: membership, logger: logger, lastSeq: { events.lastSeq }) { batch in
+        tail = FeedTail(logger: logger, read: read, lastSeq: { events.lastSeq }) { batch in
             publishing.withLock { _ in Self.publish(batch, to: events, webhooks) }
         }
     }
@@ -117,15 +127,17 @@ final class OwnerFeed: Sendable {
 
     /// From the writer thread, after a commit with events (nil: not known, read them back).
     func committed(_ batch: [ChangeEvent]?) {
-        guard let batch, let first = batch.first else {
-            tail.pullSoon()
+        if let first = batch?.first, first.seq == events.lastSeq &+ 1, let batch {
+            tail.publish(batch)
             return
         }
-        // Another writer's commits come between: they are read back first, then these.
-        if first.seq > events.lastSeq &+ 1 {
-            tail.pullSoon()
-            return
+        do {
+            try tail.readNow()
+        } catch {
+            // Read again in the background until it works; the tail's timer retries too.
+            tail.logger.warning("cannot read the feed back from PostgreSQL", metadata: ["error": "\(error)"])
+            DispatchQueue.global().async { [tail] in tail.pull() }
         }
-        tail.publish(batch)
+        if let batch { tail.publish(batch) }
     }
 }

@@ -3,6 +3,10 @@ import MicroHTTP
 import QueueEngine
 import QueueStore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Every 2xx to a change is durable: answers wait for the commit that holds the change, and a
 /// create with an `Idempotency-Key` keeps its answer (durably too) for a repeat.
 struct Durability: Sendable {
@@ -99,6 +103,14 @@ struct Durability: Sendable {
             // twice. Otherwise (another thread is still handing the change over) it is saved once
             // the change is durable.
             let change = engine.currentTicket
+            // Another thread may be handing the change over right now (the engine's drainer
+            // appends in order): wait for it a moment, still holding, rather than give the key
+            // a commit of its own, which a crash (or a fenced owner) between the two would lose.
+            var spins = 0
+            while engine.appendedTicket < change && spins < 50 {
+                usleep(100)
+                spins += 1
+            }
             if engine.appendedTicket >= change {
                 // Submitted here, while the hold lasts (the deferred closure runs after this
                 // returns); answered once committed, which the change then is too.

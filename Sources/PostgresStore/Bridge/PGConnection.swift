@@ -54,10 +54,19 @@ final class PGConnection: @unchecked Sendable {
 
     /// Connects to `url` (a `postgres://` or `postgresql://` URI, or any libpq conninfo). The
     /// timeout applies unless the URL sets its own `connect_timeout`.
-    init(url: String, connectTimeoutSeconds: Int = 5) throws(PGFailure) {
+    /// `boundedReads`: for reads answered to clients on server threads: a statement runs at
+    /// most 2 s, and a link that stops answering is given up after about 4 s (TCP), instead of
+    /// holding the thread until the system's TCP timeout (minutes).
+    init(url: String, connectTimeoutSeconds: Int = 5, boundedReads: Bool = false) throws(PGFailure) {
         // Keywords before `dbname` are defaults the URL (expanded in its place) may override.
-        let keywords = ["connect_timeout", "fallback_application_name", "dbname"]
-        let values = [String(connectTimeoutSeconds), "opqd", url]
+        var keywords = ["connect_timeout", "fallback_application_name"]
+        var values = [String(connectTimeoutSeconds), "opqd"]
+        if boundedReads {
+            keywords += ["keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options"]
+            values += ["2", "1", "2", "4000", "-c statement_timeout=2000"]
+        }
+        keywords.append("dbname")
+        values.append(url)
         let c: OpaquePointer? = withCStrings(keywords) { k in
             withCStrings(values) { v in PQconnectdbParams(k, v, 1) }
         }
@@ -121,7 +130,14 @@ final class PGConnection: @unchecked Sendable {
         let raw = withParameters(parameters) { count, values in PQexecPrepared(c, name, count, values, nil, nil, 0) }
         guard let raw else { throw lost("no result") }
         let result = PGResult(raw)
-        try result.check(connectionLost: !isUsable)
+        do throws(PGFailure) {
+            try result.check(connectionLost: !isUsable)
+        } catch {
+            // 26000: the statement is gone from the session (a pooler's DISCARD ALL): prepared
+            // again on the next call.
+            if error.sqlState == "26000" { prepared.remove(name) }
+            throw error
+        }
         return result
     }
 
