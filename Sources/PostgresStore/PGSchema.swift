@@ -14,7 +14,9 @@
 ///
 /// Clustering (CLUSTER.md): `instance` lists live instances, `ownership` holds the lease of the
 /// instance that owns the queues (scope `*`: for now one owner runs every queue) with its
-/// epoch, and `opqd.fence` checks it inside each of the owner's commits.
+/// epoch, and `opqd.fence` checks it inside each of the owner's commits. Event seqs come from
+/// the sequence `event_seq` inside each commit (`lockEvents`, `insertEvents`), and
+/// `commit_mark` keeps a retried batch from being committed twice (`opqd.mark`).
 enum PGSchema {
     /// The version this build writes.
     static var version: Int { migrations.count }

@@ -351,8 +351,9 @@ struct ClusterUnavailable: Error, ProblemConvertible {
 
 /// A cluster instance that does not own the queues: it answers `/healthz`, `/readyz`,
 /// `/metrics`, `GET /v1/cluster`, the dashboard page and the change feed (long polls and SSE,
-/// from PostgreSQL: the owner's commits are read back in `seq` order) itself, and forwards
-/// every other request to the owner, relaying its answer unchanged. Every period it heartbeats
+/// from PostgreSQL: the owner's commits are read back in `seq` order), and an operation's status
+/// and history (from PostgreSQL, `FollowerReads`) itself, and forwards every other request to
+/// the owner, relaying its answer unchanged. Every period it heartbeats
 /// and, when the owner's lease has run out, tries to take the ownership: if it wins, it asks to
 /// become the owner (`RoleChange.becomeOwner`).
 final class FollowerService: OpqdService {
