@@ -10,7 +10,8 @@ final class PGReader {
     /// Reconnects as `PGConnection(boundedReads:)` (the read pool's readers).
     private let bounded: Bool
 
-    init(url: String, connection: PGConnection, bounded: Bool = false) {
+    /// `connection` nil: opened on the first read.
+    init(url: String, connection: PGConnection?, bounded: Bool = false) {
         self.url = url
         self.connection = connection
         self.bounded = bounded

@@ -230,9 +230,9 @@ enum PGSchema {
     static let markCommit = "SELECT opqd.mark($1, $2::bigint)"
     static let committedState = "OP002"
     /// At the start of a writer: the sequence past every seq handed out before (a database an
-    /// older opqd wrote, or events inserted by hand), under the events' lock.
+    /// older opqd wrote, or events inserted by hand). Run after `lockEvents`, in its transaction.
     static let settleEventSeq = """
-        SELECT pg_advisory_xact_lock(\(eventLock)::bigint), setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
+        SELECT setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
             coalesce((SELECT max(seq) FROM opqd.events), 0),
             (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM opqd.event_seq),
             coalesce((SELECT CASE WHEN encode(value, 'escape') ~ '^[0-9]{1,18}$' THEN encode(value, 'escape')::bigint END

@@ -97,6 +97,8 @@ final class PGWriter: @unchecked Sendable {
         return String(decoding: (0..<24).map { _ in digits[Int.random(in: 0..<16, using: &g)] }, as: UTF8.self)
     }()
     private var bulk = BulkRows()
+    /// Batches this writer took, the one being committed included (its mark's numbering).
+    private var batches: UInt64 = 0
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
     private var lastEvent: [UInt64: Int] = [:]
@@ -330,12 +332,14 @@ final class PGWriter: @unchecked Sendable {
         var delay: UInt32 = 20_000
         var attempt = 0
         var catchUp = false
+        batches += 1
+        let batch = batches
         while true {
             attempt += 1
             do throws(PGFailure) {
                 let conn = try usableConnection()
                 let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
-                let outcome = try apply(jobs, on: conn, catchUp: catchUp)
+                let outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
                 let wall = clockNanos(CLOCK_MONOTONIC) - wall0
                 busyNanos.add(wall, ordering: .relaxed)
                 commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
@@ -391,15 +395,12 @@ final class PGWriter: @unchecked Sendable {
         var events: [ChangeEvent]? = []
     }
 
-    /// The newest ticket of a batch that has events (nil without): what its mark holds.
-    static func markTicket(_ jobs: [PGJob]) -> UInt64? {
-        var events = false
-        var ticket: UInt64 = 0
-        for case let .records(records, t) in jobs {
-            ticket = max(ticket, t)
-            if !events { events = records.contains { if case .event = $0 { true } else { false } } }
+    /// Whether a batch has events (then it moves its writer's mark).
+    static func hasEvents(_ jobs: [PGJob]) -> Bool {
+        jobs.contains { job in
+            guard case let .records(records, _) = job else { return false }
+            return records.contains { if case .event = $0 { true } else { false } }
         }
-        return events ? ticket : nil
     }
 
     /// What a batch that was committed, though its answer was lost, reports: every callback;
@@ -431,7 +432,9 @@ final class PGWriter: @unchecked Sendable {
     /// written several times is written once, at its last position (the upserts replace whole
     /// rows, so that is the same result as writing each), which also keeps every key to one row
     /// per statement as `ON CONFLICT DO UPDATE` requires.
-    private func apply(_ jobs: [PGJob], on conn: PGConnection, catchUp: Bool) throws(PGFailure) -> Outcome {
+    /// `batch`: this writer's number for the batch (the same on every attempt), which its mark
+    /// holds once committed.
+    private func apply(_ jobs: [PGJob], on conn: PGConnection, batch: UInt64, catchUp: Bool) throws(PGFailure) -> Outcome {
         var out = Outcome()
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
@@ -454,6 +457,7 @@ final class PGWriter: @unchecked Sendable {
         /// Statements that answer the newest seq they handed out, with their events in order.
         var numbering: [(statement: Int, events: [ChangeEvent])] = []
         var pending: [ChangeEvent] = []
+        var deletes = false
         func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
             try conn.send(sql, parameters)
             sent += 1
@@ -476,9 +480,12 @@ final class PGWriter: @unchecked Sendable {
         do throws(PGFailure) {
             try send("BEGIN")
             if let fence { try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)]) }
-            if catchUp { try send(PGSchema.catchUpEventSeq) }
             // First, so that a retry of a batch still running on the server waits for it.
-            if let ticket = Self.markTicket(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: ticket))]) }
+            if Self.hasEvents(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
+            if catchUp {
+                try send(PGSchema.lockEvents)
+                try send(PGSchema.catchUpEventSeq)
+            }
             position = 0
             for job in jobs {
                 if case .records = job {} else { try flush() }
@@ -500,6 +507,8 @@ final class PGWriter: @unchecked Sendable {
                             if lastQueue[q.name] == position { bulk.add(q) }
                         case let .queueDeleted(name):
                             try flush()
+                            // Events numbered above may be deleted here: read back what stays.
+                            deletes = true
                             for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueue] {
                                 try send(sql, [PGParameter(name)])
                             }
@@ -558,6 +567,7 @@ final class PGWriter: @unchecked Sendable {
             throw error
         }
         for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
+        if deletes { out.events = nil }
         // Each statement numbered its events newest - count + 1 ... newest, in order.
         for (index, events) in numbering {
             guard index < results.count, let newest = results[index].int64(0, 0), let top = UInt64(exactly: newest),

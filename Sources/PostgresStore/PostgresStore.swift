@@ -28,6 +28,10 @@ public final class PostgresStore: OperationStore {
 
     let writer: PGWriter
     let reader: Lock<PGReader>
+    /// `events(after:)`'s own bounded connection: the owner's feed reads back on the writer's
+    /// thread, which must not wait behind history pages or webhook catch-ups on `reader`, or
+    /// for minutes on a dead link.
+    let feedReader: Lock<PGReader>
     private let closed = Lock(false)
 
     /// Connects, takes the database's instance lock, creates or migrates the schema and starts
@@ -64,7 +68,10 @@ public final class PostgresStore: OperationStore {
         do {
             try PGWriter.prepareSession(conn)
             try conn.exec(PGSchema.deleteOldMarks)
+            try conn.exec("BEGIN")
+            try conn.exec(PGSchema.lockEvents)
             try conn.exec(PGSchema.settleEventSeq)
+            try conn.exec("COMMIT")
             if let fence { try PGWriter.prepareFencedSession(conn, leaseSeconds: fence.leaseSeconds) }
         } catch {
             throw PostgresStoreError(.io, url: shown, detail: "setting up the session: \(error)")
@@ -85,6 +92,7 @@ public final class PostgresStore: OperationStore {
             throw PostgresStoreError(.cannotConnect, url: shown, detail: error.description)
         }
         reader = Lock(PGReader(url: url, connection: readConnection))
+        feedReader = Lock(PGReader(url: url, connection: nil, bounded: true))
         guard writer.start() else {
             throw PostgresStoreError(.io, url: shown, detail: "cannot start the writer thread")
         }
@@ -226,8 +234,10 @@ public final class PostgresStore: OperationStore {
             return !c
         }
         guard first else { return }
-        reader.withLock { $0.close() }
+        // The writer first: its last commits may read the feed back.
         writer.stopAndFinish()
+        reader.withLock { $0.close() }
+        feedReader.withLock { $0.close() }
     }
 
     // MARK: - reading
@@ -262,7 +272,7 @@ public final class PostgresStore: OperationStore {
     /// failed. Every commit's events become visible in seq order (see `PGSchema.lockEvents`), so
     /// reading on from the newest one read never skips one.
     public func events(after seq: UInt64, limit: Int) throws -> [ChangeEvent] {
-        try reader.withLock { r throws(PGFailure) in try r.events(after: seq, limit: limit) }
+        try feedReader.withLock { r throws(PGFailure) in try r.events(after: seq, limit: limit) }
     }
 
     /// As `events(of:)`, but nil when the read failed (not an empty history).

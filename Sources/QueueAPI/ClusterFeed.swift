@@ -134,9 +134,12 @@ final class OwnerFeed: Sendable {
         do {
             try tail.readNow()
         } catch {
-            // Read again in the background until it works; the tail's timer retries too.
+            // Not published past what could not be read (that would skip it for good): the
+            // batch is committed, so the background pull (and the tail's timer) brings it in
+            // order, a moment after its requests are answered.
             tail.logger.warning("cannot read the feed back from PostgreSQL", metadata: ["error": "\(error)"])
             DispatchQueue.global().async { [tail] in tail.pull() }
+            return
         }
         if let batch { tail.publish(batch) }
     }

@@ -54,16 +54,18 @@ final class PGConnection: @unchecked Sendable {
 
     /// Connects to `url` (a `postgres://` or `postgresql://` URI, or any libpq conninfo). The
     /// timeout applies unless the URL sets its own `connect_timeout`.
-    /// `boundedReads`: for reads answered to clients on server threads: a statement runs at
-    /// most 2 s, and a link that stops answering is given up after about 4 s (TCP), instead of
-    /// holding the thread until the system's TCP timeout (minutes).
+    /// `boundedReads`: for reads that must not hang (answers to clients on server threads, the
+    /// owner's feed on its writer's thread): a statement runs at most 2 s, and a link that stops
+    /// answering is given up after about 4 s (TCP), instead of the system's TCP timeout
+    /// (minutes). The statement timeout is set after connecting, not as a startup option (which
+    /// the URL's own `options` would replace and poolers refuse).
     init(url: String, connectTimeoutSeconds: Int = 5, boundedReads: Bool = false) throws(PGFailure) {
         // Keywords before `dbname` are defaults the URL (expanded in its place) may override.
         var keywords = ["connect_timeout", "fallback_application_name"]
         var values = [String(connectTimeoutSeconds), "opqd"]
         if boundedReads {
-            keywords += ["keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options"]
-            values += ["2", "1", "2", "4000", "-c statement_timeout=2000"]
+            keywords += ["keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout"]
+            values += ["2", "1", "2", "4000"]
         }
         keywords.append("dbname")
         values.append(url)
@@ -79,6 +81,7 @@ final class PGConnection: @unchecked Sendable {
         // Notices (e.g. "relation already exists, skipping") would go to stderr unasked.
         PQsetNoticeProcessor(c, { _, _ in }, nil)
         conn = c
+        if boundedReads { try exec("SET statement_timeout TO 2000") }
     }
 
     deinit { close() }
@@ -122,23 +125,33 @@ final class PGConnection: @unchecked Sendable {
     /// rather than once per call. `name` must always go with the same `sql`.
     func execPrepared(_ name: String, _ sql: String, _ parameters: [PGParameter]) throws(PGFailure) -> PGResult {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
-        if !prepared.contains(name) {
-            guard let raw = PQprepare(c, name, sql, Int32(parameters.count), nil) else { throw lost("no result") }
-            try PGResult(raw).check(connectionLost: !isUsable)
-            prepared.insert(name)
+        var again = true
+        while true {
+            if !prepared.contains(name) {
+                guard let raw = PQprepare(c, name, sql, Int32(parameters.count), nil) else { throw lost("no result") }
+                do throws(PGFailure) {
+                    try PGResult(raw).check(connectionLost: !isUsable)
+                } catch {
+                    // 42P05: the session has it already (a pooler handed over a server
+                    // connection that prepared it): use it.
+                    if error.sqlState != "42P05" { throw error }
+                }
+                prepared.insert(name)
+            }
+            let raw = withParameters(parameters) { count, values in PQexecPrepared(c, name, count, values, nil, nil, 0) }
+            guard let raw else { throw lost("no result") }
+            let result = PGResult(raw)
+            do throws(PGFailure) {
+                try result.check(connectionLost: !isUsable)
+                return result
+            } catch {
+                // 26000: the statement is gone from the session (a pooler's DISCARD ALL, or
+                // another server connection): prepared again, once.
+                guard error.sqlState == "26000", again else { throw error }
+                prepared.remove(name)
+                again = false
+            }
         }
-        let raw = withParameters(parameters) { count, values in PQexecPrepared(c, name, count, values, nil, nil, 0) }
-        guard let raw else { throw lost("no result") }
-        let result = PGResult(raw)
-        do throws(PGFailure) {
-            try result.check(connectionLost: !isUsable)
-        } catch {
-            // 26000: the statement is gone from the session (a pooler's DISCARD ALL): prepared
-            // again on the next call.
-            if error.sqlState == "26000" { prepared.remove(name) }
-            throw error
-        }
-        return result
     }
 
     /// Runs a fixed script of several statements (no parameters), e.g. a migration that
