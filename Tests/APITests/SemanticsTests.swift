@@ -64,13 +64,15 @@ struct SemanticsTests {
     func suspendLetsRunningFinish() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q", maxConcurrent: 1)
-            let running = try await server.addDelay("q", seconds: 2.0)
+            // Long enough that the suspend lands while it runs, even on a machine whose disk
+            // makes every commit slow (2 s was not, beside the other suites, on a busy disk).
+            let running = try await server.addDelay("q", seconds: 5.0)
             let next = try await server.addDelay("q", seconds: 0.01)
             #expect(try await server.waitForState(running, "executing"))
             let suspended = try await server.request("POST", "/v1/queues/q/suspend").expecting(200)
             let counts = suspended.object["counts"] as? [String: Any]
             try #require(counts?["executing"] as? Int == 1 && counts?["ready"] as? Int == 1, "suspended too late to tell: \(suspended)")
-            #expect(try await server.waitForState(running, "finished"))
+            #expect(try await server.waitForState(running, "finished", timeout: 15))
             #expect(try await server.operation(running)["outcome"] as? String == "succeeded")
             try await Task.sleep(nanoseconds: 150_000_000)
             let held = try await server.operation(next)
