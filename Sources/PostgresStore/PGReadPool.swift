@@ -68,16 +68,10 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         defer { slots.signal() }
         let taken = idle.withLock { s -> (reader: PGReader?, closed: Bool) in (s.readers.popLast(), s.closed) }
         if taken.closed { throw PGReadUnavailable(description: "the server is shutting down") }
-        let reader: PGReader
-        if let r = taken.reader {
-            reader = r
-        } else {
-            do { reader = PGReader(url: url, connection: try PGConnection(url: url, connectTimeoutSeconds: 2, boundedReads: true), bounded: true) } catch {
-                throw PGReadUnavailable(description: error.description, unreachable: true)
-            }
-        }
-        // Back to the idle list whatever happened: a reader whose connection broke reconnects
-        // on its next read.
+        // A new reader connects on its first read (a failure to connect is a lost connection:
+        // `unreachable`). Back to the idle list whatever happened: a reader whose connection
+        // broke reconnects on its next read.
+        let reader = taken.reader ?? PGReader(url: url, connection: nil, bounded: true)
         defer {
             let closed = idle.withLock { s -> Bool in
                 if !s.closed { s.readers.append(reader) }

@@ -7,7 +7,7 @@ final class PGReader {
     private let url: String
     private var connection: PGConnection?
     private var closed = false
-    /// Reconnects as `PGConnection(boundedReads:)` (the read pool's readers).
+    /// Connects as `PGConnection(boundedReads:)` (the read pool's and the owner's feed readers).
     private let bounded: Bool
 
     /// `connection` nil: opened on the first read.

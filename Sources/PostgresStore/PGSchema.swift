@@ -115,15 +115,12 @@ enum PGSchema {
         END $$;
         """,
         // 2 -> 3: seq from a sequence inside the commit, so that several writers (owners)
-        // commit events with one global seq (see `insertEvents`), starting after the newest
-        // seq handed out so far; and one mark per writer, so that a batch whose COMMIT's answer
-        // was lost is not committed twice (`opqd.mark`). Run as one script (function body).
+        // commit events with one global seq (see `insertEvents`; every writer moves it past the
+        // seqs handed out before it starts, `settleEventSeq`); and one mark per writer, so that
+        // a batch whose COMMIT's answer was lost is not committed twice (`opqd.mark`, whose
+        // `ticket` is the writer's batch number). Run as one script (function body).
         """
         CREATE SEQUENCE opqd.event_seq AS bigint MINVALUE 1 CACHE 1;
-        SELECT setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
-            coalesce((SELECT max(seq) FROM opqd.events), 0),
-            coalesce((SELECT CASE WHEN encode(value, 'escape') ~ '^[0-9]{1,18}$' THEN encode(value, 'escape')::bigint END
-                      FROM opqd.meta WHERE key = convert_to('last_seq', 'UTF8')), 0)) AS last) AS s;
         CREATE TABLE opqd.commit_mark (
             writer text PRIMARY KEY,
             ticket bigint NOT NULL,
@@ -149,8 +146,8 @@ enum PGSchema {
     /// First in every fenced transaction: takes a share lock on the ownership row (a takeover
     /// waits for this commit) and aborts the transaction unless the epoch is still ours.
     static let fence = "SELECT opqd.fence($1, $2::bigint)"
-    /// Wakes every instance's feed (`PGListener`); the payload is the newest seq handed out.
-    static let notifyEvents = "SELECT pg_notify('opqd_events', (SELECT last_value::text FROM opqd.event_seq))"
+    /// Wakes every instance's feed (`PGListener`, which reads what is new: no payload).
+    static let notifyEvents = "SELECT pg_notify('opqd_events', '')"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.
@@ -219,18 +216,16 @@ enum PGSchema {
             SELECT top FROM t
             """
     }()
-    /// After a unique violation (a sequence behind the events, which only a hand-edited
-    /// database has): moved past the newest stored seq, then the batch is tried again.
-    static var catchUpEventSeq: String { settleEventSeq }
     /// The first write of every commit with events: moves the writer's mark to the batch's
-    /// newest ticket, or fails the transaction (SQLSTATE `OP002`) when the mark is there
+    /// number, or fails the transaction (SQLSTATE `OP002`) when the mark is there
     /// already, i.e. an earlier attempt at this batch committed although its answer was lost.
     /// The mark's row lock orders the attempts: a retry waits for an attempt still running on
     /// the server, then sees what it did.
     static let markCommit = "SELECT opqd.mark($1, $2::bigint)"
     static let committedState = "OP002"
-    /// At the start of a writer: the sequence past every seq handed out before (a database an
-    /// older opqd wrote, or events inserted by hand). Run after `lockEvents`, in its transaction.
+    /// At the start of a writer, and after a unique violation on a seq (a database edited by
+    /// hand): the sequence past every seq handed out before (an older opqd's `meta last_seq`,
+    /// stored events). Run after `lockEvents`, in its transaction.
     static let settleEventSeq = """
         SELECT setval('opqd.event_seq', greatest(1, s.last), s.last > 0) FROM (SELECT greatest(
             coalesce((SELECT max(seq) FROM opqd.events), 0),
@@ -242,10 +237,6 @@ enum PGSchema {
     /// wrote it).
     static let deleteOldMarks = "DELETE FROM opqd.commit_mark WHERE at < now() - interval '1 day'"
 
-    static func bulkInsert(table: String, columns: String, types: [String]) -> String {
-        let arrays = types.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
-        return "INSERT INTO opqd.\(table) (\(columns)) SELECT * FROM unnest(\(arrays)) AS r(\(columns))"
-    }
     static let upsertQueues = bulkUpsert(table: "queues", columns: queueColumns, types: queueArrayTypes, conflict: "name")
 
     static let upsertIdempotency = """

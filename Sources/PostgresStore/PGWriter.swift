@@ -61,7 +61,7 @@ struct PGWriterShared {
 /// When the connection breaks, the writer reconnects with backoff and commits the batch again.
 /// Every statement but the events' INSERT is an upsert or a delete, so running it twice gives
 /// the same result as once; the INSERT would number the events twice, so a batch with events
-/// first moves this writer's mark (`opqd.mark`: its newest committed ticket), which refuses a
+/// first moves this writer's mark (`opqd.mark`: its newest committed batch), which refuses a
 /// batch that an earlier attempt committed though its answer was lost (and waits for an
 /// attempt still running on the server). Nothing is reported durable until a COMMIT is
 /// answered (or the mark shows it was); `lastError` says why meanwhile (readiness reads it).
@@ -89,12 +89,11 @@ final class PGWriter: @unchecked Sendable {
     let lastSeq: Atomic<UInt64>
 
     private var connection: PGConnection?
-    /// Names this writer's row in `opqd.commit_mark`: random, as tickets start again with
-    /// every engine.
+    /// Names this writer's row in `opqd.commit_mark`: random, as batch numbers start again with
+    /// every writer.
     let writerID: String = {
         var g = SystemRandomNumberGenerator()
-        let digits = Array("0123456789abcdef".utf8)
-        return String(decoding: (0..<24).map { _ in digits[Int.random(in: 0..<16, using: &g)] }, as: UTF8.self)
+        return hex64(g.next()) + hex64(g.next())
     }()
     private var bulk = BulkRows()
     /// Batches this writer took, the one being committed included (its mark's numbering).
@@ -366,7 +365,7 @@ final class PGWriter: @unchecked Sendable {
                     return
                 }
                 if error.sqlState == "23505" && !catchUp {
-                    // unique_violation: the counter is behind the stored events (a database
+                    // unique_violation: the sequence is behind the stored events (a database
                     // edited by hand). Move it past them rather than wedge the writer.
                     catchUp = true
                     continue
@@ -484,7 +483,7 @@ final class PGWriter: @unchecked Sendable {
             if Self.hasEvents(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
             if catchUp {
                 try send(PGSchema.lockEvents)
-                try send(PGSchema.catchUpEventSeq)
+                try send(PGSchema.settleEventSeq)
             }
             position = 0
             for job in jobs {

@@ -20,7 +20,8 @@ public final class OpqdApplication: OpqdService {
     let cluster: OwnerCluster?
     /// Run when this owner gives its role up, before the process re-executes.
     let beforeHandover: @Sendable () -> Void
-    /// A cluster owner's feed: its own commits, and others' read back from PostgreSQL.
+    /// On PostgreSQL: the feed of its own commits as numbered there, and what lies between
+    /// them read back (`OwnerFeed`).
     let feed: OwnerFeed?
     private let timers = TimerBox()
 

@@ -100,12 +100,10 @@ struct Durability: Sendable {
             // in order, so both land in one transaction (a commit that started before the hold
             // took neither). A crash between two commits would otherwise leave the change without
             // its key, and the retry the key is for (after a 503 or a lost answer) would make it
-            // twice. Otherwise (another thread is still handing the change over) it is saved once
-            // the change is durable.
+            // twice. Another thread may be handing the change over right now (the engine's
+            // drainer appends in order): that is waited for a moment, still holding. Only past
+            // that is the answer saved once the change is durable, in a commit of its own.
             let change = engine.currentTicket
-            // Another thread may be handing the change over right now (the engine's drainer
-            // appends in order): wait for it a moment, still holding, rather than give the key
-            // a commit of its own, which a crash (or a fenced owner) between the two would lose.
             var spins = 0
             while engine.appendedTicket < change && spins < 50 {
                 usleep(100)

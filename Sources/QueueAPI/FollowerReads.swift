@@ -52,7 +52,7 @@ struct PostgresOperationReads: OperationReads {
     }
 }
 
-/// A follower could not read from PostgreSQL: 503, retry shortly.
+/// PostgreSQL could not be read (a follower's reads, an owner's history): 503, retry shortly.
 struct StoreReadUnavailable: Error, ProblemConvertible {
     let detail: String
     var problem: Problem {
