@@ -72,14 +72,23 @@ private func withPair<T>(
     let owner = HTTPServer(configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20), handler: ownerHandler)
     try owner.start()
     defer { owner.shutdown(timeout: .seconds(2)) }
-    let forwarder = Forwarder(selfID: "instance-a", maxResponseBytes: maxResponseBytes, maxWaitSeconds: 300)
-    let base = ownerBase ?? "http://127.0.0.1:\(owner.port)"
+    return try withFront(to: ownerBase ?? "http://127.0.0.1:\(owner.port)", maxResponseBytes: maxResponseBytes) { front, forwarder in
+        try body(owner, front, forwarder)
+    }
+}
+
+/// A front server whose forwarder relays everything to `base`.
+private func withFront<T>(
+    to base: String, maxResponseBytes: Int = 2 << 20, requestTimeout: Double = Forwarder.defaultRequestTimeout,
+    _ body: (_ front: HTTPServer, _ forwarder: Forwarder) throws -> T
+) throws -> T {
+    let forwarder = Forwarder(selfID: "instance-a", maxResponseBytes: maxResponseBytes, maxWaitSeconds: 300, requestTimeout: requestTimeout)
     let front = HTTPServer(
         configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20),
         handler: { req in forwarder.forward(req, to: base) })
     try front.start()
     defer { front.shutdown(timeout: .seconds(2)) }
-    return try body(owner, front, forwarder)
+    return try body(front, forwarder)
 }
 
 /// One request on a fresh connection.
@@ -240,18 +249,15 @@ struct ForwarderTests {
                 }
             }
             defer { owner.stop() }
-            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
-            let front = HTTPServer(
-                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-            try front.start()
-            defer { front.shutdown(timeout: .seconds(2)) }
-            let client = KeepAliveClient(port: front.port, retries: 0)
-            for i in 0..<50 {
-                let r = try client.request(i % 2 == 0 ? "GET" : "POST", "/echo?i=\(i)", body: i % 2 == 0 ? nil : Array("{}".utf8))
-                #expect(r.status == 200 && r.text == "ok")
+            try withFront(to: owner.base, maxResponseBytes: 1 << 20) { front, _ in
+                let client = KeepAliveClient(port: front.port, retries: 0)
+                for i in 0..<50 {
+                    let r = try client.request(i % 2 == 0 ? "GET" : "POST", "/echo?i=\(i)", body: i % 2 == 0 ? nil : Array("{}".utf8))
+                    #expect(r.status == 200 && r.text == "ok")
+                }
+                // The owner's handler holds its idle connection until its 2 s receive timeout: `stop` waits for it.
+                #expect(accepted.withLock { $0 } == 1, "the owner accepted \(accepted.withLock { $0 }) connections for 50 requests")
             }
-            // The owner's handler holds its idle connection until its 2 s receive timeout: `stop` waits for it.
-            #expect(accepted.withLock { $0 } == 1, "the owner accepted \(accepted.withLock { $0 }) connections for 50 requests")
         }
     }
 
@@ -282,15 +288,12 @@ struct ForwarderTests {
                 }
             }
             defer { owner.stop() }
-            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
-            let front = HTTPServer(
-                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-            try front.start()
-            defer { front.shutdown(timeout: .seconds(2)) }
-            for path in ["/short", "/garbage"] {
-                let r = try send(front.port, path)
-                expectProblem(r, 503)
-                #expect(r.headers["retry-after"] == "1", "\(path)")
+            try withFront(to: owner.base, maxResponseBytes: 1 << 20) { front, _ in
+                for path in ["/short", "/garbage"] {
+                    let r = try send(front.port, path)
+                    expectProblem(r, 503)
+                    #expect(r.headers["retry-after"] == "1", "\(path)")
+                }
             }
         }
     }
@@ -305,16 +308,13 @@ struct ForwarderTests {
                 _ = connection.send("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
             }
             defer { owner.stop() }
-            let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, requestTimeout: 0.5)
-            let front = HTTPServer(
-                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2), handler: { forwarder.forward($0, to: owner.base) })
-            try front.start()
-            defer { front.shutdown(timeout: .seconds(2)) }
-            let start = Date()
-            let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
-            let took = Date().timeIntervalSince(start)
-            expectProblem(r, 503, mentioning: ["timeout", "may or may not"])
-            #expect(took >= 0.4 && took < 1.8, "answered after \(took) s")
+            try withFront(to: owner.base, maxResponseBytes: 1 << 20, requestTimeout: 0.5) { front, _ in
+                let start = Date()
+                let r = try send(front.port, "POST", "/v1/queues/q/operations", body: Array("{}".utf8))
+                let took = Date().timeIntervalSince(start)
+                expectProblem(r, 503, mentioning: ["timeout", "may or may not"])
+                #expect(took >= 0.4 && took < 1.8, "answered after \(took) s")
+            }
         }
     }
 
