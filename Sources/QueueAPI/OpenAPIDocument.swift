@@ -1248,6 +1248,8 @@ paths:
           $ref: '#/components/responses/NotFound'
         '422':
           $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/StoreUnavailable'
     patch:
       operationId: updateOperation
       tags: [operations]
@@ -1445,6 +1447,8 @@ paths:
           $ref: '#/components/responses/NotFound'
         '422':
           $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/StoreUnavailable'
 
   /v1/operations/{id}/wait:
     parameters:
@@ -2429,6 +2433,18 @@ components:
             $ref: '#/components/schemas/Problem'
     ServiceUnavailable:
       description: The server is starting or shutting down.
+      content:
+        application/problem+json:
+          schema:
+            $ref: '#/components/schemas/Problem'
+    StoreUnavailable:
+      description: |
+        With a PostgreSQL store: PostgreSQL could not be read (`store-unavailable`; a cluster
+        instance reads these from PostgreSQL itself). Retry after `Retry-After`.
+      headers:
+        Retry-After:
+          schema:
+            type: integer
       content:
         application/problem+json:
           schema:
