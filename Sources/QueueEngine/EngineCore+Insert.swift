@@ -3,7 +3,11 @@ extension EngineCore {
     /// dependencies (`deps`, resolved), the barrier of its queue, its first state and its
     /// creation event. Does not settle: the caller does, once, after everything it adds, so a
     /// batch starts nothing before all of it is in.
-    func insert(into q: QueueRecord, req request: OperationRequest, kind: any OperationKind, deps resolved: [OpRecord], barrier: Bool) -> OpRecord {
+    /// `remote`: unfinished dependencies this engine does not hold (`QueueEngine+Remote`).
+    func insert(
+        into q: QueueRecord, req request: OperationRequest, kind: any OperationKind, deps resolved: [OpRecord], remote: [UInt64] = [],
+        barrier: Bool
+    ) -> OpRecord {
         var deps = resolved
         var req = request
         if barrier {
@@ -15,7 +19,7 @@ extension EngineCore {
         }
         let implicitBarrier = barrier ? nil : q.barrier?.id
         // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
-        let readyNow = !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= now } ?? true)
+        let readyNow = remote.isEmpty && !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= now } ?? true)
         let op = OpRecord(
             id: nextID, queue: q, request: req, kind: kind, createdAt: now, isBarrier: barrier,
             state: readyNow ? .ready : .pending)
@@ -32,6 +36,10 @@ extension EngineCore {
         for dep in deps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
             dep.dependents.append(op)
             op.unfinishedDependencies += 1
+        }
+        if !remote.isEmpty {
+            for id in remote { waitRemote(op, for: id) }
+            effects.append(.watchRemote(remote.map { OperationID(raw: $0) }))
         }
         if readyNow {
             q.push(op)

@@ -4,6 +4,9 @@ enum Effect {
     case cancel(any OperationKind, ExecutionContext)
     case pause(any OperationKind, ExecutionContext)
     case call(@Sendable () -> Void)
+    /// Ask the remote directory to report these operations once they are finished (they are
+    /// waited for by operations held here: `QueueEngine+Remote`).
+    case watchRemote([OperationID])
     /// Re-examine an operation after `seconds` (notBefore).
     case wake(OperationID, seconds: Double)
     /// Fail the run `token` with `timeout` if it still executes after `seconds`.
@@ -34,6 +37,8 @@ final class EngineCore: @unchecked Sendable {
 
     var queues: [String: QueueRecord] = [:]
     var ops = OpTable()
+    /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
+    var remoteWaiters: [UInt64: [OpRecord]] = [:]
     var nextID: UInt64 = 1
     var nextSeq: UInt64 = 1
     var ticket: UInt64 = 0
@@ -252,6 +257,7 @@ final class EngineCore: @unchecked Sendable {
                 effects.append(.cancel(op.kind, context(op, resume: false)))
             }
             op.outcome = .cancelled
+            dropRemoteWaits(op)
             for depID in op.dependencyIDs where !detached {
                 if let dep = ops[depID.raw], dep.state != .finished, let i = dep.dependents.firstIndex(where: { $0 === op }) {
                     dep.dependents.remove(at: i)

@@ -63,7 +63,8 @@ extension QueueEngine {
             ops.reserveCapacity(q.unfinished)
             for op in q.ops where op.state != .finished {
                 var snapshot = op.snapshot()
-                snapshot.dependencies.removeAll { id in core.ops[id.raw].map { $0.state == .finished } ?? true }
+                // Unfinished ones only: held here, or held elsewhere and still waited for.
+                snapshot.dependencies.removeAll { id in core.ops[id.raw].map { $0.state == .finished } ?? !op.remoteWaits.contains(id.raw) }
                 ops.append(snapshot)
             }
             return QueueArchive(queue: snapshot, operations: ops, unfinished: q.unfinished)
@@ -121,6 +122,16 @@ extension QueueEngine {
             }
         }
         let order = try Self.archiveOrder(elements)
+        var named: [OperationID] = []
+        for e in elements {
+            for d in e.dependencies { if case let .operation(id) = d { named.append(id) } }
+        }
+        let remote: [OperationID: Bool]
+        do throws(EngineError) {
+            remote = try remoteStates(named)
+        } catch {
+            throw .queue(error)
+        }
         let result: Result<ArchiveRestore, ArchiveRefusal>
         do {
             result = try mutate { core throws(EngineError) -> Result<ArchiveRestore, ArchiveRefusal> in
@@ -169,11 +180,15 @@ extension QueueEngine {
                     deps.reserveCapacity(e.dependencies.count)
                     var ids: [OperationID] = []
                     ids.reserveCapacity(e.dependencies.count)
+                    var remoteWaits: [UInt64] = []
                     for d in e.dependencies {
                         switch d {
                         case let .operation(id):
                             if let op = core.ops[id.raw] {
                                 deps.append(op); ids.append(id)
+                            } else if let finished = remote[id] {
+                                ids.append(id)
+                                if !finished { remoteWaits.append(id.raw) }
                             } else if droppedSeen.insert(id.raw).inserted {
                                 dropped.append(id)
                             }
@@ -184,7 +199,9 @@ extension QueueEngine {
                     }
                     var request = requests[i]
                     request.dependencies = ids
-                    let op = core.insert(into: q, req: request, kind: resolvedKinds[i], deps: e.isBarrier ? [] : deps, barrier: e.isBarrier)
+                    let op = core.insert(
+                        into: q, req: request, kind: resolvedKinds[i], deps: e.isBarrier ? [] : deps, remote: e.isBarrier ? [] : remoteWaits,
+                        barrier: e.isBarrier)
                     made[i] = op
                 }
                 // Before anything starts (`settle` below): paused ones paused, attempts given.

@@ -66,6 +66,16 @@ extension QueueEngine {
                 throw BatchRefusal(index: i, error: error)
             }
         }
+        var named: [OperationID] = []
+        for e in elements {
+            for d in e.dependencies { if case let .operation(id) = d { named.append(id) } }
+        }
+        let remote: [OperationID: Bool]
+        do throws(EngineError) {
+            remote = try remoteStates(named)
+        } catch {
+            throw BatchRefusal(index: 0, error: error)
+        }
         let result: Result<[OperationSnapshot], BatchRefusal>
         do {
             result = try mutate { core throws(EngineError) -> Result<[OperationSnapshot], BatchRefusal> in
@@ -76,7 +86,7 @@ extension QueueEngine {
                 for (i, e) in elements.enumerated() {
                     guard let q = core.queues[e.queue] else { return .failure(BatchRefusal(index: i, error: .queueNotFound(e.queue))) }
                     for d in e.dependencies {
-                        if case let .operation(id) = d, core.ops[id.raw] == nil {
+                        if case let .operation(id) = d, core.ops[id.raw] == nil, remote[id] == nil {
                             return .failure(BatchRefusal(index: i, error: .operationNotFound(id.description)))
                         }
                     }
@@ -108,17 +118,24 @@ extension QueueEngine {
                     deps.reserveCapacity(e.dependencies.count)
                     var ids: [OperationID] = []
                     ids.reserveCapacity(e.dependencies.count)
+                    var remoteWaits: [UInt64] = []
                     for d in e.dependencies {
                         switch d {
                         case let .operation(id):
-                            if let op = core.ops[id.raw] { deps.append(op); ids.append(id) }
+                            if let op = core.ops[id.raw] {
+                                deps.append(op); ids.append(id)
+                            } else if let finished = remote[id] {
+                                ids.append(id)
+                                if !finished { remoteWaits.append(id.raw) }
+                            }
                         case let .element(k):
                             deps.append(made[k]); ids.append(made[k].operationID)
                         }
                     }
                     var request = requests[i]
                     request.dependencies = ids
-                    made.append(core.insert(into: queues[i], req: request, kind: resolvedKinds[i], deps: deps, barrier: false))
+                    made.append(
+                        core.insert(into: queues[i], req: request, kind: resolvedKinds[i], deps: deps, remote: remoteWaits, barrier: false))
                 }
                 core.settle()
                 return .success(made.map { $0.snapshot() })

@@ -34,7 +34,8 @@ extension QueueEngine {
             }
             var dependencies: [OperationID] = []
             if overrides.dependencies == nil {
-                dependencies = op.dependencyIDs.filter { $0.raw != op.implicitBarrier && core.ops[$0.raw] != nil }
+                // Those held elsewhere are kept here and looked up below.
+                dependencies = op.dependencyIDs.filter { $0.raw != op.implicitBarrier && (core.ops[$0.raw] != nil || remote != nil) }
             }
             let request = OperationRequest(
                 kind: op.kindName, name: op.name, queuePriority: op.priority, dependencies: dependencies, spec: op.spec,
@@ -42,6 +43,10 @@ extension QueueEngine {
             return (request, op.queue.name)
         }
         var request = source
+        if overrides.dependencies == nil, remote != nil {
+            let known = try remoteStates(request.dependencies)
+            request.dependencies = try read { core in request.dependencies.filter { core.ops[$0.raw] != nil || known[$0] != nil } }
+        }
         if let p = overrides.queuePriority { request.queuePriority = p }
         if let d = overrides.dependencies { request.dependencies = d }
         if let nb = overrides.notBefore { request.options.notBefore = nb }

@@ -37,6 +37,7 @@ extension QueueEngine {
         try kind.validate(spec: request.spec)
         var request = request
         if request.options.retry == nil { request.options.retry = kind.defaultRetry }
+        let remote = try remoteStates(request.dependencies)
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
             guard core.unfinishedTotal < core.maxUnfinished else {
@@ -59,11 +60,17 @@ extension QueueEngine {
             }
             var deps: [OpRecord] = []
             deps.reserveCapacity(request.dependencies.count)
+            var remoteWaits: [UInt64] = []
             for d in request.dependencies {
-                guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
-                deps.append(dep)
+                if let dep = core.ops[d.raw] {
+                    deps.append(dep)
+                } else if let finished = remote[d] {
+                    if !finished { remoteWaits.append(d.raw) }
+                } else {
+                    throw .operationNotFound(d.description)
+                }
             }
-            let op = core.insert(into: q, req: request, kind: kind, deps: deps, barrier: barrier)
+            let op = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: barrier)
             core.settle()
             return answer(op)
         }
@@ -178,11 +185,15 @@ extension QueueEngine {
     /// that would close a cycle is refused.
     @discardableResult
     public func update(_ id: OperationID, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil) throws(EngineError) -> OperationSnapshot {
-        try changing(id) { core, op throws(EngineError) in
+        // A cycle through operations held elsewhere is not seen here (`reaches` walks the
+        // operations held here): see QueueEngine+Remote.
+        let remote = try remoteStates(dependencies ?? [])
+        return try changing(id) { core, op throws(EngineError) in
             if op.state == .finished || op.hasStarted || op.state == .executing {
                 throw .alreadyStarted(id.description)
             }
             var newDeps: [OpRecord]? = nil
+            var newRemote: [UInt64] = []
             var dependencies = dependencies
             // An operation added after a barrier keeps waiting for it, whatever else it names.
             if var list = dependencies, let b = op.implicitBarrier, let barrier = core.ops[b], barrier.state != .finished,
@@ -198,8 +209,13 @@ extension QueueEngine {
             if let dependencies {
                 var list: [OpRecord] = []
                 for d in dependencies {
-                    guard let dep = core.ops[d.raw] else { throw .operationNotFound(d.description) }
-                    list.append(dep)
+                    if let dep = core.ops[d.raw] {
+                        list.append(dep)
+                    } else if let finished = remote[d] {
+                        if !finished { newRemote.append(d.raw) }
+                    } else {
+                        throw .operationNotFound(d.description)
+                    }
                 }
                 if core.reaches(op.id, from: dependencies) {
                     throw .dependencyCycle("making \(id) depend on \(dependencies.map(\.description).joined(separator: ", ")) would close a cycle")
@@ -223,12 +239,17 @@ extension QueueEngine {
                         dep.dependents.remove(at: i)
                     }
                 }
+                core.dropRemoteWaits(op)
                 op.dependencyIDs = dependencies
                 op.unfinishedDependencies = 0
                 var seen = Set<ObjectIdentifier>()
                 for dep in newDeps where dep.state != .finished && seen.insert(ObjectIdentifier(dep)).inserted {
                     dep.dependents.append(op)
                     op.unfinishedDependencies += 1
+                }
+                if !newRemote.isEmpty {
+                    for r in newRemote { core.waitRemote(op, for: r) }
+                    core.effects.append(.watchRemote(newRemote.map { OperationID(raw: $0) }))
                 }
                 op.revision += 1
                 if op.state == .ready && op.unfinishedDependencies > 0 {

@@ -3,11 +3,17 @@ extension QueueEngine {
     /// operation comes back in the state it was acknowledged in; operations that were
     /// executing are handed to their kind's `recover` (resume, retry, fail or keep). The
     /// event sequence continues after `lastSeq`.
-    public func restore(_ recovered: RecoveredState) {
+    ///
+    /// `remote` (a cluster instance, see `adopt`): for dependencies outside `recovered`,
+    /// whether they exist elsewhere and are finished; one that is not finished is waited for
+    /// remotely. Without an entry, a dependency that is not held is taken as finished (a
+    /// single store purges only finished operations). Queues and operations already held are
+    /// left as they are.
+    public func restore(_ recovered: RecoveredState, remote: [OperationID: Bool] = [:]) {
         try? mutate { core throws(EngineError) in
             // Saturating: a damaged store's seq must not trap (a sane one is far below 2^62).
             core.nextSeq = max(core.nextSeq, min(recovered.lastSeq, UInt64.max >> 2) + 1)
-            for qs in recovered.queues {
+            for qs in recovered.queues where core.queues[qs.name] == nil {
                 let q = QueueRecord(name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt)
                 q.revision = min(qs.revision, UInt64.max >> 2) + 1
                 core.queues[qs.name] = q
@@ -15,7 +21,8 @@ extension QueueEngine {
             var restored: [OpRecord] = []
             for s in recovered.operations.sorted(by: { $0.id < $1.id }) {
                 // Ids the engine could never have handed out (its ready heap keeps 60 bits).
-                guard s.id.raw > 0, s.id.raw <= QueueRecord.idMask, let q = core.queues[s.queue] else { continue }
+                guard s.id.raw > 0, s.id.raw <= QueueRecord.idMask, core.ops[s.id.raw] == nil, let q = core.queues[s.queue], !q.deleted
+                else { continue }
                 let kind = core.kinds[s.kind] ?? ImmediateKind()
                 let req = OperationRequest(
                     kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: s.dependencies,
@@ -47,15 +54,25 @@ extension QueueEngine {
                 }
                 restored.append(op)
             }
-            // Edges: every unfinished operation waits for its unfinished dependencies.
+            // Edges: every unfinished operation waits for its unfinished dependencies, here or
+            // elsewhere; operations held before that waited for a restored one remotely now
+            // wait for it here.
+            var watch: [OperationID] = []
             for op in restored where op.state != .finished {
                 for d in op.dependencyIDs {
-                    if let dep = core.ops[d.raw], dep.state != .finished {
-                        dep.dependents.append(op)
-                        op.unfinishedDependencies += 1
+                    if let dep = core.ops[d.raw] {
+                        if dep.state != .finished {
+                            dep.dependents.append(op)
+                            op.unfinishedDependencies += 1
+                        }
+                    } else if remote[d] == false {
+                        core.waitRemote(op, for: d.raw)
+                        watch.append(d)
                     }
                 }
             }
+            for op in restored { core.remoteBecameLocal(op) }
+            if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
             for op in restored {
                 switch op.state {
                 case .ready:

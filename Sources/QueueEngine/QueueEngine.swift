@@ -61,6 +61,8 @@ public final class QueueEngine: Sendable {
     /// Where the engine's timers (timeout, retry backoff, `notBefore`) and its kinds' run.
     public let scheduler: any EngineScheduler
     private let ticketCounter = Atomic<UInt64>(0)
+    /// Answers for operations this engine does not hold (`setRemoteOperations`).
+    let remoteDirectory = Lock<(any RemoteOperations)?>(nil)
 
     /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
     public init(
@@ -133,6 +135,7 @@ public final class QueueEngine: Sendable {
         case .start, .cancel, .pause:
             if configuration.startAfterCommit { hold(effect) } else { runKind(effect) }
         case let .call(f): f()
+        case let .watchRemote(ids): remote?.watch(ids)
         case let .timeout(id, token, seconds):
             scheduler.after(seconds: seconds) { [self] in timeoutFired(id, token: token) }
         case let .retry(id, token, seconds):

@@ -18,6 +18,9 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var dependencyIDs: [OperationID]
     /// Operations waiting for this one; released when it finishes.
     var dependents: [OpRecord] = []
+    /// Unfinished dependencies this engine does not hold (their queue is owned by another
+    /// cluster instance), counted in `unfinishedDependencies` like local ones.
+    var remoteWaits: [UInt64] = []
     var unfinishedDependencies = 0
     /// The key of its live entry in the queue's ready heap; 0 when none.
     var heapKey: UInt64 = 0

@@ -1,0 +1,175 @@
+/// Operations an engine does not hold: in a cluster, each instance's engine runs only the queues
+/// it owns, and an operation may depend on one in a queue another instance owns (API.md: a
+/// dependency may name an operation in any queue). The cluster layer answers for those.
+///
+/// An operation waiting for remote ones counts them in its unfinished dependencies like local
+/// ones and is told of each one's end by `remoteOperationsFinished`, which is idempotent (a
+/// wait is a set member): whoever reports an end may report it twice.
+///
+/// No end is missed: the engine registers a wait first and only then asks the directory to
+/// `watch` the id (an effect, after the lock), so the directory's look at the operation comes
+/// after the wait exists. Either that look sees it finished, or its end becomes visible after
+/// the look and the directory reports it then.
+public protocol RemoteOperations: Sendable {
+    /// For each id: whether an operation with it exists outside this engine, and whether it is
+    /// finished (`true`). Ids that name no operation are left out of the answer. Called without
+    /// the engine's lock; may block briefly (a database read); throws to refuse the request
+    /// (the directory cannot be read).
+    func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool]
+    /// Operations held here now wait for these ids: call `remoteOperationsFinished` for each once
+    /// it is finished, even if it finished before this call.
+    func watch(_ ids: [OperationID])
+}
+
+extension QueueEngine {
+    /// Makes `remote` the directory of operations this engine does not hold. Set once, before
+    /// serving; without one, a dependency the engine does not hold is refused as not found.
+    public func setRemoteOperations(_ remote: any RemoteOperations) {
+        remoteDirectory.withLock { $0 = remote }
+    }
+
+    var remote: (any RemoteOperations)? { remoteDirectory.withLock { $0 } }
+
+    /// The states of the ids in `ids` this engine does not hold, from the remote directory
+    /// (empty without one, or when it holds them all). Read before the change's lock: an id
+    /// that moves in between is found locally or refused as not found.
+    func remoteStates(_ ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
+        guard !ids.isEmpty, let remote else { return [:] }
+        let missing = try read { core in ids.filter { core.ops[$0.raw] == nil } }
+        guard !missing.isEmpty else { return [:] }
+        return try remote.states(of: missing)
+    }
+
+    /// These operations (held elsewhere) are finished: every operation here that waits for
+    /// them stops waiting. Ids nobody here waits for are ignored; a second report changes nothing.
+    public func remoteOperationsFinished(_ ids: [OperationID]) {
+        try? mutate { core throws(EngineError) in
+            for id in ids { core.remoteFinished(id.raw) }
+        }
+    }
+
+    /// The remote operations that operations held here wait for (for a directory that checks
+    /// them again, e.g. after its feed of ends was interrupted).
+    public var remoteWaitedFor: [OperationID] {
+        (try? read { core in core.remoteWaiters.keys.sorted().map { OperationID(raw: $0) } }) ?? []
+    }
+
+    /// The next operation added gets an id above `id` (ids handed out elsewhere, by another
+    /// instance of a cluster, are never handed out here).
+    public func moveIDs(past id: OperationID) {
+        try? mutate { core throws(EngineError) in
+            guard id.raw < QueueRecord.idMask else { return }
+            core.nextID = max(core.nextID, id.raw + 1)
+        }
+    }
+
+    /// Takes in queues and their operations read from the store while serving (a cluster
+    /// instance that became the owner of more queues), with the restart rules of `restore`.
+    /// `remote` gives, for dependencies outside `recovered`, whether they exist elsewhere and are
+    /// finished (as `RemoteOperations.states`); operations held here that waited for an adopted
+    /// one now wait for it locally. Queues already held are left as they are.
+    public func adopt(_ recovered: RecoveredState, remote: [OperationID: Bool]) {
+        restore(recovered, remote: remote)
+    }
+
+    /// Gives up queues without writing anything (a cluster instance that no longer owns them:
+    /// the store already belongs to the new owner). Their operations leave this engine; runs
+    /// in progress are stopped (`cancel` to the kind, whose report is then ignored: the new owner
+    /// restarts them by the restart rules); operations held here that wait for one of them now
+    /// wait for it remotely; long waits on those queues are answered as not idle.
+    public func release(queues names: Set<String>) {
+        try? mutate { core throws(EngineError) in
+            var gone: [OpRecord] = []
+            for name in names.sorted() {
+                guard let q = core.queues[name] else { continue }
+                // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
+                q.deleted = true
+                core.queues[name] = nil
+                for op in q.ops { gone.append(op) }
+                let waiters = q.idleWaiters
+                q.idleWaiters = []
+                for (_, w) in waiters { core.effects.append(.call({ w(false) })) }
+            }
+            var leaving = Set<ObjectIdentifier>()
+            for op in gone { leaving.insert(ObjectIdentifier(op)) }
+            var watch: [OperationID] = []
+            for op in gone {
+                core.ops[op.id] = nil
+                core.dropRemoteWaits(op)
+                if op.state != .finished {
+                    op.queue.unfinished -= 1
+                    core.unfinishedTotal -= 1
+                }
+                if op.state == .executing && !op.inBackoff && op.parkedCompletion == nil {
+                    core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+                } else if op.state == .paused && op.hasStarted && op.parkedCompletion == nil {
+                    core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+                }
+                op.runToken &+= 1
+                // Its local dependencies no longer wake it; its dependents that stay here wait
+                // for it as a remote operation.
+                for depID in op.dependencyIDs {
+                    if let dep = core.ops[depID.raw], let i = dep.dependents.firstIndex(where: { $0 === op }) {
+                        dep.dependents.remove(at: i)
+                    }
+                }
+                let staying = op.dependents.filter { !leaving.contains(ObjectIdentifier($0)) }
+                op.dependents = []
+                if !staying.isEmpty {
+                    core.remoteWaiters[op.id, default: []].append(contentsOf: staying)
+                    for d in staying { d.remoteWaits.append(op.id) }
+                    watch.append(op.operationID)
+                }
+            }
+            if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
+        }
+    }
+}
+
+extension EngineCore {
+    /// `op` waits for `id`, which this engine does not hold and which is not finished.
+    func waitRemote(_ op: OpRecord, for id: UInt64) {
+        guard !op.remoteWaits.contains(id) else { return }
+        op.remoteWaits.append(id)
+        op.unfinishedDependencies += 1
+        remoteWaiters[id, default: []].append(op)
+    }
+
+    /// `op` no longer waits for anything remote (cancelled, its dependencies replaced, left).
+    /// Leaves `unfinishedDependencies` to the caller, which resets it.
+    func dropRemoteWaits(_ op: OpRecord) {
+        for id in op.remoteWaits {
+            guard var list = remoteWaiters[id] else { continue }
+            list.removeAll { $0 === op }
+            remoteWaiters[id] = list.isEmpty ? nil : list
+        }
+        op.remoteWaits = []
+    }
+
+    /// The remote operation `id` finished: its waiters here stop waiting for it.
+    func remoteFinished(_ id: UInt64) {
+        guard let waiters = remoteWaiters.removeValue(forKey: id) else { return }
+        for op in waiters {
+            guard let i = op.remoteWaits.firstIndex(of: id) else { continue }
+            op.remoteWaits.remove(at: i)
+            op.unfinishedDependencies -= 1
+            if op.unfinishedDependencies == 0 { makeReadyIfPossible(op) }
+        }
+    }
+
+    /// An operation `id` this engine now holds (adopted): the operations here that waited for
+    /// it remotely wait for it locally, or stop waiting if it is finished.
+    func remoteBecameLocal(_ dep: OpRecord) {
+        guard let waiters = remoteWaiters.removeValue(forKey: dep.id) else { return }
+        for op in waiters {
+            guard let i = op.remoteWaits.firstIndex(of: dep.id) else { continue }
+            op.remoteWaits.remove(at: i)
+            if dep.state == .finished {
+                op.unfinishedDependencies -= 1
+                if op.unfinishedDependencies == 0 { makeReadyIfPossible(op) }
+            } else {
+                dep.dependents.append(op)
+            }
+        }
+    }
+}

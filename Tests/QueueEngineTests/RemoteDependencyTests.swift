@@ -1,0 +1,243 @@
+import Locking
+import QueueEngine
+import Testing
+
+/// The directory a cluster gives each engine, with another engine in place of PostgreSQL: it
+/// answers from `peer` and reports an end only when the test says `deliver()` (as a feed would,
+/// later). It checks that every `watch` comes after the engine registered the wait.
+final class PeerDirectory: RemoteOperations {
+    let peer: QueueEngine
+    private let owner = Locked<QueueEngine?>(nil)
+    private let watched = Locked<[OperationID]>([])
+    let watchesBeforeWait = Locked(0)
+    let lookups = Locked(0)
+
+    init(peer: QueueEngine) { self.peer = peer }
+    func attach(_ engine: QueueEngine) {
+        owner.withLock { $0 = engine }
+        engine.setRemoteOperations(self)
+    }
+
+    func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
+        lookups.withLock { $0 += 1 }
+        var out: [OperationID: Bool] = [:]
+        for id in ids {
+            if let s = try? peer.operation(id) { out[id] = s.state == .finished }
+        }
+        return out
+    }
+
+    func watch(_ ids: [OperationID]) {
+        let waited = Set(owner.value?.remoteWaitedFor ?? [])
+        for id in ids where !waited.contains(id) { watchesBeforeWait.withLock { $0 += 1 } }
+        watched.withLock { $0.append(contentsOf: ids) }
+    }
+
+    var watching: [OperationID] { watched.value }
+
+    /// Reports every watched id the peer has finished (the same ones again on the next call).
+    func deliver() {
+        let finished = watched.value.filter { (try? peer.operation($0).state) == .finished }
+        owner.value?.remoteOperationsFinished(finished)
+    }
+}
+
+extension Engine {
+    @Suite("Dependencies held by another engine")
+    struct RemoteDependencyTests {
+        /// Two engines as two cluster instances: `a` holds queue "a", `b` holds queue "b", ids apart.
+        struct Pair {
+            let a = Fixture()
+            let b = Fixture()
+            let directory: PeerDirectory
+            init() throws {
+                directory = PeerDirectory(peer: a.engine)
+                directory.attach(b.engine)
+                b.engine.moveIDs(past: OperationID(raw: 1_000_000))
+                try a.queue("a")
+                try b.queue("b")
+            }
+        }
+
+        @Test("an operation waits for an unfinished one held elsewhere and starts once told it finished; a second report changes nothing")
+        func waitsForRemote() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            #expect(try p.a.state(x) == .executing)
+            let y = try p.b.add("b", after: [x])
+            #expect(x.raw < 1_000_000 && y.raw > 1_000_000)
+            #expect(try p.b.state(y) == .pending)
+            #expect(try p.b.snapshot(y).dependencies == [x])
+            #expect(p.directory.watching == [x])
+            #expect(p.directory.watchesBeforeWait.value == 0, "the wait exists before the directory is asked to watch")
+            #expect(p.b.engine.remoteWaitedFor == [x])
+
+            p.directory.deliver()
+            #expect(try p.b.state(y) == .pending, "not finished yet: nothing reported")
+            p.a.kind.finish(x)
+            p.directory.deliver()
+            #expect(try p.b.state(y) == .executing)
+            #expect(p.b.engine.remoteWaitedFor.isEmpty)
+            p.directory.deliver()
+            p.b.engine.remoteOperationsFinished([x, OperationID(raw: 77)])
+            #expect(try p.b.state(y) == .executing)
+            #expect(p.b.kind.calls(.start, for: y).count == 1)
+        }
+
+        @Test("a finished one held elsewhere counts as finished at once; an id nobody holds is refused as not found")
+        func finishedAndUnknown() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            p.a.kind.finish(x)
+            let y = try p.b.add("b", after: [x])
+            #expect(try p.b.state(y) == .executing)
+            #expect(p.directory.watching.isEmpty)
+            #expect(throws: EngineError.operationNotFound(OperationID(raw: 999).description)) { try p.b.add("b", after: [OperationID(raw: 999)]) }
+        }
+
+        @Test("without a directory, an id the engine does not hold is refused and the directory is never asked for local ones")
+        func localOnly() throws {
+            let f = Fixture()
+            try f.queue("q")
+            #expect(throws: EngineError.self) { try f.add("q", after: [OperationID(raw: 5)]) }
+            let p = try Pair()
+            let x = try p.b.add("b")
+            _ = try p.b.add("b", after: [x])
+            #expect(p.directory.lookups.value == 0)
+        }
+
+        @Test("mixed local and remote waits: it becomes ready only when both are finished, in either order")
+        func mixed() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            try p.b.queue("held", suspended: false)
+            let l = try p.b.add("held")
+            let y = try p.b.add("b", after: [x, l])
+            p.a.kind.finish(x)
+            p.directory.deliver()
+            #expect(try p.b.state(y) == .pending)
+            p.b.kind.finish(l)
+            #expect(try p.b.state(y) == .executing)
+        }
+
+        @Test("cancelling a waiting operation drops its remote wait; a later report wakes nothing")
+        func cancelDropsWait() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            let y = try p.b.add("b", after: [x])
+            try p.b.engine.cancel(y)
+            #expect(p.b.engine.remoteWaitedFor.isEmpty)
+            p.a.kind.finish(x)
+            p.directory.deliver()
+            #expect(try p.b.snapshot(y).outcome == .cancelled)
+            #expect(!p.b.kind.wasStarted(y))
+            // And a bulk cancel (`cancelAll`) too.
+            let x2 = try p.a.add("a")
+            _ = try p.b.add("b", after: [x2])
+            try p.b.engine.cancelAll("b")
+            #expect(p.b.engine.remoteWaitedFor.isEmpty)
+        }
+
+        @Test("replacing dependencies (PATCH) with remote ones waits for them; replacing them again drops the old wait")
+        func updateToRemote() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            let gate = try p.b.add("b")
+            let y = try p.b.add("b", after: [gate])
+            try p.b.engine.update(y, dependencies: [x])
+            #expect(p.b.engine.remoteWaitedFor == [x])
+            #expect(try p.b.state(y) == .pending)
+            try p.b.engine.update(y, dependencies: [])
+            #expect(p.b.engine.remoteWaitedFor.isEmpty)
+            #expect(try p.b.state(y) == .executing)
+        }
+
+        @Test("a batch may name operations held elsewhere; an archive keeps a remote dependency that is unfinished")
+        func batchAndArchive() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            let made = try p.b.engine.addOperations([
+                BatchElement(queue: "b", request: OperationRequest(kind: "manual"), dependencies: [.operation(x)]),
+                BatchElement(queue: "b", request: OperationRequest(kind: "manual"), dependencies: [.element(0)]),
+            ])
+            #expect(made.map(\.state) == [.pending, .pending])
+            #expect(made[0].dependencies == [x])
+            let archive = try p.b.engine.archive(queue: "b", limit: 100)
+            #expect(archive.operations.first?.dependencies == [x])
+            #expect(throws: BatchRefusal.self) {
+                try p.b.engine.addOperations([
+                    BatchElement(queue: "b", request: OperationRequest(kind: "manual"), dependencies: [.operation(OperationID(raw: 4242))])
+                ])
+            }
+            p.a.kind.finish(x)
+            p.directory.deliver()
+            #expect(try p.b.state(made[0].id) == .executing)
+        }
+
+        @Test("release: the queue's operations leave, runs are stopped without a change being written, and dependents held here wait remotely")
+        func release() throws {
+            let f = Fixture()
+            try f.queue("a", max: 1)
+            try f.queue("b")
+            let x = try f.add("a")
+            let queued = try f.add("a")
+            let y = try f.add("b", after: [x])
+            let z = try f.add("b", after: [queued])
+            let log = EventLog(f.engine)
+            let recordsBefore = f.engine.currentTicket
+
+            f.engine.release(queues: ["a"])
+            #expect(throws: EngineError.self) { try f.engine.operation(x) }
+            #expect(throws: EngineError.self) { try f.engine.queue(named: "a") }
+            #expect(f.engine.queues().map(\.name) == ["b"])
+            #expect(f.kind.calls(.cancel, for: x).count == 1, "its run is stopped")
+            #expect(f.engine.remoteWaitedFor == [x, queued])
+            #expect(try f.state(y) == .pending && f.state(z) == .pending)
+            #expect(log.all.isEmpty, "nothing is reported about operations it no longer holds")
+            #expect(f.engine.currentTicket == recordsBefore, "nothing is written")
+            // The stopped run's report comes too late and changes nothing.
+            f.kind.finish(x)
+            #expect(log.all.isEmpty)
+            // The peer that took it over reports the end.
+            f.engine.remoteOperationsFinished([x])
+            #expect(try f.state(y) == .executing)
+        }
+
+        @Test("adopt: a queue comes back with its operations; waits held here become local again, and the adopted ones wait remotely for what is elsewhere")
+        func adopt() throws {
+            let peer = Fixture()
+            try peer.queue("elsewhere")
+            let f = Fixture()
+            let directory = PeerDirectory(peer: peer.engine)
+            directory.attach(f.engine)
+            f.engine.moveIDs(past: OperationID(raw: 1_000))
+            try f.queue("a", max: 1)
+            try f.queue("b")
+            let r = try peer.add("elsewhere")
+            let first = try f.add("a")
+            let x = try f.add("a")
+            let w = try f.add("a", after: [r])
+            let y = try f.add("b", after: [x])
+            #expect(f.engine.remoteWaitedFor == [r])
+            let saved = RecoveredState(queues: [try f.engine.queue(named: "a")], operations: try [first, x, w].map { try f.snapshot($0) })
+
+            f.engine.release(queues: ["a"])
+            #expect(f.engine.remoteWaitedFor == [x], "y waits for x remotely; w left with its queue")
+            f.engine.adopt(saved, remote: [r: false])
+            #expect(f.engine.remoteWaitedFor == [r], "y waits for x here again; w waits for r elsewhere")
+            // `first` was executing: the manual kind's recovery fails it, and x starts.
+            #expect(try f.snapshot(first).outcome == .failed)
+            #expect(try f.state(x) == .executing)
+            #expect(try f.state(w) == .pending)
+            f.kind.finish(x)
+            #expect(try f.state(y) == .executing)
+            peer.kind.finish(r)
+            directory.deliver()
+            #expect(try f.state(w) == .executing)
+            #expect(f.engine.remoteWaitedFor.isEmpty)
+            // A queue already held is left alone.
+            f.engine.adopt(saved, remote: [:])
+            #expect(try f.state(x) == .finished)
+        }
+    }
+}
