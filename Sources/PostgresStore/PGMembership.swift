@@ -8,17 +8,33 @@ import Synchronization
 import Glibc
 #endif
 
-/// What fences an owner's commits: its instance id and the ownership epoch it won.
+/// What fences an owner's commits: its instance id and the ownership epoch it won; or, with
+/// `partitions`, the epoch of each partition it holds (a commit is fenced by those of the
+/// partitions it writes to).
 public struct PGFence: Sendable, Equatable {
     public let instance: String
     public let epoch: Int64
     /// The lease: how long a transaction may sit open before the server ends its session.
     public let leaseSeconds: Double
-    public init(instance: String, epoch: Int64, leaseSeconds: Double = 10) {
+    public let partitions: PartitionEpochs?
+    public init(instance: String, epoch: Int64, leaseSeconds: Double = 10, partitions: PartitionEpochs? = nil) {
         self.instance = instance
         self.epoch = epoch
         self.leaseSeconds = leaseSeconds
+        self.partitions = partitions
     }
+}
+
+/// The partitions an instance holds, with the epoch it won each at (`QueuePartitions`): read
+/// by its writer at every commit, changed by its membership as it claims and releases them.
+public final class PartitionEpochs: Sendable, Equatable {
+    private let held = Lock<[Int: Int64]>([:])
+    public init() {}
+    public var all: [Int: Int64] { held.withLock { $0 } }
+    public func epoch(of partition: Int) -> Int64? { held.withLock { $0[partition] } }
+    public func set(_ partition: Int, _ epoch: Int64?) { held.withLock { $0[partition] = epoch } }
+    public func remove(_ partitions: some Sequence<Int>) { held.withLock { h in for p in partitions { h[p] = nil } } }
+    public static func == (a: PartitionEpochs, b: PartitionEpochs) -> Bool { a === b }
 }
 
 /// One instance as the `instance` table shows it.
@@ -53,7 +69,7 @@ public final class PGMembership: @unchecked Sendable {
     public let instanceID: String
     public let leaseSeconds: Double
     private let url: String
-    private let displayURL: String
+    let displayURL: String
     private let session: Lock<PGReader>
     private let feed = Lock<PGReader?>(nil)
     private let deadline = Lock<Int>(0)
@@ -75,7 +91,7 @@ public final class PGMembership: @unchecked Sendable {
     /// Runs `body` on the connection (a `PGReader`'s, reconnecting once when it was lost).
     /// Lock waits end after the lease: a renewal or takeover never hangs behind a transaction
     /// a cut-off owner left open (the server ends that one after the lease too).
-    private func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
+    func withConnection<T>(_ body: (PGConnection) throws(PGFailure) -> T) throws(PGFailure) -> T {
         let ms = String(Int(max(1, min(leaseSeconds, 300)) * 1000))
         return try session.withLock { r throws(PGFailure) in
             try r.withConnection { c throws(PGFailure) in
@@ -175,7 +191,7 @@ public final class PGMembership: @unchecked Sendable {
     /// True until the lease this instance last renewed may have run out (monotonic clock).
     public var ownsNow: Bool { Self.monotonicNanos() < deadline.withLock { $0 } }
 
-    private func extendDeadline(from sent: Int) {
+    func extendDeadline(from sent: Int) {
         // A little under the lease: the database's clock may run slightly faster than ours.
         let lease = Int(leaseSeconds * 0.95 * 1e9)
         deadline.withLock { $0 = sent &+ lease }

@@ -181,6 +181,79 @@ final class PGReader {
         return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
     }
 
+    /// The queues named (those that exist) with their operations, and for every dependency of
+    /// theirs outside them whether it exists and is finished: what a cluster instance adopts
+    /// when it becomes the owner of more partitions. One repeatable-read snapshot.
+    func load(queues names: [String]) throws -> (RecoveredState, [OperationID: Bool]) {
+        var list = ArrayColumn()
+        for n in names { list.text(n) }
+        let (qs, os) = try withConnection { c throws(PGFailure) in
+            try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            do throws(PGFailure) {
+                let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
+                let os = try c.exec(
+                    "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
+                return (qs, os)
+            } catch {
+                _ = try? c.exec("ROLLBACK")
+                throw error
+            }
+        }
+        var queues: [QueueSnapshot] = []
+        var index: [String: Int] = [:]
+        var operations: [OperationSnapshot] = []
+        var outside = Set<UInt64>()
+        var inside = Set<UInt64>()
+        do {
+            for i in 0..<qs.rows {
+                let q = try PGRecordDecoder.queue(qs, i)
+                index[q.name] = queues.count
+                queues.append(q)
+            }
+            operations.reserveCapacity(os.rows)
+            for i in 0..<os.rows {
+                let op = try PGRecordDecoder.operation(os, i)
+                if let i = index[op.queue] {
+                    queues[i].counts[op.state, default: 0] += 1
+                    if op.state != .finished { queues[i].operationCount += 1 }
+                }
+                inside.insert(op.id.raw)
+                if op.state != .finished { for d in op.dependencies { outside.insert(d.raw) } }
+                operations.append(op)
+            }
+        } catch {
+            _ = try? withConnection { c throws(PGFailure) in try c.exec("ROLLBACK") }
+            throw error
+        }
+        outside.subtract(inside)
+        var ids = ArrayColumn()
+        for id in outside.sorted() { ids.int(Int64(clamping: id)) }
+        let states = try withConnection { c throws(PGFailure) in
+            defer { _ = try? c.exec("COMMIT") }
+            return try c.exec("SELECT id, state = 'finished' FROM opqd.operations WHERE id = ANY($1::bigint[])", [ids.parameter])
+        }
+        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0), Self.states(states))
+    }
+
+    /// Whether each of `ids` exists and is finished (ids of no operation are left out).
+    func operationStates(_ ids: [OperationID]) throws(PGFailure) -> [OperationID: Bool] {
+        var list = ArrayColumn()
+        for id in ids { list.int(Int64(clamping: id.raw)) }
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT id, state = 'finished' FROM opqd.operations WHERE id = ANY($1::bigint[])", [list.parameter])
+        }
+        return Self.states(r)
+    }
+
+    static func states(_ r: PGResult) -> [OperationID: Bool] {
+        var out: [OperationID: Bool] = [:]
+        for i in 0..<r.rows {
+            guard let id = r.int64(i, 0), let raw = UInt64(exactly: id), let finished = r.bool(i, 1) else { continue }
+            out[OperationID(raw: raw)] = finished
+        }
+        return out
+    }
+
     /// The newest seq ever written, from the result of `PGSchema.lastSeq`.
     static func lastSeq(_ r: PGResult) throws(DecodeFailure) -> UInt64 {
         var stored: UInt64 = 0

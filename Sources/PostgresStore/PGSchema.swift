@@ -135,10 +135,29 @@ enum PGSchema {
             END IF;
         END $$;
         """,
+        // 3 -> 4: queues spread over instances by partition (`QueuePartitions`): a lease row per
+        // partition (scope `p<n>`) and `opqd.fence_parts`, which checks inside a commit every
+        // partition it writes to; and blocks of operation ids (`opqd.id_block`: block b is the
+        // ids b * 2^24 ..< (b + 1) * 2^24), so that owners never hand out the same id. Run as
+        // one script (function body).
+        """
+        CREATE FUNCTION opqd.fence_parts(who text, parts text[], epochs bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+        DECLARE
+            held integer;
+        BEGIN
+            SELECT count(*) INTO held FROM (
+                SELECT 1 FROM opqd.ownership o JOIN unnest(parts, epochs) AS h(scope, epoch) ON o.scope = h.scope AND o.epoch = h.epoch
+                WHERE o.instance = who FOR SHARE OF o) AS x;
+            IF held <> coalesce(cardinality(parts), 0) THEN
+                RAISE EXCEPTION 'opqd instance % no longer owns every partition of %', who, parts USING ERRCODE = 'OP001';
+            END IF;
+        END $$;
+        CREATE SEQUENCE opqd.id_block AS bigint MINVALUE 1;
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
-    static let scriptMigrations: Set<Int> = [1, 2]
+    static let scriptMigrations: Set<Int> = [1, 2, 3]
 
     /// The SQLSTATE `opqd.fence` raises: this instance's commit was refused because another
     /// instance took the queues (a higher epoch).
@@ -146,6 +165,19 @@ enum PGSchema {
     /// First in every fenced transaction: takes a share lock on the ownership row (a takeover
     /// waits for this commit) and aborts the transaction unless the epoch is still ours.
     static let fence = "SELECT opqd.fence($1, $2::bigint)"
+    /// The partitioned form of `fence`: every partition the commit writes to (scopes `$2`) at
+    /// the epoch this instance won it (`$3`, in the same order).
+    static let fenceParts = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[])"
+    /// The transaction-level advisory lock `takeIDBlock` runs under (`opqd` + 2 in ASCII).
+    static let idBlockLock: Int64 = 0x6F70_7166
+    /// ids per block (`opqd.id_block`).
+    static let idBlockBits: UInt64 = 24
+    /// A new block of operation ids, above every id stored (a database whose ids a one-owner
+    /// opqd handed out as max + 1 included). Run after `pg_advisory_xact_lock(idBlockLock)`, in
+    /// its transaction: the read of max(id) and the move of the sequence are one step for all.
+    static let takeIDBlock = """
+        SELECT setval('opqd.id_block', greatest(nextval('opqd.id_block'), coalesce((SELECT max(id) FROM opqd.operations), 0) / 16777216 + 1))
+        """
     /// Wakes every instance's feed (`PGListener`, which reads what is new: no payload).
     static let notifyEvents = "SELECT pg_notify('opqd_events', '')"
 

@@ -439,15 +439,37 @@ final class PGWriter: @unchecked Sendable {
         lastQueue.removeAll(keepingCapacity: true)
         lastEvent.removeAll(keepingCapacity: true)
         var position = 0
+        let partitioned = fence?.partitions != nil
+        var touched = Set<Int>()
         for case let .records(records, _) in jobs {
             for r in records {
                 switch r {
-                case let .operation(s): lastOperation[s.id.raw] = position
-                case let .queue(q): lastQueue[q.name] = position
-                case let .event(e): lastEvent[e.seq] = position
-                case .queueDeleted: break
+                case let .operation(s):
+                    lastOperation[s.id.raw] = position
+                    if partitioned { touched.insert(QueuePartitions.of(queue: s.queue)) }
+                case let .queue(q):
+                    lastQueue[q.name] = position
+                    if partitioned { touched.insert(QueuePartitions.of(queue: q.name)) }
+                case let .event(e):
+                    lastEvent[e.seq] = position
+                    if partitioned { touched.insert(QueuePartitions.of(queue: e.queue)) }
+                case let .queueDeleted(name):
+                    if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
                 }
                 position += 1
+            }
+        }
+        // Partitioned: the epochs of the partitions written to, as this instance won them. One
+        // it does not hold (given up meanwhile) fences the commit like a lost one.
+        var partitionEpochs: [Int: Int64] = [:]
+        if let held = fence?.partitions, !touched.isEmpty {
+            let all = held.all
+            for p in touched {
+                guard let e = all[p] else {
+                    throw PGFailure(
+                        message: "partition \(p) is not held by this instance", sqlState: PGSchema.fencedState, connectionLost: false)
+                }
+                partitionEpochs[p] = e
             }
         }
         var sent = 0
@@ -478,7 +500,16 @@ final class PGWriter: @unchecked Sendable {
         // (and the batch retried on a new one).
         do throws(PGFailure) {
             try send("BEGIN")
-            if let fence { try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)]) }
+            if let fence, fence.partitions != nil {
+                if !partitionEpochs.isEmpty {
+                    let parts = partitionEpochs.keys.sorted()
+                    try send(
+                        PGSchema.fenceParts,
+                        [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })])
+                }
+            } else if let fence {
+                try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
+            }
             // First, so that a retry of a batch still running on the server waits for it.
             if Self.hasEvents(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
             if catchUp {
@@ -499,6 +530,7 @@ final class PGWriter: @unchecked Sendable {
                             if lastOperation[s.id.raw] == position { bulk.add(s) }
                         case let .event(e):
                             if lastEvent[e.seq] == position {
+                                if partitioned { bulk.epoch = partitionEpochs[QueuePartitions.of(queue: e.queue)] }
                                 bulk.add(e)
                                 pending.append(e)
                             }

@@ -257,6 +257,45 @@ public final class PostgresStore: OperationStore {
         }
     }
 
+    /// The queues named, with their operations, and the states of their dependencies outside
+    /// them (`RemoteOperations.states`): what a cluster instance adopts (`QueueEngine.adopt`).
+    public func load(queues names: [String]) throws(PostgresStoreError) -> (RecoveredState, [OperationID: Bool]) {
+        let url = displayURL
+        return try reader.withLock { r throws(PostgresStoreError) in
+            do { return try r.load(queues: names) } catch let e as DecodeFailure {
+                throw PostgresStoreError(.corrupt, url: url, detail: e.detail)
+            } catch let e as PGFailure {
+                throw PostgresStoreError(e.connectionLost ? .cannotConnect : .io, url: url, detail: e.description)
+            } catch {
+                throw PostgresStoreError(.io, url: url, detail: "\(error)")
+            }
+        }
+    }
+
+    /// Every queue's name.
+    public func queueNames() throws(PostgresStoreError) -> [String] {
+        let url = displayURL
+        return try reader.withLock { r throws(PostgresStoreError) in
+            do throws(PGFailure) {
+                let res = try r.withConnection { c throws(PGFailure) in try c.exec("SELECT name FROM opqd.queues ORDER BY name") }
+                return (0..<res.rows).compactMap { res.text($0, 0) }
+            } catch {
+                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
+            }
+        }
+    }
+
+    /// Whether each of `ids` exists and is finished; ids of no operation are left out.
+    public func operationStates(_ ids: [OperationID]) throws(PostgresStoreError) -> [OperationID: Bool] {
+        guard !ids.isEmpty else { return [:] }
+        let url = displayURL
+        return try feedReader.withLock { r throws(PostgresStoreError) in
+            do throws(PGFailure) { return try r.operationStates(ids) } catch {
+                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
+            }
+        }
+    }
+
     /// The newest `limit` events, oldest first.
     public func recentEvents(limit: Int) -> [ChangeEvent] {
         guard limit > 0 else { return [] }

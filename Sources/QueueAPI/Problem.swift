@@ -42,6 +42,7 @@ extension EngineError: ProblemConvertible {
         case let .limitReached(detail, limit):
             return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
+        case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
         }
     }
 }

@@ -40,6 +40,8 @@ final class EngineCore: @unchecked Sendable {
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]
     var nextID: UInt64 = 1
+    /// Ids at or above it are not this engine's to hand out (`QueueEngine.useIDs`).
+    var idEnd: UInt64 = QueueRecord.idMask + 1
     var nextSeq: UInt64 = 1
     var ticket: UInt64 = 0
     var unfinishedTotal = 0
@@ -293,6 +295,13 @@ final class EngineCore: @unchecked Sendable {
             stack.append(contentsOf: op.dependencyIDs.map(\.raw))
         }
         return false
+    }
+
+    /// Refuses a change that would add `n` operations beyond this engine's ids.
+    func reserveIDs(_ n: Int) throws(EngineError) {
+        guard n <= 1 << 32, nextID &+ UInt64(n) <= idEnd else {
+            throw .unavailable("this instance has used up its block of operation ids and has not got the next one yet; retry shortly")
+        }
     }
 
     // MARK: - lookups

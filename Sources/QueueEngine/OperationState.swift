@@ -47,6 +47,9 @@ public enum EngineError: Error, Sendable, Equatable {
     /// The operation cannot be copied (a barrier: its meaning is the queue's position it was
     /// added at; add a new barrier instead).
     case notCopyable(String)
+    /// Something this change needs cannot be had right now (the cluster's store cannot be
+    /// read, this instance's block of operation ids is used up); retry shortly. Nothing changed.
+    case unavailable(String)
 }
 
 /// What a move does beyond changing the state; the engine acts on it (`EngineCore.apply`).

@@ -155,6 +155,7 @@ extension QueueEngine {
                                 "at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished); \(core.unfinishedTotal) now, the archive adds \(elements.count)",
                                 limit: "too-many-operations")))
                 }
+                do throws(EngineError) { try core.reserveIDs(elements.count) } catch { return .failure(.queue(error)) }
                 // Then all of it.
                 let q: QueueRecord
                 if let existing {

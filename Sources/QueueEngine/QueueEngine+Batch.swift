@@ -110,6 +110,7 @@ extension QueueEngine {
                     }
                     queues.append(q)
                 }
+                do throws(EngineError) { try core.reserveIDs(elements.count) } catch { return .failure(BatchRefusal(index: 0, error: error)) }
                 // Then all of it, in order. Edges to earlier elements resolve to their new records.
                 var made: [OpRecord] = []
                 made.reserveCapacity(elements.count)

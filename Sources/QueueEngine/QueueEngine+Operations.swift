@@ -40,6 +40,7 @@ extension QueueEngine {
         let remote = try remoteStates(request.dependencies)
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
+            try core.reserveIDs(1)
             guard core.unfinishedTotal < core.maxUnfinished else {
                 throw .limitReached("at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished)", limit: "too-many-operations")
             }

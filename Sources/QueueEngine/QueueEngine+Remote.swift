@@ -54,14 +54,20 @@ extension QueueEngine {
         (try? read { core in core.remoteWaiters.keys.sorted().map { OperationID(raw: $0) } }) ?? []
     }
 
-    /// The next operation added gets an id above `id` (ids handed out elsewhere, by another
-    /// instance of a cluster, are never handed out here).
-    public func moveIDs(past id: OperationID) {
+    /// From now on operations get ids in `block` only (a cluster instance's block, which no
+    /// other instance hands out), from its start or above every id held here, whichever is
+    /// higher; once it is used up, adding is refused as unavailable until the next block.
+    /// Ids only grow, so a queue's operations keep the order they were added in.
+    public func useIDs(_ block: Range<UInt64>) {
         try? mutate { core throws(EngineError) in
-            guard id.raw < QueueRecord.idMask else { return }
-            core.nextID = max(core.nextID, id.raw + 1)
+            let end = min(block.upperBound, QueueRecord.idMask + 1)
+            core.nextID = max(core.nextID, block.lowerBound)
+            core.idEnd = max(end, core.nextID)
         }
     }
+
+    /// How many ids are left in the block (`useIDs`).
+    public var idsLeft: UInt64 { (try? read { core in core.idEnd &- core.nextID }) ?? 0 }
 
     /// Takes in queues and their operations read from the store while serving (a cluster
     /// instance that became the owner of more queues), with the restart rules of `restore`.

@@ -53,7 +53,7 @@ extension Engine {
             init() throws {
                 directory = PeerDirectory(peer: a.engine)
                 directory.attach(b.engine)
-                b.engine.moveIDs(past: OperationID(raw: 1_000_000))
+                b.engine.useIDs(1_000_001..<2_000_000)
                 try a.queue("a")
                 try b.queue("b")
             }
@@ -210,7 +210,7 @@ extension Engine {
             let f = Fixture()
             let directory = PeerDirectory(peer: peer.engine)
             directory.attach(f.engine)
-            f.engine.moveIDs(past: OperationID(raw: 1_000))
+            f.engine.useIDs(1_001..<2_000)
             try f.queue("a", max: 1)
             try f.queue("b")
             let r = try peer.add("elsewhere")
@@ -236,8 +236,27 @@ extension Engine {
             #expect(try f.state(w) == .executing)
             #expect(f.engine.remoteWaitedFor.isEmpty)
             // A queue already held is left alone.
+            #expect(f.engine.idsLeft == 2_000 - 1_005)
             f.engine.adopt(saved, remote: [:])
             #expect(try f.state(x) == .finished)
+        }
+
+        @Test("ids come from the block given, only grow, and adding stops at its end until the next block")
+        func idBlocks() throws {
+            let f = Fixture()
+            try f.queue("q")
+            f.engine.useIDs(10..<12)
+            #expect(try f.add("q").raw == 10)
+            #expect(throws: BatchRefusal.self) {
+                try f.engine.addOperations((0..<2).map { _ in BatchElement(queue: "q", request: OperationRequest(kind: "manual")) })
+            }
+            #expect(try f.add("q").raw == 11)
+            #expect(throws: EngineError.self) { try f.add("q") }
+            #expect(f.engine.queues().first?.operationCount == 2, "the refused ones changed nothing")
+            f.engine.useIDs(5..<100)
+            #expect(try f.add("q").raw == 12, "a block below the ids held starts above them")
+            f.engine.useIDs(1000..<2000)
+            #expect(try f.add("q").raw == 1000)
         }
     }
 }

@@ -1,0 +1,158 @@
+import Dispatch
+import Foundation
+import PostgresStore
+import QueueEngine
+import QueueStore
+import Synchronization
+import Testing
+
+/// Two queue names in different partitions (`QueuePartitions`), found by trying names.
+func queuesInTwoPartitions() -> (String, Int, String, Int) {
+    let first = "q0"
+    let p = QueuePartitions.of(queue: first)
+    var i = 1
+    while QueuePartitions.of(queue: "q\(i)") == p { i += 1 }
+    return (first, p, "q\(i)", QueuePartitions.of(queue: "q\(i)"))
+}
+
+/// The partitioned lease rows, the commit fence per partition, blocks of operation ids, and
+/// loading some queues: on a real PostgreSQL, with two memberships standing for two instances.
+extension PostgresStoreTests {
+    @Test func partitionsAreClaimedRenewedReleasedAndTakenOnceTheirLeaseRunsOut() throws {
+        try withTestDatabase { url in
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 1)
+            let b = try PGMembership(url: url, instanceID: "b", leaseSeconds: 1)
+            defer { a.close(); b.close() }
+            #expect(try a.claim([0, 1, 2], token: "ta") == [0: 1, 1: 1, 2: 1])
+            #expect(try b.claim([2, 3], token: "tb") == [3: 1], "a partition held by a live lease is not taken")
+            #expect(a.ownsNow)
+            #expect(try a.renew([0: 1, 1: 1, 2: 1]) == [0, 1, 2])
+            #expect(try b.renew([2: 1, 3: 1]) == [3], "only what it holds is renewed")
+
+            try a.release([2: 1])
+            #expect(try b.claim([2], token: "tb") == [2: 2], "given up: taken at once, one epoch up")
+            #expect(try a.renew([0: 1, 1: 1, 2: 1]) == [0, 1], "a renewal tells a it lost partition 2")
+            let leases = try a.partitionLeases()
+            #expect(leases.map(\.partition) == [0, 1, 2, 3])
+            #expect(leases.first { $0.partition == 2 } == PGPartitionLease(partition: 2, instance: "b", epoch: 2, live: true))
+
+            // b stops renewing: its partitions are taken once the lease ran out, not before.
+            #expect(try a.claim([3], token: "ta").isEmpty)
+            Thread.sleep(forTimeInterval: 1.3)
+            _ = try a.renew([0: 1, 1: 1])
+            #expect(try a.claim([2, 3], token: "ta") == [2: 3, 3: 2])
+            #expect(try b.renew([2: 2, 3: 1]).isEmpty)
+        }
+    }
+
+    @Test func blocksOfOperationIDsNeverOverlapAndStartAboveEveryStoredID() throws {
+        try withTestDatabase { url in
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
+            let b = try PGMembership(url: url, instanceID: "b", leaseSeconds: 5)
+            defer { a.close(); b.close() }
+            let first = try a.takeIDBlock()
+            let second = try b.takeIDBlock()
+            #expect(first.count == 1 << 24 && second.count == 1 << 24)
+            #expect(first.lowerBound > 0 && second.lowerBound >= first.upperBound)
+            // An id above them written by an older, one-owner opqd (max + 1): the next block is above it.
+            try TestPostgres.psql(
+                url,
+                """
+                INSERT INTO opqd.queues VALUES ('old', 1, 1, false, 1, 0);
+                INSERT INTO opqd.operations (id, queue, kind, priority, state, is_cancelled, dependencies, attempt, created_at, revision, executed_seconds)
+                VALUES (\(second.upperBound + 5), 'old', 'delay', 0, 'pending', false, '{}', 0, 0, 1, 0);
+                """)
+            let third = try a.takeIDBlock()
+            #expect(third.lowerBound > second.upperBound + 5)
+            // Concurrent takers never get the same block.
+            let blocks = Mutex<[Range<UInt64>]>([])
+            DispatchQueue.concurrentPerform(iterations: 8) { i in
+                if let r = try? (i % 2 == 0 ? a : b).takeIDBlock() { blocks.withLock { $0.append(r) } }
+            }
+            let all = blocks.withLock { $0 }.sorted { $0.lowerBound < $1.lowerBound }
+            #expect(all.count == 8)
+            for (x, y) in zip(all, all.dropFirst()) { #expect(x.upperBound <= y.lowerBound) }
+        }
+    }
+
+    @Test func aCommitIsFencedByThePartitionsItWritesToAndNoOthers() throws {
+        try withTestDatabase { url in
+            let (qa, pa, qb, pb) = queuesInTwoPartitions()
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
+            let b = try PGMembership(url: url, instanceID: "b", leaseSeconds: 5)
+            defer { a.close(); b.close() }
+            let won = try a.claim([pa, pb], token: "ta")
+            #expect(won.count == 2)
+            let held = PartitionEpochs()
+            for (p, e) in won { held.set(p, e) }
+            let fenced = Atomic<Int>(0)
+            let store = try PostgresStore(
+                url: url, fence: PGFence(instance: "a", epoch: 0, leaseSeconds: 5, partitions: held),
+                onFenced: { fenced.add(1, ordering: .relaxed) })
+            defer { store.close() }
+            let engine = QueueEngine(kinds: ["manual": ManualKind()], store: store)
+            try engine.createQueue(name: qa)
+            try engine.createQueue(name: qb)
+            let x = try engine.addOperationID(to: qa, OperationRequest(kind: "manual"))
+            #expect(waitDurable(store, engine.currentTicket))
+            let epochs = try TestPostgres.psql(url, "SELECT DISTINCT epoch FROM opqd.events WHERE queue = '\(qa)'")
+            #expect(epochs == "\(won[pa] ?? -1)", "events carry their partition's epoch")
+
+            // b takes qa's partition (a was cut off past its lease): a's next commit to it is refused.
+            try a.release([pa: won[pa] ?? 0])
+            #expect(try b.claim([pa], token: "tb") == [pa: (won[pa] ?? 0) + 1])
+            try engine.cancel(x)
+            let ticket = engine.currentTicket
+            #expect(!waitDurable(store, ticket, timeout: 1.5), "nothing of a fenced commit is durable")
+            #expect(fenced.load(ordering: .relaxed) == 1)
+            #expect(try TestPostgres.psql(url, "SELECT state FROM opqd.operations WHERE id = \(x.raw)") != "finished")
+        }
+    }
+
+    @Test func aCommitToAPartitionNotHeldIsRefusedBeforeItReachesTheServer() throws {
+        try withTestDatabase { url in
+            let (qa, pa, qb, _) = queuesInTwoPartitions()
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
+            defer { a.close() }
+            let won = try a.claim([pa], token: "ta")
+            let held = PartitionEpochs()
+            for (p, e) in won { held.set(p, e) }
+            let fenced = Atomic<Int>(0)
+            let store = try PostgresStore(
+                url: url, fence: PGFence(instance: "a", epoch: 0, leaseSeconds: 5, partitions: held),
+                onFenced: { fenced.add(1, ordering: .relaxed) })
+            defer { store.close() }
+            let engine = QueueEngine(kinds: ["manual": ManualKind()], store: store)
+            try engine.createQueue(name: qa)
+            #expect(waitDurable(store, engine.currentTicket))
+            try engine.createQueue(name: qb)
+            #expect(!waitDurable(store, engine.currentTicket, timeout: 1))
+            #expect(fenced.load(ordering: .relaxed) == 1)
+            #expect(try TestPostgres.psql(url, "SELECT name FROM opqd.queues ORDER BY name") == qa)
+        }
+    }
+
+    @Test func someQueuesLoadWithTheStatesOfTheirDependenciesOutsideThem() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            let kind = ManualKind()
+            let engine = QueueEngine(kinds: ["manual": kind], store: store)
+            try engine.createQueue(name: "a")
+            try engine.createQueue(name: "b")
+            try engine.createQueue(name: "c")
+            let done = try engine.addOperationID(to: "a", OperationRequest(kind: "manual"))
+            kind.finish(done)
+            let running = try engine.addOperationID(to: "a", OperationRequest(kind: "manual"))
+            let waiting = try engine.addOperationID(to: "b", OperationRequest(kind: "manual", dependencies: [done, running]))
+            _ = try engine.addOperationID(to: "c", OperationRequest(kind: "manual"))
+            #expect(waitDurable(store, engine.currentTicket))
+            let (recovered, remote) = try store.load(queues: ["b", "missing"])
+            #expect(recovered.queues.map(\.name) == ["b"])
+            #expect(recovered.operations.map(\.id) == [waiting])
+            #expect(remote == [done: true, running: false])
+            #expect(try store.operationStates([done, running, OperationID(raw: 999_999)]) == [done: true, running: false])
+            #expect(try store.queueNames() == ["a", "b", "c"])
+            store.close()
+        }
+    }
+}
