@@ -195,22 +195,41 @@ extension OperationState {
 struct OpTable {
     private var slots: ContiguousArray<OpRecord?> = []
     private var base: UInt64 = 1
+    /// Operations outside the dense run: ids of other blocks (a cluster instance holds queues
+    /// whose ids other instances handed out, `QueueEngine.useIDs`), kept by id.
+    private var overflow: [UInt64: OpRecord] = [:]
     private(set) var count = 0
     /// Slots allocated (ids from the oldest kept one to the newest).
     var span: Int { slots.count }
+    /// How far past the dense run an id may land and still extend it (ids the engine hands out
+    /// come one after the other; one further away starts a new run).
+    static let reach: UInt64 = 1 << 16
 
     subscript(id: UInt64) -> OpRecord? {
         get {
-            guard id >= base, id &- base < UInt64(slots.count) else { return nil }
-            return slots[Int(truncatingIfNeeded: id &- base)]
+            if id >= base, id &- base < UInt64(slots.count) { return slots[Int(truncatingIfNeeded: id &- base)] }
+            return overflow.isEmpty ? nil : overflow[id]
         }
         set {
             // An empty table starts at the first id stored: a restart after millions of purged
             // operations must not allocate a slot for each of them.
-            if slots.isEmpty, newValue != nil, id > base { base = id }
-            guard id >= base else { return }
-            // Only ids the engine handed out are stored, so they are near the end.
-            guard id &- base <= UInt64(slots.count) + (1 << 32) else { return }
+            if slots.isEmpty, newValue != nil, id > base, overflow[id] == nil { base = id }
+            if id < base || id &- base > UInt64(slots.count) &+ Self.reach {
+                if id > base, newValue != nil, overflow[id] == nil, id &- base > UInt64(slots.count) &+ Self.reach {
+                    // Far ahead: a new block of ids. The run moves there; what it held is kept by id.
+                    for (i, op) in slots.enumerated() {
+                        if let op { overflow[base &+ UInt64(i)] = op }
+                    }
+                    slots = []
+                    base = id
+                } else {
+                    let old: OpRecord?
+                    if let v = newValue { old = overflow.updateValue(v, forKey: id) } else { old = overflow.removeValue(forKey: id) }
+                    if old == nil && newValue != nil { count += 1 }
+                    if old != nil && newValue == nil { count -= 1 }
+                    return
+                }
+            }
             let i = Int(truncatingIfNeeded: id &- base)
             if i >= slots.count {
                 guard newValue != nil else { return }

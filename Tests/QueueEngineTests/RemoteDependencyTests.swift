@@ -258,5 +258,27 @@ extension Engine {
             f.engine.useIDs(1000..<2000)
             #expect(try f.add("q").raw == 1000)
         }
+
+        @Test("operations of blocks far apart are all kept, and a table slot is not made for every id between them")
+        func farApartBlocks() throws {
+            let f = Fixture()
+            try f.queue("q")
+            f.engine.useIDs(1 << 24..<2 << 24)
+            let a = try f.add("q")
+            f.engine.useIDs(5 << 24..<6 << 24)
+            let b = try f.add("q")
+            let c = try f.add("q", after: [a])
+            #expect(f.engine.tableSpan <= 2)
+            let peer = Fixture()
+            try peer.queue("other")
+            peer.engine.useIDs(3 << 24..<4 << 24)
+            let m = try peer.add("other")
+            let saved = RecoveredState(queues: [try peer.engine.queue(named: "other")], operations: [try peer.snapshot(m)])
+            f.engine.adopt(saved, remote: [:])
+            for id in [a, b, c, m] { #expect((try? f.engine.operation(id)) != nil, "\(id)") }
+            #expect(f.engine.tableSpan <= 2)
+            f.kind.finish(a)
+            #expect(try f.state(c) == .executing)
+        }
     }
 }

@@ -1,0 +1,275 @@
+import Dispatch
+import Locking
+import Logging
+import PostgresStore
+import QueueEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who owns a partition as this instance last read it (for routing): the instance and the URL
+/// it advertises.
+struct PartitionHolder: Sendable, Equatable {
+    var instance: String
+    var url: String
+}
+
+/// This instance's share of a partitioned cluster (CLUSTER.md "Queues are owned, like
+/// partitions"; `QueuePartitions`). Every period it heartbeats, renews the leases of the
+/// partitions it holds, gives up those that rendezvous hashing now gives to another live
+/// instance, and claims the free ones hashing gives to it, loading their queues from
+/// PostgreSQL into its engine with the restart rules (`QueueEngine.adopt`).
+///
+/// It is also the engine's directory of operations held elsewhere (`RemoteOperations`): their
+/// states are read from PostgreSQL, and their ends come from the feed (`eventsPublished`, every
+/// event of every instance in seq order) and, as a safety net, from a look at every waited-for
+/// operation each period.
+///
+/// Giving a partition up: it leaves `serving` first (requests for it are forwarded from then on),
+/// then the engine (`release`: nothing of it is written any more), and the lease row is given
+/// up only once everything written before is durable, so the next owner loads all of it and
+/// this instance's commits never touch a partition it no longer holds.
+///
+/// Losing one (a renewal finds it taken: this instance was stopped or cut off past its lease;
+/// or a commit is fenced) calls `lost`, which re-executes the process: what it held in memory
+/// is dropped whole, as with the one-owner cluster.
+final class PartitionOwner: RemoteOperations, @unchecked Sendable {
+    let membership: PGMembership
+    let store: PostgresStore
+    /// The partitions held with their epochs: what the writer fences each commit by.
+    let held: PartitionEpochs
+    let token: String
+    let logger: Logger
+    let selfID: String
+    private let lost: @Sendable (String) -> Void
+    private let engineBox = Locking.Lock<QueueEngine?>(nil)
+    private let watched = Locking.Lock<Set<UInt64>>([])
+    /// Partitions whose requests this instance answers (held, loaded, not being given up).
+    private let serving = Locking.Lock<Set<Int>>([])
+    private let holders = Locking.Lock<[Int: PartitionHolder]>([:])
+    private let others = Locking.Lock<Bool>(false)
+    private let lastError = Locking.Lock<String?>(nil)
+    /// Ticks, claims and releases run here, one at a time.
+    let work = DispatchQueue(label: "opqd.partitions")
+    private let timers = TimerBox()
+    private let stopped = Locking.Lock<Bool>(false)
+
+    init(
+        membership: PGMembership, store: PostgresStore, held: PartitionEpochs, token: String, logger: Logger,
+        lost: @escaping @Sendable (String) -> Void
+    ) {
+        self.membership = membership
+        self.store = store
+        self.held = held
+        self.token = token
+        self.logger = logger
+        self.selfID = membership.instanceID
+        self.lost = lost
+    }
+
+    var engine: QueueEngine? { engineBox.withLock { $0 } }
+
+    /// How often it renews and rebalances: a third of the lease, at most every second.
+    var period: Double { min(1, membership.leaseSeconds / 3) }
+
+    /// Starts serving with `engine`: its ids come from a block of this instance, the partitions
+    /// hashing gives it that are free are claimed and loaded now, and the period's timer runs.
+    func start(engine: QueueEngine, advertise: String) throws {
+        engineBox.withLock { $0 = engine }
+        engine.setRemoteOperations(self)
+        try membership.register(advertise: advertise)
+        engine.useIDs(try membership.takeIDBlock())
+        work.sync { tick() }
+        let timer = DispatchSource.makeTimerSource(queue: work)
+        timer.schedule(deadline: .now() + period, repeating: period)
+        timer.setEventHandler { [self] in tick() }
+        timer.resume()
+        timers.set([timer])
+    }
+
+    /// Stops the timer and gives every partition up at once (a clean stop), once what was
+    /// written is durable.
+    func stop() {
+        let first = stopped.withLock { s -> Bool in
+            defer { s = true }
+            return !s
+        }
+        guard first else { return }
+        timers.cancelAll()
+        serving.withLock { $0 = [] }
+        let epochs = held.all
+        try? membership.release(epochs)
+        held.remove(epochs.keys)
+        membership.release(epoch: nil)
+    }
+
+    /// Stops the timer and serving without a word to PostgreSQL (the process is going: a role
+    /// change, or a crash as tests play it): the partitions go when their leases run out.
+    func abandon() {
+        stopped.withLock { $0 = true }
+        timers.cancelAll()
+        serving.withLock { $0 = [] }
+    }
+
+    // MARK: - routing
+
+    /// True when this instance answers requests for the queue `name` itself.
+    func serves(queue name: String) -> Bool {
+        let p = QueuePartitions.of(queue: name)
+        return serving.withLock { $0.contains(p) }
+    }
+
+    /// Where requests for the queue `name` go when this instance does not serve it: its
+    /// partition's holder as last read (nil: nobody holds it right now).
+    func holder(ofQueue name: String) -> PartitionHolder? {
+        let p = QueuePartitions.of(queue: name)
+        return holders.withLock { $0[p] }
+    }
+
+    /// Partition -> holder, as last read (this instance included).
+    var holderMap: [Int: PartitionHolder] { holders.withLock { $0 } }
+    var servingPartitions: Set<Int> { serving.withLock { $0 } }
+    var othersAlive: Bool { others.withLock { $0 } }
+    var unavailable: String? { lastError.withLock { $0 } }
+
+    /// Kinds start only while this instance may act for its partitions: the lease it last
+    /// renewed cannot have run out yet, or nobody else was alive to take them.
+    var mayAct: Bool { !stopped.withLock { $0 } && (membership.ownsNow || !othersAlive) }
+
+    // MARK: - the period
+
+    func tick() {
+        guard !stopped.withLock({ $0 }), let engine else { return }
+        do {
+            try membership.beat()
+            // Live: a heartbeat within one lease (a beat comes every third of it). An instance
+            // that stopped beating loses its place in the hashing as soon as its leases can
+            // have run out, so its partitions move within lease + a period; one that was only
+            // slow keeps its live leases (nobody claims those) and comes back into the hashing.
+            let view = try membership.view(stale: max(1, membership.leaseSeconds))
+            var live = view.instances.map(\.id)
+            if !live.contains(selfID) { live.append(selfID) }
+            others.withLock { $0 = live.count > 1 }
+            let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
+
+            let mine = held.all
+            if !mine.isEmpty {
+                let kept = try membership.renew(mine)
+                if kept.count < mine.count {
+                    let gone = Set(mine.keys).subtracting(kept).sorted()
+                    logger.warning(
+                        "partitions taken over by another instance (this one was cut off past its lease)",
+                        metadata: ["partitions": "\(gone)", "held": "\(mine)", "kept": "\(kept.sorted())"])
+                    lost("partitions \(gone) were taken over by another instance")
+                    return
+                }
+            }
+            let leases = try membership.partitionLeases()
+            var map: [Int: PartitionHolder] = [:]
+            for l in leases where l.live {
+                map[l.partition] = PartitionHolder(instance: l.instance, url: urls[l.instance] ?? "")
+            }
+            holders.withLock { $0 = map }
+            lastError.withLock { $0 = nil }
+
+            let targets = QueuePartitions.targets(of: selfID, among: live)
+            let give = mine.keys.filter { !targets.contains($0) }
+            if !give.isEmpty { release(Set(give), engine: engine) }
+            let want = targets.filter { mine[$0] == nil && map[$0] == nil }.sorted()
+            if !want.isEmpty {
+                let won = try membership.claim(want, token: token)
+                if !won.isEmpty { try adopt(won, engine: engine) }
+            }
+            if engine.idsLeft < 1 << 20 { engine.useIDs(try membership.takeIDBlock()) }
+            reconcile(engine)
+        } catch {
+            let message = "\(error)"
+            let first = lastError.withLock { e -> Bool in
+                defer { e = message }
+                return e == nil
+            }
+            if first { logger.warning("cannot reach PostgreSQL for the cluster's partitions", metadata: ["error": "\(message)"]) }
+            if !held.all.isEmpty && !membership.ownsNow && othersAlive {
+                lost("the partitions' leases may have run out while PostgreSQL could not be reached")
+            }
+        }
+    }
+
+    /// Loads the queues of the partitions won and hands them to the engine. They are in `held`
+    /// first (restoring writes: recovery moves), and served once loaded.
+    private func adopt(_ won: [Int: Int64], engine: QueueEngine) throws {
+        for (p, e) in won { held.set(p, e) }
+        let names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
+        let (recovered, remote) = try store.load(queues: names)
+        // Ids above every stored one: this queue's next operations come after its old ones.
+        engine.useIDs(try membership.takeIDBlock())
+        engine.adopt(recovered, remote: remote)
+        serving.withLock { $0.formUnion(won.keys) }
+        holders.withLock { h in for p in won.keys { h[p] = PartitionHolder(instance: selfID, url: "") } }
+        logger.info(
+            "partitions taken",
+            metadata: ["partitions": "\(won.keys.sorted())", "queues": "\(recovered.queues.count)", "operations": "\(recovered.operations.count)"])
+    }
+
+    /// Gives partitions up (see the type's comment for the order).
+    private func release(_ parts: Set<Int>, engine: QueueEngine) {
+        serving.withLock { $0.subtract(parts) }
+        let names = engine.queues().map(\.name).filter { parts.contains(QueuePartitions.of(queue: $0)) }
+        engine.release(queues: Set(names))
+        let epochs = held.all.filter { parts.contains($0.key) }
+        engine.whenDurable { [self] in
+            work.async { [self] in
+                held.remove(parts)
+                do { try membership.release(epochs) } catch {
+                    logger.warning("cannot give partitions up (they go when their lease runs out)", metadata: ["error": "\(error)"])
+                }
+                logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "queues": "\(names.count)"])
+            }
+        }
+    }
+
+    // MARK: - RemoteOperations
+
+    func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
+        do { return try store.operationStates(ids) } catch {
+            throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
+        }
+    }
+
+    func watch(_ ids: [OperationID]) {
+        watched.withLock { w in for id in ids { w.insert(id.raw) } }
+        // The look after the wait exists (see `RemoteOperations`).
+        work.async { [self] in check(ids) }
+    }
+
+    /// From the feed: every event of every instance, in seq order.
+    func eventsPublished(_ batch: [ChangeEvent]) {
+        let ended: [OperationID] = watched.withLock { w in
+            guard !w.isEmpty else { return [] }
+            var out: [OperationID] = []
+            for e in batch where e.key == .isFinished && e.new == .bool(true) && w.remove(e.operation.raw) != nil {
+                out.append(e.operation)
+            }
+            return out
+        }
+        if !ended.isEmpty { engine?.remoteOperationsFinished(ended) }
+    }
+
+    private func check(_ ids: [OperationID]) {
+        guard !ids.isEmpty, let states = try? store.operationStates(ids) else { return }
+        // Ids of no operation (purged meanwhile) count as finished: nothing would report them.
+        let ended = ids.filter { states[$0] ?? true }
+        guard !ended.isEmpty else { return }
+        watched.withLock { w in for id in ended { w.remove(id.raw) } }
+        engine?.remoteOperationsFinished(ended)
+    }
+
+    /// Every period: the operations still waited for, looked at again (a feed that was cut off
+    /// may have missed an end); those now held here are local edges already.
+    private func reconcile(_ engine: QueueEngine) {
+        let waited = engine.remoteWaitedFor
+        watched.withLock { $0 = Set(waited.map(\.raw)) }
+        check(waited)
+    }
+}

@@ -1,0 +1,179 @@
+import Dispatch
+import Foundation
+import Locking
+import Logging
+import PostgresStore
+import QueueEngine
+import Synchronization
+import TestKit
+import Testing
+
+@testable import QueueAPI
+
+/// A kind whose runs end when the test says so.
+final class HeldKind: OperationKind {
+    private let runs = Locking.Lock<[OperationID: ExecutionContext]>([:])
+    let starts = Atomic<Int>(0)
+    func start(_ context: ExecutionContext) {
+        starts.add(1, ordering: .relaxed)
+        runs.withLock { $0[context.operation] = context }
+    }
+    func cancel(_ context: ExecutionContext) { runs.withLock { $0[context.operation] = nil } }
+    func pause(_ context: ExecutionContext) {}
+    /// Like `http` and `command`: a run that was under way when its queue moved starts again.
+    func recover(_ operation: OperationSnapshot) -> Recovery { .retry }
+    func isRunning(_ id: OperationID) -> Bool { runs.withLock { $0[id] != nil } }
+    func finish(_ id: OperationID) -> Bool {
+        guard let c = runs.withLock({ $0.removeValue(forKey: id) }) else { return false }
+        c.finish(.succeeded(.null))
+        return true
+    }
+}
+
+/// One cluster instance without its HTTP server: membership, a store fenced by partition, an
+/// engine, the feed read back from PostgreSQL, and its `PartitionOwner`.
+final class PartitionedInstance: @unchecked Sendable {
+    let id: String
+    let store: PostgresStore
+    let engine: QueueEngine
+    let owner: PartitionOwner
+    let kind = HeldKind()
+    let lostReason = Locking.Lock<String?>(nil)
+    private let seen = Locking.Lock<UInt64>(0)
+    private var tail: (PGListener?, DispatchSourceTimer)?
+
+    init(url: String, id: String, lease: Double) throws {
+        self.id = id
+        let membership = try PGMembership(url: url, instanceID: id, leaseSeconds: lease)
+        let held = PartitionEpochs()
+        let lostReason = self.lostReason
+        store = try PostgresStore(
+            url: url, fence: PGFence(instance: id, epoch: 0, leaseSeconds: lease, partitions: held),
+            onFenced: {
+                lostReason.withLock { $0 = $0 ?? "fenced" }
+            })
+        owner = PartitionOwner(
+            membership: membership, store: store, held: held, token: "t-\(id)", logger: Logger(label: "test.\(id)"),
+            lost: { reason in lostReason.withLock { $0 = $0 ?? reason } })
+        let owner = owner
+        engine = QueueEngine(
+            kinds: ["held": kind], store: store,
+            configuration: EngineConfiguration(startAfterCommit: true, mayStart: { owner.mayAct }))
+        let (store, seen) = (store, seen)
+        let feed = FeedTail(
+            logger: Logger(label: "test.feed"), read: { after, limit in try store.events(after: after, limit: limit) },
+            lastSeq: { seen.withLock { $0 } }
+        ) { batch in
+            let fresh = seen.withLock { s -> [ChangeEvent] in
+                let f = batch.filter { $0.seq > s }
+                if let last = f.last { s = last.seq }
+                return f
+            }
+            owner.eventsPublished(fresh)
+        }
+        tail = feed.follow(notifiedAt: url)
+    }
+
+    func start() throws { try owner.start(engine: engine, advertise: "http://127.0.0.1:1/\(id)") }
+
+    func stop() {
+        tail?.0?.stop()
+        tail?.1.cancel()
+        owner.stop()
+        store.close()
+    }
+
+    /// As a kill -9 would leave it for the others: nothing given up, nothing more written.
+    func crash() {
+        tail?.0?.stop()
+        tail?.1.cancel()
+        owner.abandon()
+        store.close()
+    }
+}
+
+/// The partitioned cluster's core on a real PostgreSQL, two instances in one process
+/// (scripts/test.sh runs it with the PostgreSQL suites).
+@Suite("PartitionOwnerTests: a partitioned cluster's core on a real PostgreSQL", .serialized)
+struct PartitionOwnerTests {
+    @Test func twoInstancesSplitThePartitionsDependOnEachOtherAndOneTakesOverWhenTheOtherStops() throws {
+        let url = try TestPostgres.createDatabase()
+        defer { TestPostgres.dropDatabase(url) }
+        do {
+            let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
+            try a.start()
+            #expect(a.owner.servingPartitions.count == QueuePartitions.count, "alone, it owns every partition")
+            // Queues in every partition, each with an operation running and one waiting behind it.
+            let names = (0..<40).map { "q\($0)" }
+            var first: [String: OperationID] = [:]
+            var second: [String: OperationID] = [:]
+            for n in names {
+                try a.engine.createQueue(name: n, maxConcurrentOperationCount: 1)
+                first[n] = try a.engine.addOperationID(to: n, OperationRequest(kind: "held"))
+                second[n] = try a.engine.addOperationID(to: n, OperationRequest(kind: "held"))
+            }
+            let ticket = a.engine.currentTicket
+            let done = DispatchSemaphore(value: 0)
+            a.store.whenDurable(ticket) { done.signal() }
+            #expect(done.wait(timeout: .now() + 10) == .success)
+
+            let b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
+            try b.start()
+            defer { b.stop() }
+            let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
+            #expect(!bTargets.isEmpty && bTargets.count < QueuePartitions.count)
+            #expect(
+                waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) },
+                "a gives b its partitions and b takes them: a \(a.owner.servingPartitions.count), b \(b.owner.servingPartitions.count)")
+            let onB = names.filter { bTargets.contains(QueuePartitions.of(queue: $0)) }
+            let onA = names.filter { !bTargets.contains(QueuePartitions.of(queue: $0)) }
+            #expect(!onA.isEmpty && !onB.isEmpty)
+            // b runs what moved: the running ones again (restart rules of a move), the waiting ones after them.
+            for n in onB {
+                #expect(throws: EngineError.self) { try a.engine.queue(named: n) }
+                let s = try b.engine.operation(first[n] ?? OperationID(raw: 0))
+                #expect(s.state == .executing && s.attempt == 2)
+                #expect(try b.engine.operation(second[n] ?? OperationID(raw: 0)).state == .ready)
+            }
+            #expect(waitUntil(timeout: 5) { onB.allSatisfy { b.kind.isRunning(first[$0] ?? OperationID(raw: 0)) } })
+
+            // A dependency across the two: y on b waits for x on a, and starts once x finishes.
+            let qa = try #require(onA.first), qb = try #require(onB.first)
+            let x = try #require(first[qa])
+            let y = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [x]))
+            #expect(y.raw > (second.values.map(\.raw).max() ?? 0), "b's ids come after every id a handed out")
+            #expect(try b.engine.operation(y).state == .pending)
+            #expect(waitUntil(timeout: 5) { a.kind.isRunning(x) })
+            #expect(a.kind.finish(x))
+            #expect(b.kind.finish(first[qb] ?? OperationID(raw: 0)))
+            #expect(waitUntil(timeout: 10) { (try? b.engine.operation(y).state) != .pending }, "x's end reached b through the feed")
+
+            // a stops cleanly: b takes every partition at once and runs a's queues.
+            a.stop()
+            #expect(waitUntil(timeout: 15) { b.owner.servingPartitions.count == QueuePartitions.count })
+            for n in onA { #expect((try? b.engine.queue(named: n)) != nil) }
+            #expect(try b.engine.operation(x).state == .finished, "a's committed end stays")
+            #expect(a.lostReason.withLock { $0 } == nil && b.lostReason.withLock { $0 } == nil)
+
+            // c joins and takes its share from b; then c crashes (nothing given up): b takes its
+            // partitions back once their leases ran out, with what c committed.
+            let c = try PartitionedInstance(url: url, id: "inst-c", lease: 2)
+            try c.start()
+            let cTargets = QueuePartitions.targets(of: "inst-c", among: ["inst-b", "inst-c"])
+            #expect(waitUntil(timeout: 15) { c.owner.servingPartitions == cTargets }, "c takes its share")
+            let onC = try #require(names.first { cTargets.contains(QueuePartitions.of(queue: $0)) })
+            let z = try c.engine.addOperationID(to: onC, OperationRequest(kind: "held"))
+            let committed = DispatchSemaphore(value: 0)
+            c.store.whenDurable(c.engine.currentTicket) { committed.signal() }
+            #expect(committed.wait(timeout: .now() + 10) == .success)
+            let crashedAt = DispatchTime.now().uptimeNanoseconds
+            c.crash()
+            #expect(waitUntil(timeout: 15) { b.owner.servingPartitions.count == QueuePartitions.count })
+            let took = Double(DispatchTime.now().uptimeNanoseconds - crashedAt) / 1e9
+            print("partitions of a crashed instance taken over after \(took) s (lease 2 s)")
+            #expect(took > 1.5 && took < 6, "taken once the 2 s leases ran out: \(took) s")
+            #expect((try? b.engine.operation(z)) != nil, "what c acknowledged is kept")
+            #expect(b.lostReason.withLock { $0 } == nil)
+        }
+    }
+}
