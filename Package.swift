@@ -87,7 +87,7 @@ let package = Package(
         .testTarget(name: "HostileTests", dependencies: ["TestKit", "Locking", "opqd"]),
         // Three real `opqd` processes on one PostgreSQL database (OPQD_TEST_POSTGRES_URL): exactly once,
         // kill -9 failover and SIGSTOP fencing of the owner (scripts/test.sh runs it on its own).
-        .testTarget(name: "ClusterTests", dependencies: ["TestKit", "Locking", "Spawning", "opqd"]),
+        .testTarget(name: "ClusterTests", dependencies: ["TestKit", "Locking", "Spawning", "PostgresStore", "opqd"]),
     ]
 )
 

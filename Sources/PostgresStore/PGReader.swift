@@ -235,6 +235,14 @@ final class PGReader {
         return (RecoveredState(queues: queues, operations: operations, lastSeq: 0), Self.states(states))
     }
 
+    /// The queue of operation `id`, nil when there is none.
+    func queue(of id: OperationID) throws(PGFailure) -> String? {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT queue FROM opqd.operations WHERE id = $1::bigint", [PGParameter(Int64(clamping: id.raw))])
+        }
+        return r.rows == 1 ? r.text(0, 0) : nil
+    }
+
     /// Whether each of `ids` exists and is finished (ids of no operation are left out).
     func operationStates(_ ids: [OperationID]) throws(PGFailure) -> [OperationID: Bool] {
         var list = ArrayColumn()

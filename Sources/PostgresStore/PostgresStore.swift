@@ -285,6 +285,16 @@ public final class PostgresStore: OperationStore {
         }
     }
 
+    /// The queue of operation `id` (nil: no such operation).
+    public func queue(of id: OperationID) throws(PostgresStoreError) -> String? {
+        let url = displayURL
+        return try feedReader.withLock { r throws(PostgresStoreError) in
+            do throws(PGFailure) { return try r.queue(of: id) } catch {
+                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
+            }
+        }
+    }
+
     /// Whether each of `ids` exists and is finished; ids of no operation are left out.
     public func operationStates(_ ids: [OperationID]) throws(PostgresStoreError) -> [OperationID: Bool] {
         guard !ids.isEmpty else { return [:] }

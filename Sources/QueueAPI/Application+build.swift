@@ -15,14 +15,28 @@ public func buildApplication(configuration: OpqdConfiguration, logger: Logger? =
 
 /// `cluster`: this instance owns the queues of a PostgreSQL cluster at `cluster.epoch`; its
 /// commits are fenced by that epoch and kinds start only after their start is committed.
-func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster: OwnerCluster?) throws -> OpqdApplication {
+func buildApplication(
+    configuration: OpqdConfiguration, logger: Logger?, cluster: OwnerCluster?, partitioned: PartitionedSetup? = nil
+) throws -> OpqdApplication {
     var logger = logger ?? Logger(label: "opqd")
     logger.logLevel = configuration.logLevel
     let limits = configuration.limits
 
     let store: any ServiceStore
     var postgres: PostgresStore?
-    if let cluster {
+    var partitions: PartitionOwner?
+    if let setup = partitioned {
+        // Nothing is loaded now: the partitions this instance wins are, once it listens.
+        let pg = try PostgresStore(
+            url: configuration.store,
+            fence: PGFence(
+                instance: setup.membership.instanceID, epoch: 0, leaseSeconds: configuration.lease, partitions: setup.held),
+            onFenced: { setup.lost("a commit was refused: another instance holds one of its partitions now") })
+        postgres = pg
+        store = pg
+        partitions = PartitionOwner(
+            membership: setup.membership, store: pg, held: setup.held, token: setup.token, logger: logger, lost: setup.lost)
+    } else if let cluster {
         let pg = try PostgresStore(
             url: configuration.store,
             fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch, leaseSeconds: configuration.lease),
@@ -41,14 +55,20 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     } else {
         store = MemoryServiceStore()
     }
-    var recovered = try store.recoverState()
+    var recovered = partitions == nil ? try store.recoverState() : nil
     if var r = recovered {
         r.poisoned = try countUncleanStops(store, r, logger: logger, abandon: { cluster?.isLeaving ?? false })
         recovered = r
     }
 
     var mayStart: (@Sendable () -> Bool)?
-    if let cluster {
+    if let partitions, let setup = partitioned {
+        mayStart = {
+            if partitions.mayAct { return true }
+            setup.lost("the partitions' leases may have run out")
+            return false
+        }
+    } else if let cluster {
         mayStart = {
             if cluster.mayAct { return true }
             // Not started here, and not to be forgotten: giving the role up re-executes the
@@ -65,7 +85,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
         configuration: EngineConfiguration(
             defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
             maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
-            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil,
+            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil || partitions != nil,
             mayStart: mayStart))
 
     let lastSeq = recovered?.lastSeq ?? 0
@@ -89,6 +109,13 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
             timeout: configuration.webhookTimeout, backoff: configuration.webhookBackoff,
             maxBackoff: max(configuration.webhookBackoff, configuration.webhookMaxBackoff), maxBuffered: configuration.webhookBuffer),
         newestSeq: { events.lastSeq })
+    partitions?.onAdopt {
+        webhooks.load()
+        idempotency.preload(
+            store.loadIdempotency().map {
+                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
+            })
+    }
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
 
@@ -96,22 +123,33 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     let access = Access(token: configuration.token, readToken: configuration.readToken)
     let serverID = serverIdentity(store)
     let instance = InstanceInfo(
-        id: cluster?.directory.selfID ?? serverID, store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name,
+        id: cluster?.directory.selfID ?? partitioned?.membership.instanceID ?? serverID,
+        store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name,
         now: SystemClock().now())
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
         store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance,
-        serverID: serverID, directory: cluster?.directory)
+        serverID: serverID, directory: cluster?.directory, partitions: partitions)
     let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
         logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
     }
+    var routing: ClusterFront?
+    if let partitions, let postgres {
+        routing = ClusterFront(
+            owner: partitions, engine: engine,
+            forwarder: Forwarder(
+                selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: 300),
+            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }))
+    }
+    let front = routing
+    let share = partitions
     let server = HTTPServer(
         configuration: HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,
             maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
             connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes,
-            listenSocket: cluster?.listenSocket, reusePort: cluster != nil),
-        handler: { request in dispatcher.handle(request) },
+            listenSocket: cluster?.listenSocket ?? partitioned?.listenSocket, reusePort: cluster != nil || partitioned != nil),
+        handler: { request in front?.route(request) ?? dispatcher.handle(request) },
         log: { [logger] level, message in
             logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
         },
@@ -126,9 +164,11 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     // in every instance's feed), not the engine's.
     var feed: OwnerFeed?
     if let postgres {
-        let owner = OwnerFeed(events: events, webhooks: webhooks, logger: logger) { after, limit in
-            try postgres.events(after: after, limit: limit)
-        }
+        let owner = OwnerFeed(
+            events: events, webhooks: webhooks, logger: logger,
+            read: { after, limit in try postgres.events(after: after, limit: limit) },
+            published: { batch in share?.eventsPublished(batch) },
+            delivers: { queue in share?.serves(queue: queue) ?? true })
         postgres.onCommittedEvents { owner.committed($0) }
         feed = owner
     } else {
@@ -153,7 +193,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, cluster
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster, feed: feed,
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster, feed: feed, partitions: partitions,
         beforeHandover: { commands?.killAllForHandover() })
 }
 
@@ -171,12 +211,12 @@ func serverIdentity(_ store: any ServiceStore) -> String {
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
     store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
-    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?
+    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?, partitions: PartitionOwner? = nil
 ) -> Router {
     var router = Router()
     ServiceController(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
-        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? "" }
+        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? partitions.map { $0.metrics() } ?? "" }
     ).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
@@ -185,7 +225,7 @@ func buildRouter(
     ArchiveController(
         engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
     ).addRoutes(to: &router)
-    ClusterController(engine: engine, instance: instance, directory: directory).addRoutes(to: &router)
+    ClusterController(engine: engine, instance: instance, directory: directory, partitions: partitions).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

@@ -2,6 +2,7 @@ import Dispatch
 import Locking
 import Logging
 import MicroHTTP
+import PostgresStore
 import QueueEngine
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
@@ -23,14 +24,18 @@ public final class OpqdApplication: OpqdService {
     /// On PostgreSQL: the feed of its own commits as numbered there, and what lies between
     /// them read back (`OwnerFeed`).
     let feed: OwnerFeed?
+    /// A partitioned cluster instance's share of the partitions.
+    let partitions: PartitionOwner?
     private let timers = TimerBox()
+    private let listener = Locking.Lock<PGListener?>(nil)
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
         store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
-        feed: OwnerFeed? = nil, beforeHandover: @escaping @Sendable () -> Void = {}
+        feed: OwnerFeed? = nil, partitions: PartitionOwner? = nil, beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
         self.feed = feed
+        self.partitions = partitions
         self.beforeHandover = beforeHandover
         self.instance = instance
         self.cluster = cluster
@@ -54,11 +59,14 @@ public final class OpqdApplication: OpqdService {
         let purge = DispatchSource.makeTimerSource(queue: .global())
         purge.schedule(deadline: .now() + 5, repeating: 5)
         let (engine, retain, store, webhooks) = (self.engine, configuration.retain, self.store, self.webhooks)
+        let partitioned = partitions != nil
         purge.setEventHandler {
             // Small batches, so neither the engine's lock nor the writer is held for long.
             let cutoff = SystemClock().now().adding(seconds: -retain)
             while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
-            if webhooks.count > 0 {
+            // In a partitioned cluster an observer of a queue held by another instance is not an
+            // orphan: its owner removes it.
+            if webhooks.count > 0 && !partitioned {
                 webhooks.removeOrphans(
                     operationExists: { id in (try? engine.revision(of: id)) != nil }, queueExists: { name in (try? engine.queue(named: name)) != nil })
             }
@@ -83,11 +91,14 @@ public final class OpqdApplication: OpqdService {
         if let feed {
             // Its own commits reach the feed from its writer; the timer is the safety net. (No
             // NOTIFY: the one writer is this instance's, and it would wake on its own commits.)
-            let (_, tail) = feed.tail.follow(notifiedAt: nil)
+            // A partitioned instance reads the others' commits too: woken by their NOTIFY.
+            let (listener, tail) = feed.tail.follow(notifiedAt: partitions != nil ? configuration.store : nil)
             running.append(tail)
+            if let listener { self.listener.withLock { $0 = listener } }
         }
         timers.set(running)
         if let cluster { try joinCluster(cluster) }
+        if let partitions { try partitions.start(engine: engine, advertise: instance.url) }
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
             logger.warning(
@@ -115,7 +126,10 @@ public final class OpqdApplication: OpqdService {
             store.setMeta(writes, then: nil)
         }
         cluster?.stopRenewing()
+        listener.withLock { $0?.stop() }
         store.close()
+        // Everything is committed: the next owners may take the partitions at once.
+        partitions?.stop()
         if let cluster {
             // Everything is committed: the next owner may start at once.
             cluster.membership.release(epoch: cluster.epoch)
@@ -141,6 +155,8 @@ public final class OpqdApplication: OpqdService {
         let fd = server.openSpareListener()
         timers.cancelAll()
         cluster?.stopRenewing()
+        partitions?.abandon()
+        listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))
         webhooks.stop()

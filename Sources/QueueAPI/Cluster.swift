@@ -137,6 +137,22 @@ public func buildService(
         }
     }
     guard let membership = joined else { throw OwnershipLostDuringStart() }
+    if configuration.partitioned {
+        let once = Locking.Lock(false)
+        var g = SystemRandomNumberGenerator()
+        let setup = PartitionedSetup(
+            membership: membership, held: PartitionEpochs(), token: hex(g.next()) + hex(g.next()), listenSocket: handoff?.listenSocket,
+            lost: { [logger] reason in
+                let first = once.withLock { c -> Bool in
+                    defer { c = true }
+                    return !c
+                }
+                guard first else { return }
+                logger.warning("dropping every queue held here and starting again", metadata: ["reason": "\(reason)"])
+                roleChange(.becomeFollower)
+            })
+        return try buildApplication(configuration: configuration, logger: logger, cluster: nil, partitioned: setup)
+    }
     var won: (epoch: Int64, token: String)?
     if let epoch = handoff?.epoch, let token = handoff?.token, try membership.confirm(epoch: epoch, token: token) {
         won = (epoch, token)
@@ -154,6 +170,22 @@ public func buildService(
     }
     logger.info("following the owner of the queues", metadata: ["instance": "\(id)"])
     return try FollowerService(configuration: configuration, logger: logger, cluster: cluster)
+}
+
+/// What a partitioned cluster instance's application is built with (`PartitionOwner`).
+struct PartitionedSetup: Sendable {
+    let membership: PGMembership
+    let held: PartitionEpochs
+    /// This image's secret on the lease rows it wins.
+    let token: String
+    let listenSocket: Int32?
+    /// Called (at most once) when a partition was lost: the process re-executes.
+    let lost: @Sendable (String) -> Void
+}
+
+func hex(_ n: UInt64) -> String {
+    let s = String(n, radix: 16)
+    return String(repeating: "0", count: max(0, 16 - s.count)) + s
 }
 
 /// What the owner's application needs of the cluster: its membership and the lease renewal,

@@ -102,9 +102,14 @@ final class OwnerFeed: Sendable {
     let webhooks: Webhooks
     let tail: FeedTail
 
+    /// `published`: every event shown, in seq order (a partitioned instance's directory of
+    /// remote ends). `delivers`: whether this instance sends the webhooks of a queue's events
+    /// (a partitioned instance: the queues it serves).
     init(
         events: EventLog, webhooks: Webhooks, logger: Logger,
-        read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent]
+        read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent],
+        published: @escaping @Sendable ([ChangeEvent]) -> Void = { _ in },
+        delivers: @escaping @Sendable (String) -> Bool = { _ in true }
     ) {
         self.events = events
         self.webhooks = webhooks
@@ -112,17 +117,16 @@ final class OwnerFeed: Sendable {
         // in seq order.
         let publishing = Locking.Lock<Void>(())
         tail = FeedTail(logger: logger, read: read, lastSeq: { events.lastSeq }) { batch in
-            publishing.withLock { _ in Self.publish(batch, to: events, webhooks) }
+            publishing.withLock { _ in
+                let newest = events.lastSeq
+                let fresh = batch.filter { $0.seq > newest }
+                guard !fresh.isEmpty else { return }
+                events.append(fresh)
+                let mine = fresh.filter { delivers($0.queue) }
+                if !mine.isEmpty { webhooks.deliver(mine) }
+                published(fresh)
+            }
         }
-    }
-
-    /// Newer events only, in seq order: to the feed, then to the webhooks.
-    private static func publish(_ batch: [ChangeEvent], to events: EventLog, _ webhooks: Webhooks) {
-        let newest = events.lastSeq
-        let fresh = batch.filter { $0.seq > newest }
-        guard !fresh.isEmpty else { return }
-        events.append(fresh)
-        webhooks.deliver(fresh)
     }
 
     /// From the writer thread, after a commit with events (nil: not known, read them back).

@@ -38,6 +38,9 @@ public struct OpqdConfiguration: Sendable {
     /// With a PostgreSQL store: seconds the owner's lease lasts (renewed every third of it);
     /// when the owner stops renewing, another instance takes the queues over after it.
     public var lease: Double = 10
+    /// With a PostgreSQL store: queues spread over the instances by partition (each instance
+    /// owns some, `PartitionOwner`) rather than one instance owning them all.
+    public var partitioned = true
     /// When set, webhook deliveries carry `X-Opqd-Signature: sha256=<hex HMAC-SHA256 of the body>`
     /// keyed with it, so receivers can tell opqd's POSTs from anyone else's. Never logged.
     public var webhookSecret: String? = nil
@@ -130,6 +133,14 @@ public struct OpqdConfiguration: Sendable {
             flag: "--lease", env: "OPQD_LEASE",
             help: "with a postgres:// store, seconds the owner's lease lasts; another instance takes the queues over after it (default 10)"
         ) { c, v in c.lease = try seconds(v, "--lease", 1...300) },
+        Option(
+            flag: "--ownership", env: "OPQD_OWNERSHIP",
+            help:
+                "with a postgres:// store: partitions (queues spread over the instances; default) or one (one instance owns every queue, the others forward to it)"
+        ) { c, v in
+            guard v == "one" || v == "partitions" else { throw ConfigurationError("--ownership must be one or partitions; got '\(v.prefix(100))'") }
+            c.partitioned = v == "partitions"
+        },
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
         Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },

@@ -31,14 +31,21 @@ info:
       their delivery cursors are durable like everything else.
     * Every change event is shown (feed, stream, long poll, webhook) only once it is
       committed, so a `seq` once seen always names the same change, also after a crash.
-    * With `--store postgres://…` any number of instances serve one database (a cluster):
-      one owns the queues (a lease in PostgreSQL, `--lease`), the others relay every request
-      to it and its answer back unchanged, and serve `/healthz`, `/readyz`, `/metrics`,
-      `/v1/cluster`, the dashboard and the change feed themselves. On any route a follower
-      may answer 503 with `Retry-After` when no owner can be reached: `no-owner` (a takeover
-      is under way), `owner-unavailable` (the owner did not answer: the change may or may not
-      have happened; retry with an `Idempotency-Key`), `cluster-unavailable` (PostgreSQL
-      cannot be read).
+    * With `--store postgres://…` any number of instances serve one database (a cluster).
+      By default (`--ownership partitions`) the queues are spread over the instances: every
+      queue belongs to one of 64 partitions by its name, and each partition is owned by one
+      live instance at a time (a lease in PostgreSQL, `--lease`). An instance answers the
+      requests of the queues it owns, and of their operations, itself, and relays the others
+      to their owner and its answer back unchanged; it serves `/healthz`, `/readyz`,
+      `/metrics`, `/v1/cluster`, the dashboard and the change feed (of every instance's
+      changes, one `seq` order) itself. With `--ownership one`, one instance owns every queue
+      and the others relay to it. On any route an instance may answer 503 with `Retry-After`
+      when the owner cannot be reached: `no-owner` (a takeover is under way),
+      `owner-unavailable` (the owner did not answer: the change may or may not have happened;
+      retry with an `Idempotency-Key`), `cluster-unavailable` or `store-unavailable`
+      (PostgreSQL cannot be read). `POST /v1/operations:batch` and `POST /v1/operations:finish`
+      whose queues are owned by different instances answer 409 `spans-instances` (split them
+      by queue).
     * Limits are server options with safe defaults; hitting one answers a problem naming
       the limit and its flag and changes nothing: `--max-queues`, `--max-unfinished`,
       `--max-unfinished-per-queue` (429 `too-many-queues` / `too-many-operations`, with
@@ -350,8 +357,10 @@ paths:
         `http://<host>:<port>`), when it started, its last heartbeat (once a second) and the
         queues it owns. The read-only token is enough. With SQLite or memory, one opqd serves
         the store alone: `mode` is `single` and the one instance owns every queue. With
-        PostgreSQL, `mode` is `cluster`: every live instance as the database lists them, the
-        owner (`owner: true`, with its `epoch`) owning every queue. Refuses unknown query
+        PostgreSQL, `mode` is `cluster`: every live instance as the database lists them. With
+        `ownership: partitions` (the default), each with the partitions it holds and their
+        queues (`owner: true` when it holds any); with `--ownership one`, the owner
+        (`owner: true`, with its `epoch`) owning every queue. Refuses unknown query
         parameters.
       responses:
         '400':
@@ -1713,6 +1722,8 @@ paths:
           $ref: '#/components/responses/BadRequest'
         '413':
           $ref: '#/components/responses/PayloadTooLarge'
+        '409':
+          $ref: '#/components/responses/Conflict'
         '422':
           $ref: '#/components/responses/Unprocessable'
         '503':
@@ -2363,7 +2374,8 @@ components:
         same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
         that is not (or no longer) the caller's (`lease-conflict`), or finishing an
         operation that has already finished (`already-finished`), copying a barrier
-        (`not-copyable`).
+        (`not-copyable`), or, in a cluster, a batch create or batch finish whose queues are
+        owned by different instances (`spans-instances`).
       content:
         application/problem+json:
           schema:
@@ -3591,6 +3603,13 @@ components:
           description: "`single`: one instance serves the store alone; `cluster`: instances share a PostgreSQL database."
         store:
           enum: [sqlite, memory, postgres]
+        ownership:
+          enum: [partitions]
+          description: In a cluster whose queues are spread over the instances by partition (absent with `--ownership one`).
+        partitions:
+          type: integer
+          minimum: 1
+          description: How many partitions the queues are spread over (with `ownership`).
         instances:
           type: array
           items:
@@ -3607,7 +3626,13 @@ components:
               epoch:
                 type: integer
                 minimum: 1
-                description: The owner's ownership epoch (one more at every takeover); only on the owner.
+                description: The owner's ownership epoch (one more at every takeover); only on the owner, with `--ownership one`.
+              partitions:
+                type: array
+                items:
+                  type: integer
+                  minimum: 0
+                description: With `ownership`, the partitions this instance holds.
               url:
                 type: string
               self:

@@ -1,6 +1,7 @@
 import Dispatch
 import Locking
 import Logging
+import MicroHTTP
 import PostgresStore
 import QueueEngine
 
@@ -50,10 +51,13 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     private let holders = Locking.Lock<[Int: PartitionHolder]>([:])
     private let others = Locking.Lock<Bool>(false)
     private let lastError = Locking.Lock<String?>(nil)
+    /// The last read of the instances and of every queue's name (for `GET /v1/cluster`).
+    private let picture = Locking.Lock<(view: PGClusterView?, queues: [String])>((nil, []))
     /// Ticks, claims and releases run here, one at a time.
     let work = DispatchQueue(label: "opqd.partitions")
     private let timers = TimerBox()
     private let stopped = Locking.Lock<Bool>(false)
+    private let adopted = Locking.Lock<(@Sendable () -> Void)?>(nil)
 
     init(
         membership: PGMembership, store: PostgresStore, held: PartitionEpochs, token: String, logger: Logger,
@@ -69,6 +73,11 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     }
 
     var engine: QueueEngine? { engineBox.withLock { $0 } }
+
+    /// Run after queues were adopted, before they are served: the application reloads what it
+    /// keeps of theirs beside the engine (the answers kept for Idempotency-Keys, which their
+    /// previous owner committed with the changes).
+    func onAdopt(_ body: @escaping @Sendable () -> Void) { adopted.withLock { $0 = body } }
 
     /// How often it renews and rebalances: a third of the lease, at most every second.
     var period: Double { min(1, membership.leaseSeconds / 3) }
@@ -171,6 +180,8 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
                 map[l.partition] = PartitionHolder(instance: l.instance, url: urls[l.instance] ?? "")
             }
             holders.withLock { $0 = map }
+            let names = (try? store.queueNames()) ?? picture.withLock { $0.queues }
+            picture.withLock { $0 = (view, names) }
             lastError.withLock { $0 = nil }
 
             let targets = QueuePartitions.targets(of: selfID, among: live)
@@ -205,6 +216,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         // Ids above every stored one: this queue's next operations come after its old ones.
         engine.useIDs(try membership.takeIDBlock())
         engine.adopt(recovered, remote: remote)
+        adopted.withLock { $0 }?()
         serving.withLock { $0.formUnion(won.keys) }
         holders.withLock { h in for p in won.keys { h[p] = PartitionHolder(instance: selfID, url: "") } }
         logger.info(
@@ -227,6 +239,63 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
                 logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "queues": "\(names.count)"])
             }
         }
+    }
+
+    /// Its `/metrics` lines about the cluster.
+    func metrics() -> String {
+        let n = servingPartitions.count
+        return ClusterDirectory.ownerGauge(n > 0) + """
+            # HELP opqd_cluster_partitions The partitions this instance owns and serves (of opqd_cluster_partitions_total).
+            # TYPE opqd_cluster_partitions gauge
+            opqd_cluster_partitions \(n)
+            # HELP opqd_cluster_partitions_total The partitions the queues are spread over.
+            # TYPE opqd_cluster_partitions_total gauge
+            opqd_cluster_partitions_total \(QueuePartitions.count)
+
+            """
+    }
+
+    /// `GET /v1/cluster`: the live instances, each with the partitions it holds and their
+    /// queues, as last read (every period).
+    func render() throws -> HTTPResponse {
+        let (view, names) = picture.withLock { $0 }
+        guard let view else {
+            throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
+        }
+        let map = holderMap
+        var parts: [String: [Int]] = [:]
+        for (p, h) in map { parts[h.instance, default: []].append(p) }
+        var queues: [String: [String]] = [:]
+        for n in names {
+            if let h = map[QueuePartitions.of(queue: n)] { queues[h.instance, default: []].append(n) }
+        }
+        var o = JSONOut(capacity: 512 + 40 * names.count)
+        o.open()
+        o.key("mode"); o.string("cluster")
+        o.key("store"); o.string("postgres")
+        o.key("ownership"); o.string("partitions")
+        o.key("partitions"); o.int(QueuePartitions.count)
+        o.key("instances"); o.openArray()
+        for i in view.instances {
+            let held = (parts[i.id] ?? []).sorted()
+            o.open()
+            o.key("id"); o.string(i.id)
+            o.key("url"); o.string(i.url)
+            o.key("self"); o.bool(i.id == selfID)
+            o.key("startedAt"); o.time(ClusterDirectory.time(i.startedAt))
+            o.key("heartbeatAt"); o.time(ClusterDirectory.time(i.heartbeatAt))
+            o.key("owner"); o.bool(!held.isEmpty)
+            o.key("partitions"); o.openArray()
+            for p in held { o.int(p) }
+            o.closeArray()
+            o.key("queues"); o.openArray()
+            for q in queues[i.id] ?? [] { o.string(q) }
+            o.closeArray()
+            o.close()
+        }
+        o.closeArray()
+        o.close()
+        return json(200, o.bytes)
     }
 
     // MARK: - RemoteOperations

@@ -81,6 +81,17 @@ final class Webhooks: Sendable {
         self.policy = policy; self.newestSeq = newestSeq
         pushedThrough = Atomic(newestSeq())
         self.secret = secret.map { Array($0.utf8) }
+        let cursors = load()
+        // Cursors whose observer is gone (a cursor written while its removal was committed).
+        let orphans = state.withLock { s in cursors.keys.filter { s.hooks[$0] == nil } }
+        if !orphans.isEmpty { store.setMeta(orphans.map { (Self.cursorPrefix + $0, nil) }, then: nil) }
+    }
+
+    /// Adds the stored observers not known here, each from its stored cursor; answers the
+    /// stored cursors. At start; and in a partitioned cluster when queues were adopted (their
+    /// observers may have been registered on their previous owner since this one started).
+    @discardableResult
+    func load() -> [String: UInt64] {
         var cursors: [String: UInt64] = [:]
         for (key, value) in store.meta(prefix: Self.cursorPrefix) {
             cursors[String(key.dropFirst(Self.cursorPrefix.count))] = UInt64(value) ?? 0
@@ -88,6 +99,7 @@ final class Webhooks: Sendable {
         let newest = newestSeq()
         for (key, value) in store.meta(prefix: Self.metaPrefix) {
             let id = String(key.dropFirst(Self.metaPrefix.count))
+            if state.withLock({ $0.hooks[id] != nil }) { continue }
             guard let hook = Self.decode(id: id, value) else {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
                 continue
@@ -96,9 +108,7 @@ final class Webhooks: Sendable {
             let cursor = min(cursors[id] ?? (hook.startSeq ?? newest), newest)
             state.withLock { s in add(hook.hook, cursor: cursor, to: &s) }
         }
-        // Cursors whose observer is gone (a cursor written while its removal was committed).
-        let orphans = state.withLock { s in cursors.keys.filter { s.hooks[$0] == nil } }
-        if !orphans.isEmpty { store.setMeta(orphans.map { (Self.cursorPrefix + $0, nil) }, then: nil) }
+        return cursors
     }
 
     private func add(_ hook: Hook, cursor: UInt64, to s: inout State) {

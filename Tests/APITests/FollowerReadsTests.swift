@@ -25,7 +25,8 @@ struct FollowerReadsTests {
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let arguments = ["--store", url, "--lease", String(lease), "--token", token, "--read-token", readToken]
+            // The one-owner cluster (`--ownership one`): one instance owns every queue, the other is a follower.
+            let arguments = ["--store", url, "--ownership", "one", "--lease", String(lease), "--token", token, "--read-token", readToken]
             let owner = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/owner.log", extraArguments: arguments)
             defer {
                 owner.signal(SIGTERM)

@@ -125,7 +125,8 @@ struct PostgresEndToEndTests {
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let lease = ["--store", url, "--lease", "1"]
+            // The one-owner cluster (`--ownership one`; ClusterTests run the partitioned default).
+            let lease = ["--store", url, "--ownership", "one", "--lease", "1"]
             let first = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/first.log", extraArguments: lease)
             let second = try ServerProcess(binary: binary, data: logs + "/b", logPath: logs + "/second.log", extraArguments: lease)
             defer {
@@ -182,7 +183,8 @@ struct PostgresEndToEndTests {
             try? FileManager.default.removeItem(atPath: logs)
         }
         try await onThread {
-            let lease = ["--store", url, "--lease", "1"]
+            // The one-owner cluster (`--ownership one`; ClusterTests run the partitioned default).
+            let lease = ["--store", url, "--ownership", "one", "--lease", "1"]
             let owner = try ServerProcess(binary: binary, data: logs + "/a", logPath: logs + "/owner.log", extraArguments: lease)
             let follower = try ServerProcess(binary: binary, data: logs + "/b", logPath: logs + "/follower.log", extraArguments: lease)
             defer {

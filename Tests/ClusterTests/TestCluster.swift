@@ -1,5 +1,6 @@
 import Foundation
 import Locking
+import PostgresStore
 import TestKit
 import Testing
 
@@ -106,42 +107,66 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
         shutdown()
     }
 
-    /// The instances among `among` (default all running ones) that say, in their own
-    /// `GET /v1/cluster`, that they hold the ownership lease.
-    func owners(among: [ClusterNode]? = nil) -> [ClusterNode] {
-        (among ?? nodes.filter(\.isRunning)).filter { $0.clusterView()?.owner == true }
+    /// Waits (up to `timeout`) until every one of `among` (default all running ones) holds some
+    /// partitions, and each of them answers `GET /v1/cluster` with all the partitions held, by
+    /// those instances only, the same way.
+    func awaitSpread(among: [ClusterNode]? = nil, timeout: Double = 20) -> Bool {
+        waitUntil(timeout: timeout, every: 0.05) {
+            let candidates = among ?? nodes.filter(\.isRunning)
+            var seen: [String: [Int]]?
+            for n in candidates {
+                guard let view = n.clusterView() else { return false }
+                var held: [String: [Int]] = [:]
+                for i in view.answer["instances"] as? [[String: Any]] ?? [] {
+                    guard let url = i["url"] as? String, let parts = i["partitions"] as? [Int], !parts.isEmpty else { continue }
+                    held[url] = parts.sorted()
+                }
+                guard held.count == candidates.count, held.values.reduce(0, { $0 + $1.count }) == QueuePartitions.count else { return false }
+                if let seen, seen != held { return false }
+                seen = held
+            }
+            return true
+        }
     }
 
-    /// Waits (up to `timeout`) until exactly one of `among` says it is the owner and every
-    /// other of them answers `GET /v1/cluster` naming that same owner; returns it.
-    func awaitOwner(among: [ClusterNode]? = nil, timeout: Double = 20) -> ClusterNode? {
+    /// Waits (up to `timeout`) until exactly one of `among` (default all running ones) says it
+    /// holds the partition of queue `name`, and every other of them names the same instance;
+    /// returns it.
+    func awaitHolder(of name: String, among: [ClusterNode]? = nil, timeout: Double = 20) -> ClusterNode? {
+        let p = QueuePartitions.of(queue: name)
         var found: ClusterNode?
         _ = waitUntil(timeout: timeout, every: 0.05) {
             let candidates = among ?? nodes.filter(\.isRunning)
-            let owners = owners(among: candidates)
-            guard owners.count == 1, let owner = owners.first else { return false }
-            // The others agree: the instance with owner=true in their answer has the owner's URL.
-            for n in candidates where n !== owner {
+            var holders: [ClusterNode] = []
+            for n in candidates {
                 guard let view = n.clusterView() else { return false }
-                let named = (view.answer["instances"] as? [[String: Any]] ?? []).filter { $0["owner"] as? Bool == true }
-                guard named.count == 1, (named[0]["url"] as? String)?.hasSuffix(":\(owner.port)") == true else { return false }
+                let named = (view.answer["instances"] as? [[String: Any]] ?? []).filter { ($0["partitions"] as? [Int])?.contains(p) == true }
+                guard named.count == 1, let url = named[0]["url"] as? String,
+                    let holder = candidates.first(where: { url.hasSuffix(":\($0.port)") })
+                else { return false }
+                holders.append(holder)
             }
-            found = owner
+            guard let first = holders.first, holders.allSatisfy({ $0 === first }) else { return false }
+            found = first
             return true
         }
         return found
     }
 
-    /// The current ownership epoch, from `opqd.ownership` (nil if it cannot be read).
-    func epoch() -> Int? {
-        Int((try? TestPostgres.psql(database, "SELECT epoch FROM opqd.ownership WHERE scope = '*'")) ?? "")
+    /// The epoch of the lease of queue `name`'s partition, from `opqd.ownership` (nil if it
+    /// cannot be read).
+    func epoch(of name: String) -> Int? {
+        let scope = QueuePartitions.scope(QueuePartitions.of(queue: name))
+        return Int((try? TestPostgres.psql(database, "SELECT epoch FROM opqd.ownership WHERE scope = '\(scope)'")) ?? "")
     }
 
-    /// The events rows per epoch (`epoch: seq lo–hi (rows)`), and a problem for every pair of
-    /// epochs whose rows interleave: an older epoch's row above a newer epoch's first seq means an
-    /// owner wrote after it was superseded (or a new owner wrote below its predecessor's rows).
-    func epochRanges() -> (summary: String, problems: [String]) {
-        let sql = "SELECT coalesce(epoch, -1) || ' ' || min(seq) || ' ' || max(seq) || ' ' || count(*) FROM opqd.events GROUP BY epoch ORDER BY epoch"
+    /// The events rows of queue `name` per epoch of its partition (`epoch: seq lo–hi (rows)`),
+    /// and a problem for every pair of epochs whose rows interleave: an older epoch's row above a
+    /// newer epoch's first seq means an owner wrote after it was superseded (or a new owner wrote
+    /// below its predecessor's rows).
+    func epochRanges(queue name: String) -> (summary: String, problems: [String]) {
+        let sql =
+            "SELECT coalesce(epoch, -1) || ' ' || min(seq) || ' ' || max(seq) || ' ' || count(*) FROM opqd.events WHERE queue = '\(name)' GROUP BY epoch ORDER BY epoch"
         let text: String
         do { text = try TestPostgres.psql(database, sql) } catch { return ("?", ["cannot read opqd.events per epoch: \(error)"]) }
         let rows = text.split(separator: "\n").map { $0.split(separator: " ").compactMap { Int($0) } }.filter { $0.count == 4 }

@@ -32,6 +32,7 @@ struct ClusterController: Sendable {
     let engine: QueueEngine
     let instance: InstanceInfo
     let directory: ClusterDirectory?
+    var partitions: PartitionOwner? = nil
 
     func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/cluster") { req, _ in try cluster(req) }
@@ -40,6 +41,7 @@ struct ClusterController: Sendable {
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         if let directory { return .response(try directory.render(ownQueues: engine.queues().map(\.name).sorted())) }
+        if let partitions { return .response(try partitions.render()) }
         let queues = engine.queues().map(\.name).sorted()
         var o = JSONOut(capacity: 256 + 40 * queues.count)
         o.open()

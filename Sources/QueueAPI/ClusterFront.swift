@@ -1,0 +1,140 @@
+import Locking
+import MicroHTTP
+import PostgresStore
+import QueueEngine
+
+/// Where a request goes in a partitioned cluster (CLUSTER.md "Any instance answers any
+/// request"): answered here when it concerns a queue this instance serves, or nothing
+/// queue-scoped (the feed, the cluster, metrics, the page); otherwise forwarded to the
+/// instance that holds the queue's partition, its answer relayed unchanged, or 503 with
+/// Retry-After while nobody holds it (a takeover under way).
+///
+/// A request is never forwarded twice: one that was forwarded here for a queue this instance
+/// does not serve (it moved in between) gets 503, and the client retries.
+struct ClusterFront: Sendable {
+    let owner: PartitionOwner
+    let engine: QueueEngine
+    let forwarder: Forwarder
+    let access: Access
+    let queues: OperationQueues
+
+    /// nil: answer here.
+    func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
+        let path = request.path
+        if path.hasPrefix("/v1/queues/") {
+            let rest = path.dropFirst("/v1/queues/".count)
+            let name = rest.prefix { $0 != "/" }
+            return to(queue: String(name), request)
+        }
+        if path == "/v1/queues" && request.method == "POST" {
+            guard case let .string(name)? = (try? JSONValue.parse(request.body))?["name"] else { return nil }
+            return to(queue: name, request)
+        }
+        if path.hasPrefix("/v1/operations/") {
+            let rest = path.dropFirst("/v1/operations/".count)
+            guard let id = OperationID(rest.prefix { $0 != "/" }) else { return nil }
+            if (try? engine.revision(of: id)) != nil { return nil }
+            switch queues.queue(of: id) {
+            case let .found(queue): return to(queue: queue, request)
+            case .none: return nil
+            case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+            }
+        }
+        if path == "/v1/operations:batch" && request.method == "POST" {
+            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["operations"] else { return nil }
+            var names = Set<String>()
+            for e in elements { if case let .string(q)? = e["queue"] { names.insert(q) } }
+            return together(names, request, what: "the batch's queues")
+        }
+        if path == "/v1/operations:finish" && request.method == "POST" {
+            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
+            var names = Set<String>()
+            for e in elements {
+                guard case let .string(text)? = e["id"], let id = OperationID(text), (try? engine.revision(of: id)) == nil else { continue }
+                switch queues.queue(of: id) {
+                case let .found(queue): names.insert(queue)
+                case .none: continue
+                case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+                }
+            }
+            return together(names, request, what: "the finished operations' queues")
+        }
+        return nil
+    }
+
+    /// Requests for several queues at once: here when this instance serves them all, to their
+    /// holder when one instance holds them all; otherwise refused (an atomic change across
+    /// instances would need a commit across their writers).
+    private func together(_ names: Set<String>, _ request: HTTPRequest, what: String) -> HTTPHandlerResult? {
+        let elsewhere = names.filter { !owner.serves(queue: $0) }
+        guard !elsewhere.isEmpty else { return nil }
+        if elsewhere.count == names.count {
+            let holders = Set(names.map { owner.holder(ofQueue: $0)?.instance ?? "" })
+            if holders.count == 1, let one = names.first { return to(queue: one, request) }
+        }
+        return refuse(
+            request,
+            Problem(
+                409, "spans-instances", "Queues on several instances",
+                "\(what) (\(names.sorted().joined(separator: ", "))) are owned by different instances of the cluster; one request can change the queues of one instance only: split it by queue"
+            ))
+    }
+
+    private func to(queue name: String, _ request: HTTPRequest) -> HTTPHandlerResult? {
+        if owner.serves(queue: name) { return nil }
+        // The token rules of the route's method, before a body is relayed for a caller without one.
+        if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
+        guard !Forwarder.wasForwarded(request), let holder = owner.holder(ofQueue: name), holder.instance != owner.selfID, !holder.url.isEmpty
+        else {
+            // A queue nobody serves: one that does not exist yet in a partition being taken
+            // over, or one moving right now.
+            return refuse(
+                request,
+                Problem(
+                    503, "no-owner", "No owner",
+                    "no instance serves queue '\(name)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes",
+                    headers: [("Retry-After", "1")]))
+        }
+        return .routed("forwarded", forwarder.forward(request, to: holder.url))
+    }
+
+    private func refuse(_ request: HTTPRequest, _ problem: Problem) -> HTTPHandlerResult {
+        if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
+        return .routed(Router.unmatched, .response(problem.response))
+    }
+}
+
+/// Which queue an operation is in, read from PostgreSQL once and kept (an operation never
+/// changes queue); bounded, oldest entries dropped first.
+final class OperationQueues: Sendable {
+    enum Answer: Equatable {
+        case found(String)
+        case none
+        case unavailable(String)
+    }
+
+    private let read: @Sendable (OperationID) throws -> String?
+    private let cache = Locking.Lock<(map: [UInt64: String], order: [UInt64], head: Int)>(([:], [], 0))
+    static let capacity = 100_000
+
+    init(read: @escaping @Sendable (OperationID) throws -> String?) { self.read = read }
+
+    func queue(of id: OperationID) -> Answer {
+        if let q = cache.withLock({ $0.map[id.raw] }) { return .found(q) }
+        let found: String?
+        do { found = try read(id) } catch { return .unavailable("\(error)") }
+        guard let found else { return .none }
+        cache.withLock { c in
+            if c.map.updateValue(found, forKey: id.raw) == nil {
+                if c.order.count < Self.capacity {
+                    c.order.append(id.raw)
+                } else {
+                    c.map[c.order[c.head]] = nil
+                    c.order[c.head] = id.raw
+                    c.head = (c.head + 1) % Self.capacity
+                }
+            }
+        }
+        return .found(found)
+    }
+}
