@@ -33,12 +33,30 @@ struct ClusterFront: Sendable {
         if path.hasPrefix("/v1/operations/") {
             let rest = path.dropFirst("/v1/operations/".count)
             guard let id = OperationID(rest.prefix { $0 != "/" }) else { return nil }
-            if (try? engine.revision(of: id)) != nil { return nil }
-            switch queues.queue(of: id) {
-            case let .found(queue): return to(queue: queue, request)
-            case .none: return nil
-            case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+            var source: String?
+            if let local = try? engine.operation(id) {
+                source = local.queue
+            } else {
+                switch queues.queue(of: id) {
+                case let .found(queue): source = queue
+                case .none: return nil
+                case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+                }
             }
+            guard let source else { return nil }
+            // A copy into another queue: both queues must be owned by one instance.
+            if request.method == "POST" && rest.hasSuffix("/copy"), case let .string(target)? = (try? JSONValue.parse(request.body))?["queue"],
+                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source),
+                owner.holder(ofQueue: target)?.instance != owner.holder(ofQueue: source)?.instance || owner.holder(ofQueue: target) == nil
+            {
+                return refuse(
+                    request,
+                    Problem(
+                        409, "spans-instances", "Queues on several instances",
+                        "the operation's queue '\(source)' and the copy's queue '\(target)' are owned by different instances of the cluster; copy it within its own queue, or to a queue of the same instance"
+                    ))
+            }
+            return to(queue: source, request)
         }
         if path == "/v1/operations:batch" && request.method == "POST" {
             guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["operations"] else { return nil }
@@ -49,8 +67,16 @@ struct ClusterFront: Sendable {
         if path == "/v1/operations:finish" && request.method == "POST" {
             guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
             var names = Set<String>()
+            var lookups = 0
             for e in elements {
-                guard case let .string(text)? = e["id"], let id = OperationID(text), (try? engine.revision(of: id)) == nil else { continue }
+                guard case let .string(text)? = e["id"], let id = OperationID(text) else { continue }
+                if let local = try? engine.operation(id) {
+                    names.insert(local.queue)
+                    continue
+                }
+                // Bounded: ids of nothing are answered 404 by whoever answers the rest.
+                lookups += 1
+                if lookups > 100 { break }
                 switch queues.queue(of: id) {
                 case let .found(queue): names.insert(queue)
                 case .none: continue

@@ -131,7 +131,7 @@ public struct OpqdConfiguration: Sendable {
         },
         Option(
             flag: "--lease", env: "OPQD_LEASE",
-            help: "with a postgres:// store, seconds the owner's lease lasts; another instance takes the queues over after it (default 10)"
+            help: "with a postgres:// store, seconds an ownership lease lasts; another instance takes an instance's partitions over after it (default 10)"
         ) { c, v in c.lease = try seconds(v, "--lease", 1...300) },
         Option(
             flag: "--ownership", env: "OPQD_OWNERSHIP",
@@ -147,7 +147,7 @@ public struct OpqdConfiguration: Sendable {
         Option(
             flag: "--store", env: "OPQD_STORE",
             help:
-                "sqlite (default: durable, in --data), memory (nothing survives a restart) or postgres://user:pass@host:port/db (any number of instances share it; one owns the queues, the others forward to it)"
+                "sqlite (default: durable, in --data), memory (nothing survives a restart) or postgres://user:pass@host:port/db (any number of instances share it, the queues spread over them)"
         ) { c, v in
             guard v == "sqlite" || v == "memory" || OpqdConfiguration.isPostgresURL(v) else {
                 throw ConfigurationError("--store must be sqlite, memory or a postgres:// URL; got '\(v)'")

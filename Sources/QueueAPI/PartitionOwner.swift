@@ -211,10 +211,22 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// first (restoring writes: recovery moves), and served once loaded.
     private func adopt(_ won: [Int: Int64], engine: QueueEngine) throws {
         for (p, e) in won { held.set(p, e) }
-        let names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
-        let (recovered, remote) = try store.load(queues: names)
+        let names: [String]
+        let recovered: RecoveredState
+        let remote: [OperationID: Bool]
+        let block: Range<UInt64>
+        do {
+            names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
+            (recovered, remote) = try store.load(queues: names)
+            block = try membership.takeIDBlock()
+        } catch {
+            // Nothing was taken in: give the partitions back, to be claimed again.
+            held.remove(won.keys)
+            try? membership.release(won)
+            throw error
+        }
         // Ids above every stored one: this queue's next operations come after its old ones.
-        engine.useIDs(try membership.takeIDBlock())
+        engine.useIDs(block)
         engine.adopt(recovered, remote: remote)
         adopted.withLock { $0 }?()
         serving.withLock { $0.formUnion(won.keys) }

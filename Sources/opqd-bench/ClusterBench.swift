@@ -1,5 +1,10 @@
 // `opqd-bench cluster`: one opqd on SQLite beside 1, 2 and 3 opqd instances on one PostgreSQL
-// database (`--store postgres://…`, a fresh database for each N), in one run. For each setup:
+// database (`--store postgres://…`, a fresh database for each N), in one run, in both ownership
+// modes: `one` (one instance owns every queue, the others forward to it; the baseline) and
+// `partitions` (the default: queues spread over the instances by partition). With partitions the
+// creates go to 12 queues and the jobs to 8, so that every instance owns some; clients still
+// round-robin over the instances (as behind a load balancer), so (N-1)/N of their requests are
+// forwarded. For each setup:
 //   (a) durable creates/s: C client threads, each on its own keep-alive connection to instance
 //       (client mod N), POST /v1/queues/{q}/operations for S seconds into 4 suspended queues
 //       (every 201 answered after its commit, by the owner, forwarded by the others);
@@ -24,7 +29,7 @@ import Glibc
 
 enum ClusterBench {
     static let usage =
-        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--quick]\n"
+        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--modes one,partitions] [--quick]\n"
         + "  URL: a server opqd may create databases on (scripts/pg.sh start DIR prints one); default $OPQD_TEST_POSTGRES_URL\n"
 
     struct Options {
@@ -35,6 +40,7 @@ enum ClusterBench {
         var batch = 50
         var gets = 2_000
         var instances = [1, 2, 3]
+        var modes = ["one", "partitions"]
     }
 
     /// What one setup measured.
@@ -77,6 +83,7 @@ enum ClusterBench {
             case let ("--batch", v?): o.batch = max(1, min(Int(v) ?? o.batch, 100))
             case let ("--gets", v?): o.gets = max(10, Int(v) ?? o.gets)
             case let ("--instances", v?): o.instances = v.split(separator: ",").compactMap { Int($0) }.filter { (1...8).contains($0) }
+            case let ("--modes", v?): o.modes = v.split(separator: ",").map(String.init).filter { $0 == "one" || $0 == "partitions" }
             default:
                 eprint("opqd-bench cluster: unknown option '\(args[i])'\n" + usage)
                 return 2
@@ -98,10 +105,12 @@ enum ClusterBench {
 
         var results: [Outcome] = []
         eprint("cluster: sqlite, 1 instance...\n")
-        results.append(run(label: "sqlite", instances: 1, postgres: nil, o))
-        for n in o.instances {
-            eprint("cluster: postgres, \(n) instance(s)...\n")
-            results.append(run(label: "postgres", instances: n, postgres: server, o))
+        results.append(run(label: "sqlite", instances: 1, postgres: nil, ownership: "one", o))
+        for mode in o.modes {
+            for n in o.instances {
+                eprint("cluster: postgres (\(mode)), \(n) instance(s)...\n")
+                results.append(run(label: mode == "one" ? "pg-one" : "pg-parts", instances: n, postgres: server, ownership: mode, o))
+            }
         }
 
         print("")
@@ -135,7 +144,9 @@ enum ClusterBench {
             ]
             print(cells.joined(separator: " "))
         }
-        print("(CPU s/1k = user+system CPU seconds of all opqd processes per 1,000 operations, PG s/1k the same of PostgreSQL; per opqd process, owner first:)")
+        print(
+            "(CPU s/1k = user+system CPU seconds of all opqd processes per 1,000 operations, PG s/1k the same of PostgreSQL; pg-one: one owner, pg-parts: queues spread by partition; per opqd process, the owner (pg-one) first:)"
+        )
         for r in results where r.started == r.instances {
             func split(_ cpu: [Double], _ n: Int) -> String {
                 guard n > 0, !cpu.isEmpty else { return "-" }
@@ -176,7 +187,7 @@ enum ClusterBench {
 
     // MARK: - one setup
 
-    static func run(label: String, instances n: Int, postgres: String?, _ o: Options) -> Outcome {
+    static func run(label: String, instances n: Int, postgres: String?, ownership: String, _ o: Options) -> Outcome {
         var out = Outcome(label: label, instances: n)
         var database: String?
         defer { if let database, let postgres { _ = try? TestPostgres.psql(postgres, "DROP DATABASE IF EXISTS \(database) WITH (FORCE)") } }
@@ -188,8 +199,9 @@ enum ClusterBench {
                 return out
             }
             database = name
-            extra += ["--store", TestPostgres.url(postgres, database: name)]
+            extra += ["--store", TestPostgres.url(postgres, database: name), "--ownership", ownership]
         }
+        let spread = postgres != nil && ownership == "partitions"
         var servers: [OpqdServer] = []
         defer { for s in servers { s.stop() } }
         for k in 0..<n {
@@ -202,23 +214,25 @@ enum ClusterBench {
         }
         out.started = n
         // The owner: the instance whose own /v1/cluster entry says so (`mode: single`: the one).
+        // With partitions: every instance owns some (the one the requests go to first).
         var owner: Int?
         let deadline = BenchSupport.now() + 30
         while owner == nil && BenchSupport.now() < deadline {
             let owners = servers.indices.filter { isOwner(servers[$0]) }
-            if owners.count == 1 { owner = owners[0] } else { usleep(100_000) }
+            if spread ? owners.count == n : owners.count == 1 { owner = owners[0] } else { usleep(100_000) }
         }
         guard let owner else {
-            out.problems.append("no single owner within 30 s")
+            out.problems.append(spread ? "not every instance owned partitions within 30 s" : "no single owner within 30 s")
             return out
         }
-        out.ownerIndex = owner
+        out.ownerIndex = spread ? -1 : owner
         let ports = servers.map(\.port)
         let pids = servers.map(\.pid)
-        let queues = ["a", "b", "c", "d"]
+        let queues = spread ? (0..<12).map { "q\($0)" } : ["a", "b", "c", "d"]
+        let jobQueues = spread ? (0..<8).map { "jobs\($0)" } : ["jobs"]
         do {
-            for q in queues { try servers[owner].createQueue(q, suspended: true) }
-            try servers[owner].createQueue("jobs", suspended: true, maxConcurrent: max(64, o.workers * o.batch))
+            for q in queues { try retrying { try servers[owner].createQueue(q, suspended: true) } }
+            for q in jobQueues { try retrying { try servers[owner].createQueue(q, suspended: true, maxConcurrent: max(64, o.workers * o.batch)) } }
         } catch {
             out.problems.append("\(error)")
             return out
@@ -241,27 +255,50 @@ enum ClusterBench {
 
         // (b) external jobs.
         do {
-            let bad = try WorkersBench.precreate(server: servers[owner], queue: "jobs", count: o.jobs, connections: 4)
-            if !bad.isEmpty { out.problems.append("pre-create answered \(bad) (status: count)") }
-            let r = try servers[owner].request("POST", "/v1/queues/jobs/resume")
-            if r.status != 200 { throw BenchError("resume: HTTP \(r.status) \(r.text.prefix(200))") }
+            for q in jobQueues {
+                let bad = try WorkersBench.precreate(server: servers[owner], queue: q, count: o.jobs / jobQueues.count, connections: 4)
+                if !bad.isEmpty { out.problems.append("pre-create answered \(bad) (status: count)") }
+                let r = try servers[owner].request("POST", "/v1/queues/\(q)/resume")
+                if r.status != 200 { throw BenchError("resume: HTTP \(r.status) \(r.text.prefix(200))") }
+            }
         } catch {
             out.problems.append("jobs setup: \(error)")
             return out
         }
         let pg2 = postmaster.map(postgresCPU)
         let cpu2 = pids.map(cpuSeconds)
-        let (finished, refused, jobWall) = work(ports: ports, workers: o.workers, batch: o.batch, seconds: 2 * o.seconds)
+        let (finished, refused, jobWall) = work(ports: ports, queues: jobQueues, workers: o.workers, batch: o.batch, seconds: 2 * o.seconds)
         let cpu3 = pids.map(cpuSeconds)
         out.jobPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg2.map { a - $0 } }
         (out.jobs, out.jobFailures, out.jobSeconds) = (finished, refused, jobWall)
         out.jobCPU = zip(cpu3, cpu2).map { $0 - $1 }
         if refused > 0 { out.problems.append("\(refused) claims or finishes refused") }
 
-        // (c) a simple GET, direct and forwarded.
-        out.direct = latencies(port: ports[owner], path: "/v1/queues/a", count: o.gets)
-        if let other = ports.indices.first(where: { $0 != owner }) { out.forwarded = latencies(port: ports[other], path: "/v1/queues/a", count: o.gets) }
+        // (c) a simple GET, direct and forwarded: to the instance that owns the queue and to another.
+        let q = queues[0]
+        let holder = spread ? (servers.indices.first { owns(servers[$0], queue: q) } ?? owner) : owner
+        out.direct = latencies(port: ports[holder], path: "/v1/queues/\(q)", count: o.gets)
+        if let other = ports.indices.first(where: { $0 != holder }) { out.forwarded = latencies(port: ports[other], path: "/v1/queues/\(q)", count: o.gets) }
         return out
+    }
+
+    /// Runs `body` until it does not throw, for up to 10 s (a queue's partition may be moving
+    /// while the instances settle: 503).
+    static func retrying(_ body: () throws -> Void) throws {
+        let deadline = BenchSupport.now() + 10
+        while true {
+            do { return try body() } catch {
+                if BenchSupport.now() > deadline { throw error }
+                usleep(100_000)
+            }
+        }
+    }
+
+    /// Whether `server`'s own entry in `GET /v1/cluster` lists `queue` among its queues.
+    static func owns(_ server: OpqdServer, queue: String) -> Bool {
+        guard let (status, j) = try? server.json("GET", "/v1/cluster"), status == 200 else { return false }
+        guard let me = (j["instances"] as? [[String: Any]])?.first(where: { $0["self"] as? Bool == true }) else { return false }
+        return (me["queues"] as? [String])?.contains(queue) == true
     }
 
     /// Whether `server`'s own entry in `GET /v1/cluster` says it owns the queues.
@@ -350,10 +387,10 @@ enum ClusterBench {
         return (good.withLock { $0 }, bad.withLock { $0 }, BenchSupport.now() - t0)
     }
 
-    /// Batch workers on the queue `jobs`, worker k through `ports[k % ports.count]`: claim up to
-    /// `batch` (a long poll of 1 s), finish them all in one request, until a claim answers 204
-    /// or `seconds` passed. (finished, refused, seconds from the start to the last finish).
-    static func work(ports: [UInt16], workers: Int, batch: Int, seconds: Double) -> (Int, Int, Double) {
+    /// Batch workers, worker k on queue `queues[k % queues.count]` through `ports[k % ports.count]`:
+    /// claim up to `batch` (a long poll of 1 s), finish them all in one request, until a claim
+    /// answers 204 or `seconds` passed. (finished, refused, seconds from the start to the last finish).
+    static func work(ports: [UInt16], queues: [String], workers: Int, batch: Int, seconds: Double) -> (Int, Int, Double) {
         let finished = Locked(0)
         let refused = Locked(0)
         let last = Locked(0.0)
@@ -368,7 +405,7 @@ enum ClusterBench {
                 defer { c.close() }
                 let claim = Array(#"{"worker":"bench-\#(k)"}"#.utf8)
                 while BenchSupport.now() < stop {
-                    guard let r = try? c.request("POST", "/v1/queues/jobs/claim?wait=1&max=\(batch)", body: claim) else {
+                    guard let r = try? c.request("POST", "/v1/queues/\(queues[k % queues.count])/claim?wait=1&max=\(batch)", body: claim) else {
                         refused.withLock { $0 += 1 }
                         break
                     }
