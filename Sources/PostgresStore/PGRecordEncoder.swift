@@ -102,7 +102,7 @@ struct BulkRows {
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
-    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 6)
+    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 13)
     var operationCount = 0, eventCount = 0, queueCount = 0
     private var scratch: [UInt8] = []
 
@@ -168,6 +168,9 @@ struct BulkRows {
         queues[3].bool(q.isSuspended)
         queues[4].counter(q.revision)
         queues[5].int(q.createdAt.nanoseconds)
+        queues[6].counter(q.generation)
+        queues[7].int(q.operationCount)
+        for (i, s) in OperationState.allCases.enumerated() { queues[8 + i].int(q.counts[s] ?? 0) }
     }
 
     mutating func add(_ e: ChangeEvent) {

@@ -135,6 +135,17 @@ enum PGSchema {
             END IF;
         END $$;
         """,
+        // 3 -> 4: a queue's row holds its whole status, written by every commit that moves its
+        // revision (counts per state, operationCount) and the generation that made the revision,
+        // so that any instance answers GET /v1/queues[/{name}] from it as the owner would, ETag
+        // included. Rows of an older schema get zeros until their owner's first commit, which
+        // writes every queue it restored.
+        """
+        ALTER TABLE opqd.queues ADD COLUMN generation bigint NOT NULL DEFAULT 0,
+            ADD COLUMN operation_count bigint NOT NULL DEFAULT 0, ADD COLUMN count_pending bigint NOT NULL DEFAULT 0,
+            ADD COLUMN count_ready bigint NOT NULL DEFAULT 0, ADD COLUMN count_executing bigint NOT NULL DEFAULT 0,
+            ADD COLUMN count_paused bigint NOT NULL DEFAULT 0, ADD COLUMN count_finished bigint NOT NULL DEFAULT 0;
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -169,8 +180,16 @@ enum PGSchema {
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]
-    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
-    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"]
+    /// The counts follow `OperationState.allCases` (pending, ready, executing, paused, finished).
+    static let queueColumns = """
+        name, max_concurrent, effective_max, is_suspended, revision, created_at, generation, operation_count, \
+        count_pending, count_ready, count_executing, count_paused, count_finished
+        """
+    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"] + Array(repeating: "bigint[]", count: 7)
+    /// One queue's row (a follower's `GET /v1/queues/{name}`).
+    static let selectQueue = "SELECT \(queueColumns) FROM opqd.queues WHERE name = $1"
+    /// Every queue's row, in the order the engine lists them (by name, bytewise: names are ASCII).
+    static let selectQueues = "SELECT \(queueColumns) FROM opqd.queues ORDER BY name COLLATE \"C\""
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
 
     /// `INSERT ... SELECT FROM unnest($1::t1[], $2::t2[], ...)`: one statement for every row of

@@ -236,7 +236,7 @@ struct PostgresEndToEndTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (42)")
             let newer = try Self.runToExit(binary, ["--data", data, "--store", url])
             #expect(newer.code == 1)
-            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 3"), "\(newer.log)")
+            #expect(newer.log.contains("has opqd schema version 42, but this opqd understands up to 4"), "\(newer.log)")
             #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "42")
 
             let unreachable = try Self.runToExit(binary, ["--data", data, "--store", "postgres://opqd:hunter2@127.0.0.1:1/opqd"])
