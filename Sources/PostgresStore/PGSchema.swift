@@ -1,3 +1,5 @@
+import QueueEngine
+
 /// The store's tables in PostgreSQL, all in the schema `opqd`, and how an older schema is brought
 /// up to date.
 ///
@@ -257,6 +259,24 @@ enum PGSchema {
     static let deleteOldMarks = "DELETE FROM opqd.commit_mark WHERE at < now() - interval '1 day'"
 
     static let upsertQueues = bulkUpsert(table: "queues", columns: queueColumns, types: queueArrayTypes, conflict: "name")
+    /// The common commit touches one queue: its row with plain parameters, which the server
+    /// parses and plans for less than `unnest` over thirteen one-element arrays.
+    static let upsertQueue: String = {
+        let names = queueColumns.split(separator: ",").map { $0.trimmingCharacters() }
+        let values = queueArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element.dropLast(2))" }.joined(separator: ", ")
+        let update = names.dropFirst().map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
+        return "INSERT INTO opqd.queues (\(names.joined(separator: ", "))) VALUES (\(values)) ON CONFLICT (name) DO UPDATE SET \(update)"
+    }()
+    /// `upsertQueue`'s parameters, in `queueColumns` order.
+    static func queueParameters(_ q: QueueSnapshot) -> [PGParameter] {
+        var out = [
+            PGParameter(q.name), PGParameter(q.maxConcurrentOperationCount), PGParameter(q.effectiveMaxConcurrentOperationCount),
+            PGParameter(q.isSuspended ? "t" : "f"), PGParameter(Int64(bitPattern: q.revision)), PGParameter(q.createdAt.nanoseconds),
+            PGParameter(Int64(bitPattern: q.generation)), PGParameter(q.operationCount),
+        ]
+        for s in OperationState.allCases { out.append(PGParameter(q.counts[s] ?? 0)) }
+        return out
+    }
 
     static let upsertIdempotency = """
         INSERT INTO opqd.idempotency (\(idempotencyColumns)) VALUES ($1::bytea, $2, $3::bigint, $4, $5::bytea, $6::bigint) \
