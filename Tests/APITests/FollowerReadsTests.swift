@@ -200,7 +200,15 @@ struct FollowerReadsTests {
             var stale = Self.auth(Self.readToken)
             stale["If-None-Match"] = listTag
             #expect(try follower.request("GET", "/v1/queues", headers: stale).status == 200)
-            Thread.sleep(forTimeInterval: 1.5)  // the delay ran: finished, committed
+            // The delay runs and finishes; its finish is committed right after the owner's memory
+            // shows it, so the follower is given a moment to read it.
+            _ = try owner.request("GET", "/v1/queues/Zeta.held/wait?timeout=10", headers: write).expecting(200)
+            let settled = try owner.request("GET", "/v1/queues/Zeta.held", headers: write).expecting(200)
+            #expect(settled.object["operationCount"] as? Int == 0, "\(settled.text)")
+            let deadline = Date().addingTimeInterval(5)
+            while try follower.request("GET", "/v1/queues/Zeta.held", headers: write).text != settled.text && Date() < deadline {
+                Thread.sleep(forTimeInterval: 0.05)
+            }
             for path in ["/v1/queues", "/v1/queues/Zeta.held"] {
                 try Self.compare(path, headers: Self.auth(Self.readToken), owner: owner, follower: follower)
             }
