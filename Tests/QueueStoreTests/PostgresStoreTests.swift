@@ -553,7 +553,10 @@ struct PostgresStoreTests {
         }
     }
 
-    @Test(arguments: [("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807")])
+    @Test(arguments: [
+        ("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807"),
+        ("generation", "-1"), ("operation_count", "-5"), ("count_finished", "-1"),
+    ])
     func aDamagedQueueRowFailsTheLoad(column: String, value: String) throws {
         try withTestDatabase { url in
             let store = try PostgresStore(url: url)
@@ -573,6 +576,11 @@ struct PostgresStoreTests {
             } throws: { error in
                 (error as? PostgresStoreError)?.reason == .corrupt && (error as? PostgresStoreError)?.detail.contains("queues row q") == true
             }
+            // A follower's read of it fails the same way (a generic 500, not a trap or a made-up count).
+            let pool = PGReadPool(url: url)
+            defer { pool.close() }
+            #expect(throws: PGReadDamaged.self) { _ = try pool.queue(named: "q") }
+            #expect(throws: PGReadDamaged.self) { _ = try pool.queues() }
         }
     }
 
