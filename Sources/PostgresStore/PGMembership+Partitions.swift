@@ -96,6 +96,9 @@ extension PGMembership {
         return out.sorted { $0.partition < $1.partition }
     }
 
+    /// Block b of operation ids is b << idBlockBits ..< (b + 1) << idBlockBits.
+    public static let idBlockBits = PGSchema.idBlockBits
+
     /// A block of operation ids no other instance is handed (`opqd.id_block`), above every id
     /// stored.
     public func takeIDBlock() throws -> Range<UInt64> {

@@ -19,7 +19,7 @@ public struct PGReadDamaged: Error, CustomStringConvertible {
 }
 
 /// A few read connections shared by a follower's server threads, so that reads answered from
-/// PostgreSQL (an operation's status, its history) run side by side instead of queueing on one
+/// PostgreSQL (an operation's status, its history, queue statuses) run side by side instead of queueing on one
 /// connection. Connections open lazily, at most `size`; each is a `PGReader`, which replaces a
 /// broken connection on its next read (one retry per read). A thread that finds every connection
 /// busy waits up to `waitSeconds`, then gets `PGReadUnavailable`.
@@ -144,6 +144,33 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         FROM opqd.operations o LEFT JOIN LATERAL (SELECT \(PGSchema.eventColumns) FROM opqd.events \
         WHERE operation = o.id AND seq > $2::bigint ORDER BY seq LIMIT $3::bigint) e ON true WHERE o.id = $1::bigint ORDER BY e.seq
         """
+
+    /// The committed status of queue `name` (its row, as its owner last wrote it), or nil when
+    /// there is none. The caller passes only names a queue can have.
+    public func queue(named name: String) throws -> QueueSnapshot? {
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.execPrepared("opqd_read_queue", PGSchema.selectQueue, [PGParameter(name)])
+            }
+        }
+        guard r.rows > 0 else { return nil }
+        do { return try PGRecordDecoder.queue(r, 0) } catch { throw PGReadDamaged(description: error.detail) }
+    }
+
+    /// Every queue's committed status, sorted by name as the engine lists them.
+    public func queues() throws -> [QueueSnapshot] {
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.execPrepared("opqd_read_queues", PGSchema.selectQueues, [])
+            }
+        }
+        var out: [QueueSnapshot] = []
+        out.reserveCapacity(r.rows)
+        for i in 0..<r.rows {
+            do { out.append(try PGRecordDecoder.queue(r, i)) } catch { throw PGReadDamaged(description: error.detail) }
+        }
+        return out
+    }
 
     /// Closes the idle connections; a read under way closes its own when it ends.
     public func close() {

@@ -163,7 +163,10 @@ final class PGReader {
         var queues: [QueueSnapshot] = []
         var index: [String: Int] = [:]
         for i in 0..<qs.rows {
-            let q = try PGRecordDecoder.queue(qs, i)
+            var q = try PGRecordDecoder.queue(qs, i)
+            // Counted again from the operations, as the engine does when it restores them.
+            q.operationCount = 0
+            for s in OperationState.allCases { q.counts[s] = 0 }
             index[q.name] = queues.count
             queues.append(q)
         }

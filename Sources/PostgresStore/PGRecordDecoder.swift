@@ -71,7 +71,9 @@ enum PGRecordDecoder {
             kindState: try json(r, row, 23, fail("kind_state", "is not JSON")))
     }
 
-    /// Counts and `operationCount` are not stored; the loader fills them in from the operations.
+    /// The whole stored status: settings, revision, the generation that made it, and the counts
+    /// and `operationCount` the owner had at that revision (the loader recounts them from the
+    /// operations; a follower answers them as they are).
     static func queue(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> QueueSnapshot {
         guard let name = r.text(row, 0) else { throw DecodeFailure(detail: "queues row with a NULL name") }
         func fail(_ column: String, _ index: Int) -> DecodeFailure {
@@ -84,11 +86,20 @@ enum PGRecordDecoder {
         guard let suspended = r.bool(row, 3) else { throw fail("is_suspended", 3) }
         guard let rv = r.int64(row, 4), let revision = UInt64(exactly: rv), revision <= RecordLimits.maxCounter else { throw fail("revision", 4) }
         guard let created = r.int64(row, 5) else { throw fail("created_at", 5) }
+        guard let g = r.int64(row, 6), let generation = UInt64(exactly: g), generation <= RecordLimits.maxCounter else {
+            throw fail("generation", 6)
+        }
+        func count(_ column: String, _ index: Int) throws(DecodeFailure) -> Int {
+            guard let n = r.int64(row, index), n >= 0, let v = Int(exactly: n) else { throw fail(column, index) }
+            return v
+        }
+        let operationCount = try count("operation_count", 7)
         var counts: [OperationState: Int] = [:]
-        for s in OperationState.allCases { counts[s] = 0 }
+        for (i, s) in OperationState.allCases.enumerated() { counts[s] = try count("count_\(s.rawValue)", 8 + i) }
         return QueueSnapshot(
             name: name, maxConcurrentOperationCount: maxConcurrent, effectiveMaxConcurrentOperationCount: effective,
-            isSuspended: suspended, operationCount: 0, counts: counts, revision: revision, createdAt: Timestamp(nanoseconds: created))
+            isSuspended: suspended, operationCount: operationCount, counts: counts, revision: revision,
+            createdAt: Timestamp(nanoseconds: created), generation: generation)
     }
 
     /// The seq of an events row (column 0), if it is one opqd could have written.

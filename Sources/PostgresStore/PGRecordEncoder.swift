@@ -102,8 +102,10 @@ struct BulkRows {
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
-    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 6)
+    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 13)
     var operationCount = 0, eventCount = 0, queueCount = 0
+    /// The last queue added (a batch of one is sent with plain parameters, `PGSchema.upsertQueue`).
+    var lastQueue: QueueSnapshot?
     private var scratch: [UInt8] = []
 
     mutating func reset() {
@@ -111,6 +113,7 @@ struct BulkRows {
         for i in events.indices { events[i].reset() }
         for i in queues.indices { queues[i].reset() }
         operationCount = 0; eventCount = 0; queueCount = 0
+        lastQueue = nil
     }
 
     mutating func add(_ s: OperationSnapshot) {
@@ -162,12 +165,16 @@ struct BulkRows {
 
     mutating func add(_ q: QueueSnapshot) {
         queueCount += 1
+        lastQueue = q
         queues[0].text(q.name)
         queues[1].int(q.maxConcurrentOperationCount)
         queues[2].int(q.effectiveMaxConcurrentOperationCount)
         queues[3].bool(q.isSuspended)
         queues[4].counter(q.revision)
         queues[5].int(q.createdAt.nanoseconds)
+        queues[6].counter(q.generation)
+        queues[7].int(q.operationCount)
+        for (i, s) in OperationState.allCases.enumerated() { queues[8 + i].int(q.counts[s] ?? 0) }
     }
 
     mutating func add(_ e: ChangeEvent) {

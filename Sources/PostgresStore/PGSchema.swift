@@ -1,3 +1,5 @@
+import QueueEngine
+
 /// The store's tables in PostgreSQL, all in the schema `opqd`, and how an older schema is brought
 /// up to date.
 ///
@@ -154,6 +156,17 @@ enum PGSchema {
         END $$;
         CREATE SEQUENCE opqd.id_block AS bigint MINVALUE 1;
         """,
+        // 4 -> 5: a queue's row holds its whole status, written by every commit that moves its
+        // revision (counts per state, operationCount) and the generation that made the revision,
+        // so that any instance answers GET /v1/queues[/{name}] from it as the owner would, ETag
+        // included. Rows of an older schema get zeros until their owner's first commit, which
+        // writes every queue it restored.
+        """
+        ALTER TABLE opqd.queues ADD COLUMN generation bigint NOT NULL DEFAULT 0,
+            ADD COLUMN operation_count bigint NOT NULL DEFAULT 0, ADD COLUMN count_pending bigint NOT NULL DEFAULT 0,
+            ADD COLUMN count_ready bigint NOT NULL DEFAULT 0, ADD COLUMN count_executing bigint NOT NULL DEFAULT 0,
+            ADD COLUMN count_paused bigint NOT NULL DEFAULT 0, ADD COLUMN count_finished bigint NOT NULL DEFAULT 0;
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -201,8 +214,16 @@ enum PGSchema {
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]
-    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
-    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"]
+    /// The counts follow `OperationState.allCases` (pending, ready, executing, paused, finished).
+    static let queueColumns = """
+        name, max_concurrent, effective_max, is_suspended, revision, created_at, generation, operation_count, \
+        count_pending, count_ready, count_executing, count_paused, count_finished
+        """
+    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"] + Array(repeating: "bigint[]", count: 7)
+    /// One queue's row (a follower's `GET /v1/queues/{name}`).
+    static let selectQueue = "SELECT \(queueColumns) FROM opqd.queues WHERE name = $1"
+    /// Every queue's row, in the order the engine lists them (by name, bytewise: names are ASCII).
+    static let selectQueues = "SELECT \(queueColumns) FROM opqd.queues ORDER BY name COLLATE \"C\""
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
 
     /// `INSERT ... SELECT FROM unnest($1::t1[], $2::t2[], ...)`: one statement for every row of
@@ -270,6 +291,24 @@ enum PGSchema {
     static let deleteOldMarks = "DELETE FROM opqd.commit_mark WHERE at < now() - interval '1 day'"
 
     static let upsertQueues = bulkUpsert(table: "queues", columns: queueColumns, types: queueArrayTypes, conflict: "name")
+    /// The common commit touches one queue: its row with plain parameters, which the server
+    /// parses and plans for less than `unnest` over thirteen one-element arrays.
+    static let upsertQueue: String = {
+        let names = queueColumns.split(separator: ",").map { $0.trimmingCharacters() }
+        let values = queueArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element.dropLast(2))" }.joined(separator: ", ")
+        let update = names.dropFirst().map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
+        return "INSERT INTO opqd.queues (\(names.joined(separator: ", "))) VALUES (\(values)) ON CONFLICT (name) DO UPDATE SET \(update)"
+    }()
+    /// `upsertQueue`'s parameters, in `queueColumns` order.
+    static func queueParameters(_ q: QueueSnapshot) -> [PGParameter] {
+        var out = [
+            PGParameter(q.name), PGParameter(q.maxConcurrentOperationCount), PGParameter(q.effectiveMaxConcurrentOperationCount),
+            PGParameter(q.isSuspended ? "t" : "f"), PGParameter(Int64(bitPattern: q.revision)), PGParameter(q.createdAt.nanoseconds),
+            PGParameter(Int64(bitPattern: q.generation)), PGParameter(q.operationCount),
+        ]
+        for s in OperationState.allCases { out.append(PGParameter(q.counts[s] ?? 0)) }
+        return out
+    }
 
     static let upsertIdempotency = """
         INSERT INTO opqd.idempotency (\(idempotencyColumns)) VALUES ($1::bytea, $2, $3::bigint, $4, $5::bytea, $6::bigint) \

@@ -484,7 +484,11 @@ final class PGWriter: @unchecked Sendable {
             sent += 1
         }
         func flush() throws(PGFailure) {
-            if bulk.queueCount > 0 { try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter)) }
+            if bulk.queueCount == 1, let q = bulk.lastQueue {
+                try send(PGSchema.upsertQueue, PGSchema.queueParameters(q))
+            } else if bulk.queueCount > 0 {
+                try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter))
+            }
             if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
             if bulk.eventCount > 0 {
                 if numbering.isEmpty { try send(PGSchema.lockEvents) }

@@ -57,7 +57,7 @@ func buildApplication(
     }
     var recovered = partitions == nil ? try store.recoverState() : nil
     if var r = recovered {
-        r.poisoned = try countUncleanStops(store, r, logger: logger, abandon: { cluster?.isLeaving ?? false })
+        (r.poisoned, r.generation) = try countUncleanStops(store, r, logger: logger, abandon: { cluster?.isLeaving ?? false })
         recovered = r
     }
 
@@ -135,11 +135,17 @@ func buildApplication(
     }
     var routing: ClusterFront?
     if let partitions, let postgres {
+        let pool = PGReadPool(url: configuration.store)
+        var readRoutes = Router()
+        FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &readRoutes)
+        let reads = APIDispatcher(router: readRoutes, access: access) { [logger] request, error in
+            logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
+        }
         routing = ClusterFront(
             owner: partitions, engine: engine,
             forwarder: Forwarder(
                 selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: 300),
-            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }))
+            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }), reads: reads)
     }
     let front = routing
     let share = partitions
@@ -168,7 +174,7 @@ func buildApplication(
             events: events, webhooks: webhooks, logger: logger,
             read: { after, limit in try postgres.events(after: after, limit: limit) },
             published: { batch in share?.eventsPublished(batch) },
-            delivers: { queue in share?.serves(queue: queue) ?? true })
+            delivers: { queue in share?.serves(queue: queue) ?? true }, readsGaps: share == nil)
         postgres.onCommittedEvents { owner.committed($0) }
         feed = owner
     } else {
@@ -246,16 +252,23 @@ func contiguousTail(_ events: [ChangeEvent], lastSeq: UInt64) -> [ChangeEvent] {
 
 /// Poison operations (API.md "Crashes"): counts, per operation, the unclean stops in a row
 /// it was executing during, durably before anything runs again. A clean stop (`shutdown`)
-/// leaves a marker and clears the counts. Returns those that reached 3.
+/// leaves a marker and clears the counts. Returns those that reached 3, and this run's
+/// generation (`RecoveredState.generation`): one more than the last run's, committed in the same
+/// write, so durable before anything is served. (A cluster owner's write is fenced: only the one
+/// owner at a time counts, and each takeover sees its predecessor's count.)
 /// `abandon`: a cluster owner that lost the ownership while starting stops waiting for a
 /// commit that will never come (`OwnershipLostDuringStart`).
 func countUncleanStops(
     _ store: any ServiceStore, _ recovered: RecoveredState, logger: Logger, abandon: () -> Bool = { false }
-) throws -> Set<OperationID> {
+) throws -> (poisoned: Set<OperationID>, generation: UInt64) {
     let clean = store.meta(prefix: "clean_stop").contains { $0.key == "clean_stop" && $0.value == "1" }
     var counts: [String: Int] = [:]
     for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
-    var writes: [(key: String, value: String?)] = [("clean_stop", nil)]
+    // Saturating, far below what the stores' counter columns hold (a damaged value counts as 0:
+    // the revision still moves past the stored one, only an ETag's generation could repeat).
+    let last = store.meta(prefix: "generation").first { $0.key == "generation" }.flatMap { UInt64($0.value) } ?? 0
+    let generation = min(last, 1 << 40) + 1
+    var writes: [(key: String, value: String?)] = [("clean_stop", nil), ("generation", String(generation))]
     var poisoned: Set<OperationID> = []
     if !clean {
         var executing: Set<String> = []
@@ -276,5 +289,5 @@ func countUncleanStops(
             if abandon() { throw OwnershipLostDuringStart() }
         }
     }
-    return poisoned
+    return (poisoned, generation)
 }

@@ -383,8 +383,8 @@ struct ClusterUnavailable: Error, ProblemConvertible {
 
 /// A cluster instance that does not own the queues: it answers `/healthz`, `/readyz`,
 /// `/metrics`, `GET /v1/cluster`, the dashboard page and the change feed (long polls and SSE,
-/// from PostgreSQL: the owner's commits are read back in `seq` order), and an operation's status
-/// and history (from PostgreSQL, `FollowerReads`) itself, and forwards every other request to
+/// from PostgreSQL: the owner's commits are read back in `seq` order), an operation's status
+/// and history and the queues' statuses (from PostgreSQL, `FollowerReads`) itself, and forwards every other request to
 /// the owner, relaying its answer unchanged. Every period it heartbeats
 /// and, when the owner's lease has run out, tries to take the ownership: if it wins, it asks to
 /// become the owner (`RoleChange.becomeOwner`).
@@ -445,7 +445,8 @@ final class FollowerService: OpqdService {
         }
         EventsController(events: events, scheduler: DispatchScheduler(), limits: limits).addRoutes(to: &router)
         DashboardController(access: access).addRoutes(to: &router)
-        FollowerReads(reads: PostgresOperationReads(pool: PGReadPool(url: configuration.store)), limits: limits).addRoutes(to: &router)
+        let pool = PGReadPool(url: configuration.store)
+        FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &router)
         let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
             logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
         }

@@ -101,6 +101,11 @@ final class OwnerFeed: Sendable {
     let events: EventLog
     let webhooks: Webhooks
     let tail: FeedTail
+    /// Reads a gap before its own commit on the writer's thread (one writer: rare). False
+    /// when other instances commit all the time (partitions): the gap is read by the tail, at
+    /// once but not on the writer's thread, so a change may reach this instance's feed a few
+    /// milliseconds after its request was answered.
+    let readsGaps: Bool
 
     /// `published`: every event shown, in seq order (a partitioned instance's directory of
     /// remote ends). `delivers`: whether this instance sends the webhooks of a queue's events
@@ -109,8 +114,9 @@ final class OwnerFeed: Sendable {
         events: EventLog, webhooks: Webhooks, logger: Logger,
         read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent],
         published: @escaping @Sendable ([ChangeEvent]) -> Void = { _ in },
-        delivers: @escaping @Sendable (String) -> Bool = { _ in true }
+        delivers: @escaping @Sendable (String) -> Bool = { _ in true }, readsGaps: Bool = true
     ) {
+        self.readsGaps = readsGaps
         self.events = events
         self.webhooks = webhooks
         // The tail's reads and `committed` both publish through this lock: each event once,
@@ -133,6 +139,10 @@ final class OwnerFeed: Sendable {
     func committed(_ batch: [ChangeEvent]?) {
         if let first = batch?.first, first.seq == events.lastSeq &+ 1, let batch {
             tail.publish(batch)
+            return
+        }
+        if !readsGaps {
+            DispatchQueue.global().async { [tail] in tail.pull() }
             return
         }
         do {

@@ -17,13 +17,19 @@ struct ClusterFront: Sendable {
     let forwarder: Forwarder
     let access: Access
     let queues: OperationQueues
+    /// Statuses read from PostgreSQL (`FollowerReads`): every queue's, and those of queues and
+    /// operations this instance does not hold, which keep answering while their partition moves.
+    let reads: APIDispatcher
 
     /// nil: answer here.
     func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
         let path = request.path
+        let reading = request.method == "GET" || request.method == "HEAD"
+        if path == "/v1/queues" && reading { return reads.handle(request) }
         if path.hasPrefix("/v1/queues/") {
             let rest = path.dropFirst("/v1/queues/".count)
             let name = rest.prefix { $0 != "/" }
+            if reading && name.count == rest.count && !owner.serves(queue: String(name)) { return reads.handle(request) }
             return to(queue: String(name), request)
         }
         if path == "/v1/queues" && request.method == "POST" {
@@ -44,6 +50,11 @@ struct ClusterFront: Sendable {
                 }
             }
             guard let source else { return nil }
+            if reading && !owner.serves(queue: source) && (rest.count == rest.prefix { $0 != "/" }.count || rest.hasSuffix("/events")),
+                rest.split(separator: "/").count <= 2
+            {
+                return reads.handle(request)
+            }
             // A copy into another queue: both queues must be owned by one instance.
             if request.method == "POST" && rest.hasSuffix("/copy"), case let .string(target)? = (try? JSONValue.parse(request.body))?["queue"],
                 target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source),

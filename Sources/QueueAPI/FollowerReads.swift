@@ -10,17 +10,47 @@ import QueueEngine
 /// only where the operation is read from differs. The owner answers a change only after its
 /// commit, so a client that got a 2xx reads its change here too.
 ///
-/// `GET /v1/queues` and `GET /v1/queues/{name}` stay relayed: a queue's `revision` moves with
-/// every change of its operations in the owner's memory but is stored only when the queue itself
-/// changes, and its `ETag` names the owner's process, so neither can be read from the tables.
+/// Queue statuses too (`GET /v1/queues`, `GET /v1/queues/{name}`, `QueuesController.list`/`get`):
+/// every commit of the owner that moves a queue's revision writes the queue's row with its
+/// status (counts, operationCount, the generation that made the revision), and queue ETags are
+/// made from those columns alone, so a follower answers them as the owner would. The rest of
+/// `/v1/queues/{name}/…` (changes, long polls, listings of operations) stays relayed.
 struct FollowerReads: Sendable {
     let reads: PostgresOperationReads
+    let queues: PostgresQueueReads
     let limits: OpqdConfiguration.Limits
 
     func addRoutes(to r: inout Router) {
-        let (reads, limits) = (self.reads, self.limits)
+        let (reads, queues, limits) = (self.reads, self.queues, self.limits)
         r.add("GET", "/v1/operations/{id}") { req, p in try OperationsController.status(req, p[0], from: reads) }
         r.add("GET", "/v1/operations/{id}/events") { req, p in try OperationsController.history(req, p[0], from: reads, limits: limits) }
+        r.add("GET", "/v1/queues") { req, _ in try QueuesController.list(req, from: queues, limits: limits) }
+        r.add("GET", "/v1/queues/{name}") { req, p in try QueuesController.get(req, p[0], from: queues) }
+    }
+}
+
+/// Queues as PostgreSQL holds them: what the owner committed.
+struct PostgresQueueReads: QueueReads {
+    let pool: PGReadPool
+
+    func queue(named name: String) throws -> QueueSnapshot {
+        // A name no queue can have is not looked up (PostgreSQL's text cannot even hold some).
+        guard Self.canName(name), let q = try read({ try pool.queue(named: name) }) else { throw EngineError.queueNotFound(name) }
+        return q
+    }
+
+    func queues() throws -> [QueueSnapshot] { try read { try pool.queues() } }
+
+    /// `[A-Za-z0-9._-]{1,64}`, as the engine checks at creation.
+    static func canName(_ name: String) -> Bool {
+        !name.isEmpty && name.utf8.count <= 64
+            && name.utf8.allSatisfy { c in
+                (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c == 46 || c == 95 || c == 45
+            }
+    }
+
+    private func read<T>(_ body: () throws -> T) throws -> T {
+        do { return try body() } catch let error as PGReadUnavailable { throw StoreReadUnavailable(detail: error.description) }
     }
 }
 

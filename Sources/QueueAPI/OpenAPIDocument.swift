@@ -505,7 +505,8 @@ paths:
           description: |
             The queues. The `ETag` comes from the queues' revisions (each moves with every
             change to its queue or its operations' states), so a poll that finds nothing
-            changed gets 304 without the list being built.
+            changed gets 304 without the list being built. Every instance of a cluster gives
+            the same `ETag` for the same queues.
           headers:
             ETag:
               $ref: '#/components/headers/ETag'
@@ -525,6 +526,8 @@ paths:
                     description: The name to pass as `after` for the next page; null when this is the last.
         '422':
           $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/StoreUnavailable'
 
   /v1/queues/{name}:
     parameters:
@@ -558,6 +561,8 @@ paths:
           $ref: '#/components/responses/NotFound'
         '422':
           $ref: '#/components/responses/Unprocessable'
+        '503':
+          $ref: '#/components/responses/StoreUnavailable'
     patch:
       operationId: updateQueue
       tags: [queues]
@@ -2222,7 +2227,7 @@ components:
         (or the set of items) changes. Opaque: compare, never parse.
       schema:
         type: string
-        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+|l[0-9a-z]+-[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+)"$'
+        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+|l([0-9a-z]+-)?[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+)"$'
     Location:
       required: true
       description: Path of the created resource.
@@ -2600,7 +2605,9 @@ components:
         revision:
           type: integer
           minimum: 1
-          description: Grows with every change of the queue's settings or its operations' states.
+          description: |
+            Grows with every change of the queue's settings or its operations' states, and at
+            every restart or takeover (past every committed value: it is stored with each change).
         createdAt:
           $ref: '#/components/schemas/Timestamp'
 

@@ -212,7 +212,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     private func adopt(_ won: [Int: Int64], engine: QueueEngine) throws {
         for (p, e) in won { held.set(p, e) }
         let names: [String]
-        let recovered: RecoveredState
+        var recovered: RecoveredState
         let remote: [OperationID: Bool]
         let block: Range<UInt64>
         do {
@@ -227,6 +227,9 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         }
         // Ids above every stored one: this queue's next operations come after its old ones.
         engine.useIDs(block)
+        // The block's number is the generation of the queues taken in (queue ETags name it): it
+        // is durable, and larger than any an earlier owner used.
+        recovered.generation = block.lowerBound >> PGMembership.idBlockBits
         engine.adopt(recovered, remote: remote)
         adopted.withLock { $0 }?()
         serving.withLock { $0.formUnion(won.keys) }

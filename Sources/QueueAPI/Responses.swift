@@ -10,31 +10,54 @@ func json(_ status: Int, _ body: [UInt8], _ headers: [(String, String)] = []) ->
 /// Conditional GETs: `ETag`s and `If-None-Match`.
 enum ETag {
     static func operation(_ rev: UInt64) -> String { "\"r\(rev)\"" }
-    /// A queue's revision is not persisted with every operation change, so its ETag also
-    /// names this process's start: no ETag handed out before a restart can match after it.
-    static func queue(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(bootNonce)-\(q.revision)\"" }
+    /// A queue's ETag from durable data alone, so that an owner and a cluster follower reading
+    /// the queue's row give the same: its creation stamp, the generation (the run of the engine
+    /// that made the revision, counted durably before anything is served) and the revision
+    /// (stored with every commit that moves it). A revision shown before a crash but never
+    /// committed can come again after it with other content, under another generation.
+    static func queue(_ q: QueueSnapshot) -> String { "\"q\(q.createdAt.nanoseconds)-\(q.generation)-\(q.revision)\"" }
+
+    /// Operations' revisions are not bumped durably at a restart: ETags made from them
+    /// (listings, observers) also name this process's start, so none handed out before a restart
+    /// can match after it.
     static let bootNonce = String(UInt32.random(in: 0...UInt32.max), radix: 36)
 
     /// A listing's ETag from what each item's revision says (name, a creation stamp, the
     /// revision), hashed in order with FNV-1a: the same items at the same revisions give the
     /// same tag within one process; any change, addition or removal gives another.
     static func list<S: Sequence>(_ items: S) -> String where S.Element == (String, UInt64, UInt64) {
-        var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        var n: UInt64 = 0
-        func mix(_ v: UInt64) {
+        var h = FNV1a()
+        for (name, created, revision) in items { h.item(name, created, revision) }
+        return "\"l\(bootNonce)-\(h.count)-\(String(h.value, radix: 36))\""
+    }
+
+    /// `GET /v1/queues`'s ETag, from durable data alone like `queue(_:)` (each queue's name,
+    /// creation stamp, generation and revision, in order): an owner and a follower reading the
+    /// rows give the same tag for the same queues.
+    static func queues<S: Sequence>(_ items: S) -> String where S.Element == QueueSnapshot {
+        var h = FNV1a()
+        for q in items { h.item(q.name, UInt64(bitPattern: q.createdAt.nanoseconds), q.generation, q.revision) }
+        return "\"l\(h.count)-\(String(h.value, radix: 36))\""
+    }
+
+    /// FNV-1a over listed items.
+    private struct FNV1a {
+        var value: UInt64 = 0xcbf2_9ce4_8422_2325
+        var count: UInt64 = 0
+        private mutating func mix(_ v: UInt64) {
             var v = v
             for _ in 0..<8 {
-                h = (h ^ (v & 0xff)) &* 0x100_0000_01b3
+                value = (value ^ (v & 0xff)) &* 0x100_0000_01b3
                 v >>= 8
             }
         }
-        for (name, created, revision) in items {
-            for b in name.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
-            h = (h ^ 0xff) &* 0x100_0000_01b3  // never in UTF-8: ends the name
-            mix(created); mix(revision)
-            n &+= 1
+        mutating func item(_ name: String, _ a: UInt64, _ b: UInt64, _ c: UInt64? = nil) {
+            for byte in name.utf8 { value = (value ^ UInt64(byte)) &* 0x100_0000_01b3 }
+            value = (value ^ 0xff) &* 0x100_0000_01b3  // never in UTF-8: ends the name
+            mix(a); mix(b)
+            if let c { mix(c) }
+            count &+= 1
         }
-        return "\"l\(bootNonce)-\(n)-\(String(h, radix: 36))\""
     }
 
     static func matches(_ req: HTTPRequest, _ etag: String) -> Bool {

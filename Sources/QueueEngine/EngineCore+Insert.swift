@@ -29,7 +29,7 @@ extension EngineCore {
         q.ops.append(op)
         q.counts[op.state.index] += 1
         q.unfinished += 1
-        q.revision += 1
+        bump(q)
         unfinishedTotal += 1
         if barrier { q.barrier = op }
         var seen = Set<ObjectIdentifier>()

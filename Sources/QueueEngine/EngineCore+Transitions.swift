@@ -24,7 +24,7 @@ extension EngineCore {
         let after = op.flags
         if before != after {
             op.revision += 1
-            q.revision += 1
+            bump(q)
             let off = before & ~after
             let on = after & ~before
             for bit in 0..<5 where off & (1 << bit) != 0 {

@@ -46,6 +46,13 @@ final class EngineCore: @unchecked Sendable {
     var ticket: UInt64 = 0
     var unfinishedTotal = 0
     var nextWaiterID: UInt64 = 1
+    /// This engine's run of the store (`RecoveredState.generation`): durable before anything is
+    /// served, different at every restart or takeover. Queue `ETag`s carry it, so a revision
+    /// shown before a crash but never committed cannot name other content after it.
+    var generation: UInt64 = 0
+    /// Queues whose row must be written by the current locked section (their revision moved, or
+    /// they are new or restored): one `.queue` record each, at `finish`.
+    var touched: [QueueRecord] = []
 
     // Produced by the current locked section.
     var effects: [Effect] = []
@@ -77,6 +84,7 @@ final class EngineCore: @unchecked Sendable {
     /// other thread is draining it.
     func finish() -> Work {
         settle()
+        recordTouched()
         var work = Work()
         swap(&work.effects, &effects)
         if !draining && (!outEvents.isEmpty || !outRecords.isEmpty) {
@@ -106,6 +114,33 @@ final class EngineCore: @unchecked Sendable {
         if op.queue.deleted { return }
         ticket &+= 1
         if wantsRecords { outRecords.append(.operation(op.snapshot())) }
+    }
+
+    /// The queue's revision moves: its status (counts, settings) changed. Its row is written
+    /// once at the end of the locked section, however many changes the section made.
+    func bump(_ q: QueueRecord) {
+        q.revision += 1
+        touch(q)
+    }
+
+    /// The queue's row is to be written at the end of the locked section (`recordTouched`).
+    func touch(_ q: QueueRecord) {
+        if q.touched { return }
+        q.touched = true
+        touched.append(q)
+    }
+
+    /// One `.queue` record per queue touched by this section, after everything it changed: every
+    /// commit that moves a queue's revision stores the status that goes with it, so the revision
+    /// survives a restart (which bumps it past the stored one) and a cluster follower answers
+    /// the queue from its row. A deleted queue's row is gone with it: nothing is recorded.
+    func recordTouched() {
+        guard !touched.isEmpty else { return }
+        for q in touched {
+            q.touched = false
+            if !q.deleted { record(q) }
+        }
+        touched.removeAll(keepingCapacity: true)
     }
 
     func record(_ q: QueueRecord) {

@@ -163,14 +163,15 @@ extension QueueEngine {
                     if q.maxConcurrent != maxConcurrentOperationCount || q.isSuspended != isSuspended {
                         q.maxConcurrent = maxConcurrentOperationCount
                         q.isSuspended = isSuspended
-                        q.revision += 1
-                        core.record(q)
+                        core.bump(q)
                         core.dirty.append(q)
                     }
                 } else {
-                    q = QueueRecord(name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now)
+                    q = QueueRecord(
+                        name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now,
+                        generation: core.generation)
                     core.queues[name] = q
-                    core.record(q)
+                    core.touch(q)
                 }
                 var made = [OpRecord?](repeating: nil, count: elements.count)
                 var dropped: [OperationID] = []

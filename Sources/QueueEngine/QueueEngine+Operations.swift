@@ -227,7 +227,7 @@ extension QueueEngine {
                 let old = op.priority
                 op.priority = p
                 op.revision += 1
-                op.queue.revision += 1
+                core.bump(op.queue)
                 core.emit(op, .queuePriority, .priority(old), .priority(p))
                 if op.state == .ready {
                     op.queue.push(op)  // the old heap entry goes stale

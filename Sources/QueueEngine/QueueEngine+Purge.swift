@@ -1,9 +1,10 @@
 extension QueueEngine {
     /// Forgets finished operations that finished before `cutoff` (at most `limit` per call),
-    /// so a long-running server stays bounded. Returns how many were purged.
+    /// so a long-running server stays bounded. Returns how many were purged. A queue that lost
+    /// some has a new revision (its finished count changed), and its row is written.
     @discardableResult
     public func purgeFinished(before cutoff: Timestamp, limit: Int = 10_000) -> Int {
-        state.withLock { core in
+        (try? mutate { core throws(EngineError) in
             var purged = 0
             for q in Array(core.queues.values) {
                 guard purged < limit else { break }
@@ -18,10 +19,13 @@ extension QueueEngine {
                         keep.append(op)
                     }
                 }
-                if keep.count != q.ops.count { q.ops = keep; q.revision += 1 }
+                if keep.count != q.ops.count {
+                    q.ops = keep
+                    core.bump(q)
+                }
             }
             if purged > 0 { core.ops.compact() }
             return purged
-        }
+        }) ?? 0
     }
 }

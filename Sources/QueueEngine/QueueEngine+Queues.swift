@@ -13,9 +13,10 @@ extension QueueEngine {
             guard core.queues.count < configuration.maxQueues else {
                 throw .limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues")
             }
-            let q = QueueRecord(name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now)
+            let q = QueueRecord(
+                name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now, generation: core.generation)
             core.queues[name] = q
-            core.record(q)
+            core.touch(q)
             core.settle()
             return q.snapshot(defaultMax: core.defaultMaxConcurrent)
         }
@@ -58,8 +59,7 @@ extension QueueEngine {
             if let m = maxConcurrentOperationCount, m != q.maxConcurrent { q.maxConcurrent = m; changed = true }
             if let s = isSuspended, s != q.isSuspended { q.isSuspended = s; changed = true }
             if changed {
-                q.revision += 1
-                core.record(q)
+                core.bump(q)
                 core.dirty.append(q)
             }
             core.settle()

@@ -13,10 +13,20 @@ extension QueueEngine {
         try? mutate { core throws(EngineError) in
             // Saturating: a damaged store's seq must not trap (a sane one is far below 2^62).
             core.nextSeq = max(core.nextSeq, min(recovered.lastSeq, UInt64.max >> 2) + 1)
+            // Never back: an adoption (a cluster instance) brings the generation it took for it.
+            core.generation = max(core.generation, recovered.generation)
             for qs in recovered.queues where core.queues[qs.name] == nil {
-                let q = QueueRecord(name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt)
+                let q = QueueRecord(
+                    name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt,
+                    generation: recovered.generation)
+                // Past the stored revision, which is the newest one committed (every commit that
+                // moves it stores it), and stored in the first commit after this one: a restart or
+                // takeover never shows a revision that was shown before with other content. (One
+                // shown but never committed, lost in a crash, can come again; its ETag, which names
+                // the generation, cannot.)
                 q.revision = min(qs.revision, UInt64.max >> 2) + 1
                 core.queues[qs.name] = q
+                core.touch(q)
             }
             var restored: [OpRecord] = []
             for s in recovered.operations.sorted(by: { $0.id < $1.id }) {

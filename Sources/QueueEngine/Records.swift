@@ -113,13 +113,18 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     var counts: [Int] = [0, 0, 0, 0, 0]
     var unfinished = 0
     var revision: UInt64 = 1
+    /// The engine's generation (`EngineCore.generation`) when it was made or restored.
+    var generation: UInt64 = 0
+    /// Listed in `EngineCore.touched`: its row is written at the end of the locked section.
+    var touched = false
     /// The newest unfinished barrier: operations added after it depend on it.
     var barrier: OpRecord?
     var idleWaiters: [(UInt64, @Sendable (Bool) -> Void)] = []
     var deleted = false
 
-    init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp) {
+    init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp, generation: UInt64) {
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt
+        self.generation = generation
     }
 
     static let idMask: UInt64 = (1 << 60) - 1
@@ -173,7 +178,8 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         return QueueSnapshot(
             name: name, maxConcurrentOperationCount: maxConcurrent,
             effectiveMaxConcurrentOperationCount: maxConcurrent < 0 ? defaultMax : maxConcurrent,
-            isSuspended: isSuspended, operationCount: unfinished, counts: byState, revision: revision, createdAt: createdAt)
+            isSuspended: isSuspended, operationCount: unfinished, counts: byState, revision: revision, createdAt: createdAt,
+            generation: generation)
     }
 }
 

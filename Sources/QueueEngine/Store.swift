@@ -11,16 +11,22 @@ public struct QueueSnapshot: Sendable, Equatable {
     /// Unfinished operations (Foundation's `operationCount`).
     public var operationCount: Int
     public var counts: [OperationState: Int]
+    /// Moves with every change of the queue's status (settings, counts), and on every restart
+    /// or takeover past the stored one; stored with each commit that moves it.
     public var revision: UInt64
     public var createdAt: Timestamp
+    /// The run of the engine that made this revision (`RecoveredState.generation`): with
+    /// `createdAt` and `revision` it names one content for good, also across restarts (ETags).
+    public var generation: UInt64
 
     public init(
         name: String, maxConcurrentOperationCount: Int, effectiveMaxConcurrentOperationCount: Int, isSuspended: Bool,
-        operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp
+        operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp, generation: UInt64 = 0
     ) {
         self.name = name; self.maxConcurrentOperationCount = maxConcurrentOperationCount
         self.effectiveMaxConcurrentOperationCount = effectiveMaxConcurrentOperationCount; self.isSuspended = isSuspended
         self.operationCount = operationCount; self.counts = counts; self.revision = revision; self.createdAt = createdAt
+        self.generation = generation
     }
 }
 
@@ -112,6 +118,10 @@ public struct RecoveredState: Sendable {
     /// Operations that were executing during too many unclean stops in a row: they finish
     /// `failed` with `crashed-server` instead of running again (API.md "Crashes").
     public var poisoned: Set<OperationID> = []
+    /// This run's generation: a number made durable before anything is served, larger than
+    /// every earlier run's (the service counts its starts in the store's meta). Queue statuses
+    /// carry it (`QueueSnapshot.generation`); 0 when nobody counts (tests, memory).
+    public var generation: UInt64 = 0
     public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0) {
         self.queues = queues; self.operations = operations; self.lastSeq = lastSeq
     }

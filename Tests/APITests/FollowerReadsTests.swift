@@ -7,9 +7,10 @@ import Testing
 import Glibc
 #endif
 
-/// A follower answers an operation's status and history from PostgreSQL itself (CLUSTER.md:
-/// reads that need no owner): the same status, body bytes and headers as the owner, the same
-/// refusals, and it keeps answering while no instance owns the queues.
+/// A follower answers an operation's status and history, and the queues' statuses, from
+/// PostgreSQL itself (CLUSTER.md: reads that need no owner): the same status, body bytes and
+/// headers as the owner, the same refusals, and it keeps answering while no instance owns the
+/// queues.
 @Suite("A cluster follower's reads from PostgreSQL (the real binary)")
 struct FollowerReadsTests {
     static let token = "write-token-0123456789"
@@ -160,12 +161,66 @@ struct FollowerReadsTests {
             }
             #expect(wrong.withLock { $0 } == 0)
             #expect(try Self.relayed(follower) == before, "the follower answered every operation read itself")
-            // What is still relayed comes back the same too (queues, and methods the follower
-            // does not answer on these paths).
-            for path in ["/v1/queues", "/v1/queues/reads", "/v1/queues/nope"] {
+
+            // Queue statuses: from the queues' rows, the same bytes and ETags as the owner's, for
+            // queues in every state (names that sort differently bytewise and by a locale).
+            _ = try post("/v1/queues", #"{"name":"Zeta.held","isSuspended":true}"#).expecting(201)
+            _ = try post("/v1/queues/Zeta.held/operations", #"{"kind":"delay","spec":{"seconds":1}}"#).expecting(201)
+            _ = try post("/v1/queues", #"{"name":"alpha_empty","maxConcurrentOperationCount":-1}"#).expecting(201)
+            let queuePaths = [
+                "/v1/queues", "/v1/queues/reads", "/v1/queues/Zeta.held", "/v1/queues/alpha_empty", "/v1/queues?limit=1",
+                "/v1/queues?after=Zeta.held", "/v1/queues?after=reads&limit=5", "/v1/queues?after=zzz", "/v1/queues?limit=0",
+                "/v1/queues?limit=100001", "/v1/queues?limit=x", "/v1/queues?wait=1", "/v1/queues?limit=1&limit=2", "/v1/queues/reads?x=1",
+                "/v1/queues/nope", "/v1/queues/%00", "/v1/queues/a%20b", "/v1/queues/\(String(repeating: "q", count: 65))",
+                "/v1/queues/\(String(repeating: "q", count: 64))", "/v1/queues/READS", "/v1/queues/reads%2F",
+            ]
+            for path in queuePaths {
                 try Self.compare(path, headers: Self.auth(Self.readToken), owner: owner, follower: follower)
             }
-            #expect(try Self.relayed(follower) == before + 3)
+            for headers in [[:], Self.auth("wrong"), write] {
+                try Self.compare("/v1/queues/reads", headers: headers, owner: owner, follower: follower)
+                try Self.compare("/v1/queues", headers: headers, owner: owner, follower: follower)
+            }
+            let queueTag = try owner.request("GET", "/v1/queues/reads", headers: write).expecting(200).headers["etag"] ?? ""
+            let listTag = try owner.request("GET", "/v1/queues", headers: write).expecting(200).headers["etag"] ?? ""
+            #expect(queueTag.hasPrefix("\"q") && listTag.hasPrefix("\"l"))
+            for (path, tag) in [("/v1/queues/reads", queueTag), ("/v1/queues", listTag)] {
+                for candidate in [tag, "W/\(tag)", "\"x\", \(tag)", "*", "\"x\"", listTag == tag ? queueTag : listTag] {
+                    var headers = Self.auth(Self.readToken)
+                    headers["If-None-Match"] = candidate
+                    try Self.compare(path, headers: headers, owner: owner, follower: follower)
+                }
+                var headers = Self.auth(Self.readToken)
+                headers["If-None-Match"] = tag
+                #expect(try follower.request("GET", path, headers: headers).status == 304, "\(path)")
+            }
+            #expect(try Self.relayed(follower) == before, "the follower answered every queue status itself")
+            // A change moves the queue's revision and its stored status: the follower, reading
+            // after the owner's answer, no longer matches the old ETag.
+            _ = try post("/v1/queues/Zeta.held/resume", "").expecting(200)
+            var stale = Self.auth(Self.readToken)
+            stale["If-None-Match"] = listTag
+            #expect(try follower.request("GET", "/v1/queues", headers: stale).status == 200)
+            // The delay runs and finishes; its finish is committed right after the owner's memory
+            // shows it, so the follower is given a moment to read it.
+            _ = try owner.request("GET", "/v1/queues/Zeta.held/wait?timeout=10", headers: write).expecting(200)
+            let settled = try owner.request("GET", "/v1/queues/Zeta.held", headers: write).expecting(200)
+            #expect(settled.object["operationCount"] as? Int == 0, "\(settled.text)")
+            let deadline = Date().addingTimeInterval(5)
+            while try follower.request("GET", "/v1/queues/Zeta.held", headers: write).text != settled.text && Date() < deadline {
+                Thread.sleep(forTimeInterval: 0.05)
+            }
+            for path in ["/v1/queues", "/v1/queues/Zeta.held"] {
+                try Self.compare(path, headers: Self.auth(Self.readToken), owner: owner, follower: follower)
+            }
+            #expect(try Self.relayed(follower) == before)
+
+            // What is still relayed comes back the same too (queue-scoped reads the follower does
+            // not answer, and methods it does not answer on these paths).
+            for path in ["/v1/queues/reads/operations", "/v1/queues/nope/operations"] {
+                try Self.compare(path, headers: Self.auth(Self.readToken), owner: owner, follower: follower)
+            }
+            #expect(try Self.relayed(follower) == before + 2)
             let refused = try follower.request("PATCH", "/v1/operations/\(done)", body: Array("{}".utf8), headers: Self.auth(Self.readToken))
             #expect(refused.status == 403)
             let patched = try follower.request("PATCH", "/v1/operations/\(pending)", body: Array(#"{"queuePriority":"low"}"#.utf8), headers: write)
@@ -191,6 +246,8 @@ struct FollowerReadsTests {
             let status = try owner.request("GET", "/v1/operations/\(id)/wait?timeout=10", headers: write).expecting(200)
             #expect(status.string("state") == "finished")
             let history = try owner.request("GET", "/v1/operations/\(id)/events", headers: write).expecting(200)
+            let solo = try owner.request("GET", "/v1/queues/solo", headers: write).expecting(200)
+            let all = try owner.request("GET", "/v1/queues", headers: write).expecting(200)
 
             kill(ownerProcess.pid, SIGKILL)
             _ = ownerProcess.waitForExit(timeout: 10)
@@ -202,8 +259,15 @@ struct FollowerReadsTests {
             #expect(events.status == 200)
             #expect(events.text == history.text)
             #expect(try follower.request("GET", "/v1/operations/op-00000000000fffff", headers: read).status == 404)
+            // Queue statuses too, as the owner last answered them.
+            for (path, answer) in [("/v1/queues/solo", solo), ("/v1/queues", all)] {
+                let got = try follower.request("GET", path, headers: read)
+                #expect(got.status == 200)
+                #expect(got.text == answer.text)
+                #expect(got.headers["etag"] == answer.headers["etag"])
+            }
             // No owner answers meanwhile: what is relayed gets 503 with Retry-After.
-            let queue = try follower.request("GET", "/v1/queues/solo", headers: read)
+            let queue = try follower.request("GET", "/v1/queues/solo/operations", headers: read)
             #expect(queue.status == 503, "\(queue)")
             #expect(queue.headers["retry-after"] != nil)
             let view = try follower.request("GET", "/v1/cluster", headers: read).expecting(200)
@@ -226,7 +290,7 @@ struct FollowerReadsTests {
             guard let server = TestPostgres.serverURL, let name = url.split(separator: "/").last.map(String.init) else { return }
             try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS false")
             try TestPostgres.psql(server, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '\(name)'")
-            for path in ["/v1/operations/\(id)", "/v1/operations/\(id)/events"] {
+            for path in ["/v1/operations/\(id)", "/v1/operations/\(id)/events", "/v1/queues/gone", "/v1/queues"] {
                 let r = try follower.request("GET", path, headers: read)
                 #expect(r.status == 503, "\(r)")
                 #expect(r.headers["retry-after"] == "1")
@@ -234,6 +298,8 @@ struct FollowerReadsTests {
                 #expect(r.string("type")?.hasSuffix("store-unavailable") == true, "\(r)")
             }
             #expect(try follower.request("GET", "/v1/operations/zzz", headers: read).status == 404, "a malformed id is refused without PostgreSQL")
+            #expect(try follower.request("GET", "/v1/queues/a%00", headers: read).status == 404, "a name no queue can have too")
+            #expect(try follower.request("GET", "/v1/queues?limit=0", headers: read).status == 422, "bad parameters too")
             try TestPostgres.psql(server, "ALTER DATABASE \(name) ALLOW_CONNECTIONS true")
             // As a client would: retry after the Retry-After (reads fail fast for half a second
             // after a failed one).
@@ -245,6 +311,79 @@ struct FollowerReadsTests {
             }
             #expect(back.status == 200, "\(back)")
             #expect(back.string("id") == id)
+        }
+    }
+
+    @Test("after the owner stops, the next owner's queue revisions are larger, stored at once, and read alike by a new follower")
+    func revisionsMoveOnAcrossOwners() async throws {
+        let binary = try OpqdBinary.locate()
+        let url = try TestPostgres.createDatabase()
+        let logs = try makeTemporaryDirectory(prefix: "opqd-pg-revisions")
+        defer {
+            TestPostgres.dropDatabase(url)
+            try? FileManager.default.removeItem(atPath: logs)
+        }
+        try await onThread {
+            let arguments = ["--store", url, "--ownership", "one", "--lease", "1", "--token", Self.token, "--read-token", Self.readToken]
+            let (write, read) = (Self.auth(Self.token), Self.auth(Self.readToken))
+            var processes: [ServerProcess] = []
+            defer {
+                for p in processes {
+                    p.signal(SIGTERM)
+                    _ = p.waitForExit(timeout: 10)
+                }
+            }
+            func start(_ name: String, owner: Bool) throws -> ServerProcess {
+                let p = try ServerProcess(binary: binary, data: logs + "/" + name, logPath: logs + "/\(name).log", extraArguments: arguments)
+                processes.append(p)
+                try Self.awaitRole(p, owner: owner)
+                return p
+            }
+            let first = try start("a", owner: true)
+            let second = try start("b", owner: false)
+            let owner = KeepAliveClient(port: first.port)
+            _ = try owner.request("POST", "/v1/queues", body: Array(#"{"name":"kept","maxConcurrentOperationCount":1}"#.utf8), headers: write)
+                .expecting(201)
+            for _ in 0..<3 {
+                _ = try owner.request("POST", "/v1/queues/kept/operations", body: Array(#"{"kind":"external","spec":{"lease":60}}"#.utf8), headers: write)
+                    .expecting(201)
+            }
+            let before = try owner.request("GET", "/v1/queues/kept", headers: read).expecting(200)
+            let listBefore = try owner.request("GET", "/v1/queues", headers: read).expecting(200)
+            let revision = before.object["revision"] as? Int ?? 0
+            #expect(revision > 4, "\(before.text)")
+
+            // The owner stops cleanly; the follower takes the queues over (a new process image).
+            first.signal(SIGTERM)
+            #expect(first.waitForExit(timeout: 10) != nil)
+            try Self.awaitRole(second, owner: true)
+            let newOwner = KeepAliveClient(port: second.port)
+            let after = try newOwner.request("GET", "/v1/queues/kept", headers: read).expecting(200)
+            #expect((after.object["revision"] as? Int ?? 0) > revision, "\(before.text) then \(after.text)")
+            #expect(after.object["counts"] as? NSDictionary == before.object["counts"] as? NSDictionary)
+            #expect(after.headers["etag"] != before.headers["etag"])
+            var stale = read
+            stale["If-None-Match"] = before.headers["etag"] ?? ""
+            #expect(try newOwner.request("GET", "/v1/queues/kept", headers: stale).status == 200)
+            stale["If-None-Match"] = listBefore.headers["etag"] ?? ""
+            #expect(try newOwner.request("GET", "/v1/queues", headers: stale).status == 200)
+
+            // A new follower, with no change made since the takeover: it reads the new owner's
+            // revision from the row (the restart's bump was stored at once), byte for byte.
+            let third = try start("c", owner: false)
+            let follower = KeepAliveClient(port: third.port)
+            let relayed = try Self.relayed(follower)
+            let deadline = Date().addingTimeInterval(5)
+            while try follower.request("GET", "/v1/queues/kept", headers: read).text != after.text && Date() < deadline {
+                Thread.sleep(forTimeInterval: 0.1)
+            }
+            for path in ["/v1/queues/kept", "/v1/queues"] {
+                try Self.compare(path, headers: read, owner: newOwner, follower: follower)
+            }
+            var fresh = read
+            fresh["If-None-Match"] = after.headers["etag"] ?? ""
+            #expect(try follower.request("GET", "/v1/queues/kept", headers: fresh).status == 304)
+            #expect(try Self.relayed(follower) == relayed)
         }
     }
 }

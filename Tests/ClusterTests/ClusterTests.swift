@@ -155,6 +155,30 @@ struct ClusterTests {
             }
         }
         cluster.record(problems, "dependency order")
+        // Which instance owns each queue (as node 0 reads the cluster), and the dependencies
+        // between operations of queues of different owners (through the feed, not memory).
+        var ownerOf: [String: String] = [:]
+        for i in nodes[0].clusterView()?.answer["instances"] as? [[String: Any]] ?? [] {
+            for q in i["queues"] as? [String] ?? [] { ownerOf[q] = i["id"] as? String }
+        }
+        var crossOwner = 0
+        for ack in ledger.acks {
+            for dep in ack.dependencies where ownerOf[home[dep]?.1 ?? ""] != ownerOf[ack.queue] { crossOwner += 1 }
+        }
+        // Every instance lists every queue (from PostgreSQL), the same bytes.
+        problems = []
+        var lists: [String] = []
+        for n in nodes {
+            guard let r = try? n.request("GET", "/v1/queues"), r.status == 200 else {
+                problems.append("opqd #\(n.index): GET /v1/queues did not answer 200")
+                continue
+            }
+            let names = r.objects("queues").compactMap { $0["name"] as? String }.sorted()
+            if names != queues.map(\.name).sorted() { problems.append("opqd #\(n.index) lists the queues \(names)") }
+            lists.append(r.text)
+        }
+        if Set(lists).count > 1 { problems.append("the instances' GET /v1/queues answers differ") }
+        cluster.record(problems, "the queue listing on every instance")
         if crossInstance == 0 || crossQueue == 0 {
             cluster.record(["the dependencies should cross instances (\(crossInstance)) and queues (\(crossQueue))"], "the workload")
         }
@@ -170,6 +194,7 @@ struct ClusterTests {
             "ClusterTests.exactlyOnce: \(ledger.acks.count) operations in \(queues.count) queues through \(nodes.count) instances: "
                 + String(format: "created in %.2f s, all finished %.2f s later; ", created - t0, finished - created)
                 + "\(feed.events.count) events (\(feeds.count) feeds read); peak executing \(peak); "
-                + "\(crossInstance) dependencies across instances, \(crossQueue) across queues; \(ledger.summary)")
+                + "\(crossInstance) dependencies across instances (as created), \(crossOwner) across owners, \(crossQueue) across queues; "
+                + "owners \(Set(ownerOf.values).count) for \(ownerOf.count) queues; \(ledger.summary)")
     }
 }

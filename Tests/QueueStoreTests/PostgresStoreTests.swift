@@ -411,6 +411,63 @@ struct PostgresStoreTests {
         }
     }
 
+    /// What a cluster follower answers `GET /v1/queues[/{name}]` from: every commit that moves a
+    /// queue's revision writes its whole status, and a restart's bump of the revision is written
+    /// before any change, with the restarted engine's generation.
+    @Test func everyRevisionOfAQueueIsWrittenWithItsStatusAndARestartMovesItOnDurably() throws {
+        try withTestDatabase { url in
+            let kind = ManualKind()
+            let store = try PostgresStore(url: url)
+            let engine = QueueEngine(kinds: ["manual": kind], store: store)
+            var first = RecoveredState()
+            first.generation = 7
+            engine.restore(first)
+            try engine.createQueue(name: "work", maxConcurrentOperationCount: 1)
+            try engine.createQueue(name: "Idle", isSuspended: true)
+            try engine.createQueue(name: "gone")
+            let a = try engine.addOperationID(to: "work", OperationRequest(kind: "manual"))
+            _ = try engine.addOperationID(to: "work", OperationRequest(kind: "manual"))
+            let c = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", dependencies: [a]))
+            try engine.cancel(c)
+            kind.finish(a)  // the next one starts in the same change
+            let g = try engine.addOperationID(to: "gone", OperationRequest(kind: "manual"))
+            try engine.deleteQueue("gone", force: true)
+            kind.finish(g)  // a deleted queue's operation winding down: no row comes back
+            #expect(waitDurable(engine))
+            let pool = PGReadPool(url: url)
+            defer { pool.close() }
+            let live = try engine.queue(named: "work")
+            #expect(live.counts[.finished] == 2 && live.counts[.executing] == 1 && live.operationCount == 1 && live.generation == 7)
+            #expect(try pool.queue(named: "work") == live)
+            #expect(try pool.queue(named: "gone") == nil)
+            // By name, bytewise, as the engine lists them ("Idle" before "work").
+            #expect(try pool.queues() == engine.queues())
+            #expect(try pool.queues().map(\.name) == ["Idle", "work"])
+            store.close()
+
+            // A restart: past the stored revision, written at once (no change needed) with the new
+            // generation; and again at the next restart, past that one.
+            var previous = live.revision
+            for generation in [UInt64(8), 9] {
+                let again = try PostgresStore(url: url)
+                defer { again.close() }
+                var recovered = try again.load()
+                #expect(recovered.queues.first { $0.name == "work" }?.revision == previous)
+                recovered.generation = generation
+                let restarted = QueueEngine(kinds: ["manual": ManualKind()], store: again)
+                restarted.restore(recovered)
+                let now = try restarted.queue(named: "work")
+                // Past it (the executing operation fails by its kind's rule at the first restart:
+                // a change of its own), with the new generation.
+                #expect(now.revision > previous && now.generation == generation)
+                #expect(waitDurable(restarted))
+                #expect(try pool.queue(named: "work") == now)
+                #expect(try pool.queues() == restarted.queues())
+                previous = now.revision
+            }
+        }
+    }
+
     @Test func aNewerSchemaIsRefusedAndAnOlderOneIsMigrated() throws {
         try withTestDatabase { url in
             // Version 0: the version table exists, nothing else (as a crash during the first start could leave it).
@@ -418,10 +475,11 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "4")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "5")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
-            // fence and the operation id blocks' sequence.
+            // fence and the operation id blocks' sequence, version 5 the queues' status columns.
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "13")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "9")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname IN ('fence', 'fence_parts')") == "2")
@@ -430,7 +488,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 4)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 5)
             }
         }
     }
@@ -495,7 +553,10 @@ struct PostgresStoreTests {
         }
     }
 
-    @Test(arguments: [("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807")])
+    @Test(arguments: [
+        ("max_concurrent", "0"), ("max_concurrent", "-7"), ("revision", "-1"), ("effective_max", "9223372036854775807"),
+        ("generation", "-1"), ("operation_count", "-5"), ("count_finished", "-1"),
+    ])
     func aDamagedQueueRowFailsTheLoad(column: String, value: String) throws {
         try withTestDatabase { url in
             let store = try PostgresStore(url: url)
@@ -515,6 +576,11 @@ struct PostgresStoreTests {
             } throws: { error in
                 (error as? PostgresStoreError)?.reason == .corrupt && (error as? PostgresStoreError)?.detail.contains("queues row q") == true
             }
+            // A follower's read of it fails the same way (a generic 500, not a trap or a made-up count).
+            let pool = PGReadPool(url: url)
+            defer { pool.close() }
+            #expect(throws: PGReadDamaged.self) { _ = try pool.queue(named: "q") }
+            #expect(throws: PGReadDamaged.self) { _ = try pool.queues() }
         }
     }
 

@@ -11,8 +11,9 @@ struct QueuesController: Sendable {
 
     func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues") { req, _ in try durability.idempotent(req) { try create(req) } }
-        r.add("GET", "/v1/queues") { req, _ in try list(req) }
-        r.add("GET", "/v1/queues/{name}") { req, p in try get(req, p[0]) }
+        let (reads, limits) = (EngineQueueReads(engine: engine), self.limits)
+        r.add("GET", "/v1/queues") { req, _ in try Self.list(req, from: reads, limits: limits) }
+        r.add("GET", "/v1/queues/{name}") { req, p in try Self.get(req, p[0], from: reads) }
         r.add("PATCH", "/v1/queues/{name}") { req, p in try patch(req, p[0]) }
         r.add("DELETE", "/v1/queues/{name}") { req, p in try delete(req, p[0]) }
         r.add("POST", "/v1/queues/{name}/suspend") { req, p in try action(req) { () throws(EngineError) in try engine.suspend(p[0]) } }
@@ -42,15 +43,18 @@ struct QueuesController: Sendable {
         return json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", ETag.queue(q))])
     }
 
-    func list(_ req: HTTPRequest) throws -> HTTPHandlerResult {
+    /// `GET /v1/queues`: every queue (a page of them, by name), with an `ETag` over all of them.
+    /// The owner reads its engine, a cluster follower the queues' rows (`FollowerReads`): one
+    /// code, so the same bytes.
+    static func list(_ req: HTTPRequest, from reads: some QueueReads, limits: OpqdConfiguration.Limits) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after", "limit"])
         let after = q.values["after"]
         let limit = try q.int("limit", in: 1...100_000) ?? 100_000
         let budget = pageBudget(limits)
-        let queues = engine.queues()
+        let queues = try reads.queues()
         // Every queue's revision moves with each change to it or its operations' states, so
         // the list's ETag comes from the revisions alone, before anything is encoded.
-        let etag = ETag.list(queues.lazy.map { ($0.name, UInt64(bitPattern: $0.createdAt.nanoseconds), $0.revision) })
+        let etag = ETag.queues(queues)
         if ETag.matches(req, etag) { return ETag.notModified(etag) }
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("queues"); o.openArray()
@@ -73,9 +77,10 @@ struct QueuesController: Sendable {
         return .response(json(200, o.bytes, [("ETag", etag)]))
     }
 
-    func get(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
+    /// `GET /v1/queues/{name}`: the status with its `ETag`, or 304 for a matching `If-None-Match`.
+    static func get(_ req: HTTPRequest, _ name: String, from reads: some QueueReads) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let q = try engine.queue(named: name)
+        let q = try reads.queue(named: name)
         let etag = ETag.queue(q)
         if ETag.matches(req, etag) { return ETag.notModified(etag) }
         return .response(json(200, q.json, [("ETag", etag)]))
@@ -146,4 +151,21 @@ struct QueuesController: Sendable {
         let op = try engine.addBarrier(to: queue, name: try b.string("name"))
         return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
     }
+}
+
+/// Where queue statuses are read from: the engine on the owner (and a single opqd), the queues'
+/// rows in PostgreSQL on a cluster follower (`FollowerReads`). One route code for both, so both
+/// answer the same bytes, ETags and problems.
+protocol QueueReads: Sendable {
+    /// Throws `EngineError.queueNotFound` for a queue that does not exist.
+    func queue(named name: String) throws -> QueueSnapshot
+    /// Every queue, sorted by name.
+    func queues() throws -> [QueueSnapshot]
+}
+
+/// The engine's queues.
+struct EngineQueueReads: QueueReads {
+    let engine: QueueEngine
+    func queue(named name: String) throws -> QueueSnapshot { try engine.queue(named: name) }
+    func queues() throws -> [QueueSnapshot] { engine.queues() }
 }
