@@ -19,25 +19,34 @@ public struct PGPartitionLease: Sendable, Equatable {
 extension PGMembership {
     /// Takes those of `parts` that nobody holds or whose lease ran out: the ones won, with
     /// their new epochs. `token` is this image's secret (as in `tryAcquire`).
-    public func claim(_ parts: [Int], token: String) throws -> [Int: Int64] {
+    /// The local deadline (`ownsNow`) moves only when `alone` (nothing else is held): otherwise
+    /// the partitions held before are good only until their last renewal's deadline, and the
+    /// next renewal moves it for all.
+    public func claim(_ parts: [Int], token: String, alone: Bool = true) throws -> [Int: Int64] {
         guard !parts.isEmpty else { return [:] }
         let sent = Self.monotonicNanos()
+        // Never beside a one-owner cluster's live lease (`--ownership one` on the same
+        // database, e.g. during an upgrade): both would run the same queues. The check and the
+        // claim are one step for all, under the lock `tryAcquire` takes too.
         let r = try withConnection { c throws(PGFailure) in
-            try c.exec(
-                """
-                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
-                SELECT s, $1, 1, now() + make_interval(secs => $2::float8), $3 FROM unnest($4::text[]) AS s \
-                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
-                token = excluded.token WHERE o.expires_at < now() RETURNING scope, epoch
-                """,
-                [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts)])
+            try Self.ownershipStep(c) { c throws(PGFailure) in
+                try c.exec(
+                    """
+                    INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
+                    SELECT s, $1, 1, now() + make_interval(secs => $2::float8), $3 FROM unnest($4::text[]) AS s \
+                    WHERE NOT EXISTS (SELECT 1 FROM opqd.ownership WHERE scope = '*' AND expires_at > now()) \
+                    ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
+                    token = excluded.token WHERE o.expires_at < now() RETURNING scope, epoch
+                    """,
+                    [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts)])
+            }
         }
         var won: [Int: Int64] = [:]
         for i in 0..<r.rows {
             guard let scope = r.text(i, 0), let p = QueuePartitions.partition(ofScope: scope), let epoch = r.int64(i, 1) else { continue }
             won[p] = epoch
         }
-        if !won.isEmpty { extendDeadline(from: sent) }
+        if !won.isEmpty && alone { extendDeadline(from: sent) }
         return won
     }
 
@@ -119,6 +128,24 @@ extension PGMembership {
             throw PostgresStoreError(.corrupt, url: displayURL, detail: "opqd.id_block is out of range")
         }
         return (UInt64(b) << bits)..<((UInt64(b) + 1) << bits)
+    }
+
+    /// The transaction-level advisory lock under which the one-owner lease and partition leases
+    /// are taken (`opqd` + 3 in ASCII), so that the two modes never both hold live leases.
+    static let ownershipLock: Int64 = 0x6F70_7167
+
+    /// `body` in a transaction holding `ownershipLock`.
+    static func ownershipStep(_ c: PGConnection, _ body: (PGConnection) throws(PGFailure) -> PGResult) throws(PGFailure) -> PGResult {
+        try c.exec("BEGIN")
+        do throws(PGFailure) {
+            try c.exec("SELECT pg_advisory_xact_lock($1::bigint)", [PGParameter(ownershipLock)])
+            let r = try body(c)
+            try c.exec("COMMIT")
+            return r
+        } catch {
+            _ = try? c.exec("ROLLBACK")
+            throw error
+        }
     }
 
     static func scopes(_ parts: [Int]) -> PGParameter {

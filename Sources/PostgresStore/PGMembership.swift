@@ -34,6 +34,10 @@ public final class PartitionEpochs: Sendable, Equatable {
     public func epoch(of partition: Int) -> Int64? { held.withLock { $0[partition] } }
     public func set(_ partition: Int, _ epoch: Int64?) { held.withLock { $0[partition] = epoch } }
     public func remove(_ partitions: some Sequence<Int>) { held.withLock { h in for p in partitions { h[p] = nil } } }
+    /// Removes each partition only while it is still held at the epoch given (not one won again since).
+    public func remove(_ epochs: [Int: Int64]) {
+        held.withLock { h in for (p, e) in epochs where h[p] == e { h[p] = nil } }
+    }
     public static func == (a: PartitionEpochs, b: PartitionEpochs) -> Bool { a === b }
 }
 
@@ -128,14 +132,18 @@ public final class PGMembership: @unchecked Sendable {
         let sent = Self.monotonicNanos()
         var g = SystemRandomNumberGenerator()
         let token = hex64(g.next()) + hex64(g.next())
+        // Never beside live partition leases (a partitioned cluster on the same database).
         let r = try withConnection { c throws(PGFailure) in
-            try c.exec(
-                """
-                INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
-                VALUES ('*', $1, 1, now() + make_interval(secs => $2::float8), $3) \
-                ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
-                token = excluded.token WHERE o.expires_at < now() RETURNING epoch
-                """, [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token)])
+            try Self.ownershipStep(c) { c throws(PGFailure) in
+                try c.exec(
+                    """
+                    INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
+                    SELECT '*', $1, 1, now() + make_interval(secs => $2::float8), $3 \
+                    WHERE NOT EXISTS (SELECT 1 FROM opqd.ownership WHERE scope LIKE 'p%' AND expires_at > now()) \
+                    ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
+                    token = excluded.token WHERE o.expires_at < now() RETURNING epoch
+                    """, [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token)])
+            }
         }
         guard r.rows == 1, let epoch = r.int64(0, 0) else { return nil }
         extendDeadline(from: sent)
@@ -281,10 +289,13 @@ public final class PGListener: @unchecked Sendable {
     public static let channel = "opqd_events"
     private let url: String
     private let wake: @Sendable () -> Void
+    private let ignoring: String?
     private let stopping = Atomic<Bool>(false)
 
-    public init(url: String, wake: @escaping @Sendable () -> Void) {
+    /// `ignoring`: an instance id whose own commits do not wake it (its feed has them already).
+    public init(url: String, ignoring: String? = nil, wake: @escaping @Sendable () -> Void) {
         self.url = url
+        self.ignoring = ignoring
         self.wake = wake
     }
 
@@ -306,7 +317,7 @@ public final class PGListener: @unchecked Sendable {
                 delay = 50_000
                 wake()
                 while !stopping.load(ordering: .acquiring) {
-                    if try c.awaitNotifications(seconds: 1) > 0 { wake() }
+                    if try c.awaitNotifications(seconds: 1, ignoring: ignoring) > 0 { wake() }
                 }
             } catch {
                 usleep(delay)

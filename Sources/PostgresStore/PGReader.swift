@@ -209,7 +209,11 @@ final class PGReader {
         var inside = Set<UInt64>()
         do {
             for i in 0..<qs.rows {
-                let q = try PGRecordDecoder.queue(qs, i)
+                var q = try PGRecordDecoder.queue(qs, i)
+                // Counted again from the operations (a stored count, even a damaged one, is not
+                // added to).
+                q.operationCount = 0
+                for s in OperationState.allCases { q.counts[s] = 0 }
                 index[q.name] = queues.count
                 queues.append(q)
             }

@@ -192,7 +192,8 @@ enum PGSchema {
         SELECT setval('opqd.id_block', greatest(nextval('opqd.id_block'), coalesce((SELECT max(id) FROM opqd.operations), 0) / 16777216 + 1))
         """
     /// Wakes every instance's feed (`PGListener`, which reads what is new: no payload).
-    static let notifyEvents = "SELECT pg_notify('opqd_events', '')"
+    /// The payload names the instance that committed, so that its own listener can ignore it.
+    static let notifyEvents = "SELECT pg_notify('opqd_events', $1)"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.

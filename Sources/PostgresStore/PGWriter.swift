@@ -577,7 +577,7 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Every instance's feed wakes on it (delivered at commit, once the events are
             // visible): one per commit, not per event.
-            if !numbering.isEmpty && fence != nil { try send(PGSchema.notifyEvents) }
+            if !numbering.isEmpty, let fence { try send(PGSchema.notifyEvents, [PGParameter(fence.instance)]) }
             try send("COMMIT")
             try conn.sync()
         } catch {

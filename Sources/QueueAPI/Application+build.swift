@@ -102,13 +102,16 @@ func buildApplication(
         store.loadIdempotency().map {
             ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
         })
+    var servesQueue: (@Sendable (String) -> Bool)?
+    if let partitions { servesQueue = { name in partitions.serves(queue: name) } }
     let webhooks = Webhooks(
         logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, secret: configuration.webhookSecret, store: store,
         limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers),
         policy: DeliveryPolicy(
             timeout: configuration.webhookTimeout, backoff: configuration.webhookBackoff,
             maxBackoff: max(configuration.webhookBackoff, configuration.webhookMaxBackoff), maxBuffered: configuration.webhookBuffer),
-        newestSeq: { events.lastSeq })
+        newestSeq: { events.lastSeq }, serves: servesQueue)
+    partitions?.onRelease { parts in webhooks.forget { parts.contains(QueuePartitions.of(queue: $0)) } }
     partitions?.onAdopt {
         webhooks.load()
         idempotency.preload(

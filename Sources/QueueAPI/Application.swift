@@ -92,7 +92,7 @@ public final class OpqdApplication: OpqdService {
             // Its own commits reach the feed from its writer; the timer is the safety net. (No
             // NOTIFY: the one writer is this instance's, and it would wake on its own commits.)
             // A partitioned instance reads the others' commits too: woken by their NOTIFY.
-            let (listener, tail) = feed.tail.follow(notifiedAt: partitions != nil ? configuration.store : nil)
+            let (listener, tail) = feed.tail.follow(notifiedAt: partitions != nil ? configuration.store : nil, ignoring: partitions?.selfID)
             running.append(tail)
             if let listener { self.listener.withLock { $0 = listener } }
         }

@@ -37,10 +37,10 @@ final class FeedTail: Sendable {
 
     /// Pulls every second, and (`url` given) when a commit with events NOTIFYs (`PGListener`).
     /// The caller stops both (`PGListener.stop`, the timer's `cancel`).
-    func follow(notifiedAt url: String?) -> (PGListener?, DispatchSourceTimer) {
+    func follow(notifiedAt url: String?, ignoring: String? = nil) -> (PGListener?, DispatchSourceTimer) {
         var listener: PGListener?
         if let url {
-            let l = PGListener(url: url) { [self] in pull() }
+            let l = PGListener(url: url, ignoring: ignoring) { [self] in pull() }
             l.start()
             listener = l
         }

@@ -43,6 +43,8 @@ struct ClusterFront: Sendable {
             if let local = try? engine.operation(id) {
                 source = local.queue
             } else {
+                // No PostgreSQL read for a caller without the token.
+                if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
                 switch queues.queue(of: id) {
                 case let .found(queue): source = queue
                 case .none: return nil
@@ -57,9 +59,11 @@ struct ClusterFront: Sendable {
             }
             // A copy into another queue: both queues must be owned by one instance.
             if request.method == "POST" && rest.hasSuffix("/copy"), case let .string(target)? = (try? JSONValue.parse(request.body))?["queue"],
-                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source),
-                owner.holder(ofQueue: target)?.instance != owner.holder(ofQueue: source)?.instance || owner.holder(ofQueue: target) == nil
+                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source)
             {
+                let targetHolder = owner.holder(ofQueue: target)
+                if targetHolder == nil { return to(queue: target, request) }
+                if targetHolder?.instance == owner.holder(ofQueue: source)?.instance { return to(queue: source, request) }
                 return refuse(
                     request,
                     Problem(
@@ -76,6 +80,7 @@ struct ClusterFront: Sendable {
             return together(names, request, what: "the batch's queues")
         }
         if path == "/v1/operations:finish" && request.method == "POST" {
+            if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
             guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
             var names = Set<String>()
             var lookups = 0
@@ -105,6 +110,8 @@ struct ClusterFront: Sendable {
     private func together(_ names: Set<String>, _ request: HTTPRequest, what: String) -> HTTPHandlerResult? {
         let elsewhere = names.filter { !owner.serves(queue: $0) }
         guard !elsewhere.isEmpty else { return nil }
+        // A queue nobody holds right now (moving): 503, not a refusal of the request's shape.
+        if let moving = elsewhere.first(where: { owner.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
         if elsewhere.count == names.count {
             let holders = Set(names.map { owner.holder(ofQueue: $0)?.instance ?? "" })
             if holders.count == 1, let one = names.first { return to(queue: one, request) }

@@ -58,11 +58,22 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     private let timers = TimerBox()
     private let stopped = Locking.Lock<Bool>(false)
     private let adopted = Locking.Lock<(@Sendable () -> Void)?>(nil)
+    /// Partitions being given up (out of `serving`, not yet out of `held`).
+    private let leaving = Locking.Lock<Set<Int>>([])
+    /// Ids waited for that a look at PostgreSQL is due for, and whether one is scheduled: the
+    /// looks run on `checks`, one at a time, never on `work` (renewals never wait for them).
+    private let due = Locking.Lock<(ids: Set<UInt64>, scheduled: Bool)>(([], false))
+    let checks = DispatchQueue(label: "opqd.partitions.checks")
+    /// How long a given-up partition's lease is kept after its runs were told to stop, so that
+    /// they are gone (a command's SIGTERM, then SIGKILL after its grace) before another
+    /// instance may start them again.
+    let stopGrace: Double
 
     init(
-        membership: PGMembership, store: PostgresStore, held: PartitionEpochs, token: String, logger: Logger,
+        membership: PGMembership, store: PostgresStore, held: PartitionEpochs, token: String, logger: Logger, stopGrace: Double = 3,
         lost: @escaping @Sendable (String) -> Void
     ) {
+        self.stopGrace = stopGrace
         self.membership = membership
         self.store = store
         self.held = held
@@ -79,6 +90,10 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// previous owner committed with the changes).
     func onAdopt(_ body: @escaping @Sendable () -> Void) { adopted.withLock { $0 = body } }
 
+    /// Run when partitions are given up, after the engine let their queues go.
+    func onRelease(_ body: @escaping @Sendable (Set<Int>) -> Void) { released.withLock { $0 = body } }
+    private let released = Locking.Lock<(@Sendable (Set<Int>) -> Void)?>(nil)
+
     /// How often it renews and rebalances: a third of the lease, at most every second.
     var period: Double { min(1, membership.leaseSeconds / 3) }
 
@@ -87,6 +102,8 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     func start(engine: QueueEngine, advertise: String) throws {
         engineBox.withLock { $0 = engine }
         engine.setRemoteOperations(self)
+        let serving = self.serving
+        engine.onlyQueues { name in serving.withLock { $0.contains(QueuePartitions.of(queue: name)) } }
         try membership.register(advertise: advertise)
         engine.useIDs(try membership.takeIDBlock())
         work.sync { tick() }
@@ -106,11 +123,14 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         }
         guard first else { return }
         timers.cancelAll()
-        serving.withLock { $0 = [] }
-        let epochs = held.all
-        try? membership.release(epochs)
-        held.remove(epochs.keys)
-        membership.release(epoch: nil)
+        // After a tick under way: it could claim or renew what is given up here.
+        work.sync {
+            serving.withLock { $0 = [] }
+            let epochs = held.all
+            try? membership.release(epochs)
+            held.remove(epochs)
+            membership.release(epoch: nil)
+        }
     }
 
     /// Stops the timer and serving without a word to PostgreSQL (the process is going: a role
@@ -185,11 +205,12 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             lastError.withLock { $0 = nil }
 
             let targets = QueuePartitions.targets(of: selfID, among: live)
-            let give = mine.keys.filter { !targets.contains($0) }
+            let going = leaving.withLock { $0 }
+            let give = mine.keys.filter { !targets.contains($0) && !going.contains($0) }
             if !give.isEmpty { release(Set(give), engine: engine) }
-            let want = targets.filter { mine[$0] == nil && map[$0] == nil }.sorted()
+            let want = targets.filter { mine[$0] == nil && map[$0] == nil && !going.contains($0) }.sorted()
             if !want.isEmpty {
-                let won = try membership.claim(want, token: token)
+                let won = try membership.claim(want, token: token, alone: mine.isEmpty)
                 if !won.isEmpty { try adopt(won, engine: engine) }
             }
             if engine.idsLeft < 1 << 20 { engine.useIDs(try membership.takeIDBlock()) }
@@ -221,7 +242,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             block = try membership.takeIDBlock()
         } catch {
             // Nothing was taken in: give the partitions back, to be claimed again.
-            held.remove(won.keys)
+            held.remove(won)
             try? membership.release(won)
             throw error
         }
@@ -241,17 +262,22 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     /// Gives partitions up (see the type's comment for the order).
     private func release(_ parts: Set<Int>, engine: QueueEngine) {
+        leaving.withLock { $0.formUnion(parts) }
         serving.withLock { $0.subtract(parts) }
-        let names = engine.queues().map(\.name).filter { parts.contains(QueuePartitions.of(queue: $0)) }
-        engine.release(queues: Set(names))
+        // Decided inside the engine's lock: a queue created a moment ago in these partitions goes
+        // too, and none can be created in them from now on (`onlyQueues`).
+        let stopped = engine.release { parts.contains(QueuePartitions.of(queue: $0)) }
+        released.withLock { $0 }?(parts)
         let epochs = held.all.filter { parts.contains($0.key) }
         engine.whenDurable { [self] in
-            work.async { [self] in
-                held.remove(parts)
+            // Runs told to stop get the time to be gone before another instance may start them.
+            work.asyncAfter(deadline: .now() + (stopped > 0 ? stopGrace : 0)) { [self] in
+                held.remove(epochs)
                 do { try membership.release(epochs) } catch {
                     logger.warning("cannot give partitions up (they go when their lease runs out)", metadata: ["error": "\(error)"])
                 }
-                logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "queues": "\(names.count)"])
+                leaving.withLock { $0.subtract(parts) }
+                logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "stopped runs": "\(stopped)"])
             }
         }
     }
@@ -323,8 +349,30 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     func watch(_ ids: [OperationID]) {
         watched.withLock { w in for id in ids { w.insert(id.raw) } }
-        // The look after the wait exists (see `RemoteOperations`).
-        work.async { [self] in check(ids) }
+        // The look after the wait exists (see `RemoteOperations`); looks asked for meanwhile
+        // are one look.
+        lookSoon(ids)
+    }
+
+    private func lookSoon(_ ids: [OperationID]) {
+        let schedule = due.withLock { d -> Bool in
+            for id in ids { d.ids.insert(id.raw) }
+            defer { d.scheduled = true }
+            return !d.scheduled
+        }
+        guard schedule else { return }
+        checks.async { [self] in
+            while true {
+                let batch: [OperationID] = due.withLock { d in
+                    let out = d.ids.prefix(1000).map { OperationID(raw: $0) }
+                    for id in out { d.ids.remove(id.raw) }
+                    if out.isEmpty { d.scheduled = false }
+                    return out
+                }
+                if batch.isEmpty { return }
+                check(batch)
+            }
+        }
     }
 
     /// From the feed: every event of every instance, in seq order.
@@ -354,6 +402,6 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     private func reconcile(_ engine: QueueEngine) {
         let waited = engine.remoteWaitedFor
         watched.withLock { $0 = Set(waited.map(\.raw)) }
-        check(waited)
+        if !waited.isEmpty { lookSoon(waited) }
     }
 }

@@ -43,6 +43,11 @@ extension EngineError: ProblemConvertible {
             return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
+        case let .notHere(queue):
+            return Problem(
+                503, "no-owner", "No owner",
+                "queue '\(queue)' is moving to another instance of the cluster; retry shortly, with an Idempotency-Key for changes",
+                headers: [("Retry-After", "1")])
         }
     }
 }

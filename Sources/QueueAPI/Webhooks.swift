@@ -72,19 +72,27 @@ final class Webhooks: Sendable {
     private let pushedThrough: Atomic<UInt64>
     static let metaPrefix = "observer:"
     static let cursorPrefix = "observer-cursor:"
+    /// In a partitioned cluster, the queues whose observers this instance runs (those it
+    /// serves): others' are loaded by their owner, and their cursors are its to write.
+    private let serves: (@Sendable (String) -> Bool)?
 
     init(
         logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any ServiceStore,
-        limits: Limits, policy: DeliveryPolicy = DeliveryPolicy(), newestSeq: @escaping @Sendable () -> UInt64
+        limits: Limits, policy: DeliveryPolicy = DeliveryPolicy(), newestSeq: @escaping @Sendable () -> UInt64,
+        serves: (@Sendable (String) -> Bool)? = nil
     ) {
+        self.serves = serves
         self.logger = logger; self.transport = transport; self.scheduler = scheduler; self.store = store; self.limits = limits
         self.policy = policy; self.newestSeq = newestSeq
         pushedThrough = Atomic(newestSeq())
         self.secret = secret.map { Array($0.utf8) }
         let cursors = load()
         // Cursors whose observer is gone (a cursor written while its removal was committed).
-        let orphans = state.withLock { s in cursors.keys.filter { s.hooks[$0] == nil } }
-        if !orphans.isEmpty { store.setMeta(orphans.map { (Self.cursorPrefix + $0, nil) }, then: nil) }
+        // (Not in a partitioned cluster: the observers of queues held elsewhere are not loaded.)
+        if serves == nil {
+            let orphans = state.withLock { s in cursors.keys.filter { s.hooks[$0] == nil } }
+            if !orphans.isEmpty { store.setMeta(orphans.map { (Self.cursorPrefix + $0, nil) }, then: nil) }
+        }
     }
 
     /// Adds the stored observers not known here, each from its stored cursor; answers the
@@ -104,6 +112,7 @@ final class Webhooks: Sendable {
                 logger.warning("skipping a stored webhook observer that does not decode", metadata: ["key": "\(key)"])
                 continue
             }
+            if let serves, !serves(hook.hook.queue) { continue }
             // An observer stored without a cursor (an older version) starts at its creation.
             let cursor = min(cursors[id] ?? (hook.startSeq ?? newest), newest)
             state.withLock { s in add(hook.hook, cursor: cursor, to: &s) }
@@ -306,6 +315,36 @@ final class Webhooks: Sendable {
             if let c = d.cursorToPersist(pushedThrough: through) { writes.append((Self.cursorPrefix + d.id, "\(c)")) }
         }
         if !writes.isEmpty { store.setMeta(writes, then: nil) }
+    }
+
+    /// Lets go of the observers of queues this instance no longer serves (a partitioned cluster
+    /// gave them up): their cursors are written, their deliveries stopped; they stay stored,
+    /// for the queues' next owner to load.
+    func forget(queues leaving: (String) -> Bool) {
+        persistCursors()
+        let stopped: [Delivery] = state.withLock { s in
+            var out: [Delivery] = []
+            for (id, h) in s.hooks where leaving(h.queue) {
+                s.hooks[id] = nil
+                if let d = s.deliveries.removeValue(forKey: id) { out.append(d) }
+                switch h.scope {
+                case let .operation(op, _):
+                    if var list = s.byOperation[op.raw] {
+                        list.removeAll { $0 == id }
+                        s.byOperation[op.raw] = list.isEmpty ? nil : list
+                    }
+                case let .queue(q):
+                    if var list = s.byQueue[q] {
+                        list.removeAll { $0 == id }
+                        s.byQueue[q] = list.isEmpty ? nil : list
+                    }
+                }
+                if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
+                s.revision += 1
+            }
+            return out
+        }
+        for d in stopped { _ = d.stop() }
     }
 
     /// Stops every delivery (server stop) after writing the cursors.

@@ -50,6 +50,9 @@ public enum EngineError: Error, Sendable, Equatable {
     /// Something this change needs cannot be had right now (the cluster's store cannot be
     /// read, this instance's block of operation ids is used up); retry shortly. Nothing changed.
     case unavailable(String)
+    /// The queue is not this engine's to run (a cluster instance that does not own its
+    /// partition, or no longer does): retry shortly, the request reaches its owner then.
+    case notHere(String)
 }
 
 /// What a move does beyond changing the state; the engine acts on it (`EngineCore.apply`).

@@ -78,15 +78,29 @@ extension QueueEngine {
         restore(recovered, remote: remote)
     }
 
+    /// From now on only queues `only` accepts may be created here (a cluster instance: the
+    /// queues of the partitions it serves); checked inside the change, so a queue created
+    /// after its partition was given up is refused (`notHere`) rather than left behind.
+    public func onlyQueues(_ only: @escaping @Sendable (String) -> Bool) {
+        queueFilter.withLock { $0 = only }
+    }
+
     /// Gives up queues without writing anything (a cluster instance that no longer owns them:
     /// the store already belongs to the new owner). Their operations leave this engine; runs
     /// in progress are stopped (`cancel` to the kind, whose report is then ignored: the new owner
     /// restarts them by the restart rules); operations held here that wait for one of them now
     /// wait for it remotely; long waits on those queues are answered as not idle.
-    public func release(queues names: Set<String>) {
-        try? mutate { core throws(EngineError) in
+    @discardableResult
+    public func release(queues names: Set<String>) -> Int { release { names.contains($0) } }
+
+    /// `release(queues:)` of every queue whose name `leaving` accepts, decided inside the change
+    /// (a queue created a moment before goes too). Answers how many runs were stopped.
+    @discardableResult
+    public func release(where leaving: (String) -> Bool) -> Int {
+        (try? mutate { core throws(EngineError) -> Int in
             var gone: [OpRecord] = []
-            for name in names.sorted() {
+            var stopped = 0
+            for name in core.queues.keys.sorted() where leaving(name) {
                 guard let q = core.queues[name] else { continue }
                 // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
                 q.deleted = true
@@ -108,8 +122,10 @@ extension QueueEngine {
                 }
                 if op.state == .executing && !op.inBackoff && op.parkedCompletion == nil {
                     core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+                    stopped += 1
                 } else if op.state == .paused && op.hasStarted && op.parkedCompletion == nil {
                     core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+                    stopped += 1
                 }
                 op.runToken &+= 1
                 // Its local dependencies no longer wake it; its dependents that stay here wait
@@ -128,7 +144,8 @@ extension QueueEngine {
                 }
             }
             if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
-        }
+            return stopped
+        }) ?? 0
     }
 }
 

@@ -63,6 +63,8 @@ public final class QueueEngine: Sendable {
     private let ticketCounter = Atomic<UInt64>(0)
     /// Answers for operations this engine does not hold (`setRemoteOperations`).
     let remoteDirectory = Lock<(any RemoteOperations)?>(nil)
+    /// The queues this engine may create (`onlyQueues`); nil: any.
+    let queueFilter = Lock<(@Sendable (String) -> Bool)?>(nil)
 
     /// `kinds` maps a kind name (`delay`, `http`, ...) to what it does.
     public init(

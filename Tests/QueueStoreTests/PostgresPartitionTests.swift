@@ -45,6 +45,21 @@ extension PostgresStoreTests {
         }
     }
 
+    @Test func aOneOwnerLeaseAndPartitionLeasesAreNeverLiveTogether() throws {
+        try withTestDatabase { url in
+            let one = try PGMembership(url: url, instanceID: "one", leaseSeconds: 5)
+            let parts = try PGMembership(url: url, instanceID: "parts", leaseSeconds: 5)
+            defer { one.close(); parts.close() }
+            let won = try #require(try one.tryAcquire())
+            #expect(try parts.claim([0, 1], token: "t").isEmpty, "no partition beside a live one-owner lease (an upgrade in progress)")
+            one.release(epoch: won.epoch)
+            #expect(try parts.claim([0, 1], token: "t") == [0: 1, 1: 1])
+            #expect(try one.tryAcquire() == nil, "no one-owner lease beside live partition leases")
+            try parts.release([0: 1, 1: 1])
+            #expect(try one.tryAcquire() != nil)
+        }
+    }
+
     @Test func blocksOfOperationIDsNeverOverlapAndStartAboveEveryStoredID() throws {
         try withTestDatabase { url in
             let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)

@@ -167,7 +167,8 @@ final class PGConnection: @unchecked Sendable {
     /// Waits up to `seconds` for the socket to become readable, then takes in what arrived and
     /// returns how many notifications (`LISTEN`) were pending, each freed. Throws when the
     /// connection broke.
-    func awaitNotifications(seconds: Double) throws(PGFailure) -> Int {
+    /// Notifications whose payload is `ignoring` are consumed but not counted.
+    func awaitNotifications(seconds: Double, ignoring: String? = nil) throws(PGFailure) -> Int {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
         let fd = PQsocket(c)
         guard fd >= 0 else { throw lost("no socket") }
@@ -177,8 +178,10 @@ final class PGConnection: @unchecked Sendable {
         guard PQconsumeInput(c) == 1 else { throw lost("reading notifications failed") }
         var count = 0
         while let n = PQnotifies(c) {
+            var own = false
+            if let ignoring, let extra = n.pointee.extra { own = String(cString: extra) == ignoring }
             PQfreemem(n)
-            count += 1
+            if !own { count += 1 }
         }
         return count
     }
