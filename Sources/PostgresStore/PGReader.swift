@@ -160,16 +160,7 @@ final class PGReader {
                 throw error
             }
         }
-        var queues: [QueueSnapshot] = []
-        var index: [String: Int] = [:]
-        for i in 0..<qs.rows {
-            var q = try PGRecordDecoder.queue(qs, i)
-            // Counted again from the operations, as the engine does when it restores them.
-            q.operationCount = 0
-            for s in OperationState.allCases { q.counts[s] = 0 }
-            index[q.name] = queues.count
-            queues.append(q)
-        }
+        var (queues, index) = try Self.queues(qs)
         var operations: [OperationSnapshot] = []
         operations.reserveCapacity(os.rows)
         for i in 0..<os.rows {
@@ -208,15 +199,7 @@ final class PGReader {
         var outside = Set<UInt64>()
         var inside = Set<UInt64>()
         do {
-            for i in 0..<qs.rows {
-                var q = try PGRecordDecoder.queue(qs, i)
-                // Counted again from the operations (a stored count, even a damaged one, is not
-                // added to).
-                q.operationCount = 0
-                for s in OperationState.allCases { q.counts[s] = 0 }
-                index[q.name] = queues.count
-                queues.append(q)
-            }
+            (queues, index) = try Self.queues(qs)
             operations.reserveCapacity(os.rows)
             for i in 0..<os.rows {
                 let op = try PGRecordDecoder.operation(os, i)
@@ -267,6 +250,22 @@ final class PGReader {
             out[OperationID(raw: raw)] = finished
         }
         return out
+    }
+
+    /// Decoded queue rows, their counts zeroed (counted again from the operations, as the engine
+    /// does when it restores them: a stored count, even a damaged one, is not added to), and
+    /// each name's index.
+    static func queues(_ qs: PGResult) throws -> ([QueueSnapshot], [String: Int]) {
+        var queues: [QueueSnapshot] = []
+        var index: [String: Int] = [:]
+        for i in 0..<qs.rows {
+            var q = try PGRecordDecoder.queue(qs, i)
+            q.operationCount = 0
+            for s in OperationState.allCases { q.counts[s] = 0 }
+            index[q.name] = queues.count
+            queues.append(q)
+        }
+        return (queues, index)
     }
 
     /// The newest seq ever written, from the result of `PGSchema.lastSeq`.

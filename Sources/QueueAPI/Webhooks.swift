@@ -254,20 +254,7 @@ final class Webhooks: Sendable {
                 // Whoever waits for the registration's commit is answered with the removal's.
                 waiting += s.uncommitted.removeValue(forKey: id) ?? []
                 if let d = s.deliveries.removeValue(forKey: id) { stopped.append(d) }
-                switch h.scope {
-                case let .operation(op, _):
-                    if var list = s.byOperation[op.raw] {
-                        list.removeAll { $0 == id }
-                        s.byOperation[op.raw] = list.isEmpty ? nil : list
-                    }
-                case let .queue(q):
-                    if var list = s.byQueue[q] {
-                        list.removeAll { $0 == id }
-                        s.byQueue[q] = list.isEmpty ? nil : list
-                    }
-                }
-                if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
-                s.revision += 1
+                Self.unindex(id, h, in: &s)
             }
         }
         // Outside the registry's lock: stopping cancels a POST in flight.
@@ -287,6 +274,24 @@ final class Webhooks: Sendable {
         }
         // A store that is closing never calls `done`: the answers then become shutdown's 503.
         store.setMeta(ids.flatMap { [(Self.metaPrefix + $0, nil), (Self.cursorPrefix + $0, nil)] }, then: done)
+    }
+
+    /// Takes a removed observer out of the indexes and counts.
+    private static func unindex(_ id: String, _ h: Hook, in s: inout State) {
+        switch h.scope {
+        case let .operation(op, _):
+            if var list = s.byOperation[op.raw] {
+                list.removeAll { $0 == id }
+                s.byOperation[op.raw] = list.isEmpty ? nil : list
+            }
+        case let .queue(q):
+            if var list = s.byQueue[q] {
+                list.removeAll { $0 == id }
+                s.byQueue[q] = list.isEmpty ? nil : list
+            }
+        }
+        if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
+        s.revision += 1
     }
 
     /// Committed changes, in `seq` order: each observer gets the ones it matches.
@@ -327,20 +332,7 @@ final class Webhooks: Sendable {
             for (id, h) in s.hooks where leaving(h.queue) {
                 s.hooks[id] = nil
                 if let d = s.deliveries.removeValue(forKey: id) { out.append(d) }
-                switch h.scope {
-                case let .operation(op, _):
-                    if var list = s.byOperation[op.raw] {
-                        list.removeAll { $0 == id }
-                        s.byOperation[op.raw] = list.isEmpty ? nil : list
-                    }
-                case let .queue(q):
-                    if var list = s.byQueue[q] {
-                        list.removeAll { $0 == id }
-                        s.byQueue[q] = list.isEmpty ? nil : list
-                    }
-                }
-                if let n = s.perQueue[h.queue] { s.perQueue[h.queue] = n > 1 ? n - 1 : nil }
-                s.revision += 1
+                Self.unindex(id, h, in: &s)
             }
             return out
         }

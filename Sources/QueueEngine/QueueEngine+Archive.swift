@@ -122,13 +122,9 @@ extension QueueEngine {
             }
         }
         let order = try Self.archiveOrder(elements)
-        var named: [OperationID] = []
-        for e in elements {
-            for d in e.dependencies { if case let .operation(id) = d { named.append(id) } }
-        }
         let remote: [OperationID: Bool]
         do throws(EngineError) {
-            remote = try remoteStates(named)
+            remote = try remoteStates(named: elements.map(\.dependencies))
         } catch {
             throw .queue(error)
         }

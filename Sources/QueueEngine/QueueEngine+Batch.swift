@@ -66,13 +66,9 @@ extension QueueEngine {
                 throw BatchRefusal(index: i, error: error)
             }
         }
-        var named: [OperationID] = []
-        for e in elements {
-            for d in e.dependencies { if case let .operation(id) = d { named.append(id) } }
-        }
         let remote: [OperationID: Bool]
         do throws(EngineError) {
-            remote = try remoteStates(named)
+            remote = try remoteStates(named: elements.map(\.dependencies))
         } catch {
             throw BatchRefusal(index: 0, error: error)
         }

@@ -40,6 +40,15 @@ extension QueueEngine {
         return try remote.states(of: missing)
     }
 
+    /// `remoteStates` of the operations that elements of a batch or an archive name.
+    func remoteStates(named lists: [[BatchDependency]]) throws(EngineError) -> [OperationID: Bool] {
+        var named: [OperationID] = []
+        for list in lists {
+            for d in list { if case let .operation(id) = d { named.append(id) } }
+        }
+        return try remoteStates(named)
+    }
+
     /// These operations (held elsewhere) are finished: every operation here that waits for
     /// them stops waiting. Ids nobody here waits for are ignored; a second report changes nothing.
     public func remoteOperationsFinished(_ ids: [OperationID]) {
