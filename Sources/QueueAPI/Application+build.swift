@@ -147,7 +147,7 @@ func buildApplication(
         routing = ClusterFront(
             owner: partitions, engine: engine,
             forwarder: Forwarder(
-                selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: 300),
+                selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds),
             access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }), reads: reads)
     }
     let front = routing

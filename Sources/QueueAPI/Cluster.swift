@@ -414,7 +414,8 @@ final class FollowerService: OpqdService {
             capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1, maxBacklog: limits.sseBacklog)
         events.append(kept)
         self.events = events
-        let forwarder = Forwarder(selfID: cluster.directory.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: 300)
+        let forwarder = Forwarder(
+            selfID: cluster.directory.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds)
         self.forwarder = forwarder
 
         let access = Access(token: configuration.token, readToken: configuration.readToken)
