@@ -160,17 +160,7 @@ final class PGReader {
                 throw error
             }
         }
-        var (queues, index) = try Self.queues(qs)
-        var operations: [OperationSnapshot] = []
-        operations.reserveCapacity(os.rows)
-        for i in 0..<os.rows {
-            let op = try PGRecordDecoder.operation(os, i)
-            if let i = index[op.queue] {
-                queues[i].counts[op.state, default: 0] += 1
-                if op.state != .finished { queues[i].operationCount += 1 }
-            }
-            operations.append(op)
-        }
+        let (queues, operations) = try Self.decode(qs, os)
         let stored = try Self.lastSeq(seqs)
         return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
     }
@@ -181,48 +171,27 @@ final class PGReader {
     func load(queues names: [String]) throws -> (RecoveredState, [OperationID: Bool]) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
-        let (qs, os) = try withConnection { c throws(PGFailure) in
+        let (qs, os, deps) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
-                return (qs, os)
+                // The dependencies of their unfinished operations that are in other queues.
+                let deps = try c.exec(
+                    """
+                    SELECT o.id, o.state = 'finished' FROM opqd.operations o WHERE NOT (o.queue = ANY($1::text[])) AND o.id IN \
+                    (SELECT unnest(d.dependencies) FROM opqd.operations d WHERE d.queue = ANY($1::text[]) AND d.state <> 'finished')
+                    """, [list.parameter])
+                try c.exec("COMMIT")
+                return (qs, os, deps)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
             }
         }
-        var queues: [QueueSnapshot] = []
-        var index: [String: Int] = [:]
-        var operations: [OperationSnapshot] = []
-        var outside = Set<UInt64>()
-        var inside = Set<UInt64>()
-        do {
-            (queues, index) = try Self.queues(qs)
-            operations.reserveCapacity(os.rows)
-            for i in 0..<os.rows {
-                let op = try PGRecordDecoder.operation(os, i)
-                if let i = index[op.queue] {
-                    queues[i].counts[op.state, default: 0] += 1
-                    if op.state != .finished { queues[i].operationCount += 1 }
-                }
-                inside.insert(op.id.raw)
-                if op.state != .finished { for d in op.dependencies { outside.insert(d.raw) } }
-                operations.append(op)
-            }
-        } catch {
-            _ = try? withConnection { c throws(PGFailure) in try c.exec("ROLLBACK") }
-            throw error
-        }
-        outside.subtract(inside)
-        var ids = ArrayColumn()
-        for id in outside.sorted() { ids.int(Int64(clamping: id)) }
-        let states = try withConnection { c throws(PGFailure) in
-            defer { _ = try? c.exec("COMMIT") }
-            return try c.exec("SELECT id, state = 'finished' FROM opqd.operations WHERE id = ANY($1::bigint[])", [ids.parameter])
-        }
-        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0), Self.states(states))
+        let (queues, operations) = try Self.decode(qs, os)
+        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0), Self.states(deps))
     }
 
     /// The queue of operation `id`, nil when there is none.
@@ -252,10 +221,10 @@ final class PGReader {
         return out
     }
 
-    /// Decoded queue rows, their counts zeroed (counted again from the operations, as the engine
-    /// does when it restores them: a stored count, even a damaged one, is not added to), and
-    /// each name's index.
-    static func queues(_ qs: PGResult) throws -> ([QueueSnapshot], [String: Int]) {
+    /// Decoded queue and operation rows, each queue's counts counted from its operations (as
+    /// the engine does when it restores them: a stored count, even a damaged one, is not added
+    /// to). A row that does not decode fails the whole read.
+    static func decode(_ qs: PGResult, _ os: PGResult) throws -> ([QueueSnapshot], [OperationSnapshot]) {
         var queues: [QueueSnapshot] = []
         var index: [String: Int] = [:]
         for i in 0..<qs.rows {
@@ -265,7 +234,17 @@ final class PGReader {
             index[q.name] = queues.count
             queues.append(q)
         }
-        return (queues, index)
+        var operations: [OperationSnapshot] = []
+        operations.reserveCapacity(os.rows)
+        for i in 0..<os.rows {
+            let op = try PGRecordDecoder.operation(os, i)
+            if let i = index[op.queue] {
+                queues[i].counts[op.state, default: 0] += 1
+                if op.state != .finished { queues[i].operationCount += 1 }
+            }
+            operations.append(op)
+        }
+        return (queues, operations)
     }
 
     /// The newest seq ever written, from the result of `PGSchema.lastSeq`.

@@ -244,10 +244,16 @@ public final class PostgresStore: OperationStore {
 
     /// Everything needed to rebuild the engine at start (as `SQLiteStore.load`).
     public func load() throws(PostgresStoreError) -> RecoveredState {
-        let url = displayURL
         let lastSeq = writer.lastSeq.load(ordering: .relaxed)
+        return try loading { r in try r.load(lastSeq: lastSeq) }
+    }
+
+    /// A load on the reader's connection, its failures as the store's: a row that does not
+    /// decode is `corrupt`, a lost connection `cannotConnect`.
+    private func loading<T>(_ body: (PGReader) throws -> T) throws(PostgresStoreError) -> T {
+        let url = displayURL
         return try reader.withLock { r throws(PostgresStoreError) in
-            do { return try r.load(lastSeq: lastSeq) } catch let e as DecodeFailure {
+            do { return try body(r) } catch let e as DecodeFailure {
                 throw PostgresStoreError(.corrupt, url: url, detail: e.detail)
             } catch let e as PGFailure {
                 throw PostgresStoreError(e.connectionLost ? .cannotConnect : .io, url: url, detail: e.description)
@@ -260,16 +266,7 @@ public final class PostgresStore: OperationStore {
     /// The queues named, with their operations, and the states of their dependencies outside
     /// them (`RemoteOperations.states`): what a cluster instance adopts (`QueueEngine.adopt`).
     public func load(queues names: [String]) throws(PostgresStoreError) -> (RecoveredState, [OperationID: Bool]) {
-        let url = displayURL
-        return try reader.withLock { r throws(PostgresStoreError) in
-            do { return try r.load(queues: names) } catch let e as DecodeFailure {
-                throw PostgresStoreError(.corrupt, url: url, detail: e.detail)
-            } catch let e as PGFailure {
-                throw PostgresStoreError(e.connectionLost ? .cannotConnect : .io, url: url, detail: e.description)
-            } catch {
-                throw PostgresStoreError(.io, url: url, detail: "\(error)")
-            }
-        }
+        try loading { r in try r.load(queues: names) }
     }
 
     /// Every queue's name.

@@ -15,6 +15,26 @@ func queuesInTwoPartitions() -> (String, Int, String, Int) {
     return (first, p, "q\(i)", QueuePartitions.of(queue: "q\(i)"))
 }
 
+/// A store whose commits are fenced by the partitions `won` (partition -> epoch), counting
+/// the commits refused.
+final class FencedStore: Sendable {
+    let store: PostgresStore
+    let fenced = Counter()
+    init(url: String, instance: String, holding won: [Int: Int64]) throws {
+        let held = PartitionEpochs()
+        for (p, e) in won { held.set(p, e) }
+        let fenced = self.fenced
+        store = try PostgresStore(
+            url: url, fence: PGFence(instance: instance, epoch: 0, leaseSeconds: 5, partitions: held), onFenced: { fenced.add() })
+    }
+
+    final class Counter: Sendable {
+        private let n = Atomic<Int>(0)
+        func add() { n.add(1, ordering: .relaxed) }
+        var value: Int { n.load(ordering: .relaxed) }
+    }
+}
+
 /// The partitioned lease rows, the commit fence per partition, blocks of operation ids, and
 /// loading some queues: on a real PostgreSQL, with two memberships standing for two instances.
 extension PostgresStoreTests {
@@ -98,12 +118,8 @@ extension PostgresStoreTests {
             defer { a.close(); b.close() }
             let won = try a.claim([pa, pb], token: "ta")
             #expect(won.count == 2)
-            let held = PartitionEpochs()
-            for (p, e) in won { held.set(p, e) }
-            let fenced = Atomic<Int>(0)
-            let store = try PostgresStore(
-                url: url, fence: PGFence(instance: "a", epoch: 0, leaseSeconds: 5, partitions: held),
-                onFenced: { fenced.add(1, ordering: .relaxed) })
+            let fencedStore = try FencedStore(url: url, instance: "a", holding: won)
+            let (store, fenced) = (fencedStore.store, fencedStore.fenced)
             defer { store.close() }
             let engine = QueueEngine(kinds: ["manual": ManualKind()], store: store)
             try engine.createQueue(name: qa)
@@ -119,7 +135,7 @@ extension PostgresStoreTests {
             try engine.cancel(x)
             let ticket = engine.currentTicket
             #expect(!waitDurable(store, ticket, timeout: 1.5), "nothing of a fenced commit is durable")
-            #expect(fenced.load(ordering: .relaxed) == 1)
+            #expect(fenced.value == 1)
             #expect(try TestPostgres.psql(url, "SELECT state FROM opqd.operations WHERE id = \(x.raw)") != "finished")
         }
     }
@@ -130,19 +146,15 @@ extension PostgresStoreTests {
             let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
             defer { a.close() }
             let won = try a.claim([pa], token: "ta")
-            let held = PartitionEpochs()
-            for (p, e) in won { held.set(p, e) }
-            let fenced = Atomic<Int>(0)
-            let store = try PostgresStore(
-                url: url, fence: PGFence(instance: "a", epoch: 0, leaseSeconds: 5, partitions: held),
-                onFenced: { fenced.add(1, ordering: .relaxed) })
+            let fencedStore = try FencedStore(url: url, instance: "a", holding: won)
+            let (store, fenced) = (fencedStore.store, fencedStore.fenced)
             defer { store.close() }
             let engine = QueueEngine(kinds: ["manual": ManualKind()], store: store)
             try engine.createQueue(name: qa)
             #expect(waitDurable(store, engine.currentTicket))
             try engine.createQueue(name: qb)
             #expect(!waitDurable(store, engine.currentTicket, timeout: 1))
-            #expect(fenced.load(ordering: .relaxed) == 1)
+            #expect(fenced.value == 1)
             #expect(try TestPostgres.psql(url, "SELECT name FROM opqd.queues ORDER BY name") == qa)
         }
     }
