@@ -21,14 +21,20 @@ OPQD_TEST_POSTGRES_URL=$(scripts/pg.sh start "$pg_dir")
 export OPQD_TEST_POSTGRES_URL
 
 # logged NAME LOG COMMAND...: runs COMMAND with its output shown and kept in LOG; fails the
-# suite naming NAME and the exit status.
+# suite naming NAME and the exit status. On failure the failing tests' lines are printed again
+# last (CI keeps only the tail of a long run's output, and the failures are in its middle).
 logged() {
     local name="$1" log="$2"; shift 2
     set +e
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     set -e
-    [ "$rc" -eq 0 ] || { echo "$name failed (exit $rc)"; exit 1; }
+    [ "$rc" -eq 0 ] && return 0
+    echo "--- $name: what failed (from $log)"
+    grep -E -A3 '✘|error:|failed|Fatal error|fatal error|Segmentation|signal|ThreadSanitizer' "$log" \
+        | grep -v -E '^✔|passed after|started\.$' | head -60 || true
+    echo "$name failed (exit $rc)"
+    exit 1
 }
 
 step "swift format lint (.swift-format; scripts/lint.sh --fix rewrites)"

@@ -166,9 +166,10 @@ final class PGReader {
     }
 
     /// The queues named (those that exist) with their operations, and for every dependency of
-    /// theirs outside them whether it exists and is finished: what a cluster instance adopts
-    /// when it becomes the owner of more partitions. One repeatable-read snapshot.
-    func load(queues names: [String]) throws -> (RecoveredState, [OperationID: Bool]) {
+    /// theirs outside them whether it exists and is finished (and whether a cascade cancelled
+    /// it): what a cluster instance adopts when it becomes the owner of more partitions. One
+    /// repeatable-read snapshot.
+    func load(queues names: [String]) throws -> (RecoveredState, RemoteStates) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
         let (qs, os, deps) = try withConnection { c throws(PGFailure) in
@@ -180,7 +181,7 @@ final class PGReader {
                 // The dependencies of their unfinished operations that are in other queues.
                 let deps = try c.exec(
                     """
-                    SELECT o.id, o.state = 'finished' FROM opqd.operations o WHERE NOT (o.queue = ANY($1::text[])) AND o.id IN \
+                    SELECT o.id, o.state = 'finished', o.cascade_at FROM opqd.operations o WHERE NOT (o.queue = ANY($1::text[])) AND o.id IN \
                     (SELECT unnest(d.dependencies) FROM opqd.operations d WHERE d.queue = ANY($1::text[]) AND d.state <> 'finished')
                     """, [list.parameter])
                 try c.exec("COMMIT")
@@ -202,21 +203,25 @@ final class PGReader {
         return r.rows == 1 ? r.text(0, 0) : nil
     }
 
-    /// Whether each of `ids` exists and is finished (ids of no operation are left out).
-    func operationStates(_ ids: [OperationID]) throws(PGFailure) -> [OperationID: Bool] {
+    /// Whether each of `ids` exists and is finished, and which a cascade cancelled (ids of no
+    /// operation are left out).
+    func operationStates(_ ids: [OperationID]) throws(PGFailure) -> RemoteStates {
         var list = ArrayColumn()
         for id in ids { list.int(Int64(clamping: id.raw)) }
         let r = try withConnection { c throws(PGFailure) in
-            try c.exec("SELECT id, state = 'finished' FROM opqd.operations WHERE id = ANY($1::bigint[])", [list.parameter])
+            try c.exec("SELECT id, state = 'finished', cascade_at FROM opqd.operations WHERE id = ANY($1::bigint[])", [list.parameter])
         }
         return Self.states(r)
     }
 
-    static func states(_ r: PGResult) -> [OperationID: Bool] {
-        var out: [OperationID: Bool] = [:]
+    /// Rows of (id, finished, cascade_at). A cascade counts once the operation is finished.
+    static func states(_ r: PGResult) -> RemoteStates {
+        var out = RemoteStates()
         for i in 0..<r.rows {
             guard let id = r.int64(i, 0), let raw = UInt64(exactly: id), let finished = r.bool(i, 1) else { continue }
-            out[OperationID(raw: raw)] = finished
+            let opID = OperationID(raw: raw)
+            out.finished[opID] = finished
+            if finished, let at = r.int64(i, 2) { out.cascades[opID] = Timestamp(nanoseconds: at) }
         }
         return out
     }

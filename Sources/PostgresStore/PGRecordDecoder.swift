@@ -68,7 +68,8 @@ enum PGRecordDecoder {
             startedAt: try time(r, row, 16, fail("started_at", "is not a time")),
             finishedAt: try time(r, row, 17, fail("finished_at", "is not a time")),
             revision: revision, options: options, executedSeconds: executed,
-            kindState: try json(r, row, 23, fail("kind_state", "is not JSON")))
+            kindState: try json(r, row, 23, fail("kind_state", "is not JSON")),
+            cascadeAt: try time(r, row, 24, fail("cascade_at", "is not a time")))
     }
 
     /// The whole stored status: settings, revision, the generation that made it, and the counts

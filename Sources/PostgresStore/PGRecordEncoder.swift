@@ -98,7 +98,7 @@ struct ArrayColumn {
 
 /// The rows of one bulk statement per table, column by column.
 struct BulkRows {
-    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 24)
+    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 25)
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
@@ -161,6 +161,7 @@ struct BulkRows {
         operations[21].int(s.options.notBefore?.nanoseconds)
         operations[22].double(s.executedSeconds)
         Self.json(s.kindState, &operations[23], &scratch)
+        operations[24].int(s.cascadeAt?.nanoseconds)
     }
 
     mutating func add(_ q: QueueSnapshot) {

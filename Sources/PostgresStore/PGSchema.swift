@@ -167,6 +167,9 @@ enum PGSchema {
             ADD COLUMN count_ready bigint NOT NULL DEFAULT 0, ADD COLUMN count_executing bigint NOT NULL DEFAULT 0,
             ADD COLUMN count_paused bigint NOT NULL DEFAULT 0, ADD COLUMN count_finished bigint NOT NULL DEFAULT 0;
         """,
+        // 5 -> 6: when a cascade cancelled the operation (OperationSnapshot.cascadeAt), ns: the
+        // instance holding a dependent reads it to cancel that one too.
+        "ALTER TABLE opqd.operations ADD COLUMN cascade_at bigint;",
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -205,13 +208,13 @@ enum PGSchema {
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at
         """
     /// The array type each operation column is sent as, in `operationColumns` order.
     static let operationArrayTypes = [
         "bigint[]", "text[]", "bytea[]", "text[]", "text[]", "integer[]", "text[]", "text[]", "boolean[]", "text[]",
         "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
-        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]",
+        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]",
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]

@@ -265,7 +265,7 @@ public final class PostgresStore: OperationStore {
 
     /// The queues named, with their operations, and the states of their dependencies outside
     /// them (`RemoteOperations.states`): what a cluster instance adopts (`QueueEngine.adopt`).
-    public func load(queues names: [String]) throws(PostgresStoreError) -> (RecoveredState, [OperationID: Bool]) {
+    public func load(queues names: [String]) throws(PostgresStoreError) -> (RecoveredState, RemoteStates) {
         try loading { r in try r.load(queues: names) }
     }
 
@@ -292,9 +292,10 @@ public final class PostgresStore: OperationStore {
         }
     }
 
-    /// Whether each of `ids` exists and is finished; ids of no operation are left out.
-    public func operationStates(_ ids: [OperationID]) throws(PostgresStoreError) -> [OperationID: Bool] {
-        guard !ids.isEmpty else { return [:] }
+    /// Whether each of `ids` exists and is finished, and which a cascade cancelled; ids of no
+    /// operation are left out.
+    public func operationStates(_ ids: [OperationID]) throws(PostgresStoreError) -> RemoteStates {
+        guard !ids.isEmpty else { return RemoteStates() }
         let url = displayURL
         return try feedReader.withLock { r throws(PostgresStoreError) in
             do throws(PGFailure) { return try r.operationStates(ids) } catch {

@@ -234,7 +234,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         for (p, e) in won { held.set(p, e) }
         let names: [String]
         var recovered: RecoveredState
-        let remote: [OperationID: Bool]
+        let remote: RemoteStates
         let block: Range<UInt64>
         do {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
@@ -342,7 +342,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     // MARK: - RemoteOperations
 
     func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
-        do { return try store.operationStates(ids) } catch {
+        do { return try store.operationStates(ids).finished } catch {
             throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
         }
     }
@@ -375,26 +375,28 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         }
     }
 
-    /// From the feed: every event of every instance, in seq order.
+    /// From the feed: every event of every instance, in seq order. An end of an operation
+    /// waited for is looked at in PostgreSQL before it is reported: the event does not say
+    /// whether a cascade cancelled it (its row does, `cascade_at`).
     func eventsPublished(_ batch: [ChangeEvent]) {
         let ended: [OperationID] = watched.withLock { w in
             guard !w.isEmpty else { return [] }
             var out: [OperationID] = []
-            for e in batch where e.key == .isFinished && e.new == .bool(true) && w.remove(e.operation.raw) != nil {
+            for e in batch where e.key == .isFinished && e.new == .bool(true) && w.contains(e.operation.raw) {
                 out.append(e.operation)
             }
             return out
         }
-        if !ended.isEmpty { engine?.remoteOperationsFinished(ended) }
+        if !ended.isEmpty { lookSoon(ended) }
     }
 
     private func check(_ ids: [OperationID]) {
         guard !ids.isEmpty, let states = try? store.operationStates(ids) else { return }
         // Ids of no operation (purged meanwhile) count as finished: nothing would report them.
-        let ended = ids.filter { states[$0] ?? true }
+        let ended = ids.filter { states.finished[$0] ?? true }
         guard !ended.isEmpty else { return }
         watched.withLock { w in for id in ended { w.remove(id.raw) } }
-        engine?.remoteOperationsFinished(ended)
+        engine?.remoteOperationsFinished(ended, cascaded: Set(ended.filter { states.cascades[$0] != nil }))
     }
 
     /// Every period: the operations still waited for, looked at again (a feed that was cut off

@@ -152,9 +152,7 @@ extension QueueEngine {
     public func cancel(_ id: OperationID, cascade: Bool = false) throws(EngineError) -> OperationSnapshot {
         try changing(id) { core, op throws(EngineError) in
             if op.state == .finished { throw .invalidTransition(from: .finished, action: .cancel) }
-            let dependents = cascade ? core.transitiveDependents(of: op) : []
-            core.cancelOp(op)
-            for d in dependents { core.cancelOp(d) }
+            if cascade { core.cancelCascading(op) } else { core.cancelOp(op) }
         }
     }
 

@@ -21,6 +21,19 @@ public protocol RemoteOperations: Sendable {
     func watch(_ ids: [OperationID])
 }
 
+/// Operations held elsewhere as a directory read them (a cluster instance's store).
+public struct RemoteStates: Sendable, Equatable {
+    /// Whether each exists and is finished; ids of no operation are left out.
+    public var finished: [OperationID: Bool]
+    /// Those cancelled by a cascade, and when (`OperationSnapshot.cascadeAt`).
+    public var cascades: [OperationID: Timestamp]
+
+    public init(finished: [OperationID: Bool] = [:], cascades: [OperationID: Timestamp] = [:]) {
+        self.finished = finished
+        self.cascades = cascades
+    }
+}
+
 extension QueueEngine {
     /// Makes `remote` the directory of operations this engine does not hold. Set once, before
     /// serving; without one, a dependency the engine does not hold is refused as not found.
@@ -50,10 +63,13 @@ extension QueueEngine {
     }
 
     /// These operations (held elsewhere) are finished: every operation here that waits for
-    /// them stops waiting. Ids nobody here waits for are ignored; a second report changes nothing.
-    public func remoteOperationsFinished(_ ids: [OperationID]) {
+    /// them stops waiting. Those in `cascaded` were cancelled by a cascade: the operations here
+    /// that wait for one of them are cancelled too, with their own dependents (as `cancel` with
+    /// `cascade` does with the dependents it holds). Ids nobody here waits for are ignored; a
+    /// second report changes nothing.
+    public func remoteOperationsFinished(_ ids: [OperationID], cascaded: Set<OperationID> = []) {
         try? mutate { core throws(EngineError) in
-            for id in ids { core.remoteFinished(id.raw) }
+            for id in ids { core.remoteFinished(id.raw, cascade: cascaded.contains(id)) }
         }
     }
 
@@ -81,10 +97,11 @@ extension QueueEngine {
     /// Takes in queues and their operations read from the store while serving (a cluster
     /// instance that became the owner of more queues), with the restart rules of `restore`.
     /// `remote` gives, for dependencies outside `recovered`, whether they exist elsewhere and are
-    /// finished (as `RemoteOperations.states`); operations held here that waited for an adopted
-    /// one now wait for it locally. Queues already held are left as they are.
-    public func adopt(_ recovered: RecoveredState, remote: [OperationID: Bool]) {
-        restore(recovered, remote: remote)
+    /// finished (as `RemoteOperations.states`), and which ended by a cascade; operations held
+    /// here that waited for an adopted one now wait for it locally. Queues already held are left
+    /// as they are.
+    public func adopt(_ recovered: RecoveredState, remote: RemoteStates) {
+        restore(recovered, remote: remote.finished, cascades: remote.cascades)
     }
 
     /// From now on only queues `only` accepts may be created here (a cluster instance: the
@@ -178,19 +195,26 @@ extension EngineCore {
         op.remoteWaits = []
     }
 
-    /// The remote operation `id` finished: its waiters here stop waiting for it.
-    func remoteFinished(_ id: UInt64) {
+    /// The remote operation `id` finished: its waiters here stop waiting for it, or, when a
+    /// cascade cancelled it (`cascade`), are cancelled with their dependents. They waited for it
+    /// before it finished, so they existed when the cascade was asked.
+    func remoteFinished(_ id: UInt64, cascade: Bool) {
         guard let waiters = remoteWaiters.removeValue(forKey: id) else { return }
         for op in waiters {
             guard let i = op.remoteWaits.firstIndex(of: id) else { continue }
             op.remoteWaits.remove(at: i)
             op.unfinishedDependencies -= 1
-            if op.unfinishedDependencies == 0 { makeReadyIfPossible(op) }
+            if cascade {
+                cancelCascading(op)
+            } else if op.unfinishedDependencies == 0 {
+                makeReadyIfPossible(op)
+            }
         }
     }
 
     /// An operation `id` this engine now holds (adopted): the operations here that waited for
-    /// it remotely wait for it locally, or stop waiting if it is finished.
+    /// it remotely wait for it locally, or stop waiting if it is finished (are cancelled, if a
+    /// cascade cancelled it).
     func remoteBecameLocal(_ dep: OpRecord) {
         guard let waiters = remoteWaiters.removeValue(forKey: dep.id) else { return }
         for op in waiters {
@@ -198,10 +222,28 @@ extension EngineCore {
             op.remoteWaits.remove(at: i)
             if dep.state == .finished {
                 op.unfinishedDependencies -= 1
-                if op.unfinishedDependencies == 0 { makeReadyIfPossible(op) }
+                if dep.cascadeAt != nil {
+                    cancelCascading(op)
+                } else if op.unfinishedDependencies == 0 {
+                    makeReadyIfPossible(op)
+                }
             } else {
                 dep.dependents.append(op)
             }
+        }
+    }
+
+    /// `cancel` with `cascade`: `op` and every operation here that transitively depends on it,
+    /// each marked with the time (`cascadeAt`), which is what carries the cascade to dependents
+    /// another instance holds. An executing one that was asked to stop before gets the mark too.
+    func cancelCascading(_ op: OpRecord) {
+        for o in [op] + transitiveDependents(of: op) where o.state != .finished {
+            if o.cascadeAt == nil {
+                o.cascadeAt = now
+                // Recorded even when the cancel itself changes nothing (already stopping).
+                record(o)
+            }
+            cancelOp(o)
         }
     }
 }

@@ -9,7 +9,16 @@ extension QueueEngine {
     /// remotely. Without an entry, a dependency that is not held is taken as finished (a
     /// single store purges only finished operations). Queues and operations already held are
     /// left as they are.
-    public func restore(_ recovered: RecoveredState, remote: [OperationID: Bool] = [:]) {
+    ///
+    /// `cascades`: the remote ones a cascade cancelled, and when. In a cluster (a remote
+    /// directory is set), an unfinished operation that was added before a cascade cancelled one
+    /// of its dependencies, here or elsewhere, is cancelled the same way: the instance that held
+    /// it when the cascade was asked stopped (or gave its queue up) before it did so. (One whose
+    /// dependencies were replaced after the cascade by a list naming that operation is cancelled
+    /// too: the time of that change is not stored.) A single instance commits a cascade whole,
+    /// so it has none to finish.
+    public func restore(_ recovered: RecoveredState, remote: [OperationID: Bool] = [:], cascades: [OperationID: Timestamp] = [:]) {
+        let clustered = self.remote != nil
         try? mutate { core throws(EngineError) in
             // Saturating: a damaged store's seq must not trap (a sane one is far below 2^62).
             core.nextSeq = max(core.nextSeq, min(recovered.lastSeq, UInt64.max >> 2) + 1)
@@ -51,6 +60,7 @@ extension QueueEngine {
                 op.revision = min(s.revision, UInt64.max >> 2) + 1
                 op.executedNanos = max(0, Timestamp.clampedNanoseconds(s.executedSeconds))
                 op.kindState = s.kindState
+                op.cascadeAt = s.cascadeAt
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
                 core.ops[op.id] = op
@@ -68,21 +78,29 @@ extension QueueEngine {
             // elsewhere; operations held before that waited for a restored one remotely now
             // wait for it here.
             var watch: [OperationID] = []
+            var cascading: [OpRecord] = []
             for op in restored where op.state != .finished {
+                var cascaded = false
                 for d in op.dependencyIDs {
                     if let dep = core.ops[d.raw] {
                         if dep.state != .finished {
                             dep.dependents.append(op)
                             op.unfinishedDependencies += 1
+                        } else if let at = dep.cascadeAt, op.createdAt <= at {
+                            cascaded = true
                         }
                     } else if remote[d] == false {
                         core.waitRemote(op, for: d.raw)
                         watch.append(d)
+                    } else if let at = cascades[d], op.createdAt <= at {
+                        cascaded = true
                     }
                 }
+                if cascaded && clustered && !op.hasStarted { cascading.append(op) }
             }
             for op in restored { core.remoteBecameLocal(op) }
             if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
+            for op in cascading { core.cancelCascading(op) }
             for op in restored {
                 switch op.state {
                 case .ready:

@@ -45,6 +45,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var inBackoff = false
     /// The barrier this operation was made to wait for when it was added.
     var implicitBarrier: UInt64?
+    /// When a cascade cancelled it (`OperationSnapshot.cascadeAt`).
+    var cascadeAt: Timestamp?
 
     init(
         id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
@@ -82,7 +84,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
             id: operationID, queue: queue.name, name: name, kind: kindName, spec: spec, state: state, outcome: outcome,
             isCancelled: isCancelled, queuePriority: priority, dependencies: dependencyIDs, progress: progress,
             attempt: attempt, result: result, error: error, createdAt: createdAt, startedAt: startedAt,
-            finishedAt: finishedAt, revision: revision, options: options, executedSeconds: Double(executedNanos) / 1e9, kindState: kindState)
+            finishedAt: finishedAt, revision: revision, options: options, executedSeconds: Double(executedNanos) / 1e9, kindState: kindState,
+            cascadeAt: cascadeAt)
     }
 
     /// Bit set of the boolean keys, in the order they are reported.

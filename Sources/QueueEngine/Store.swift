@@ -55,19 +55,24 @@ public struct OperationSnapshot: Sendable, Equatable {
     public var executedSeconds: Double = 0
     /// What the kind saved for itself (`ExecutionContext.save`), e.g. an external lease.
     public var kindState: JSONValue? = nil
+    /// When it was cancelled by a `cascade` (asked of it or of an operation it depends on): the
+    /// operations that depended on it then are cancelled too, also those another cluster
+    /// instance holds, which learn of it from this durable mark.
+    public var cascadeAt: Timestamp? = nil
 
     public init(
         id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
         outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
         progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
         startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
-        executedSeconds: Double = 0, kindState: JSONValue? = nil
+        executedSeconds: Double = 0, kindState: JSONValue? = nil, cascadeAt: Timestamp? = nil
     ) {
         self.id = id; self.queue = queue; self.name = name; self.kind = kind; self.spec = spec; self.state = state
         self.outcome = outcome; self.isCancelled = isCancelled; self.queuePriority = queuePriority
         self.dependencies = dependencies; self.progress = progress; self.attempt = attempt; self.result = result
         self.error = error; self.createdAt = createdAt; self.startedAt = startedAt; self.finishedAt = finishedAt
         self.revision = revision; self.options = options; self.executedSeconds = executedSeconds; self.kindState = kindState
+        self.cascadeAt = cascadeAt
     }
 
     public var isReady: Bool { state == .ready }

@@ -67,6 +67,7 @@ struct RecordBinder {
         bindTime(s.options.notBefore, 22, st)
         st.bind(23, s.executedSeconds)
         addJSON(s.kindState, 24, st)
+        bindTime(s.cascadeAt, 25, st)
         try st.run(binding: row)
     }
 
@@ -197,7 +198,7 @@ package enum RecordDecoder {
             error: try json(st, 14, fail("error", "is not JSON")),
             createdAt: Timestamp(nanoseconds: st.int64(15)), startedAt: time(st, 16), finishedAt: time(st, 17),
             revision: revision, options: options, executedSeconds: executed,
-            kindState: try json(st, 23, fail("kind_state", "is not JSON")))
+            kindState: try json(st, 23, fail("kind_state", "is not JSON")), cascadeAt: time(st, 24))
     }
 
     /// Counts and `operationCount` are not stored (they change with every operation); the

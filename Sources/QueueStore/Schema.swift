@@ -76,13 +76,15 @@ enum Schema {
             key   TEXT PRIMARY KEY NOT NULL,
             value
         ) WITHOUT ROWID;
-        """
+        """,
+        // 1 -> 2: when a cascade cancelled the operation (OperationSnapshot.cascadeAt), ns.
+        "ALTER TABLE operations ADD COLUMN cascade_at INTEGER;",
     ]
 
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at
         """
     static let eventColumns = "seq, time, queue, operation, key, old, new, state"
     static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
@@ -93,7 +95,7 @@ enum Schema {
     // An upsert updates the row in place; OR REPLACE would delete and re-insert it (and its
     // index entries), which also needs a statement journal.
     static let upsertOperation = """
-        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(24))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
+        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(25))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
         """
 
     /// `a = excluded.a, b = excluded.b, ...` for every column but the first (the key).

@@ -176,4 +176,63 @@ struct PartitionOwnerTests {
             #expect(b.lostReason.withLock { $0 } == nil)
         }
     }
+
+    @Test func aCascadeReachesDependentsOfOtherOwnersLiveAndAfterATakeover() throws {
+        let url = try TestPostgres.createDatabase()
+        defer { TestPostgres.dropDatabase(url) }
+        let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
+        try a.start()
+        defer { a.stop() }
+        let b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
+        try b.start()
+        let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
+        #expect(waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) })
+        let names = (0..<40).map { "q\($0)" }
+        let qa = try #require(names.first { !bTargets.contains(QueuePartitions.of(queue: $0)) })
+        let qb = try #require(names.first { bTargets.contains(QueuePartitions.of(queue: $0)) })
+        try a.engine.createQueue(name: qa)
+        try b.engine.createQueue(name: qb)
+        let later = OperationOptions(notBefore: Timestamp(nanoseconds: Int64.max))  // never starts by itself
+        func done(_ e: QueueEngine, _ id: OperationID) -> OperationSnapshot? {
+            guard let s = try? e.operation(id), s.state == .finished else { return nil }
+            return s
+        }
+        /// What the instance changed is committed (as an HTTP answer waits for).
+        func durable(_ i: PartitionedInstance) -> Bool {
+            let committed = DispatchSemaphore(value: 0)
+            i.store.whenDurable(i.engine.currentTicket) { committed.signal() }
+            return committed.wait(timeout: .now() + 10) == .success
+        }
+
+        // Live: x on a; y on b after x; z on a after y. The cascade from x crosses to b and back.
+        let x = try a.engine.addOperationID(to: qa, OperationRequest(kind: "held", options: later))
+        #expect(durable(a))
+        let y = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [x]))
+        #expect(durable(b))
+        let z = try a.engine.addOperationID(to: qa, OperationRequest(kind: "held", dependencies: [y]))
+        try a.engine.cancel(x, cascade: true)
+        #expect(waitUntil(timeout: 10) { done(a.engine, z) != nil }, "the cascade went a -> b -> a")
+        for (e, id) in [(b.engine, y), (a.engine, z)] {
+            let s = try e.operation(id)
+            #expect(s.outcome == .cancelled && s.startedAt == nil && s.cascadeAt != nil, "\(id): \(s.state) \(String(describing: s.outcome))")
+        }
+        // Added after the cascade: x counts as finished, as in Foundation.
+        let after = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [x]))
+        #expect(waitUntil(timeout: 5) { b.kind.isRunning(after) })
+
+        // The holder of a dependent stops before it hears of the cascade: whoever takes its queue
+        // finishes the cascade from the durable mark.
+        let x2 = try a.engine.addOperationID(to: qa, OperationRequest(kind: "held", options: later))
+        #expect(durable(a))
+        let y2 = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [x2]))
+        #expect(durable(b))
+        b.crash()
+        try a.engine.cancel(x2, cascade: true)
+        #expect(waitUntil(timeout: 15) { a.owner.servingPartitions.count == QueuePartitions.count })
+        #expect(waitUntil(timeout: 5) { done(a.engine, y2) != nil })
+        let s = try a.engine.operation(y2)
+        #expect(s.outcome == .cancelled && s.startedAt == nil, "\(s.state) \(String(describing: s.outcome))")
+        #expect((try? a.engine.operation(after))?.state == .executing, "the one added after the first cascade is not cancelled by it")
+        #expect(a.lostReason.withLock { $0 } == nil)
+    }
 }

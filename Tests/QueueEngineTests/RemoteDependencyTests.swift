@@ -35,10 +35,12 @@ final class PeerDirectory: RemoteOperations {
 
     var watching: [OperationID] { watched.value }
 
-    /// Reports every watched id the peer has finished (the same ones again on the next call).
+    /// Reports every watched id the peer has finished (the same ones again on the next call),
+    /// with those a cascade cancelled, as the cluster's directory reads them from the rows.
     func deliver() {
         let finished = watched.value.filter { (try? peer.operation($0).state) == .finished }
-        owner.value?.remoteOperationsFinished(finished)
+        let cascaded = finished.filter { (try? peer.operation($0).cascadeAt) != nil }
+        owner.value?.remoteOperationsFinished(finished, cascaded: Set(cascaded))
     }
 }
 
@@ -223,7 +225,7 @@ extension Engine {
 
             f.engine.release(queues: ["a"])
             #expect(f.engine.remoteWaitedFor == [x], "y waits for x remotely; w left with its queue")
-            f.engine.adopt(saved, remote: [r: false])
+            f.engine.adopt(saved, remote: RemoteStates(finished: [r: false]))
             #expect(f.engine.remoteWaitedFor == [r], "y waits for x here again; w waits for r elsewhere")
             // `first` was executing: the manual kind's recovery fails it, and x starts.
             #expect(try f.snapshot(first).outcome == .failed)
@@ -237,8 +239,89 @@ extension Engine {
             #expect(f.engine.remoteWaitedFor.isEmpty)
             // A queue already held is left alone.
             #expect(f.engine.idsLeft == 2_000 - 1_005)
-            f.engine.adopt(saved, remote: [:])
+            f.engine.adopt(saved, remote: RemoteStates())
             #expect(try f.state(x) == .finished)
+        }
+
+        @Test("a cascade reaches dependents held elsewhere: they and their own dependents are cancelled, never started, and carry the mark on")
+        func cascadeAcrossEngines() throws {
+            let p = try Pair()
+            let x = try p.a.add("a", notBefore: Timestamp(nanoseconds: Int64.max))  // pending: never starts by itself
+            let y = try p.b.add("b", after: [x])
+            let z = try p.b.add("b", after: [y])
+            let plain = try p.a.add("a", notBefore: Timestamp(nanoseconds: Int64.max))
+            let w = try p.b.add("b", after: [plain])
+            p.a.clock.advance(seconds: 1)
+            try p.a.engine.cancel(x, cascade: true)
+            let mark = try #require(try p.a.snapshot(x).cascadeAt)
+            #expect(mark == p.a.clock.now())
+            #expect(try p.b.state(y) == .pending, "not told yet")
+            p.directory.deliver()
+            for id in [y, z] {
+                let s = try p.b.snapshot(id)
+                #expect(s.state == .finished && s.outcome == .cancelled, "\(id)")
+                #expect(s.cascadeAt != nil, "\(id) carries the cascade to its own remote dependents")
+                #expect(!p.b.kind.wasStarted(id))
+            }
+            // Without `cascade`, a cancelled dependency counts as finished, as in Foundation.
+            try p.a.engine.cancel(plain)
+            #expect(try p.a.snapshot(plain).cascadeAt == nil)
+            p.directory.deliver()
+            #expect(try p.b.state(w) == .executing)
+        }
+
+        @Test("an executing operation cancelled with cascade is marked at once; its remote dependents are cancelled when it has stopped")
+        func cascadeOfExecuting() throws {
+            let p = try Pair()
+            let x = try p.a.add("a")
+            #expect(try p.a.state(x) == .executing)
+            let y = try p.b.add("b", after: [x])
+            try p.a.engine.cancel(x)
+            try p.a.engine.cancel(x, cascade: true)  // asked to stop already: the mark is still set
+            #expect(try p.a.snapshot(x).cascadeAt != nil)
+            #expect(try p.a.state(x) == .executing, "stopping")
+            p.directory.deliver()
+            #expect(try p.b.state(y) == .pending)
+            p.a.kind.finish(x, .failed(type: "cancelled", detail: "stopped"))
+            p.directory.deliver()
+            #expect(try p.b.snapshot(y).outcome == .cancelled)
+            #expect(!p.b.kind.wasStarted(y))
+        }
+
+        @Test("an operation added after the cascade, naming the cancelled one, is not cancelled by it")
+        func addedAfterCascade() throws {
+            let p = try Pair()
+            let x = try p.a.add("a", notBefore: Timestamp(nanoseconds: Int64.max))
+            try p.a.engine.cancel(x, cascade: true)
+            let y = try p.b.add("b", after: [x])
+            #expect(try p.b.state(y) == .executing)
+        }
+
+        @Test("adopt finishes a cascade its old owner did not: operations added before it are cancelled, later ones run")
+        func adoptFinishesCascade() throws {
+            let f = Fixture()
+            f.engine.setRemoteOperations(PeerDirectory(peer: Fixture().engine))
+            try f.queue("b")
+            let before = try f.add("b", notBefore: Timestamp(nanoseconds: Int64.max))
+            f.clock.advance(seconds: 10)
+            let after = try f.add("b", notBefore: Timestamp(nanoseconds: Int64.max))
+            let x = OperationID(raw: 5_000_000)
+            var saved = RecoveredState(queues: [try f.engine.queue(named: "b")], operations: try [before, after].map { try f.snapshot($0) })
+            for i in saved.operations.indices {
+                saved.operations[i].dependencies = [x]
+                saved.operations[i].options = OperationOptions()
+            }
+            let other = Fixture()
+            other.engine.setRemoteOperations(PeerDirectory(peer: Fixture().engine))
+            let at = Timestamp(nanoseconds: f.clock.now().nanoseconds - 5_000_000_000)  // between the two adds
+            other.engine.adopt(saved, remote: RemoteStates(finished: [x: true], cascades: [x: at]))
+            #expect(try other.snapshot(before).outcome == .cancelled)
+            #expect(try other.snapshot(before).cascadeAt != nil)
+            #expect(try other.state(after) == .executing)
+            // A single instance (no directory) commits its cascades whole: nothing to finish.
+            let single = Fixture()
+            single.engine.restore(saved, remote: [x: true], cascades: [x: at])
+            #expect(try single.state(before) == .executing)
         }
 
         @Test("ids come from the block given, only grow, and adding stops at its end until the next block")
@@ -274,7 +357,7 @@ extension Engine {
             peer.engine.useIDs(3 << 24..<4 << 24)
             let m = try peer.add("other")
             let saved = RecoveredState(queues: [try peer.engine.queue(named: "other")], operations: [try peer.snapshot(m)])
-            f.engine.adopt(saved, remote: [:])
+            f.engine.adopt(saved, remote: RemoteStates())
             for id in [a, b, c, m] { #expect((try? f.engine.operation(id)) != nil, "\(id)") }
             #expect(f.engine.tableSpan <= 2)
             f.kind.finish(a)

@@ -82,8 +82,33 @@ func openFailure(_ dir: String) -> StoreError? {
             try conn.execute("PRAGMA user_version = 99")
             conn.close()
             let error = try #require(openFailure(dir.path))
-            #expect(error.reason == .newerSchema(found: 99, supported: 1))
+            #expect(error.reason == .newerSchema(found: 99, supported: 2))
             #expect(error.description.contains("99"))
+        }
+    }
+
+    @Test func aFileOfTheFirstSchemaIsMigrated() throws {
+        try withTemporaryDirectory { dir in
+            try makeStore(in: dir, operations: 3)
+            // The file as the first schema wrote it: no cascade_at column, user_version 1.
+            let conn = try SQLiteConnection(path: dir.database, create: false)
+            try conn.execute("ALTER TABLE operations DROP COLUMN cascade_at; PRAGMA user_version = 1")
+            conn.close()
+            let store = try SQLiteStore(directory: dir.path)
+            let state = try store.load()
+            #expect(state.operations.count == 3)
+            #expect(state.operations.allSatisfy { $0.cascadeAt == nil })
+            var op = operationSnapshot(4)
+            op.cascadeAt = t0
+            store.append([.operation(op)], upTo: 5)
+            #expect(waitDurable(store, 5))
+            store.close()
+            let again = try SQLiteStore(directory: dir.path)
+            defer { again.close() }
+            #expect(try again.load().operations.last?.cascadeAt == t0)
+            let check = try SQLiteConnection(path: dir.database, create: false)
+            defer { check.close() }
+            #expect(try check.integer("PRAGMA user_version") == 2)
         }
     }
 

@@ -475,7 +475,7 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "5")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "6")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns.
@@ -488,7 +488,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 5)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 6)
             }
         }
     }

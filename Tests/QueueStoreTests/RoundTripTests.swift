@@ -67,6 +67,7 @@ func everyKindOfOperation() -> [OperationSnapshot] {
     cancelled.finishedAt = t0.adding(seconds: 7)
     cancelled.name = ""
     cancelled.revision = 1 << 62  // the largest a sound store holds (RecordLimits.maxCounter)
+    cancelled.cascadeAt = t0.adding(seconds: 6.5)
     ops.append(cancelled)
     return ops
 }
