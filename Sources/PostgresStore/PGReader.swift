@@ -214,6 +214,22 @@ final class PGReader {
         return Self.states(r)
     }
 
+    /// Whether `target` is reachable from `ids` along the dependencies of unfinished operations
+    /// (a dependency change that would close a cycle through several instances' queues).
+    func reaches(_ target: OperationID, from ids: [OperationID]) throws(PGFailure) -> Bool {
+        var list = ArrayColumn()
+        for id in ids { list.int(Int64(clamping: id.raw)) }
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                """
+                WITH RECURSIVE r(id) AS (SELECT unnest($1::bigint[]) UNION \
+                SELECT unnest(o.dependencies) FROM opqd.operations o JOIN r ON o.id = r.id WHERE o.state <> 'finished') \
+                SELECT EXISTS (SELECT 1 FROM r WHERE id = $2::bigint)
+                """, [list.parameter, PGParameter(Int64(clamping: target.raw))])
+        }
+        return r.rows == 1 && r.bool(0, 0) == true
+    }
+
     /// Rows of (id, finished, cascade_at). A cascade counts once the operation is finished.
     static func states(_ r: PGResult) -> RemoteStates {
         var out = RemoteStates()

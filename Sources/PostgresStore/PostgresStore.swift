@@ -292,6 +292,17 @@ public final class PostgresStore: OperationStore {
         }
     }
 
+    /// Whether `target` is reachable from `ids` along the committed dependencies of unfinished
+    /// operations, in every queue.
+    public func reaches(_ target: OperationID, from ids: [OperationID]) throws(PostgresStoreError) -> Bool {
+        let url = displayURL
+        return try feedReader.withLock { r throws(PostgresStoreError) in
+            do throws(PGFailure) { return try r.reaches(target, from: ids) } catch {
+                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
+            }
+        }
+    }
+
     /// Whether each of `ids` exists and is finished, and which a cascade cancelled; ids of no
     /// operation are left out.
     public func operationStates(_ ids: [OperationID]) throws(PostgresStoreError) -> RemoteStates {

@@ -347,6 +347,12 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         }
     }
 
+    func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool {
+        do { return try store.reaches(target, from: ids) } catch {
+            throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
+        }
+    }
+
     func watch(_ ids: [OperationID]) {
         watched.withLock { w in for id in ids { w.insert(id.raw) } }
         // The look after the wait exists (see `RemoteOperations`); looks asked for meanwhile

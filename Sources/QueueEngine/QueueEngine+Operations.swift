@@ -184,9 +184,14 @@ extension QueueEngine {
     /// that would close a cycle is refused.
     @discardableResult
     public func update(_ id: OperationID, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil) throws(EngineError) -> OperationSnapshot {
-        // A cycle through operations held elsewhere is not seen here (`reaches` walks the
-        // operations held here): see QueueEngine+Remote.
         let remote = try remoteStates(dependencies ?? [])
+        // A cycle through operations held elsewhere: the directory walks every instance's
+        // committed dependencies (`core.reaches` below, the ones held here, committed or not).
+        if let dependencies, !dependencies.isEmpty, dependencies.count <= configuration.maxDependencies + 1, let directory = self.remote,
+            try directory.reaches(id, from: dependencies)
+        {
+            throw .dependencyCycle("making \(id) depend on \(dependencies.map(\.description).joined(separator: ", ")) would close a cycle")
+        }
         return try changing(id) { core, op throws(EngineError) in
             if op.state == .finished || op.hasStarted || op.state == .executing {
                 throw .alreadyStarted(id.description)

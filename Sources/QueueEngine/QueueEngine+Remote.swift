@@ -19,6 +19,10 @@ public protocol RemoteOperations: Sendable {
     /// Operations held here now wait for these ids: call `remoteOperationsFinished` for each once
     /// it is finished, even if it finished before this call.
     func watch(_ ids: [OperationID])
+    /// Whether `target` is reachable from any of `ids` along the dependencies of unfinished
+    /// operations, wherever they are held (the engine's own walk sees only those it holds).
+    /// Called without the engine's lock; throws to refuse the request.
+    func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool
 }
 
 /// Operations held elsewhere as a directory read them (a cluster instance's store).

@@ -220,6 +220,19 @@ struct PartitionOwnerTests {
         let after = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [x]))
         #expect(waitUntil(timeout: 5) { b.kind.isRunning(after) })
 
+        // A dependency change that would close a cycle through b's queue is refused.
+        let p1 = try a.engine.addOperationID(to: qa, OperationRequest(kind: "held", options: later))
+        #expect(durable(a))
+        let q1 = try b.engine.addOperationID(to: qb, OperationRequest(kind: "held", dependencies: [p1]))
+        #expect(durable(b))
+        #expect {
+            try a.engine.update(p1, dependencies: [q1])
+        } throws: { error in
+            if case .dependencyCycle = error as? EngineError { return true }
+            return false
+        }
+        #expect(try a.engine.operation(p1).dependencies.isEmpty)
+
         // The holder of a dependent stops before it hears of the cascade: whoever takes its queue
         // finishes the cascade from the durable mark.
         let x2 = try a.engine.addOperationID(to: qa, OperationRequest(kind: "held", options: later))

@@ -27,6 +27,18 @@ final class PeerDirectory: RemoteOperations {
         return out
     }
 
+    /// Walks the peer's operations only (the engine walks its own).
+    func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool {
+        var stack = ids
+        var seen: Set<OperationID> = []
+        while let id = stack.popLast() {
+            if id == target { return true }
+            guard seen.insert(id).inserted, let s = try? peer.operation(id), s.state != .finished else { continue }
+            stack.append(contentsOf: s.dependencies)
+        }
+        return false
+    }
+
     func watch(_ ids: [OperationID]) {
         let waited = Set(owner.value?.remoteWaitedFor ?? [])
         for id in ids where !waited.contains(id) { watchesBeforeWait.withLock { $0 += 1 } }
@@ -286,6 +298,22 @@ extension Engine {
             p.directory.deliver()
             #expect(try p.b.snapshot(y).outcome == .cancelled)
             #expect(!p.b.kind.wasStarted(y))
+        }
+
+        @Test("a dependency change that would close a cycle through an operation held elsewhere is refused, and changes nothing")
+        func cycleThroughPeer() throws {
+            let p = try Pair()
+            let x = try p.b.add("b", notBefore: Timestamp(nanoseconds: Int64.max))
+            let mine = try p.b.add("b", notBefore: Timestamp(nanoseconds: Int64.max))
+            // a's y waits for b's x; a second directory lets a see b's operations.
+            let back = PeerDirectory(peer: p.b.engine)
+            back.attach(p.a.engine)
+            let y = try p.a.add("a", after: [x])
+            #expect(throws: EngineError.self) { try p.b.engine.update(x, dependencies: [y]) }
+            #expect(try p.b.snapshot(x).dependencies == [])
+            #expect(p.a.engine.remoteWaitedFor == [x] && p.b.engine.remoteWaitedFor.isEmpty)
+            // A change that closes no cycle goes through.
+            #expect(try p.b.engine.update(mine, dependencies: [x]).dependencies == [x])
         }
 
         @Test("an operation added after the cascade, naming the cancelled one, is not cancelled by it")
