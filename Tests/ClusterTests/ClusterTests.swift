@@ -196,5 +196,53 @@ struct ClusterTests {
                 + "\(feed.events.count) events (\(feeds.count) feeds read); peak executing \(peak); "
                 + "\(crossInstance) dependencies across instances (as created), \(crossOwner) across owners, \(crossQueue) across queues; "
                 + "owners \(Set(ownerOf.values).count) for \(ownerOf.count) queues; \(ledger.summary)")
+        try cascadeAcrossOwners(cluster)
+    }
+
+    /// `cancel?cascade=true` through a third instance: the dependents in the queue of another
+    /// owner are cancelled without starting, and the cascade comes back to the first owner's queue.
+    static func cascadeAcrossOwners(_ cluster: TestCluster) throws {
+        let nodes = cluster.nodes
+        var byHolder: [Int: String] = [:]
+        for i in 0..<40 where byHolder.count < 2 {
+            let name = "cascade-\(i)"
+            if let h = cluster.awaitHolder(of: name), byHolder[h.index] == nil { byHolder[h.index] = name }
+        }
+        let pair = byHolder.sorted { $0.key < $1.key }
+        guard pair.count == 2 else {
+            cluster.record(["no two queue names with different holders among 40"], "cascade across owners")
+            return
+        }
+        let (qa, qb) = (pair[0].value, pair[1].value)
+        let third = nodes.first { $0.index != pair[0].key && $0.index != pair[1].key } ?? nodes[0]
+        try cluster.createQueue(qa, maxConcurrent: 2, via: nodes[0])
+        try cluster.createQueue(qb, maxConcurrent: 2, via: nodes[1])
+        func create(_ queue: String, _ extra: String, via node: ClusterNode) throws -> String {
+            let r = try node.request("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":0.01}\#(extra)}"#)
+            guard r.status == 201, let id = r.string("id") else { throw Unexpected("creating an operation in \(queue)", r) }
+            return id
+        }
+        let x = try create(qa, #","notBefore":"2100-01-01T00:00:00Z""#, via: nodes[1])
+        let y = try create(qb, #","dependencies":["\#(x)"]"#, via: nodes[2])
+        let z = try create(qa, #","dependencies":["\#(y)"]"#, via: nodes[0])
+        let t0 = monotonicSeconds()
+        let cancel = try third.request("POST", "/v1/operations/\(x)/cancel?cascade=true")
+        guard cancel.status == 200 else { throw Unexpected("cancel?cascade=true of \(x)", cancel) }
+        var problems: [String] = []
+        let reached = waitUntil(timeout: 10, every: 0.02) { (try? nodes[2].request("GET", "/v1/operations/\(z)"))?.string("state") == "finished" }
+        let took = monotonicSeconds() - t0
+        if !reached { problems.append("\(z) (in \(qa), after \(y) in \(qb)) was not finished 10 s after the cascade") }
+        for id in [y, z] {
+            guard let r = try? nodes[0].request("GET", "/v1/operations/\(id)"), r.status == 200 else {
+                problems.append("GET \(id) failed")
+                continue
+            }
+            if r.string("outcome") != "cancelled" || r.object["startedAt"] != nil {
+                problems.append(
+                    "\(id): outcome \(r.string("outcome") ?? "none"), startedAt \(r.string("startedAt") ?? "none"): expected cancelled, never started")
+            }
+        }
+        cluster.record(problems, "cascade across owners")
+        print(String(format: "ClusterTests.cascade: %@ -> %@ -> %@ cancelled across two owners in %.3f s", x, y, z, took))
     }
 }
