@@ -23,31 +23,43 @@ extension PGMembership {
     /// the partitions held before are good only until their last renewal's deadline, and the
     /// next renewal moves it for all.
     public func claim(_ parts: [Int], token: String, alone: Bool = true) throws -> [Int: Int64] {
-        guard !parts.isEmpty else { return [:] }
+        try claimNoting(parts, token: token, alone: alone).won
+    }
+
+    /// `claim`, also answering which of the partitions won were taken from an instance that
+    /// held them and did not give them up (`release`): it stopped uncleanly or was cut off.
+    public func claimNoting(_ parts: [Int], token: String, alone: Bool = true) throws -> (won: [Int: Int64], abandoned: Set<Int>) {
+        guard !parts.isEmpty else { return ([:], []) }
         let sent = Self.monotonicNanos()
         // Never beside a one-owner cluster's live lease (`--ownership one` on the same
         // database, e.g. during an upgrade): both would run the same queues. The check and the
         // claim are one step for all, under the lock `tryAcquire` takes too.
         let r = try withConnection { c throws(PGFailure) in
             try Self.ownershipStep(c) { c throws(PGFailure) in
+                // `prior` reads the rows as they were before the claim (one snapshot for the
+                // whole statement): a row that was not given up was abandoned.
                 try c.exec(
                     """
-                    INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
+                    WITH prior AS (SELECT scope, released FROM opqd.ownership WHERE scope = ANY($4::text[])), \
+                    won AS (INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
                     SELECT s, $1, 1, now() + make_interval(secs => $2::float8), $3 FROM unnest($4::text[]) AS s \
                     WHERE NOT EXISTS (SELECT 1 FROM opqd.ownership WHERE scope = '*' AND expires_at > now()) \
                     ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
-                    token = excluded.token WHERE o.expires_at < now() RETURNING scope, epoch
+                    token = excluded.token, released = false WHERE o.expires_at < now() RETURNING scope, epoch) \
+                    SELECT won.scope, won.epoch, NOT coalesce(prior.released, true) FROM won LEFT JOIN prior USING (scope)
                     """,
                     [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts)])
             }
         }
         var won: [Int: Int64] = [:]
+        var abandoned = Set<Int>()
         for i in 0..<r.rows {
             guard let scope = r.text(i, 0), let p = QueuePartitions.partition(ofScope: scope), let epoch = r.int64(i, 1) else { continue }
             won[p] = epoch
+            if r.bool(i, 2) == true { abandoned.insert(p) }
         }
         if !won.isEmpty && alone { extendDeadline(from: sent) }
-        return won
+        return (won, abandoned)
     }
 
     /// Renews every partition in `held` (partition → epoch won), also ones whose lease ran out
@@ -83,7 +95,7 @@ extension PGMembership {
         try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
-                UPDATE opqd.ownership o SET expires_at = now() - interval '1 second' \
+                UPDATE opqd.ownership o SET expires_at = now() - interval '1 second', released = true \
                 FROM unnest($2::text[], $3::bigint[]) AS h(scope, epoch) \
                 WHERE o.scope = h.scope AND o.epoch = h.epoch AND o.instance = $1
                 """, [PGParameter(instanceID), Self.scopes(parts), Self.epochs(parts.map { held[$0] ?? 0 })])

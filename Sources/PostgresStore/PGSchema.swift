@@ -168,8 +168,14 @@ enum PGSchema {
             ADD COLUMN count_paused bigint NOT NULL DEFAULT 0, ADD COLUMN count_finished bigint NOT NULL DEFAULT 0;
         """,
         // 5 -> 6: when a cascade cancelled the operation (OperationSnapshot.cascadeAt), ns: the
-        // instance holding a dependent reads it to cancel that one too.
-        "ALTER TABLE opqd.operations ADD COLUMN cascade_at bigint;",
+        // instance holding a dependent reads it to cancel that one too. Whether a lease was
+        // given up (`release`) rather than left to run out: the next owner of a partition whose
+        // holder stopped uncleanly counts that stop for the operations it was running (API.md
+        // "Crashes").
+        """
+        ALTER TABLE opqd.operations ADD COLUMN cascade_at bigint;
+        ALTER TABLE opqd.ownership ADD COLUMN released boolean NOT NULL DEFAULT false;
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.

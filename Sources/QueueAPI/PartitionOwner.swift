@@ -210,8 +210,8 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             if !give.isEmpty { release(Set(give), engine: engine) }
             let want = targets.filter { mine[$0] == nil && map[$0] == nil && !going.contains($0) }.sorted()
             if !want.isEmpty {
-                let won = try membership.claim(want, token: token, alone: mine.isEmpty)
-                if !won.isEmpty { try adopt(won, engine: engine) }
+                let (won, abandoned) = try membership.claimNoting(want, token: token, alone: mine.isEmpty)
+                if !won.isEmpty { try adopt(won, abandoned: abandoned, engine: engine) }
             }
             if engine.idsLeft < 1 << 20 { engine.useIDs(try membership.takeIDBlock()) }
             reconcile(engine)
@@ -229,8 +229,9 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     }
 
     /// Loads the queues of the partitions won and hands them to the engine. They are in `held`
-    /// first (restoring writes: recovery moves), and served once loaded.
-    private func adopt(_ won: [Int: Int64], engine: QueueEngine) throws {
+    /// first (restoring writes: recovery moves), and served once loaded. `abandoned`: those
+    /// whose holder did not give them up (see `countCrashes`).
+    private func adopt(_ won: [Int: Int64], abandoned: Set<Int>, engine: QueueEngine) throws {
         for (p, e) in won { held.set(p, e) }
         let names: [String]
         var recovered: RecoveredState
@@ -240,6 +241,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
             (recovered, remote) = try store.load(queues: names)
             block = try membership.takeIDBlock()
+            recovered.poisoned = try countCrashes(recovered, abandoned: abandoned)
         } catch {
             // Nothing was taken in: give the partitions back, to be claimed again.
             held.remove(won)
@@ -258,6 +260,37 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         logger.info(
             "partitions taken",
             metadata: ["partitions": "\(won.keys.sorted())", "queues": "\(recovered.queues.count)", "operations": "\(recovered.operations.count)"])
+    }
+
+    /// API.md "Crashes" across instances: an operation that was executing in a partition whose
+    /// holder stopped without giving it up counts one unclean stop (`crashes:<id>` in `meta`,
+    /// as a single instance counts them); one handed over cleanly, or not executing, starts
+    /// over. Durable before anything of the partitions runs. Answers those that reached 3:
+    /// their run may be what stops the instances, so they fail instead of moving on to the next.
+    private func countCrashes(_ recovered: RecoveredState, abandoned: Set<Int>) throws -> Set<OperationID> {
+        var counts: [String: Int] = [:]
+        for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
+        var writes: [(key: String, value: String?)] = []
+        var poisoned: Set<OperationID> = []
+        for op in recovered.operations {
+            let key = "crashes:\(op.id)"
+            if op.state == .executing && abandoned.contains(QueuePartitions.of(queue: op.queue)) {
+                let n = min((counts[key] ?? 0) + 1, 1_000)
+                writes.append((key, String(n)))
+                if n >= 3 { poisoned.insert(op.id) }
+            } else if counts[key] != nil {
+                writes.append((key, nil))
+            }
+        }
+        guard !writes.isEmpty else { return [] }
+        if !abandoned.isEmpty { logger.warning("partitions taken from an instance that stopped uncleanly", metadata: ["partitions": "\(abandoned.sorted())"]) }
+        let committed = DispatchSemaphore(value: 0)
+        guard store.setMeta(writes, then: { committed.signal() }),
+            committed.wait(timeout: .now() + max(membership.leaseSeconds, 1)) == .success
+        else {
+            throw CrashCountNotCommitted()
+        }
+        return poisoned
     }
 
     /// Gives partitions up (see the type's comment for the order).
@@ -412,4 +445,10 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         watched.withLock { $0 = Set(waited.map(\.raw)) }
         if !waited.isEmpty { lookSoon(waited) }
     }
+}
+
+/// The count of unclean stops (`countCrashes`) did not commit within a lease: the partitions
+/// are given back rather than run without it.
+struct CrashCountNotCommitted: Error, CustomStringConvertible {
+    var description: String { "the count of unclean stops of the partitions taken was not committed within a lease" }
 }

@@ -248,4 +248,51 @@ struct PartitionOwnerTests {
         #expect((try? a.engine.operation(after))?.state == .executing, "the one added after the first cascade is not cancelled by it")
         #expect(a.lostReason.withLock { $0 } == nil)
     }
+
+    @Test func anOperationRunningThroughThreeUncleanStopsInARowIsNotRunAgain() throws {
+        let url = try TestPostgres.createDatabase()
+        defer { TestPostgres.dropDatabase(url) }
+        var serial = 0
+        /// A new instance, alone, once it serves every partition (after the last one's leases).
+        func next() throws -> PartitionedInstance {
+            serial += 1
+            let i = try PartitionedInstance(url: url, id: "inst-\(serial)", lease: 1)
+            try i.start()
+            #expect(waitUntil(timeout: 10) { i.owner.servingPartitions.count == QueuePartitions.count }, "\(i.id) took every partition")
+            return i
+        }
+        func crashes(_ i: PartitionedInstance, _ x: OperationID) -> String? {
+            i.store.meta(prefix: "crashes:").first { $0.key == "crashes:\(x)" }?.value
+        }
+        var current = try next()
+        try current.engine.createQueue(name: "q")
+        let x = try current.engine.addOperationID(to: "q", OperationRequest(kind: "held"))
+        let committed = DispatchSemaphore(value: 0)
+        current.store.whenDurable(current.engine.currentTicket) { committed.signal() }
+        #expect(committed.wait(timeout: .now() + 10) == .success)
+        #expect(current.kind.isRunning(x))
+        // kill -9 (1), then a clean stop, which starts the count over.
+        current.crash()
+        current = try next()
+        #expect(waitUntil(timeout: 5) { current.kind.isRunning(x) })
+        #expect(crashes(current, x) == "1")
+        current.stop()
+        current = try next()
+        #expect(waitUntil(timeout: 5) { current.kind.isRunning(x) })
+        #expect(crashes(current, x) == nil, "a clean handover is not a crash in a row")
+        // Three in a row: the third taker fails it instead of running it.
+        for n in 1...3 {
+            current.crash()
+            current = try next()
+            if n < 3 {
+                #expect(waitUntil(timeout: 5) { current.kind.isRunning(x) }, "run again after unclean stop \(n)")
+                #expect(crashes(current, x) == "\(n)")
+            }
+        }
+        defer { current.stop() }
+        let s = try current.engine.operation(x)
+        #expect(s.state == .finished && s.outcome == .failed, "\(s.state) \(String(describing: s.outcome))")
+        #expect(s.error?["type"] == .string("crashed-server"))
+        #expect(!current.kind.isRunning(x))
+    }
 }

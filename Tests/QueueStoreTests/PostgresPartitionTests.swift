@@ -50,7 +50,9 @@ extension PostgresStoreTests {
             #expect(try b.renew([2: 1, 3: 1]) == [3], "only what it holds is renewed")
 
             try a.release([2: 1])
-            #expect(try b.claim([2], token: "tb") == [2: 2], "given up: taken at once, one epoch up")
+            let given = try b.claimNoting([2], token: "tb")
+            #expect(given.won == [2: 2], "given up: taken at once, one epoch up")
+            #expect(given.abandoned.isEmpty, "given up, not abandoned")
             #expect(try a.renew([0: 1, 1: 1, 2: 1]) == [0, 1], "a renewal tells a it lost partition 2")
             let leases = try a.partitionLeases()
             #expect(leases.map(\.partition) == [0, 1, 2, 3])
@@ -60,7 +62,9 @@ extension PostgresStoreTests {
             #expect(try a.claim([3], token: "ta").isEmpty)
             Thread.sleep(forTimeInterval: 1.3)
             _ = try a.renew([0: 1, 1: 1])
-            #expect(try a.claim([2, 3], token: "ta") == [2: 3, 3: 2])
+            let taken = try a.claimNoting([2, 3, 4], token: "ta")
+            #expect(taken.won == [2: 3, 3: 2, 4: 1])
+            #expect(taken.abandoned == [2, 3], "b left them to run out; 4 was nobody's")
             #expect(try b.renew([2: 2, 3: 1]).isEmpty)
         }
     }
