@@ -214,6 +214,29 @@ final class PGReader {
         return Self.states(r)
     }
 
+    /// The queue of each of `ids` that names an operation.
+    func queues(of ids: [OperationID]) throws(PGFailure) -> [OperationID: String] {
+        var list = ArrayColumn()
+        for id in ids { list.int(Int64(clamping: id.raw)) }
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT id, queue FROM opqd.operations WHERE id = ANY($1::bigint[])", [list.parameter])
+        }
+        var out: [OperationID: String] = [:]
+        for i in 0..<r.rows {
+            guard let id = r.int64(i, 0), let raw = UInt64(exactly: id), let queue = r.text(i, 1) else { continue }
+            out[OperationID(raw: raw)] = queue
+        }
+        return out
+    }
+
+    /// The row of operation `id`, decoded; nil when there is none.
+    func operation(_ id: OperationID) throws -> OperationSnapshot? {
+        let r = try withConnection { c throws(PGFailure) in
+            try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE id = $1::bigint", [PGParameter(Int64(clamping: id.raw))])
+        }
+        return r.rows == 1 ? try PGRecordDecoder.operation(r, 0) : nil
+    }
+
     /// Whether `target` is reachable from `ids` along the dependencies of unfinished operations
     /// (a dependency change that would close a cycle through several instances' queues).
     func reaches(_ target: OperationID, from ids: [OperationID]) throws(PGFailure) -> Bool {

@@ -292,6 +292,22 @@ public final class PostgresStore: OperationStore {
         }
     }
 
+    /// The queue of each of `ids` that names an operation (one read).
+    public func queues(of ids: [OperationID]) throws(PostgresStoreError) -> [OperationID: String] {
+        guard !ids.isEmpty else { return [:] }
+        let url = displayURL
+        return try feedReader.withLock { r throws(PostgresStoreError) in
+            do throws(PGFailure) { return try r.queues(of: ids) } catch {
+                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
+            }
+        }
+    }
+
+    /// The committed row of operation `id` (nil: none).
+    public func operation(_ id: OperationID) throws(PostgresStoreError) -> OperationSnapshot? {
+        try loading { r in try r.operation(id) }
+    }
+
     /// Whether `target` is reachable from `ids` along the committed dependencies of unfinished
     /// operations, in every queue.
     public func reaches(_ target: OperationID, from ids: [OperationID]) throws(PostgresStoreError) -> Bool {

@@ -148,7 +148,8 @@ func buildApplication(
             owner: partitions, engine: engine,
             forwarder: Forwarder(
                 selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds),
-            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }), reads: reads)
+            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),
+            reads: reads, limits: limits)
     }
     let front = routing
     let share = partitions

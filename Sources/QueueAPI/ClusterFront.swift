@@ -20,6 +20,8 @@ struct ClusterFront: Sendable {
     /// Statuses read from PostgreSQL (`FollowerReads`): every queue's, and those of queues and
     /// operations this instance does not hold, which keep answering while their partition moves.
     let reads: APIDispatcher
+    /// For checking a request before it is split (`finishAcross`).
+    let limits: OpqdConfiguration.Limits
 
     /// nil: answer here.
     func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
@@ -57,19 +59,13 @@ struct ClusterFront: Sendable {
             {
                 return reads.handle(request)
             }
-            // A copy into another queue: both queues must be owned by one instance.
+            // A copy into a queue another instance owns is made there: the copy's owner reads
+            // the source's committed row (`RemoteOperations.operation`).
             if request.method == "POST" && rest.hasSuffix("/copy"), case let .string(target)? = (try? JSONValue.parse(request.body))?["queue"],
-                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source)
+                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source),
+                owner.holder(ofQueue: target)?.instance != owner.holder(ofQueue: source)?.instance
             {
-                let targetHolder = owner.holder(ofQueue: target)
-                if targetHolder == nil { return to(queue: target, request) }
-                if targetHolder?.instance == owner.holder(ofQueue: source)?.instance { return to(queue: source, request) }
-                return refuse(
-                    request,
-                    Problem(
-                        409, "spans-instances", "Queues on several instances",
-                        "the operation's queue '\(source)' and the copy's queue '\(target)' are owned by different instances of the cluster; copy it within its own queue, or to a queue of the same instance"
-                    ))
+                return to(queue: target, request)
             }
             return to(queue: source, request)
         }
@@ -82,26 +78,53 @@ struct ClusterFront: Sendable {
         if path == "/v1/operations:finish" && request.method == "POST" {
             if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
             guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
-            var names = Set<String>()
-            var lookups = 0
-            for e in elements {
+            // Too many elements: refused here as anywhere (the check before a split).
+            guard elements.count <= limits.batch else { return nil }
+            var queueOf: [Int: String] = [:]
+            var missing: [(index: Int, id: OperationID)] = []
+            for (i, e) in elements.enumerated() {
                 guard case let .string(text)? = e["id"], let id = OperationID(text) else { continue }
-                if let local = try? engine.operation(id) {
-                    names.insert(local.queue)
-                    continue
-                }
-                // Bounded: ids of nothing are answered 404 by whoever answers the rest.
-                lookups += 1
-                if lookups > 100 { break }
-                switch queues.queue(of: id) {
-                case let .found(queue): names.insert(queue)
-                case .none: continue
-                case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
-                }
+                if let local = try? engine.operation(id) { queueOf[i] = local.queue } else { missing.append((i, id)) }
             }
-            return together(names, request, what: "the finished operations' queues")
+            // The others' queues in one read (ids of nothing are answered 404 by whoever answers).
+            switch queues.queues(of: missing.map(\.id)) {
+            case let .found(found): for m in missing { if let q = found[m.id] { queueOf[m.index] = q } }
+            case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+            }
+            return finishes(request, elements: elements, queueOf: queueOf)
         }
         return nil
+    }
+
+    /// A finish request: here when this instance serves every queue named, to the holder when
+    /// one other instance holds them all, split among the holders otherwise (`finishAcross`).
+    private func finishes(_ request: HTTPRequest, elements: [JSONValue], queueOf: [Int: String]) -> HTTPHandlerResult? {
+        let names = Set(queueOf.values)
+        let elsewhere = names.filter { !owner.serves(queue: $0) }
+        guard let first = elsewhere.min() else { return nil }
+        if let moving = elsewhere.first(where: { owner.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
+        func instance(_ queue: String) -> String { owner.serves(queue: queue) ? owner.selfID : owner.holder(ofQueue: queue)?.instance ?? "" }
+        let instances = Set(names.map(instance))
+        // One other instance holds them all; or this request was split by another instance
+        // already and a queue moved since (never forwarded twice: 503, the client retries).
+        if instances.count == 1 || Forwarder.wasForwarded(request) { return to(queue: first, request) }
+        // Elements of no known operation go with this instance's share (404 there), or the first.
+        let fallback = instances.contains(owner.selfID) ? owner.selfID : instance(first)
+        var order: [String] = []
+        var shares: [String: [Int]] = [:]
+        for i in elements.indices {
+            let who = queueOf[i].map(instance) ?? fallback
+            if shares[who] == nil { order.append(who) }
+            shares[who, default: []].append(i)
+        }
+        var urls: [String: String] = [owner.selfID: owner.selfURL]
+        for q in elsewhere { if let h = owner.holder(ofQueue: q) { urls[h.instance] = h.url } }
+        var parts: [FinishPart] = []
+        for who in order {
+            guard let url = urls[who], !url.isEmpty else { return to(queue: first, request) }
+            parts.append(FinishPart(url: url, indices: shares[who] ?? []))
+        }
+        return finishAcross(request, elements: elements, parts: parts)
     }
 
     /// Requests for several queues at once: here when this instance serves them all, to their
@@ -142,7 +165,7 @@ struct ClusterFront: Sendable {
         return .routed("forwarded", forwarder.forward(request, to: holder.url))
     }
 
-    private func refuse(_ request: HTTPRequest, _ problem: Problem) -> HTTPHandlerResult {
+    func refuse(_ request: HTTPRequest, _ problem: Problem) -> HTTPHandlerResult {
         if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
         return .routed(Router.unmatched, .response(problem.response))
     }
@@ -157,19 +180,51 @@ final class OperationQueues: Sendable {
         case unavailable(String)
     }
 
+    enum Answers: Equatable {
+        case found([OperationID: String])
+        case unavailable(String)
+    }
+
     private let read: @Sendable (OperationID) throws -> String?
+    private let readMany: @Sendable ([OperationID]) throws -> [OperationID: String]
     private let cache = Locking.Lock<(map: [UInt64: String], order: [UInt64], head: Int)>(([:], [], 0))
     static let capacity = 100_000
 
-    init(read: @escaping @Sendable (OperationID) throws -> String?) { self.read = read }
+    init(read: @escaping @Sendable (OperationID) throws -> String?, readMany: @escaping @Sendable ([OperationID]) throws -> [OperationID: String]) {
+        self.read = read
+        self.readMany = readMany
+    }
 
     func queue(of id: OperationID) -> Answer {
         if let q = cache.withLock({ $0.map[id.raw] }) { return .found(q) }
         let found: String?
         do { found = try read(id) } catch { return .unavailable("\(error)") }
         guard let found else { return .none }
+        keep([id: found])
+        return .found(found)
+    }
+
+    /// `queue(of:)` of many: those not kept yet in one read. Ids of nothing are left out.
+    func queues(of ids: [OperationID]) -> Answers {
+        var out: [OperationID: String] = [:]
+        let misses: [OperationID] = cache.withLock { c in
+            ids.filter { id in
+                guard let q = c.map[id.raw] else { return true }
+                out[id] = q
+                return false
+            }
+        }
+        guard !misses.isEmpty else { return .found(out) }
+        let found: [OperationID: String]
+        do { found = try readMany(misses) } catch { return .unavailable("\(error)") }
+        keep(found)
+        out.merge(found) { a, _ in a }
+        return .found(out)
+    }
+
+    private func keep(_ found: [OperationID: String]) {
         cache.withLock { c in
-            if c.map.updateValue(found, forKey: id.raw) == nil {
+            for (id, queue) in found where c.map.updateValue(queue, forKey: id.raw) == nil {
                 if c.order.count < Self.capacity {
                     c.order.append(id.raw)
                 } else {
@@ -179,6 +234,5 @@ final class OperationQueues: Sendable {
                 }
             }
         }
-        return .found(found)
     }
 }

@@ -43,9 +43,10 @@ info:
       when the owner cannot be reached: `no-owner` (a takeover is under way),
       `owner-unavailable` (the owner did not answer: the change may or may not have happened;
       retry with an `Idempotency-Key`), `cluster-unavailable` or `store-unavailable`
-      (PostgreSQL cannot be read). `POST /v1/operations:batch` and `POST /v1/operations:finish`
-      whose queues are owned by different instances answer 409 `spans-instances` (split them
-      by queue).
+      (PostgreSQL cannot be read). `POST /v1/operations:batch` whose queues are owned by
+      different instances answers 409 `spans-instances` (split it by queue); a
+      `POST /v1/operations:finish` over several owners' queues is split among them (one
+      commit each), and a copy into another owner's queue is made by that owner.
     * Limits are server options with safe defaults; hitting one answers a problem naming
       the limit and its flag and changes nothing: `--max-queues`, `--max-unfinished`,
       `--max-unfinished-per-queue` (429 `too-many-queues` / `too-many-operations`, with
@@ -1703,7 +1704,10 @@ paths:
         hold back the others. The answer comes once every change it made is durable (they
         share one group commit): 200 with one entry per element, in the request's order:
         `{"id", "status": 200, "operation"}` with the operation's status after it, or
-        `{"id", "status": 404|409, "problem"}`.
+        `{"id", "status": 404|409, "problem"}`. In a cluster whose instances own the
+        operations' queues between them, each owner finishes its share in one commit of its
+        own; an owner that does not answer gives its elements `{"status": 503, "problem"}`
+        (`owner-unavailable`: they may or may not have finished).
       requestBody:
         required: true
         content:
@@ -2379,8 +2383,8 @@ components:
         same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
         that is not (or no longer) the caller's (`lease-conflict`), or finishing an
         operation that has already finished (`already-finished`), copying a barrier
-        (`not-copyable`), or, in a cluster, a batch create or batch finish whose queues are
-        owned by different instances (`spans-instances`).
+        (`not-copyable`), or, in a cluster, a batch create whose queues are owned by
+        different instances (`spans-instances`).
       content:
         application/problem+json:
           schema:

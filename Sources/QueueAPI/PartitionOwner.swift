@@ -49,6 +49,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// Partitions whose requests this instance answers (held, loaded, not being given up).
     private let serving = Locking.Lock<Set<Int>>([])
     private let holders = Locking.Lock<[Int: PartitionHolder]>([:])
+    private let advertised = Locking.Lock("")
     private let others = Locking.Lock<Bool>(false)
     private let lastError = Locking.Lock<String?>(nil)
     /// The last read of the instances and of every queue's name (for `GET /v1/cluster`).
@@ -105,6 +106,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         let serving = self.serving
         engine.onlyQueues { name in serving.withLock { $0.contains(QueuePartitions.of(queue: name)) } }
         try membership.register(advertise: advertise)
+        advertised.withLock { $0 = advertise }
         engine.useIDs(try membership.takeIDBlock())
         work.sync { tick() }
         let timer = DispatchSource.makeTimerSource(queue: work)
@@ -155,6 +157,9 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         let p = QueuePartitions.of(queue: name)
         return holders.withLock { $0[p] }
     }
+
+    /// The URL this instance advertises to the others (`start`).
+    var selfURL: String { advertised.withLock { $0 } }
 
     /// Partition -> holder, as last read (this instance included).
     var holderMap: [Int: PartitionHolder] { holders.withLock { $0 } }
@@ -376,6 +381,12 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
         do { return try store.operationStates(ids).finished } catch {
+            throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
+        }
+    }
+
+    func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot? {
+        do { return try store.operation(id) } catch {
             throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
         }
     }

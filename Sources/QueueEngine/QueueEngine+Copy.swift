@@ -27,8 +27,8 @@ extension QueueEngine {
     /// validated and added exactly as a create, with the same refusals.
     @discardableResult
     public func copyOperation(_ id: OperationID, _ overrides: CopyOverrides = CopyOverrides()) throws(EngineError) -> OperationSnapshot {
-        let (source, sourceQueue) = try read { core throws(EngineError) -> (OperationRequest, String) in
-            let op = try core.op(id)
+        let held = try read { core throws(EngineError) -> (OperationRequest, String)? in
+            guard let op = core.ops[id.raw] else { return nil }
             if op.isBarrier {
                 throw .notCopyable("operation \(id) is a barrier; POST /v1/queues/{name}/barrier adds a new one")
             }
@@ -41,6 +41,22 @@ extension QueueEngine {
                 kind: op.kindName, name: op.name, queuePriority: op.priority, dependencies: dependencies, spec: op.spec,
                 options: op.options)
             return (request, op.queue.name)
+        }
+        let source: OperationRequest
+        let sourceQueue: String
+        if let held {
+            (source, sourceQueue) = held
+        } else if let remote, let s = try remote.operation(id) {
+            // A copy into a queue of this instance of an operation another one holds (a
+            // cluster): its committed row. The barrier it was made to wait for is not known
+            // there; it is finished or a dependency like any other.
+            if s.kind == "barrier" { throw .notCopyable("operation \(id) is a barrier; POST /v1/queues/{name}/barrier adds a new one") }
+            source = OperationRequest(
+                kind: s.kind, name: s.name, queuePriority: s.queuePriority, dependencies: overrides.dependencies == nil ? s.dependencies : [],
+                spec: s.spec, options: s.options)
+            sourceQueue = s.queue
+        } else {
+            throw .operationNotFound(id.description)
         }
         var request = source
         if overrides.dependencies == nil, remote != nil {

@@ -23,6 +23,9 @@ public protocol RemoteOperations: Sendable {
     /// operations, wherever they are held (the engine's own walk sees only those it holds).
     /// Called without the engine's lock; throws to refuse the request.
     func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool
+    /// The committed status of operation `id` held elsewhere (nil: none), spec and options
+    /// included: the source of a copy into a queue held here.
+    func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot?
 }
 
 /// Operations held elsewhere as a directory read them (a cluster instance's store).

@@ -197,24 +197,104 @@ struct ClusterTests {
                 + "\(crossInstance) dependencies across instances (as created), \(crossOwner) across owners, \(crossQueue) across queues; "
                 + "owners \(Set(ownerOf.values).count) for \(ownerOf.count) queues; \(ledger.summary)")
         try cascadeAcrossOwners(cluster)
+        try copyAndFinishAcrossOwners(cluster)
+    }
+
+    /// Two queue names whose partitions different instances hold, and an instance holding
+    /// neither (nil when 40 names do not give two holders).
+    static func queuesOfTwoOwners(_ cluster: TestCluster, prefix: String) -> (String, String, ClusterNode)? {
+        var byHolder: [Int: String] = [:]
+        for i in 0..<40 where byHolder.count < 2 {
+            let name = "\(prefix)-\(i)"
+            if let h = cluster.awaitHolder(of: name), byHolder[h.index] == nil { byHolder[h.index] = name }
+        }
+        let pair = byHolder.sorted { $0.key < $1.key }
+        guard pair.count == 2 else { return nil }
+        let third = cluster.nodes.first { $0.index != pair[0].key && $0.index != pair[1].key } ?? cluster.nodes[0]
+        return (pair[0].value, pair[1].value, third)
+    }
+
+    /// Through an instance that holds neither queue: a copy into the other owner's queue, and
+    /// one finish request for external operations of both owners' queues, split between them.
+    static func copyAndFinishAcrossOwners(_ cluster: TestCluster) throws {
+        guard let (qa, qb, third) = queuesOfTwoOwners(cluster, prefix: "split") else {
+            cluster.record(["no two queue names with different holders among 40"], "copy and finish across owners")
+            return
+        }
+        let nodes = cluster.nodes
+        try cluster.createQueue(qa, maxConcurrent: 5, via: nodes[0])
+        try cluster.createQueue(qb, maxConcurrent: 5, via: nodes[1])
+        var problems: [String] = []
+        func create(_ queue: String) throws -> String {
+            let r = try third.request(
+                "POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"external","name":"w","spec":{"lease":30},"queuePriority":"high"}"#)
+            guard r.status == 201, let id = r.string("id") else { throw Unexpected("creating an external operation in \(queue)", r) }
+            return id
+        }
+        let a = try create(qa)
+        let b = try create(qb)
+        // The copy of a goes to qb, whose owner reads a's row.
+        let copy = try third.request("POST", "/v1/operations/\(a)/copy", json: #"{"queue":"\#(qb)"}"#)
+        if copy.status != 201 || copy.string("queue") != qb || copy.string("kind") != "external" || copy.string("queuePriority") != "high" {
+            problems.append("copy of \(a) into \(qb) through opqd #\(third.index): \(copy.status) \(copy.text.prefix(300))")
+        }
+        // A worker claims one operation in each queue, and finishes both in one request.
+        func claim(_ queue: String) throws -> (id: String, token: String)? {
+            let r = try third.request("POST", "/v1/queues/\(queue)/claim?wait=5", json: #"{"worker":"split-worker"}"#)
+            guard r.status == 200, let op = r.object["operation"] as? [String: Any], let id = op["id"] as? String,
+                let lease = r.object["lease"] as? [String: Any], let token = lease["token"] as? String
+            else {
+                problems.append("claim in \(queue): \(r.status) \(r.text.prefix(200))")
+                return nil
+            }
+            return (id, token)
+        }
+        guard let ca = try claim(qa), let cb = try claim(qb) else {
+            cluster.record(problems, "copy and finish across owners")
+            return
+        }
+        // A malformed element refuses the whole request: nothing finishes anywhere.
+        let bad = try third.request(
+            "POST", "/v1/operations:finish",
+            json: #"{"finishes":[{"id":"\#(ca.id)","leaseToken":"\#(ca.token)"},{"id":"\#(cb.id)","leaseToken":"\#(cb.token)","extra":1}]}"#)
+        if bad.status != 422 || !(bad.string("detail") ?? "").hasPrefix("finishes[1]") {
+            problems.append("a finish with a malformed second element answered \(bad.status): \(bad.text.prefix(300))")
+        }
+        let unknown = "op-00000000000fffff"
+        let r = try third.request(
+            "POST", "/v1/operations:finish",
+            json: #"{"finishes":[{"id":"\#(cb.id)","leaseToken":"\#(cb.token)","result":{"n":2}},{"id":"\#(unknown)","leaseToken":"x"},"#
+                + #"{"id":"\#(ca.id)","leaseToken":"\#(ca.token)","result":{"n":1}},{"id":"\#(ca.id)","leaseToken":"\#(ca.token)"}]}"#)
+        let entries = r.objects("finishes")
+        let statuses = entries.map { ($0["status"] as? NSNumber)?.intValue ?? -1 }
+        let ids = entries.map { $0["id"] as? String ?? "" }
+        if r.status != 200 || statuses != [200, 404, 200, 409] || ids != [cb.id, unknown, ca.id, ca.id] {
+            problems.append("the split finish answered \(r.status), statuses \(statuses), ids \(ids): \(r.text.prefix(600))")
+        } else {
+            let detail = (entries[1]["problem"] as? [String: Any])?["detail"] as? String ?? ""
+            if !detail.hasPrefix("finishes[1]") { problems.append("the unknown id's problem names \(detail.prefix(40)), not finishes[1]") }
+            let again = (entries[3]["problem"] as? [String: Any])?["detail"] as? String ?? ""
+            if !again.hasPrefix("finishes[3]") { problems.append("the repeated finish's problem names \(again.prefix(40)), not finishes[3]") }
+        }
+        for (id, n) in [(ca.id, 1), (cb.id, 2)] {
+            let s = try nodes[2].request("GET", "/v1/operations/\(id)")
+            let result = s.object["result"] as? [String: Any]
+            if s.string("outcome") != "succeeded" || (result?["n"] as? NSNumber)?.intValue != n {
+                problems.append("\(id) after the split finish: \(s.text.prefix(300))")
+            }
+        }
+        cluster.record(problems, "copy and finish across owners")
+        print("ClusterTests.split: a copy from \(qa) into \(qb), and one finish request over both owners' queues, through opqd #\(third.index): \(statuses)")
     }
 
     /// `cancel?cascade=true` through a third instance: the dependents in the queue of another
     /// owner are cancelled without starting, and the cascade comes back to the first owner's queue.
     static func cascadeAcrossOwners(_ cluster: TestCluster) throws {
         let nodes = cluster.nodes
-        var byHolder: [Int: String] = [:]
-        for i in 0..<40 where byHolder.count < 2 {
-            let name = "cascade-\(i)"
-            if let h = cluster.awaitHolder(of: name), byHolder[h.index] == nil { byHolder[h.index] = name }
-        }
-        let pair = byHolder.sorted { $0.key < $1.key }
-        guard pair.count == 2 else {
+        guard let (qa, qb, third) = queuesOfTwoOwners(cluster, prefix: "cascade") else {
             cluster.record(["no two queue names with different holders among 40"], "cascade across owners")
             return
         }
-        let (qa, qb) = (pair[0].value, pair[1].value)
-        let third = nodes.first { $0.index != pair[0].key && $0.index != pair[1].key } ?? nodes[0]
         try cluster.createQueue(qa, maxConcurrent: 2, via: nodes[0])
         try cluster.createQueue(qb, maxConcurrent: 2, via: nodes[1])
         func create(_ queue: String, _ extra: String, via node: ClusterNode) throws -> String {

@@ -27,6 +27,8 @@ final class PeerDirectory: RemoteOperations {
         return out
     }
 
+    func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot? { try? peer.operation(id) }
+
     /// Walks the peer's operations only (the engine walks its own).
     func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool {
         var stack = ids
@@ -314,6 +316,26 @@ extension Engine {
             #expect(p.a.engine.remoteWaitedFor == [x] && p.b.engine.remoteWaitedFor.isEmpty)
             // A change that closes no cycle goes through.
             #expect(try p.b.engine.update(mine, dependencies: [x]).dependencies == [x])
+        }
+
+        @Test("a copy into a queue held here of an operation held elsewhere takes its kind, spec, options and dependencies")
+        func copyFromPeer() throws {
+            let p = try Pair()
+            let dep = try p.a.add("a")
+            let later = Timestamp(nanoseconds: Int64.max)
+            let source = try p.a.engine.addOperationID(
+                to: "a",
+                OperationRequest(
+                    kind: "manual", name: "source", queuePriority: .high, dependencies: [dep], spec: .object([("n", .number(1))]),
+                    options: OperationOptions(timeout: 5, notBefore: later)))
+            let copy = try p.b.engine.copyOperation(source, CopyOverrides(queue: "b"))
+            #expect(copy.queue == "b" && copy.kind == "manual" && copy.name == "source" && copy.queuePriority == .high)
+            #expect(copy.spec == .object([("n", .number(1))]) && copy.options.timeout == 5 && copy.options.notBefore == later)
+            #expect(copy.dependencies == [dep] && copy.state == .pending, "waits for the source's dependency, held elsewhere")
+            #expect(p.b.engine.remoteWaitedFor == [dep])
+            #expect(throws: EngineError.self) { try p.b.engine.copyOperation(OperationID(raw: 999), CopyOverrides(queue: "b")) }
+            let barrier = try p.a.engine.addBarrier(to: "a")
+            #expect(throws: EngineError.self) { try p.b.engine.copyOperation(barrier.id, CopyOverrides(queue: "b")) }
         }
 
         @Test("an operation added after the cascade, naming the cancelled one, is not cancelled by it")

@@ -115,7 +115,9 @@ struct WorkersController: Sendable {
         }
     }
 
-    func token(_ b: Body) throws(Problem) -> String {
+    func token(_ b: Body) throws(Problem) -> String { try Self.token(b) }
+
+    static func token(_ b: Body) throws(Problem) -> String {
         guard let t = try b.string("leaseToken", maxLength: 128) else { throw Problem.invalid("leaseToken", "is required: the token from the claim") }
         return t
     }
@@ -157,7 +159,9 @@ struct WorkersController: Sendable {
     }
 
     /// The worker's `result` or `error` as a completion, within `--max-result-bytes`.
-    func completion(_ b: Body) throws(Problem) -> Completion {
+    func completion(_ b: Body) throws(Problem) -> Completion { try Self.completion(b, limits: limits) }
+
+    static func completion(_ b: Body, limits: OpqdConfiguration.Limits) throws(Problem) -> Completion {
         let maxResult = limits.resultBytes
         for field in ["result", "error"] {
             if let v = b[field] {
@@ -197,34 +201,11 @@ struct WorkersController: Sendable {
     /// them), is 200 with one entry per element in the request's order: `{"id", "status":
     /// 200, "operation": status}` or `{"id", "status": 404|409, "problem": problem}`.
     func finishMany(_ req: HTTPRequest) throws -> HTTPHandlerResult {
-        _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["finishes"])
-        guard let list = b["finishes"] else { throw Problem.invalid("finishes", "is required: an array of 1 to \(limits.batch) finishes") }
-        guard case let .array(items) = list else { throw Problem.invalid("finishes", "must be an array of finishes; got \(list.typeName)") }
-        guard items.count <= limits.batch else {
-            throw Problem(
-                422, "batch-too-large", "Batch too large", "finishes: at most \(limits.batch) finishes per request (--max-batch); got \(items.count)")
-        }
-        guard !items.isEmpty else { throw Problem.invalid("finishes", "must hold at least one finish (at most \(limits.batch))") }
+        let parsed = try Self.parseFinishes(req, limits: limits)
         var outcomes: [(id: String?, result: Result<OperationID, Problem>)] = []
-        outcomes.reserveCapacity(items.count)
+        outcomes.reserveCapacity(parsed.count)
         // Checked element by element, then finished together in one engine step.
         var accepted: [(index: Int, id: OperationID, token: String, completion: Completion)] = []
-        // A malformed element (unknown field, no id or leaseToken, a bad result) is a bug of
-        // the caller: the whole request is refused, naming the element, and nothing changes.
-        var parsed: [(text: String, token: String, completion: Completion)] = []
-        parsed.reserveCapacity(items.count)
-        for (i, item) in items.enumerated() {
-            do {
-                let e = try Body(item, field: "", allowed: ["id", "leaseToken", "result", "error"])
-                guard let v = e["id"] else { throw Problem.invalid("id", "is required: the id of the claimed operation") }
-                guard case let .string(text) = v else { throw Problem.invalid("id", "must be an operation id string; got \(v.typeName)") }
-                guard text.utf8.count <= 128 else { throw Problem.invalid("id", "must be at most 128 bytes") }
-                parsed.append((text, try token(e), try self.completion(e)))
-            } catch {
-                throw Self.naming(finish: i, Problem.from(error, requestID: req.id))
-            }
-        }
         // What depends on the state (an unknown or finished operation, a lease that is not
         // this worker's) is answered per element; the others are finished all the same.
         for (i, element) in parsed.enumerated() {
@@ -246,7 +227,7 @@ struct WorkersController: Sendable {
             let i = accepted[k].index
             outcomes[i].result = .failure(Self.naming(finish: i, error.problem))
         }
-        var o = JSONOut(capacity: 700 * items.count + 16)
+        var o = JSONOut(capacity: 700 * parsed.count + 16)
         let finishedIDs: [OperationID] = outcomes.compactMap { if case let .success(id) = $0.result { id } else { nil } }
         var statuses = engine.operations(finishedIDs).makeIterator()
         o.open(); o.key("finishes"); o.openArray()
@@ -268,6 +249,36 @@ struct WorkersController: Sendable {
         o.closeArray()
         o.close()
         return durability.ack(json(200, o.bytes))
+    }
+
+    /// The elements of a `POST /v1/operations:finish`. A malformed element (unknown field, no id
+    /// or leaseToken, a bad result) is a bug of the caller: the whole request is refused,
+    /// naming the element, and nothing changes. (A cluster instance checks a request this way
+    /// before it splits it among the owners of its operations' queues.)
+    static func parseFinishes(_ req: HTTPRequest, limits: OpqdConfiguration.Limits) throws -> [(text: String, token: String, completion: Completion)] {
+        _ = try Query(req, allowed: [])
+        let b = try Body(req, allowed: ["finishes"])
+        guard let list = b["finishes"] else { throw Problem.invalid("finishes", "is required: an array of 1 to \(limits.batch) finishes") }
+        guard case let .array(items) = list else { throw Problem.invalid("finishes", "must be an array of finishes; got \(list.typeName)") }
+        guard items.count <= limits.batch else {
+            throw Problem(
+                422, "batch-too-large", "Batch too large", "finishes: at most \(limits.batch) finishes per request (--max-batch); got \(items.count)")
+        }
+        guard !items.isEmpty else { throw Problem.invalid("finishes", "must hold at least one finish (at most \(limits.batch))") }
+        var parsed: [(text: String, token: String, completion: Completion)] = []
+        parsed.reserveCapacity(items.count)
+        for (i, item) in items.enumerated() {
+            do {
+                let e = try Body(item, field: "", allowed: ["id", "leaseToken", "result", "error"])
+                guard let v = e["id"] else { throw Problem.invalid("id", "is required: the id of the claimed operation") }
+                guard case let .string(text) = v else { throw Problem.invalid("id", "must be an operation id string; got \(v.typeName)") }
+                guard text.utf8.count <= 128 else { throw Problem.invalid("id", "must be at most 128 bytes") }
+                parsed.append((text, try token(e), try completion(e, limits: limits)))
+            } catch {
+                throw naming(finish: i, Problem.from(error, requestID: req.id))
+            }
+        }
+        return parsed
     }
 
     /// An element's problem, naming it: `finishes[3].leaseToken: …` for a field, else
