@@ -89,16 +89,19 @@ extension PGMembership {
 
     /// Gives partitions up at once (a rebalance, a clean stop): the next owner need not wait
     /// for the lease to run out. Only rows still at the epoch this instance won are touched.
-    public func release(_ held: [Int: Int64]) throws {
+    /// Those in `abandoned` (won from an instance that stopped uncleanly, and given back before
+    /// their queues were taken in) stay marked as abandoned, so that their next taker still
+    /// counts that stop.
+    public func release(_ held: [Int: Int64], abandoned: Set<Int> = []) throws {
         guard !held.isEmpty else { return }
         let parts = held.keys.sorted()
         try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
-                UPDATE opqd.ownership o SET expires_at = now() - interval '1 second', released = true \
+                UPDATE opqd.ownership o SET expires_at = now() - interval '1 second', released = NOT (o.scope = ANY($4::text[])) \
                 FROM unnest($2::text[], $3::bigint[]) AS h(scope, epoch) \
                 WHERE o.scope = h.scope AND o.epoch = h.epoch AND o.instance = $1
-                """, [PGParameter(instanceID), Self.scopes(parts), Self.epochs(parts.map { held[$0] ?? 0 })])
+                """, [PGParameter(instanceID), Self.scopes(parts), Self.epochs(parts.map { held[$0] ?? 0 }), Self.scopes(abandoned.sorted())])
         }
     }
 

@@ -174,7 +174,8 @@ enum PGSchema {
         // "Crashes").
         """
         ALTER TABLE opqd.operations ADD COLUMN cascade_at bigint;
-        ALTER TABLE opqd.ownership ADD COLUMN released boolean NOT NULL DEFAULT false;
+        ALTER TABLE opqd.ownership ADD COLUMN released boolean NOT NULL DEFAULT true;
+        ALTER TABLE opqd.ownership ALTER COLUMN released SET DEFAULT false;
         """,
     ]
 

@@ -310,13 +310,9 @@ public final class PostgresStore: OperationStore {
 
     /// Whether `target` is reachable from `ids` along the committed dependencies of unfinished
     /// operations, in every queue.
+    /// (On the loading connection, not the feed's: a long walk does not hold the feed up.)
     public func reaches(_ target: OperationID, from ids: [OperationID]) throws(PostgresStoreError) -> Bool {
-        let url = displayURL
-        return try feedReader.withLock { r throws(PostgresStoreError) in
-            do throws(PGFailure) { return try r.reaches(target, from: ids) } catch {
-                throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
-            }
-        }
+        try loading { r in try r.reaches(target, from: ids) }
     }
 
     /// Whether each of `ids` exists and is finished, and which a cascade cancelled; ids of no
@@ -381,6 +377,11 @@ public final class PostgresStore: OperationStore {
     @discardableResult
     public func deleteMeta(prefix: String, then done: (@Sendable () -> Void)? = nil) -> Bool {
         writer.submit(.deleteMetaPrefix(prefix, done: done))
+    }
+
+    /// `meta(prefix:)`, or why it cannot be read.
+    public func readMeta(prefix: String) throws(PostgresStoreError) -> [(key: String, value: String)] {
+        try loading { r in try r.meta(prefix: prefix) }
     }
 
     /// The `meta` rows whose key starts with `prefix`, ordered by key.

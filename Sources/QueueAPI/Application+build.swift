@@ -279,7 +279,8 @@ func countUncleanStops(
         for op in recovered.operations where op.state == .executing {
             let key = "crashes:\(op.id)"
             executing.insert(key)
-            let n = min((counts[key] ?? 0) + 1, 1_000)
+            // A damaged count (Int.max) must not trap.
+            let n = min(counts[key] ?? 0, 999) + 1
             writes.append((key, String(n)))
             if n >= 3 { poisoned.insert(op.id) }
         }

@@ -118,7 +118,10 @@ public final class OpqdApplication: OpqdService {
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
         webhooks.stop()
-        if store.isDurable {
+        // A cluster's counts are in the shared database: an instance's clean stop says nothing of
+        // the operations others run (a partitioned instance's takers count per partition, see
+        // PartitionOwner.countCrashes; in one-owner mode only the owner counts).
+        if store.isDurable && partitions == nil && (cluster.map { $0.membership.ownsNow } ?? true) {
             // A clean stop: operations executing now were not part of a crash. One job, so the
             // counts never go without the marker that explains why.
             var writes: [(key: String, value: String?)] = store.meta(prefix: "crashes:").map { ($0.key, nil) }

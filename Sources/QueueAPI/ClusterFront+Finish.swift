@@ -14,19 +14,14 @@ extension ClusterFront {
         let indices: [Int]
     }
 
-    /// Checked whole here first, with the same rules (a malformed element refuses the whole
-    /// request, naming it, and nothing changes anywhere); then every share goes to its owner at
-    /// once, this instance's own through its own port like the others (one path for all). The
+    /// Checked whole before (`route`: a malformed element refuses the whole request here,
+    /// naming it, and nothing changes anywhere); every share goes to its owner at once, this
+    /// instance's own through its own advertised URL like the others (one path for all). The
     /// entries come back in the request's order, each problem naming the element by its index
     /// in this request. A share whose owner did not answer, or answered the request as a whole
     /// with a problem, gives each of its elements that problem: 503 `owner-unavailable` says
     /// the finish may or may not have happened.
     func finishAcross(_ request: HTTPRequest, elements: [JSONValue], parts: [FinishPart]) -> HTTPHandlerResult {
-        do {
-            _ = try WorkersController.parseFinishes(request, limits: limits)
-        } catch {
-            return refuse(request, Problem.from(error, requestID: request.id))
-        }
         let sends = parts.map { part in
             var out = forwarder.outboundRequest(for: request, base: part.url)
             out.body = JSONValue.object([("finishes", .array(part.indices.map { elements[$0] }))]).bytes
@@ -67,7 +62,13 @@ extension ClusterFront {
             }
             // The share was not answered entry by entry: each of its elements gets the problem.
             let whole: HTTPResponse
-            if case let .success(answer) = result, !answer.truncated {
+            if case let .success(answer) = result, answer.status == 200 {
+                whole =
+                    Problem(
+                        502, "owner-answer-unexpected", "Bad Gateway",
+                        "the owner's answer to its share of the finishes is not one entry per element; they may or may not have finished"
+                    ).response
+            } else if case let .success(answer) = result, !answer.truncated {
                 whole = HTTPResponse(status: answer.status, headers: answer.headers, body: answer.body)
             } else {
                 whole = Forwarder.relay(result, maxResponseBytes: maxResponseBytes)

@@ -78,8 +78,9 @@ struct ClusterFront: Sendable {
         if path == "/v1/operations:finish" && request.method == "POST" {
             if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
             guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
-            // Too many elements: refused here as anywhere (the check before a split).
-            guard elements.count <= limits.batch else { return nil }
+            // A malformed request (too many elements, a bad one) is refused here, whole, as
+            // anywhere, before anything is read or sent: nothing changes (`finishAcross`).
+            guard (try? WorkersController.parseFinishes(request, limits: limits)) != nil else { return nil }
             var queueOf: [Int: String] = [:]
             var missing: [(index: Int, id: OperationID)] = []
             for (i, e) in elements.enumerated() {

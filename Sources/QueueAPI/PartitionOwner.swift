@@ -248,9 +248,10 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             block = try membership.takeIDBlock()
             recovered.poisoned = try countCrashes(recovered, abandoned: abandoned)
         } catch {
-            // Nothing was taken in: give the partitions back, to be claimed again.
+            // Nothing was taken in: give the partitions back, to be claimed again (those
+            // abandoned by their last holder still marked so).
             held.remove(won)
-            try? membership.release(won)
+            try? membership.release(won, abandoned: abandoned)
             throw error
         }
         // Ids above every stored one: this queue's next operations come after its old ones.
@@ -274,13 +275,14 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// their run may be what stops the instances, so they fail instead of moving on to the next.
     private func countCrashes(_ recovered: RecoveredState, abandoned: Set<Int>) throws -> Set<OperationID> {
         var counts: [String: Int] = [:]
-        for (key, value) in store.meta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
+        // Read or refused: counts taken as none would start every operation's count over.
+        for (key, value) in try store.readMeta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
         var writes: [(key: String, value: String?)] = []
         var poisoned: Set<OperationID> = []
         for op in recovered.operations {
             let key = "crashes:\(op.id)"
             if op.state == .executing && abandoned.contains(QueuePartitions.of(queue: op.queue)) {
-                let n = min((counts[key] ?? 0) + 1, 1_000)
+                let n = max(0, min(counts[key] ?? 0, 999)) + 1  // a damaged count must not trap
                 writes.append((key, String(n)))
                 if n >= 3 { poisoned.insert(op.id) }
             } else if counts[key] != nil {
@@ -290,8 +292,10 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         guard !writes.isEmpty else { return [] }
         if !abandoned.isEmpty { logger.warning("partitions taken from an instance that stopped uncleanly", metadata: ["partitions": "\(abandoned.sorted())"]) }
         let committed = DispatchSemaphore(value: 0)
+        // Bounded well within a lease: the renewals of the partitions already held wait on the
+        // same queue.
         guard store.setMeta(writes, then: { committed.signal() }),
-            committed.wait(timeout: .now() + max(membership.leaseSeconds, 1)) == .success
+            committed.wait(timeout: .now() + max(membership.leaseSeconds / 3, 0.5)) == .success
         else {
             throw CrashCountNotCommitted()
         }
@@ -446,7 +450,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         let ended = ids.filter { states.finished[$0] ?? true }
         guard !ended.isEmpty else { return }
         watched.withLock { w in for id in ended { w.remove(id.raw) } }
-        engine?.remoteOperationsFinished(ended, cascaded: Set(ended.filter { states.cascades[$0] != nil }))
+        engine?.remoteOperationsFinished(ended, cascades: states.cascades)
     }
 
     /// Every period: the operations still waited for, looked at again (a feed that was cut off
@@ -458,8 +462,8 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     }
 }
 
-/// The count of unclean stops (`countCrashes`) did not commit within a lease: the partitions
+/// The count of unclean stops (`countCrashes`) did not commit in time: the partitions
 /// are given back rather than run without it.
 struct CrashCountNotCommitted: Error, CustomStringConvertible {
-    var description: String { "the count of unclean stops of the partitions taken was not committed within a lease" }
+    var description: String { "the count of unclean stops of the partitions taken was not committed within a third of a lease" }
 }

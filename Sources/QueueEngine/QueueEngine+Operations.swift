@@ -187,7 +187,13 @@ extension QueueEngine {
         let remote = try remoteStates(dependencies ?? [])
         // A cycle through operations held elsewhere: the directory walks every instance's
         // committed dependencies (`core.reaches` below, the ones held here, committed or not).
+        // The walk only for a change that can be made: the operation is held here and has not
+        // started (checked again under the lock below), the list is within the limit.
         if let dependencies, !dependencies.isEmpty, dependencies.count <= configuration.maxDependencies + 1, let directory = self.remote,
+            try read({ core throws(EngineError) -> Bool in
+                let op = try core.op(id)
+                return !(op.state == .finished || op.hasStarted || op.state == .executing)
+            }),
             try directory.reaches(id, from: dependencies)
         {
             throw .dependencyCycle("making \(id) depend on \(dependencies.map(\.description).joined(separator: ", ")) would close a cycle")

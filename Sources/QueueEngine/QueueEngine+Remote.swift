@@ -70,13 +70,15 @@ extension QueueEngine {
     }
 
     /// These operations (held elsewhere) are finished: every operation here that waits for
-    /// them stops waiting. Those in `cascaded` were cancelled by a cascade: the operations here
-    /// that wait for one of them are cancelled too, with their own dependents (as `cancel` with
-    /// `cascade` does with the dependents it holds). Ids nobody here waits for are ignored; a
-    /// second report changes nothing.
-    public func remoteOperationsFinished(_ ids: [OperationID], cascaded: Set<OperationID> = []) {
+    /// them stops waiting. Those in `cascades` were cancelled by a cascade, asked at the time
+    /// given: the operations here that wait for one of them and were added before that time are
+    /// cancelled too, with their own dependents (as `cancel` with `cascade` does with the
+    /// dependents it holds; one added after it, while the cancelled one was still stopping,
+    /// runs, as it would on one instance). Ids nobody here waits for are ignored; a second
+    /// report changes nothing.
+    public func remoteOperationsFinished(_ ids: [OperationID], cascades: [OperationID: Timestamp] = [:]) {
         try? mutate { core throws(EngineError) in
-            for id in ids { core.remoteFinished(id.raw, cascade: cascaded.contains(id)) }
+            for id in ids { core.remoteFinished(id.raw, cascadeAt: cascades[id]) }
         }
     }
 
@@ -203,15 +205,15 @@ extension EngineCore {
     }
 
     /// The remote operation `id` finished: its waiters here stop waiting for it, or, when a
-    /// cascade cancelled it (`cascade`), are cancelled with their dependents. They waited for it
-    /// before it finished, so they existed when the cascade was asked.
-    func remoteFinished(_ id: UInt64, cascade: Bool) {
+    /// cascade cancelled it (`cascadeAt`), those added before the cascade are cancelled with
+    /// their dependents (the same rule as `restore`'s).
+    func remoteFinished(_ id: UInt64, cascadeAt: Timestamp?) {
         guard let waiters = remoteWaiters.removeValue(forKey: id) else { return }
         for op in waiters {
             guard let i = op.remoteWaits.firstIndex(of: id) else { continue }
             op.remoteWaits.remove(at: i)
             op.unfinishedDependencies -= 1
-            if cascade {
+            if let at = cascadeAt, op.createdAt <= at {
                 cancelCascading(op)
             } else if op.unfinishedDependencies == 0 {
                 makeReadyIfPossible(op)
@@ -229,7 +231,7 @@ extension EngineCore {
             op.remoteWaits.remove(at: i)
             if dep.state == .finished {
                 op.unfinishedDependencies -= 1
-                if dep.cascadeAt != nil {
+                if let at = dep.cascadeAt, op.createdAt <= at {
                     cancelCascading(op)
                 } else if op.unfinishedDependencies == 0 {
                     makeReadyIfPossible(op)

@@ -66,6 +66,12 @@ extension PostgresStoreTests {
             #expect(taken.won == [2: 3, 3: 2, 4: 1])
             #expect(taken.abandoned == [2, 3], "b left them to run out; 4 was nobody's")
             #expect(try b.renew([2: 2, 3: 1]).isEmpty)
+            // Given back before their queues were taken in (a failed load): the abandoned stay
+            // marked so, for whoever takes them next; the others are given up cleanly.
+            try a.release([2: 3, 4: 1], abandoned: [2])
+            let again = try b.claimNoting([2, 4], token: "tb")
+            #expect(again.won == [2: 4, 4: 2])
+            #expect(again.abandoned == [2])
         }
     }
 
