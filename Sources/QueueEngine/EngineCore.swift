@@ -39,6 +39,9 @@ final class EngineCore: @unchecked Sendable {
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]
+    /// Operations given up with their queue (`QueueEngine.release`), until taken in again;
+    /// bounded (`QueueEngine.wasReleased`).
+    var released = Set<UInt64>()
     var nextID: UInt64 = 1
     /// Ids at or above it are not this engine's to hand out (`QueueEngine.useIDs`).
     var idEnd: UInt64 = QueueRecord.idMask + 1

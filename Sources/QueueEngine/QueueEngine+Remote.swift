@@ -100,6 +100,13 @@ extension QueueEngine {
         }
     }
 
+    /// Whether operation `id` left this engine with its queue (`release`) and has not come
+    /// back: a request that waited for it here is answered "moved" (503 with Retry-After, to
+    /// be retried at its new owner) rather than "not found".
+    public func wasReleased(_ id: OperationID) -> Bool {
+        (try? read { core in core.released.contains(id.raw) }) ?? false
+    }
+
     /// How many ids are left in the block (`useIDs`).
     public var idsLeft: UInt64 { (try? read { core in core.idEnd &- core.nextID }) ?? 0 }
 
@@ -148,8 +155,11 @@ extension QueueEngine {
             var leaving = Set<ObjectIdentifier>()
             for op in gone { leaving.insert(ObjectIdentifier(op)) }
             var watch: [OperationID] = []
+            // Bounded: past a million, the oldest knowledge goes (they answer as not found).
+            if core.released.count + gone.count > 1_000_000 { core.released.removeAll() }
             for op in gone {
                 core.ops[op.id] = nil
+                core.released.insert(op.id)
                 core.dropRemoteWaits(op)
                 if op.state != .finished {
                     op.queue.unfinished -= 1

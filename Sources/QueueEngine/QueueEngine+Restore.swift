@@ -64,6 +64,7 @@ extension QueueEngine {
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
                 core.ops[op.id] = op
+                core.released.remove(op.id)
                 core.nextID = max(core.nextID, op.id + 1)
                 q.ops.append(op)
                 q.counts[op.state.index] += 1

@@ -232,7 +232,7 @@ struct ClusterTests {
             return id
         }
         let a = try create(qa)
-        let b = try create(qb)
+        _ = try create(qb)
         // The copy of a goes to qb, whose owner reads a's row.
         let copy = try third.request("POST", "/v1/operations/\(a)/copy", json: #"{"queue":"\#(qb)"}"#)
         if copy.status != 201 || copy.string("queue") != qb || copy.string("kind") != "external" || copy.string("queuePriority") != "high" {

@@ -203,8 +203,10 @@ extension Engine {
             let log = EventLog(f.engine)
             let recordsBefore = f.engine.currentTicket
 
+            #expect(!f.engine.wasReleased(x))
             f.engine.release(queues: ["a"])
             #expect(throws: EngineError.self) { try f.engine.operation(x) }
+            #expect(f.engine.wasReleased(x) && f.engine.wasReleased(queued) && !f.engine.wasReleased(y), "a wait for x is answered \"moved\"")
             #expect(throws: EngineError.self) { try f.engine.queue(named: "a") }
             #expect(f.engine.queues().map(\.name) == ["b"])
             #expect(f.kind.calls(.cancel, for: x).count == 1, "its run is stopped")
@@ -240,7 +242,9 @@ extension Engine {
 
             f.engine.release(queues: ["a"])
             #expect(f.engine.remoteWaitedFor == [x], "y waits for x remotely; w left with its queue")
+            #expect(f.engine.wasReleased(x))
             f.engine.adopt(saved, remote: RemoteStates(finished: [r: false]))
+            #expect(!f.engine.wasReleased(x), "taken in again")
             #expect(f.engine.remoteWaitedFor == [r], "y waits for x here again; w waits for r elsewhere")
             // `first` was executing: the manual kind's recovery fails it, and x starts.
             #expect(try f.snapshot(first).outcome == .failed)

@@ -271,7 +271,7 @@ extension OperationsController {
                 $0 = {
                     // Read before waiting for the commit: what is sent is then durable.
                     let response: HTTPResponse
-                    do { response = Self.status(try engine.operation(id)) } catch { response = Problem.from(error, requestID: requestID).response }
+                    do { response = Self.status(try engine.operation(id)) } catch { response = Self.problem(error, id, engine, requestID) }
                     if durable { engine.whenDurable { responder.respond(response) } } else { responder.respond(response) }
                 }
             }
@@ -279,9 +279,9 @@ extension OperationsController {
             do {
                 token = try engine.onFinished(id) { fire() }
             } catch {
-                // Gone between the check above and now (its queue deleted).
+                // Gone between the check above and now (its queue deleted, or moved).
                 pending.withLock { $0 = nil }
-                responder.respond(Problem.from(error, requestID: requestID).response)
+                responder.respond(Self.problem(error, id, engine, requestID))
                 return
             }
             guard let token else { return }
@@ -290,6 +290,20 @@ extension OperationsController {
                 fire()
             }
         }
+    }
+
+    /// The answer of a wait whose operation left meanwhile: "moved" (503 `no-owner`, retry at
+    /// the new owner) when its queue went to another cluster instance, else the error's problem
+    /// (404 once it was deleted).
+    static func problem(_ error: any Error, _ id: OperationID, _ engine: QueueEngine, _ requestID: UInt64) -> HTTPResponse {
+        if case .operationNotFound? = error as? EngineError, engine.wasReleased(id) {
+            return Problem(
+                503, "no-owner", "No owner",
+                "operation \(id)'s queue moved to another instance of the cluster while this request waited; retry it",
+                headers: [("Retry-After", "1")]
+            ).response
+        }
+        return Problem.from(error, requestID: requestID).response
     }
 
     static func status(_ op: OperationSnapshot) -> HTTPResponse {
