@@ -345,11 +345,7 @@ final class ClusterDirectory: Sendable {
         o.key("instances"); o.openArray()
         for i in view.instances {
             o.open()
-            o.key("id"); o.string(i.id)
-            o.key("url"); o.string(i.url)
-            o.key("self"); o.bool(i.id == selfID)
-            o.key("startedAt"); o.time(Self.time(i.startedAt))
-            o.key("heartbeatAt"); o.time(Self.time(i.heartbeatAt))
+            Self.writeInstance(i, selfID: selfID, to: &o)
             o.key("owner"); o.bool(i.isOwner)
             if i.isOwner, let epoch = view.owner?.epoch {
                 o.key("epoch"); o.int(Int(clamping: epoch))
@@ -362,6 +358,15 @@ final class ClusterDirectory: Sendable {
         o.closeArray()
         o.close()
         return json(200, o.bytes)
+    }
+
+    /// The keys of an instance that `GET /v1/cluster` shows in both ownership modes.
+    static func writeInstance(_ i: PGInstance, selfID: String, to o: inout JSONOut) {
+        o.key("id"); o.string(i.id)
+        o.key("url"); o.string(i.url)
+        o.key("self"); o.bool(i.id == selfID)
+        o.key("startedAt"); o.time(time(i.startedAt))
+        o.key("heartbeatAt"); o.time(time(i.heartbeatAt))
     }
 
     /// Microseconds from the database as a timestamp, saturating.

@@ -362,11 +362,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         for i in view.instances {
             let held = (parts[i.id] ?? []).sorted()
             o.open()
-            o.key("id"); o.string(i.id)
-            o.key("url"); o.string(i.url)
-            o.key("self"); o.bool(i.id == selfID)
-            o.key("startedAt"); o.time(ClusterDirectory.time(i.startedAt))
-            o.key("heartbeatAt"); o.time(ClusterDirectory.time(i.heartbeatAt))
+            ClusterDirectory.writeInstance(i, selfID: selfID, to: &o)
             o.key("owner"); o.bool(!held.isEmpty)
             o.key("partitions"); o.openArray()
             for p in held { o.int(p) }

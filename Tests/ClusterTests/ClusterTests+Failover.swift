@@ -18,15 +18,7 @@ extension ClusterTests {
     }
 
     static func failover(_ cluster: TestCluster) throws {
-        guard cluster.awaitSpread() else {
-            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
-            return
-        }
-        try cluster.createQueue("f", maxConcurrent: 8, via: cluster.nodes[0])
-        guard let owner = cluster.awaitHolder(of: "f") else {
-            cluster.record(["the instances do not agree on who holds queue f's partition"], "start")
-            return
-        }
+        guard let owner = try cluster.spreadQueue("f") else { return }
         let others = cluster.nodes.filter { $0 !== owner }
         let load = SteadyLoad(clients: 4, queue: "f", prefix: "f", seconds: 0.01...0.1) { others }
         usleep(1_500_000)
@@ -107,15 +99,7 @@ extension ClusterTests {
     /// after that (fencing), and comes back with the same pid (re-executed: everything it held
     /// dropped) to take its share again; nothing acknowledged is lost or doubled.
     static func isolation(_ cluster: TestCluster, _ how: Isolation) throws {
-        guard cluster.awaitSpread() else {
-            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
-            return
-        }
-        try cluster.createQueue("s", maxConcurrent: 8, via: cluster.nodes[0])
-        guard let owner = cluster.awaitHolder(of: "s") else {
-            cluster.record(["the instances do not agree on who holds queue s's partition"], "start")
-            return
-        }
+        guard let owner = try cluster.spreadQueue("s") else { return }
         guard let oldEpoch = cluster.epoch(of: "s") else {
             cluster.record(["cannot read the epoch of queue s's partition from opqd.ownership"], "start")
             return

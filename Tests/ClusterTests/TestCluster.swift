@@ -197,6 +197,21 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
         return lines
     }
 
+    /// Once the partitions are spread over all three, creates queue `name` (limit 8) and answers
+    /// the instance that holds it; nil, with the problem recorded, when they do not agree.
+    func spreadQueue(_ name: String) throws -> ClusterNode? {
+        guard awaitSpread() else {
+            record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
+            return nil
+        }
+        try createQueue(name, maxConcurrent: 8, via: nodes[0])
+        guard let owner = awaitHolder(of: name) else {
+            record(["the instances do not agree on who holds queue \(name)'s partition"], "start")
+            return nil
+        }
+        return owner
+    }
+
     /// Creates a queue through `node`; throws unless 201.
     func createQueue(_ name: String, maxConcurrent: Int, suspended: Bool = false, via node: ClusterNode) throws {
         let r = try node.request(
