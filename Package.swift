@@ -11,6 +11,8 @@ let package = Package(
         .library(name: "QueueEngine", targets: ["QueueEngine"]),
         // Replays Fuzz/corpus/http files; a fuzzer under -sanitize=fuzzer (scripts/fuzz.sh).
         .executable(name: "fuzz-http", targets: ["fuzz-http"]),
+        // The number and date grammars against independent oracles (Foundation's Calendar).
+        .executable(name: "fuzz-grammar", targets: ["fuzz-grammar"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2")
@@ -33,11 +35,15 @@ let package = Package(
         ),
         // Small HTTP server on libmicrohttpd. Only Bridge/ touches MHD_*.
         .target(name: "MicroHTTP", dependencies: ["CMicroHTTPD", "Locking"]),
+        // The one grammar for numbers and times a client writes as text (query numbers, RFC 3339
+        // dates): no dependencies, so the engine, the API and the fuzz target share it.
+        .target(name: "Grammar"),
         // Pure Swift engine: no HTTP, no C.
         // Release builds drop the runtime exclusivity checks here: the engine mutates its
         // records only under its one lock, and the checks cost ~15% of the flat benchmark.
         .target(
-            name: "QueueEngine", dependencies: ["Locking"], swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
+            name: "QueueEngine", dependencies: ["Locking", "Grammar"],
+            swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // SQLite itself (apt: libsqlite3-dev); used only by QueueStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // Durable store behind the engine's OperationStore protocol.
@@ -54,7 +60,10 @@ let package = Package(
         .target(name: "QueueKinds", dependencies: ["QueueEngine", "Locking", "OutboundHTTP", "Spawning"]),
         // Hands control to libFuzzer's driver when linked with -sanitize=fuzzer (weak symbol).
         .target(name: "CFuzzDriver"),
-        .executableTarget(name: "fuzz-http", dependencies: ["OutboundHTTP", "QueueKinds", "QueueEngine", "CFuzzDriver"]),
+        // The entry point both of those targets share: libFuzzer's driver, or a replay of files.
+        .target(name: "FuzzMain", dependencies: ["CFuzzDriver"]),
+        .executableTarget(name: "fuzz-http", dependencies: ["OutboundHTTP", "QueueKinds", "QueueEngine", "FuzzMain"]),
+        .executableTarget(name: "fuzz-grammar", dependencies: ["Grammar", "FuzzMain"]),
         // SHA-256 (idempotency body hashes) and HMAC-SHA256 (webhook signatures). Always optimised:
         // unoptimised, hashing a 100 KiB body took ~25 ms in debug builds, which every test runs.
         .target(name: "Digest", swiftSettings: [.unsafeFlags(["-O"])]),
@@ -62,20 +71,21 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest",
+                "QueueEngine", "QueueKinds", "QueueStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
         ),
         .executableTarget(
             name: "opqd",
-            dependencies: ["QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", "Grammar", .product(name: "Logging", package: "swift-log")]
         ),
         // Plain build: replays files given on the command line. With
         // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.
-        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP", "CSystem"]),
+        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP", "CSystem", "Grammar"]),
         .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "GrammarTests", dependencies: ["Grammar"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit", "MicroHTTP"]),
         // Both stores; the PostgreSQL suites need a server (scripts/test.sh starts one: OPQD_TEST_POSTGRES_URL).

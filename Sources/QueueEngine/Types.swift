@@ -1,4 +1,5 @@
 import Dispatch
+import Grammar
 import Locking
 
 #if canImport(Glibc)
@@ -157,61 +158,12 @@ public struct Timestamp: Comparable, Hashable, Sendable {
         out.append(UInt8(ascii: "Z"))
     }
 
-    /// Parses RFC 3339 (`Z` or `±hh:mm` offset, optional fraction). Nil when malformed.
-    public init?(rfc3339 text: String) {
-        let b = Array(text.utf8)
-        func num(_ from: Int, _ len: Int) -> Int64? {
-            guard from + len <= b.count else { return nil }
-            var v: Int64 = 0
-            for k in from..<(from + len) {
-                guard b[k] >= 48, b[k] <= 57 else { return nil }
-                v = v * 10 + Int64(b[k] - 48)
-            }
-            return v
-        }
-        guard b.count >= 20, let y = num(0, 4), b[4] == 45, let mo = num(5, 2), b[7] == 45, let d = num(8, 2),
-            b[10] == 84 || b[10] == 116 || b[10] == 32, let h = num(11, 2), b[13] == 58, let mi = num(14, 2), b[16] == 58,
-            let s = num(17, 2), (1...12).contains(mo), (1...31).contains(d), h < 24, mi < 60, s < 61
-        else { return nil }
-        var i = 19
-        var frac: Int64 = 0
-        if i < b.count, b[i] == 46 {
-            i += 1
-            var scale: Int64 = 100_000_000
-            let start = i
-            while i < b.count, b[i] >= 48, b[i] <= 57 {
-                if scale > 0 { frac += Int64(b[i] - 48) * scale; scale /= 10 }
-                i += 1
-            }
-            if i == start { return nil }
-        }
-        var offset: Int64 = 0
-        guard i < b.count else { return nil }
-        if b[i] == 90 || b[i] == 122 {
-            i += 1
-        } else if b[i] == 43 || b[i] == 45 {
-            guard let oh = num(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = num(i + 4, 2), oh < 24, om < 60 else { return nil }
-            offset = (oh * 60 + om) * 60 * (b[i] == 43 ? 1 : -1)
-            i += 6
-        } else {
-            return nil
-        }
-        guard i == b.count else { return nil }
-        // Days from civil.
-        let yy = mo <= 2 ? y - 1 : y
-        let era = (yy >= 0 ? yy : yy - 399) / 400
-        let yoe = yy - era * 400
-        let mp = mo > 2 ? mo - 3 : mo + 9
-        let doy = (153 * mp + 2) / 5 + d - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        let days = era * 146_097 + doe - 719_468
-        let secs = days * 86400 + h * 3600 + mi * 60 + s - offset
-        // Int64 nanoseconds cover the years 1678-2261; anything outside is refused.
-        let (ns, overflow) = secs.multipliedReportingOverflow(by: 1_000_000_000)
-        guard !overflow else { return nil }
-        let (total, overflow2) = ns.addingReportingOverflow(frac)
-        guard !overflow2 else { return nil }
-        nanoseconds = total
+    /// Parses a time a client wrote: RFC 3339 with the calendar checked, from 1970 to 2261
+    /// (``RFC3339``, the one grammar for it). Nil when refused; ``RFC3339/nanoseconds(_:)``
+    /// says why.
+    public init?(rfc3339 text: some StringProtocol) {
+        guard case let .success(ns) = RFC3339.nanoseconds(text) else { return nil }
+        nanoseconds = ns
     }
 }
 

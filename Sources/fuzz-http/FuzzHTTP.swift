@@ -1,5 +1,5 @@
-import CFuzzDriver
 import Foundation
+import FuzzMain
 import OutboundHTTP
 import QueueEngine
 import QueueKinds
@@ -72,39 +72,10 @@ enum FuzzHTTP {
         _ = HTTPKind.completion(spec: spec, outcome: .success(response))
         _ = HTTPKind.completion(spec: spec, outcome: .failure(OutboundError(type: text[3], detail: text[1])))
     }
-
-    /// Runs every file under `paths` through ``one(_:)``.
-    static func replay(_ paths: [String]) -> Int32 {
-        var files: [String] = []
-        for path in paths {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-                print("fuzz-http: no such file \(path)")
-                return 1
-            }
-            if isDirectory.boolValue {
-                let names = (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []
-                files += names.sorted().map { "\(path)/\($0)" }
-            } else {
-                files.append(path)
-            }
-        }
-        for file in files {
-            guard let data = FileManager.default.contents(atPath: file) else { continue }
-            one(Array(data))
-        }
-        print("fuzz-http: replayed \(files.count) inputs without a crash")
-        return 0
-    }
 }
 
 @main enum FuzzHTTPMain {
     static func main() {
-        var argc = CommandLine.argc
-        var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
-        let code = CFuzzDriver_run(&argc, &argv, fuzzHTTP)
-        if code >= 0 { exit(code) }
-        let paths = Array(CommandLine.arguments.dropFirst())
-        exit(FuzzHTTP.replay(paths.isEmpty ? ["Fuzz/corpus/http"] : paths))
+        FuzzMain.run("fuzz-http", defaultCorpus: "Fuzz/corpus/http", callback: fuzzHTTP, one: FuzzHTTP.one)
     }
 }

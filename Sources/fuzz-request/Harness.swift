@@ -1,5 +1,6 @@
 import CSystem
 import Glibc
+import Grammar
 import MicroHTTP
 import QueueAPI
 import QueueEngine
@@ -145,7 +146,9 @@ final class Harness {
         var query = r.query
         var changed = false
         for key in ["timeout", "wait"] {
-            if let v = query[key], let d = Double(v), d.isFinite, d > longPollCap, d <= 3600 {
+            // Only what the server would take as a long wait: a value the grammar refuses
+            // (`1e2`, `0x1p4`) must reach the server as sent, to be refused there.
+            if let v = query[key], case let .success(d) = DecimalNumber.decimal(v, in: 0...3600), d > longPollCap {
                 query[key] = String(longPollCap)
                 changed = true
             }
