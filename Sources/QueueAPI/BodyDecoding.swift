@@ -1,3 +1,4 @@
+import Grammar
 import MicroHTTP
 import QueueEngine
 
@@ -78,20 +79,29 @@ struct Query {
         values = request.query
     }
 
+    /// An integer parameter (`limit`, `after`, `max`, ...), read by the one grammar for
+    /// numbers a client writes (``DecimalNumber``): decimal digits only.
     func int(_ key: String, in range: ClosedRange<Int>) throws(Problem) -> Int? {
         guard let s = values[key] else { return nil }
-        guard let n = Int(s), range.contains(n) else {
-            throw Problem.invalid(key, "must be an integer from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        switch DecimalNumber.integer(s, in: range) {
+        case let .success(n): return n
+        case let .failure(why): throw Self.refused(key, s, why, "an integer from \(range.lowerBound) to \(range.upperBound)", DecimalNumber.integerRule)
         }
-        return n
     }
 
+    /// A seconds parameter (`wait`, `timeout`): decimal digits with an optional fraction.
     func seconds(_ key: String, max: Double) throws(Problem) -> Double? {
         guard let s = values[key] else { return nil }
-        guard let n = Double(s), n.isFinite, n >= 0, n <= max else {
-            throw Problem.invalid(key, "must be a number of seconds from 0 to \(Int(max)); got '\(s)'")
+        switch DecimalNumber.decimal(s, in: 0...max) {
+        case let .success(n): return n
+        case let .failure(why): throw Self.refused(key, s, why, "a number of seconds from 0 to \(Int(max))", DecimalNumber.decimalRule)
         }
-        return n
+    }
+
+    /// `key: must be WHAT (RULE); got 'TEXT': WHY`, the text cut to 64 characters.
+    static func refused(_ key: String, _ text: String, _ why: DecimalNumber.Refusal, _ what: String, _ rule: String) -> Problem {
+        let reason = why == .outOfRange ? "" : ": \(why)"
+        return Problem.invalid(key, "must be \(what), written as \(rule); got '\(shown(text))'\(reason)")
     }
 
     func bool(_ key: String) throws(Problem) -> Bool? {
@@ -101,6 +111,24 @@ struct Query {
         case "false", "0": return false
         default: throw Problem.invalid(key, "must be true or false; got '\(s)'")
         }
+    }
+}
+
+/// A client's text in a problem detail: at most 64 characters, so a huge value does not make a
+/// huge answer (the detail is JSON-escaped when written).
+func shown(_ text: String) -> String {
+    text.count <= 64 ? text : String(text.prefix(64)) + "…"
+}
+
+/// A time a client wrote in `field`: RFC 3339 with the calendar checked, from 1970 to 2261
+/// (``RFC3339``, the one grammar for every date field). Anything else is 422 naming the field,
+/// what was wrong and what is allowed.
+func parseTime(_ v: JSONValue, field: String, nullAllowed: Bool = false) throws(Problem) -> Timestamp {
+    let allowed = "must be \(RFC3339.rule)\(nullAllowed ? ", or null for none" : "")"
+    guard case let .string(s) = v else { throw Problem.invalid(field, "\(allowed); got \(v.typeName) \(shown(v.text))") }
+    switch RFC3339.nanoseconds(s) {
+    case let .success(ns): return Timestamp(nanoseconds: ns)
+    case let .failure(why): throw Problem.invalid(field, "\(allowed); got \"\(shown(s))\": \(why)")
     }
 }
 

@@ -1,3 +1,4 @@
+import Grammar
 import Logging
 
 #if canImport(Glibc)
@@ -102,17 +103,26 @@ public struct OpqdConfiguration: Sendable {
     }
 
     static func seconds(_ s: String, _ flag: String, _ range: ClosedRange<Double>) throws -> Double {
-        guard let v = Double(s), v.isFinite, range.contains(v) else {
-            throw ConfigurationError("\(flag) must be a number of seconds from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        switch DecimalNumber.decimal(s, in: range) {
+        case let .success(v): return v
+        case let .failure(why):
+            throw ConfigurationError(
+                "\(flag) must be a number of seconds from \(plain(range.lowerBound)) to \(plain(range.upperBound)), written as \(DecimalNumber.decimalRule); got '\(s)'\(why == .outOfRange ? "" : ": \(why)")"
+            )
         }
-        return v
     }
 
+    /// `2` for 2.0, `0.1` for 0.1.
+    static func plain(_ v: Double) -> String { v == v.rounded() && abs(v) < 1e15 ? String(Int64(v)) : String(v) }
+
     static func int(_ s: String, _ flag: String, _ range: ClosedRange<Int>) throws -> Int {
-        guard let v = Int(s), range.contains(v) else {
-            throw ConfigurationError("\(flag) must be an integer from \(range.lowerBound) to \(range.upperBound); got '\(s)'")
+        switch DecimalNumber.integer(s, in: range) {
+        case let .success(v): return v
+        case let .failure(why):
+            throw ConfigurationError(
+                "\(flag) must be an integer from \(range.lowerBound) to \(range.upperBound), written as \(DecimalNumber.integerRule); got '\(s)'\(why == .outOfRange ? "" : ": \(why)")"
+            )
         }
-        return v
     }
 
     /// A secret (token, webhook key): any bytes, but not none.
@@ -258,8 +268,7 @@ public struct OpqdConfiguration: Sendable {
             c.eventCapacity = try int(v, "--event-capacity", 16...100_000_000)
         },
         Option(flag: "--retain", env: "OPQD_RETAIN", help: "seconds finished operations are kept (default 86400)") { c, v in
-            guard let s = Double(v), s >= 1, s.isFinite else { throw ConfigurationError("--retain must be a number of seconds >= 1; got '\(v)'") }
-            c.retain = s
+            c.retain = try seconds(v, "--retain", 1...3_153_600_000)  // up to 100 years
         },
         Option(flag: "--connection-timeout", env: "OPQD_CONNECTION_TIMEOUT", help: "seconds an idle keep-alive connection is kept (default 30)") { c, v in
             c.connectionTimeout = try int(v, "--connection-timeout", 1...3600)

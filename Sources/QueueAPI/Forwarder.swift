@@ -1,4 +1,5 @@
 import Dispatch
+import Grammar
 import MicroHTTP
 import OutboundHTTP
 
@@ -152,7 +153,7 @@ final class Forwarder: Sendable {
     /// means the plain timeout.
     static func longPollSeconds(_ query: [String: String]) -> Double? {
         for key in ["wait", "timeout"] {
-            if let text = query[key], text.utf8.count <= 32, let seconds = Double(text), seconds.isFinite, seconds > 0 {
+            if let text = query[key], case let .success(seconds) = DecimalNumber.decimal(text, in: 0...Double.greatestFiniteMagnitude), seconds > 0 {
                 return seconds
             }
         }

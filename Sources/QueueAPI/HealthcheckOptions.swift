@@ -1,3 +1,4 @@
+import Grammar
 import OutboundHTTP
 
 /// What `opqd healthcheck [--url U] [--timeout S]` is told: which URL to GET and for how long.
@@ -40,7 +41,7 @@ public struct HealthcheckOptions: Sendable, Equatable {
     }
 
     static func seconds(_ text: String) throws -> Double {
-        guard let s = Double(text), s.isFinite, s > 0, s <= maxTimeout else {
+        guard case let .success(s) = DecimalNumber.decimal(text, in: 0...maxTimeout), s > 0 else {
             throw ConfigurationError("--timeout must be a number of seconds above 0 and at most \(Int(maxTimeout)); got '\(text)'")
         }
         return s
@@ -48,7 +49,7 @@ public struct HealthcheckOptions: Sendable, Equatable {
 
     static func defaultPort(_ environment: [String: String]) throws -> Int {
         guard let text = environment["OPQD_PORT"] else { return 8080 }
-        guard let port = Int(text), (1...65535).contains(port) else {
+        guard case let .success(port) = DecimalNumber.integer(text, in: 1...65535) else {
             throw ConfigurationError("OPQD_PORT='\(text)' names no port to check (0 picks a free one); pass --url with the port opqd printed")
         }
         return port

@@ -24,6 +24,13 @@ info:
       out of range is 422. Every `/v1` route refuses a query parameter it does not list
       (422 naming it); the service routes (`/healthz`, `/readyz`, `/metrics`,
       `/openapi.yaml`) ignore query parameters.
+    * Every number in a query string (`after`, `limit`, `max`, `wait`, `timeout`) and in the
+      `Last-Event-ID` header is read by one grammar: decimal digits with no leading zero, no
+      sign, exponent, hexadecimal, `inf` or `nan`; an integer takes no fraction, seconds may
+      have one (`0.5`; the schemas `Seconds300` and `Seconds3600` are its exact patterns).
+      Every date a client writes is RFC 3339 read by one rule, the calendar checked (the
+      schema `NotBefore`). Anything else is 422 naming the parameter or field, what was wrong
+      and what is allowed, and changes nothing.
     * A 2xx answer to a create or a change is sent only once the change is durable (with
       the default SQLite store, `--store sqlite`, committed under `--data`; `--sync full`
       fsyncs every commit). With `--store memory` nothing survives a restart. Webhook
@@ -736,10 +743,7 @@ paths:
           required: false
           description: Seconds to wait, 0 to 3600 (default 30); 0 answers at once.
           schema:
-            type: number
-            minimum: 0
-            maximum: 3600
-            default: 30
+            $ref: '#/components/schemas/Seconds3600'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -1101,10 +1105,7 @@ paths:
           required: false
           description: Seconds to long-poll when nothing is claimable, 0 to 300 (default 0).
           schema:
-            type: number
-            minimum: 0
-            maximum: 300
-            default: 0
+            $ref: '#/components/schemas/Seconds300'
         - name: max
           in: query
           required: false
@@ -1482,10 +1483,7 @@ paths:
           required: false
           description: Seconds to wait, 0 to 3600 (default 30); 0 answers at once.
           schema:
-            type: number
-            minimum: 0
-            maximum: 3600
-            default: 30
+            $ref: '#/components/schemas/Seconds3600'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -2093,10 +2091,7 @@ paths:
           required: false
           description: Seconds to long-poll when nothing newer exists, 0 to 300 (default 0).
           schema:
-            type: number
-            minimum: 0
-            maximum: 300
-            default: 0
+            $ref: '#/components/schemas/Seconds300'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -2140,9 +2135,13 @@ paths:
         - name: Last-Event-ID
           in: header
           required: false
-          description: Used as `after` when `after` is absent; ignored unless it is an unsigned integer.
+          description: |
+            Used as `after` when `after` is absent: the `id` of the last event the client saw,
+            so decimal digits (no sign or leading zero) up to 18446744073709551615. An empty one
+            is no id; anything else is 422 naming `Last-Event-ID`, with or without `after`.
           schema:
             type: string
+            pattern: '^(0|[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)?$'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -2496,15 +2495,39 @@ components:
       format: date-time
       description: RFC 3339 UTC time with millisecond precision, e.g. `2026-11-22T10:00:00.125Z`.
 
+    Seconds300:
+      type: string
+      description: |
+        Seconds from 0 to 300, in the grammar of every number in a query string: decimal
+        digits with an optional fraction (JSON's number grammar without the sign and the
+        exponent: `0`, `2`, `0.5`, `30.25`), no leading zero, `+`, `-`, exponent,
+        hexadecimal, `inf` or `nan`; 300 exactly at most (`300.0` is 300, `300.0001` is
+        refused). Anything else is 422 naming the parameter. The pattern is exactly that rule.
+      pattern: '^((0|[1-9][0-9]?|[12][0-9]{2})(\.[0-9]+)?|300(\.0+)?)$'
+      default: '0'
+
+    Seconds3600:
+      type: string
+      description: |
+        Seconds from 0 to 3600, in the grammar of every number in a query string (see
+        `Seconds300`). The pattern is exactly that rule.
+      pattern: '^((0|[1-9][0-9]{0,2}|[12][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]+)?|3600(\.0+)?)$'
+      default: '30'
+
     NotBefore:
       type: string
       description: |
-        An RFC 3339 time (`Z` or a `±hh:mm` offset, optional fraction) before which the
-        operation does not start; until then it is `pending`. The server keeps times as
-        64-bit nanoseconds since 1970: a time before 1677-09-21T00:12:43.145224192Z or after
-        2262-04-11T23:47:16.854775807Z is refused with 422. The pattern admits the years
-        1678 to 2261, which are accepted whatever the offset.
-      pattern: '^(167[89]|16[89][0-9]|1[7-9][0-9]{2}|2[01][0-9]{2}|22[0-5][0-9]|226[01])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$'
+        An RFC 3339 time before which the operation does not start; until then it is
+        `pending`. Every date a client writes is read by this one rule (`notBefore`, an
+        archive's `exportedAt` and `createdAt`): `YYYY-MM-DD`, `T` (or `t`), `hh:mm:ss`, an
+        optional fraction of any number of digits (kept to the nanosecond), and `Z` (or `z`)
+        or an offset `+hh:mm`/`-hh:mm` from -23:59 to +23:59 (`-00:00` is UTC). The date must
+        exist: February 29 only in a leap year, no April 31, hour 00-23, minute and second
+        00-59 (second 60, a leap second, is refused: the server keeps Unix time). The year as
+        written must be 1970 to 2261, whatever the offset. Anything else (a space for `T`, a
+        missing offset, an offset without its colon, a number) is 422 naming the field, what
+        was wrong and what is allowed. The pattern is exactly that rule.
+      pattern: '^((19[7-9][0-9]|2[01][0-9]{2}|22[0-5][0-9]|226[01])-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))|(19(7[26]|8[048]|9[26])|20([02468][048]|[13579][26])|21([02468][48]|[13579][26]|[2468]0)|22(0[48]|[13][26]|[24][048]|5[26]|60))-02-29)[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$'
       examples:
         - '2026-11-22T10:00:00Z'
 

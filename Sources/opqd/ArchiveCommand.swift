@@ -1,5 +1,6 @@
 import Digest
 import Dispatch
+import Grammar
 import Locking
 import OutboundHTTP
 import QueueEngine
@@ -141,7 +142,7 @@ enum ArchiveCommand {
                 guard !v.isEmpty else { throw UsageError(text: "--token must not be empty") }
                 options.token = v
             default:
-                guard let s = Double(v), s.isFinite, s > 0, s <= 3600 else {
+                guard case let .success(s) = DecimalNumber.decimal(v, in: 0...3600), s > 0 else {
                     throw UsageError(text: "--timeout must be a number of seconds above 0 and at most 3600; got '\(v)'")
                 }
                 options.timeout = s

@@ -121,11 +121,7 @@ struct ArchiveController: Sendable {
             throw Problem.invalid("format", "must be \"\(Self.format)\" (the archive format this server reads); got \(Self.short(f))")
         }
         let b = try Body(document, field: "body", allowed: Self.documentFields)
-        if let e = b["exportedAt"] {
-            guard case let .string(s) = e, Timestamp(rfc3339: s) != nil else {
-                throw Problem.invalid("exportedAt", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(Self.short(e))")
-            }
-        }
+        if let e = b["exportedAt"] { _ = try parseTime(e, field: "exportedAt") }
         // Made on another server: its outside dependencies name operations of that server.
         var foreign = false
         if let e = b["exportedFrom"] {
@@ -243,11 +239,7 @@ struct ArchiveController: Sendable {
         } else {
             request = try operations.parseRequest(e)
         }
-        if let c = e["createdAt"] {
-            guard case let .string(s) = c, Timestamp(rfc3339: s) != nil else {
-                throw Problem.invalid("createdAt", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(Self.short(c))")
-            }
-        }
+        if let c = e["createdAt"] { _ = try parseTime(c, field: "createdAt") }
         let isPaused = try e.bool("isPaused") ?? false
         let attempt = try e.int("attempt", in: 0...1_000_000, what: "an integer from 0 to 1000000") ?? 0
         var deps: [BatchDependency] = []

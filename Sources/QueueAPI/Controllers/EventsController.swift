@@ -1,3 +1,4 @@
+import Grammar
 import MicroHTTP
 import QueueEngine
 
@@ -53,7 +54,17 @@ struct EventsController: Sendable {
     func stream(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after"])
         var start = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
-        if q.values["after"] == nil, let last = req.header("last-event-id"), let n = UInt64(last) { start = n }
+        // An EventSource reconnecting sends the last id it saw: one of ours, so decimal digits.
+        // An empty one is no id (the SSE spec sends none then); anything else is refused by the
+        // same grammar as `after`, whether or not `after` is given (which then wins), rather
+        // than taken as 0 and replaying the whole feed.
+        if let last = req.header("last-event-id"), !last.isEmpty {
+            switch DecimalNumber.unsigned(last) {
+            case let .success(n): if q.values["after"] == nil { start = n }
+            case let .failure(why):
+                throw Query.refused("Last-Event-ID", last, why, "the id of an event (a sequence number)", DecimalNumber.integerRule)
+            }
+        }
         let (after, log) = (start, events)
         // `oldestKept` is at least 1; `after + 1` would overflow for a client-given UInt64.max.
         if after < log.oldestKept - 1 && log.lastSeq > 0 { throw Self.expired(after: after, oldest: log.oldestKept) }

@@ -68,12 +68,7 @@ struct OperationsController: Sendable {
         request.spec = b["spec"]
         request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
         if let r = b["retry"] { request.options.retry = try parseRetry(r) }
-        if let nb = b["notBefore"] {
-            guard case let .string(s) = nb, let t = Timestamp(rfc3339: s) else {
-                throw Problem.invalid("notBefore", "must be an RFC 3339 time like 2026-11-22T10:00:00Z; got \(nb.text)")
-            }
-            request.options.notBefore = t
-        }
+        if let nb = b["notBefore"] { request.options.notBefore = try parseTime(nb, field: "notBefore") }
         return request
     }
 
@@ -329,10 +324,7 @@ extension OperationsController {
         if let nb = b["notBefore"] {
             switch nb {
             case .null: overrides.notBefore = .some(nil)
-            case let .string(s) where Timestamp(rfc3339: s) != nil:
-                overrides.notBefore = .some(Timestamp(rfc3339: s))
-            default:
-                throw Problem.invalid("notBefore", "must be an RFC 3339 time like 2026-11-22T10:00:00Z, or null for none; got \(nb.text)")
+            default: overrides.notBefore = .some(try parseTime(nb, field: "notBefore", nullAllowed: true))
             }
         }
         let op = try engine.copyOperation(id, overrides)
