@@ -35,7 +35,8 @@
 #     that no request waits up to an hour. Values the contract refuses are sent unchanged.
 #   * Refusals of schema-valid requests that the contract documents but JSON Schema cannot
 #     express are not reported as "valid data rejected": a command whose executable the
-#     server does not allow (none by default) or whose cwd does not exist, an
+#     server does not allow (none by default) or whose cwd does not exist, a time written on
+#     1970-01-01 or 2261-12-31 whose offset takes it outside those years in UTC, an
 #     Idempotency-Key reused with a different body (schemathesis reuses short keys across
 #     cases), a progress report whose `completed` exceeds a positive `total`, and a string
 #     within its maxLength in characters but over the limit in UTF-8 bytes (limits are in

@@ -34,7 +34,7 @@ public enum DecimalNumber {
             case .empty: return "it is empty"
             case .plusSign: return "a leading '+' is not allowed"
             case .minusSign: return "a '-' is not allowed: the value cannot be negative"
-            case .leadingZero: return "leading zeros are not allowed"
+            case .leadingZero: return "leading zeros (as in 05) are not allowed"
             case .hexadecimal: return "hexadecimal is not allowed"
             case .exponent: return "an exponent is not allowed"
             case .fraction: return "a fraction is not allowed"
@@ -43,15 +43,16 @@ public enum DecimalNumber {
             case .missingDigits: return "digits are missing"
             case let .unexpected(byte):
                 if byte >= 0x21 && byte < 0x7F { return "'\(Character(Unicode.Scalar(byte)))' is not allowed" }
-                return "byte 0x\(String(byte, radix: 16, uppercase: true)) is not allowed"
+                return "byte 0x\(byte < 16 ? "0" : "")\(String(byte, radix: 16, uppercase: true)) is not allowed"
             case .outOfRange: return "it is out of range"
             }
         }
     }
 
     /// The grammar in words, for problem details and openapi.yaml.
-    public static let integerRule = "plain decimal digits (no sign, leading zero, fraction, exponent or hexadecimal)"
-    public static let decimalRule = "plain decimal digits with an optional fraction like 2.5 (no sign, leading zero, exponent, hexadecimal, inf or nan)"
+    public static let integerRule = "plain decimal digits (no sign, no leading zeros as in 05, no fraction, exponent or hexadecimal)"
+    public static let decimalRule =
+        "plain decimal digits with an optional fraction like 2.5 (no sign, no leading zeros as in 05, no exponent, hexadecimal, inf or nan)"
 
     /// An integer in `range`.
     public static func integer(_ text: some StringProtocol, in range: ClosedRange<Int>) -> Result<Int, Refusal> {
@@ -94,10 +95,10 @@ public enum DecimalNumber {
             // The text is now plain decimal, which `Double(_:)` reads with correct rounding and
             // cannot misread; a value past Double's range becomes infinity, refused below.
             guard let v = Double(String(decoding: bytes, as: UTF8.self)), v.isFinite, range.contains(v) else { return .failure(.outOfRange) }
-            // Rounding must not let a value past a whole upper bound in: 300.00000000000000001
-            // reads as 300.0, but it is more than 300.
-            let top = range.upperBound
-            if s.fractionIsNonZero, top >= 0, top < 1e18, top == top.rounded(), s.magnitude == UInt64(top) { return .failure(.outOfRange) }
+            // Rounding must not carry a value over a whole bound: 300.00000000000000001 reads as
+            // 300.0 but is more than 300, 0.99999999999999999999 reads as 1.0 but is less than 1.
+            // A fractional bound (0.01) compares the correctly rounded value.
+            if !s.isAtMost(range.upperBound) || !s.isAtLeast(range.lowerBound) { return .failure(.outOfRange) }
             return .success(v == 0 ? 0 : v)  // -0 is 0
         }
     }
@@ -108,6 +109,29 @@ public enum DecimalNumber {
         var magnitude: UInt64?
         /// Whether a fraction has a digit other than 0.
         var fractionIsNonZero = false
+
+        /// Whether the exact value is at most `bound`, when the bound is a whole number under
+        /// 10^18 in size (true otherwise: the rounded value was compared already). The value is
+        /// ±(whole + f) with 0 <= f < 1, f > 0 exactly when `fractionIsNonZero`.
+        func isAtMost(_ bound: Double) -> Bool {
+            guard let whole = magnitude, let b = Self.whole(bound) else { return true }
+            if !negative { return b >= 0 && (whole < UInt64(b) || (whole == UInt64(b) && !fractionIsNonZero)) }
+            return b >= 0 || whole >= b.magnitude
+        }
+
+        /// Whether the exact value is at least `bound` (see ``isAtMost(_:)``).
+        func isAtLeast(_ bound: Double) -> Bool {
+            guard let whole = magnitude, let b = Self.whole(bound) else { return true }
+            if !negative { return b <= 0 || whole >= UInt64(b) }
+            if whole == 0 && !fractionIsNonZero { return b <= 0 }  // -0 is 0
+            return b < 0 && (whole < b.magnitude || (whole == b.magnitude && !fractionIsNonZero))
+        }
+
+        /// A bound that is a whole number of less than 10^18 in size, as an Int64.
+        static func whole(_ bound: Double) -> Int64? {
+            guard bound.magnitude < 1e18, bound == bound.rounded() else { return nil }
+            return Int64(bound)
+        }
     }
 
     static func scan(_ b: [UInt8], fraction allowFraction: Bool) -> Result<Scanned, Refusal> {

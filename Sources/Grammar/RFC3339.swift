@@ -13,11 +13,12 @@
 ///   second.
 /// - The offset is 00:00 to 23:59 either way; `-00:00` is UTC.
 /// - Digits past the ninth of the fraction are dropped (opqd keeps nanoseconds).
-/// - The year as written must be from 1970 to 2261, whatever the offset (so the instant may
-///   be up to 23:59 before 1970-01-01T00:00:00Z or after 2261-12-31T23:59:59Z). Any other year
-///   is refused as out of range, whatever the field: opqd keeps 64-bit nanoseconds since 1970,
-///   which end in April 2262, and a rule on the written year is one a client (and a JSON
-///   Schema pattern) can check without doing the offset's arithmetic.
+/// - The time must lie in the years 1970 to 2261 both as written and in UTC: the written year
+///   is 1970 to 2261, and the instant, after the offset is applied, is from
+///   1970-01-01T00:00:00Z up to (not including) 2262-01-01T00:00:00Z. So every accepted time
+///   is written back (in UTC, as the API answers) in a form this parser accepts again; opqd
+///   keeps 64-bit nanoseconds since 1970, which end in April 2262. Any other time is refused as
+///   out of range, whatever the field.
 public enum RFC3339 {
     /// The fields as written, before the offset is applied.
     public struct Fields: Equatable, Sendable {
@@ -37,20 +38,23 @@ public enum RFC3339 {
         case minute(Int)
         case second(Int)
         case offset(String)
-        case outOfRange
+        case outOfRange  // the year as written
+        case outOfRangeInUTC  // the instant, after the offset
 
         public var description: String {
             switch self {
             case let .syntax(what): return what
             case let .month(m): return "there is no month \(pad(m))"
             case let .day(y, m, d, n):
-                return "\(Self.monthNames[m - 1]) \(y) has \(n) days, so there is no day \(pad(d))"
+                let month = (1...12).contains(m) ? Self.monthNames[m - 1] : "month \(m)"
+                return "\(month) \(y) has \(n) days, so there is no day \(pad(d))"
             case let .hour(h): return "there is no hour \(pad(h)) (00 to 23)"
             case let .minute(m): return "there is no minute \(pad(m)) (00 to 59)"
             case .second(60): return "second 60 (a leap second) is not accepted: opqd keeps Unix time"
             case let .second(s): return "there is no second \(pad(s)) (00 to 59)"
             case let .offset(what): return what
             case .outOfRange: return "it is outside the years 1970 to 2261"
+            case .outOfRangeInUTC: return "its offset takes it outside the years 1970 to 2261 in UTC"
             }
         }
 
@@ -60,10 +64,12 @@ public enum RFC3339 {
     }
 
     /// The rule in words, for problem details and openapi.yaml.
-    public static let rule = "an RFC 3339 time like 2026-11-22T10:00:00Z or 2026-11-22T11:00:00.5+01:00, with a year from 1970 to 2261"
+    public static let rule = "an RFC 3339 time like 2026-11-22T10:00:00Z or 2026-11-22T11:00:00.5+01:00, in the years 1970 to 2261 both as written and in UTC"
 
-    /// The years a time may be written in.
+    /// The years a time may be written in, and lie in.
     public static let years = 1970...2261
+    /// 2262-01-01T00:00:00Z in seconds since 1970-01-01T00:00:00Z: the first instant refused.
+    public static let endSeconds: Int64 = 9_214_646_400
 
     public static func isLeapYear(_ y: Int) -> Bool { (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 }
 
@@ -153,8 +159,8 @@ public enum RFC3339 {
     }
 
     /// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (Howard Hinnant's
-    /// days_from_civil); exact for every four-digit year.
-    public static func daysSinceEpoch(year: Int, month: Int, day: Int) -> Int {
+    /// days_from_civil); exact for every four-digit year (only called with those).
+    static func daysSinceEpoch(year: Int, month: Int, day: Int) -> Int {
         let y = month <= 2 ? year - 1 : year
         let era = (y >= 0 ? y : y - 399) / 400
         let yoe = y - era * 400
@@ -164,14 +170,15 @@ public enum RFC3339 {
         return era * 146_097 + doe - 719_468
     }
 
-    /// Nanoseconds since 1970-01-01T00:00:00Z, or why not. Cannot overflow: the years 1970 to
-    /// 2261, give or take an offset of a day, are about ±9.3e18 ns inside Int64.
+    /// Nanoseconds since 1970-01-01T00:00:00Z, or why not. Cannot overflow: a four-digit year's
+    /// seconds fit in Int64 with room, and only the years 1970 to 2261 reach the scaling.
     public static func nanoseconds(_ text: some StringProtocol) -> Result<Int64, Refusal> {
         switch fields(text) {
         case let .failure(r): return .failure(r)
         case let .success(f):
             let days = daysSinceEpoch(year: f.year, month: f.month, day: f.day)
             let seconds = Int64(days) * 86_400 + Int64(f.hour * 3600 + f.minute * 60 + f.second) - Int64(f.offsetSeconds)
+            guard seconds >= 0, seconds < endSeconds else { return .failure(.outOfRangeInUTC) }
             return .success(seconds * 1_000_000_000 + Int64(f.nanosecond))
         }
     }

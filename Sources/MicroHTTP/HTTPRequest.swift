@@ -6,8 +6,12 @@ public struct HTTPRequest: Sendable {
     public let method: String
     /// The path as sent, without the query string and not percent-decoded.
     public let path: String
-    /// Query arguments, percent-decoded; when a name repeats, the last value wins.
+    /// Query arguments, percent-decoded; when a name repeats, the last value wins (and the name
+    /// is in ``repeatedQueryNames``).
     public let query: [String: String]
+    /// The query argument names given more than once, in order of their second appearance:
+    /// an API that refuses ambiguity (`?limit=0x10&limit=5`) reads them here.
+    public let repeatedQueryNames: [String]
     /// Header fields keyed by lowercased name; repeated fields are joined with `", "` (`"; "` for
     /// `Cookie`).
     public let headers: [String: String]
@@ -20,6 +24,7 @@ public struct HTTPRequest: Sendable {
         method: String,
         path: String,
         query: [String: String] = [:],
+        repeatedQueryNames: [String] = [],
         headers: [String: String] = [:],
         body: [UInt8] = []
     ) {
@@ -27,6 +32,7 @@ public struct HTTPRequest: Sendable {
         self.method = method
         self.path = path
         self.query = query
+        self.repeatedQueryNames = repeatedQueryNames
         self.headers = headers
         self.body = body
     }

@@ -76,6 +76,8 @@ struct Query {
         for k in request.query.keys where !allowed.contains(k) {
             throw Problem.invalid(k, "unknown query parameter; allowed: \(allowed.isEmpty ? "none" : allowed.joined(separator: ", "))")
         }
+        // `?limit=0x10&limit=5` is ambiguous (which one counts?), as a repeated body field is.
+        if let k = request.repeatedQueryNames.first { throw Problem.repeatedQueryParameter(k) }
         values = request.query
     }
 
@@ -117,7 +119,8 @@ struct Query {
 /// A client's text in a problem detail: at most 64 characters, so a huge value does not make a
 /// huge answer (the detail is JSON-escaped when written).
 func shown(_ text: String) -> String {
-    text.count <= 64 ? text : String(text.prefix(64)) + "…"
+    // By Unicode scalars, not Characters: one Character may hold a megabyte of combining marks.
+    text.unicodeScalars.count <= 64 ? text : String(String.UnicodeScalarView(text.unicodeScalars.prefix(64))) + "…"
 }
 
 /// A time a client wrote in `field`: RFC 3339 with the calendar checked, from 1970 to 2261
@@ -125,7 +128,7 @@ func shown(_ text: String) -> String {
 /// what was wrong and what is allowed.
 func parseTime(_ v: JSONValue, field: String, nullAllowed: Bool = false) throws(Problem) -> Timestamp {
     let allowed = "must be \(RFC3339.rule)\(nullAllowed ? ", or null for none" : "")"
-    guard case let .string(s) = v else { throw Problem.invalid(field, "\(allowed); got \(v.typeName) \(shown(v.text))") }
+    guard case let .string(s) = v else { throw Problem.invalid(field, "\(allowed); got \(shown(v.text))") }
     switch RFC3339.nanoseconds(s) {
     case let .success(ns): return Timestamp(nanoseconds: ns)
     case let .failure(why): throw Problem.invalid(field, "\(allowed); got \"\(shown(s))\": \(why)")

@@ -78,6 +78,11 @@ final class Forwarder: Sendable {
     /// sees its own client gone, as it would have seen the real one, so a claim held for a
     /// client that left is not handed out (its leases go back to the queue at once).
     func forward(_ request: HTTPRequest, to base: String) -> HTTPHandlerResult {
+        // The relayed query keeps one value per name, so the owner could not see a repeat that
+        // it would refuse (`Query`); refused here the same way.
+        if let name = request.repeatedQueryNames.first {
+            return .response(Problem.repeatedQueryParameter(name).response)
+        }
         let outbound = outboundRequest(for: request, base: base)
         let isLongPoll = Self.longPollSeconds(request.query) != nil
         let (client, cap) = (self.client, maxResponseBytes)

@@ -2071,7 +2071,7 @@ paths:
         - name: after
           in: query
           required: false
-          description: Return events with a greater `seq` (default 0).
+          description: Return events with a greater `seq` (default 0). Decimal digits only (no sign, leading zero, fraction or exponent).
           schema:
             type: integer
             minimum: 0
@@ -2137,11 +2137,12 @@ paths:
           required: false
           description: |
             Used as `after` when `after` is absent: the `id` of the last event the client saw,
-            so decimal digits (no sign or leading zero) up to 18446744073709551615. An empty one
-            is no id; anything else is 422 naming `Last-Event-ID`, with or without `after`.
+            so decimal digits (no sign or leading zero) from 0 to 9223372036854775807, the range of
+            `after`. An empty one is no id; anything else is 422 naming `Last-Event-ID`, with or
+            without `after`.
           schema:
             type: string
-            pattern: '^(0|[1-9][0-9]{0,18}|1[0-7][0-9]{18}|18[0-3][0-9]{17}|184[0-3][0-9]{16}|1844[0-5][0-9]{15}|18446[0-6][0-9]{14}|184467[0-3][0-9]{13}|1844674[0-3][0-9]{12}|184467440[0-6][0-9]{10}|1844674407[0-2][0-9]{9}|18446744073[0-6][0-9]{8}|1844674407370[0-8][0-9]{6}|18446744073709[0-4][0-9]{5}|184467440737095[0-4][0-9]{4}|18446744073709550[0-9]{3}|18446744073709551[0-5][0-9]{2}|1844674407370955160[0-9]|1844674407370955161[0-4]|18446744073709551615)?$'
+            pattern: '^(0|[1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)?$'
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -2523,10 +2524,14 @@ components:
         optional fraction of any number of digits (kept to the nanosecond), and `Z` (or `z`)
         or an offset `+hh:mm`/`-hh:mm` from -23:59 to +23:59 (`-00:00` is UTC). The date must
         exist: February 29 only in a leap year, no April 31, hour 00-23, minute and second
-        00-59 (second 60, a leap second, is refused: the server keeps Unix time). The year as
-        written must be 1970 to 2261, whatever the offset. Anything else (a space for `T`, a
-        missing offset, an offset without its colon, a number) is 422 naming the field, what
-        was wrong and what is allowed. The pattern is exactly that rule.
+        00-59 (second 60, a leap second, is refused: the server keeps Unix time). The time must
+        lie in the years 1970 to 2261 both as written and in UTC (from 1970-01-01T00:00:00Z up
+        to, not including, 2262-01-01T00:00:00Z), so that every accepted time, answered in UTC,
+        is read again. Anything else (a space for `T`, a missing offset, an offset without its
+        colon, a number) is 422 naming the field, what was wrong and what is allowed. The
+        pattern is exactly that rule but for one case it cannot express: a time written on
+        1970-01-01 or 2261-12-31 whose offset takes it out of those years in UTC
+        (`1970-01-01T00:30:00+01:00`) matches it and is refused.
       pattern: '^((19[7-9][0-9]|2[01][0-9]{2}|22[0-5][0-9]|226[01])-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))|(19(7[26]|8[048]|9[26])|20([02468][048]|[13579][26])|21([02468][48]|[13579][26]|[2468]0)|22(0[48]|[13][26]|[24][048]|5[26]|60))-02-29)[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$'
       examples:
         - '2026-11-22T10:00:00Z'

@@ -13,6 +13,8 @@ extension Problem {
         Problem(422, "invalid-field", "Invalid field", "\(field): \(detail)")
     }
     static func notFound(_ detail: String) -> Problem { Problem(404, "not-found", "Not Found", detail) }
+    /// `?limit=0x10&limit=5`: which one counts is a guess, so neither does.
+    static func repeatedQueryParameter(_ name: String) -> Problem { invalid(name, "appears more than once; give each query parameter once") }
     static func conflict(_ detail: String) -> Problem { Problem(409, "conflict", "Conflict", detail) }
 }
 

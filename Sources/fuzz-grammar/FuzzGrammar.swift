@@ -33,6 +33,13 @@ enum FuzzGrammar {
     static let datePattern = try! NSRegularExpression(
         pattern: #"\A([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))\z"#)
 
+    nonisolated(unsafe) static let utc: ISO8601DateFormatter = {  // libFuzzer calls in from one thread
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        f.timeZone = TimeZone(identifier: "UTC")
+        return f
+    }()
+
     static let calendar: Calendar = {
         var c = Calendar(identifier: .gregorian)
         c.timeZone = TimeZone(identifier: "UTC")!
@@ -97,25 +104,31 @@ enum FuzzGrammar {
             fail("unsigned \(text.debugDescription) is not in the grammar but was accepted")
         }
 
-        // Whether the text's exact value is at most a whole `bound` (not Double's rounding of it).
-        func atMost(_ bound: Double) -> Bool {
-            guard bound < 1e18 else { return true }
-            let parts = text.split(separator: ".", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let whole = UInt64(parts[0]) else { return false }  // past UInt64: far past the bound
-            let fractionIsZero = parts.count < 2 || parts[1].allSatisfy { $0 == "0" }
-            return whole < UInt64(bound) || (whole == UInt64(bound) && fractionIsZero)
-        }
-        for range in [0.0...300.0, 0.0...3600.0, 0.0...Double.greatestFiniteMagnitude, -Double.greatestFiniteMagnitude...Double.greatestFiniteMagnitude] {
-            let got = DecimalNumber.decimal(text, in: range)
-            if isDecimal && negative && range.lowerBound >= 0 {
-                check(got == .failure(.minusSign), "decimal \(text.debugDescription) for \(range) should be refused for its '-': \(got)")
+        // Ranges as the API and the flags use them, plus negative and fractional bounds. Whole
+        // bounds are exact (compared digit by digit below, not through Double); a fractional
+        // bound compares the correctly rounded value, as documented.
+        let ranges: [(low: String, high: String)] = [
+            ("0", "300"), ("0", "3600"), ("1", "3600"), ("0.01", "3600"), ("0.1", "86400"), ("-5", "0"), ("-5", "-1"),
+            ("0", "1e308"), ("-1e308", "1e308"),
+        ]
+        for (lowText, highText) in ranges {
+            guard let low = Double(lowText), let high = Double(highText) else { fail("bad range"); return }
+            let got = DecimalNumber.decimal(text, in: low...high)
+            if isDecimal && negative && low >= 0 {
+                check(got == .failure(.minusSign), "decimal \(text.debugDescription) for \(lowText)...\(highText) should be refused for its '-': \(got)")
             } else if isDecimal {
                 // Swift's Double(_:) rounds plain decimal text correctly (to infinity past its range).
                 let expected = Double(text).map { $0 == 0 ? 0 : $0 }
-                let inRange = expected.map { $0.isFinite && range.contains($0) } ?? false && (negative || atMost(range.upperBound))
+                func exact(_ bound: String) -> Bool { !bound.contains("e") && !bound.contains(".") }
+                let aboveLow = exact(lowText) ? compareDecimal(text, lowText) >= 0 : (expected.map { $0 >= low } ?? false)
+                let belowHigh = exact(highText) ? compareDecimal(text, highText) <= 0 : (expected.map { $0 <= high } ?? false)
+                let inRange = (expected?.isFinite ?? false) && aboveLow && belowHigh
                 switch got {
-                case let .success(v): check(expected == v && inRange, "decimal \(text.debugDescription) gave \(v), expected \(String(describing: expected))")
-                case .failure(.outOfRange): check(!inRange, "decimal \(text.debugDescription) refused as out of \(range)")
+                case let .success(v):
+                    check(
+                        expected == v && inRange,
+                        "decimal \(text.debugDescription) in \(lowText)...\(highText) gave \(v), expected \(String(describing: expected))")
+                case .failure(.outOfRange): check(!inRange, "decimal \(text.debugDescription) refused as out of \(lowText)...\(highText)")
                 case let .failure(r): fail("decimal \(text.debugDescription) is in the grammar but was refused: \(r)")
                 }
             } else {
@@ -123,6 +136,36 @@ enum FuzzGrammar {
                 if case .failure(.outOfRange) = got { fail("decimal \(text.debugDescription) is not in the grammar but was called out of range") }
             }
         }
+    }
+
+    /// The sign of a - b for two texts of the decimal grammar (`-?digits(.digits)?`), exactly,
+    /// digit by digit: no Double, no parser code.
+    static func compareDecimal(_ a: String, _ b: String) -> Int {
+        func parts(_ s: String) -> (negative: Bool, whole: [UInt8], fraction: [UInt8]) {
+            var bytes = Array(s.utf8)
+            let negative = bytes.first == UInt8(ascii: "-")
+            if negative { bytes.removeFirst() }
+            let split = bytes.split(separator: UInt8(ascii: "."), maxSplits: 1, omittingEmptySubsequences: false)
+            var whole = Array(split[0])
+            while whole.count > 1 && whole[0] == UInt8(ascii: "0") { whole.removeFirst() }
+            var fraction = split.count > 1 ? Array(split[1]) : []
+            while fraction.last == UInt8(ascii: "0") { fraction.removeLast() }
+            let isZero = whole == [UInt8(ascii: "0")] && fraction.isEmpty
+            return (negative && !isZero, whole, fraction)
+        }
+        func magnitudeCompare(_ x: ([UInt8], [UInt8]), _ y: ([UInt8], [UInt8])) -> Int {
+            if x.0.count != y.0.count { return x.0.count < y.0.count ? -1 : 1 }
+            if x.0 != y.0 { return x.0.lexicographicallyPrecedes(y.0) ? -1 : 1 }
+            let n = max(x.1.count, y.1.count)
+            let xf = x.1 + Array(repeating: UInt8(ascii: "0"), count: n - x.1.count)
+            let yf = y.1 + Array(repeating: UInt8(ascii: "0"), count: n - y.1.count)
+            if xf == yf { return 0 }
+            return xf.lexicographicallyPrecedes(yf) ? -1 : 1
+        }
+        let (x, y) = (parts(a), parts(b))
+        if x.negative != y.negative { return x.negative ? -1 : 1 }
+        let c = magnitudeCompare((x.whole, x.fraction), (y.whole, y.fraction))
+        return x.negative ? -c : c
     }
 
     // MARK: Dates
@@ -185,12 +228,24 @@ enum FuzzGrammar {
         }
         guard let date = calendar.date(from: components) else { fail("Calendar could not make a date of valid \(text.debugDescription)"); return }
         let seconds = Int64(date.timeIntervalSince1970.rounded()) - Int64(offset)
-        let inRange = (1970...2261).contains(year)  // the years as written, whatever the offset
+        // The years 1970 to 2261 both as written and in UTC: 2262-01-01T00:00:00Z is 9214646400 s.
+        let writtenInRange = (1970...2261).contains(year)
+        let instantInRange = seconds >= 0 && seconds < 9_214_646_400
         switch got {
         case let .success(v):
-            check(inRange, "date \(text.debugDescription) out of range was accepted as \(v)")
+            check(writtenInRange && instantInRange, "date \(text.debugDescription) out of range was accepted as \(v)")
             check(v == seconds * 1_000_000_000 + Int64(fraction), "date \(text.debugDescription) gave \(v), Calendar says \(seconds) s + \(fraction) ns")
-        case .failure(.outOfRange): check(!inRange, "date \(text.debugDescription) in range (\(seconds) s) was refused as out of range")
+            // What the API writes back (UTC, milliseconds), written here by Foundation, must be
+            // read again: an archive exported with this time restores.
+            let ms = v / 1_000_000
+            let back = utc.string(from: Date(timeIntervalSince1970: Double(ms) / 1000))
+            switch RFC3339.nanoseconds(back) {
+            case let .success(again): check(abs(again / 1_000_000 - ms) <= 1, "date \(text.debugDescription) written back as \(back) reads as \(again)")
+            case let .failure(r): fail("date \(text.debugDescription) was accepted, but written back as \(back) it is refused: \(r)")
+            }
+        case .failure(.outOfRange): check(!writtenInRange, "date \(text.debugDescription) with its year in range was refused as out of range")
+        case .failure(.outOfRangeInUTC):
+            check(writtenInRange && !instantInRange, "date \(text.debugDescription) (\(seconds) s) was refused as out of range in UTC")
         case let .failure(r): fail("valid date \(text.debugDescription) was refused: \(r)")
         }
     }

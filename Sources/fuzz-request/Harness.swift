@@ -145,16 +145,17 @@ final class Harness {
     static func shortenLongPolls(_ r: HTTPRequest) -> HTTPRequest {
         var query = r.query
         var changed = false
-        for key in ["timeout", "wait"] {
-            // Only what the server would take as a long wait: a value the grammar refuses
-            // (`1e2`, `0x1p4`) must reach the server as sent, to be refused there.
-            if let v = query[key], case let .success(d) = DecimalNumber.decimal(v, in: 0...3600), d > longPollCap {
+        // Each parameter's own maximum (`wait` 300 s, `timeout` 3600 s): only what the server
+        // would take as a long wait is shortened; a value it refuses (`1e2`, `0x1p4`, `wait=301`)
+        // reaches it as sent, to be refused there.
+        for (key, maximum) in [("timeout", 3600.0), ("wait", 300.0)] {
+            if let v = query[key], case let .success(d) = DecimalNumber.decimal(v, in: 0...maximum), d > longPollCap {
                 query[key] = String(longPollCap)
                 changed = true
             }
         }
         guard changed else { return r }
-        return HTTPRequest(id: r.id, method: r.method, path: r.path, query: query, headers: r.headers, body: r.body)
+        return HTTPRequest(id: r.id, method: r.method, path: r.path, query: query, repeatedQueryNames: r.repeatedQueryNames, headers: r.headers, body: r.body)
     }
 
     /// Without a private network: a body that could spell a URL (`http`, any case, or a `\u`

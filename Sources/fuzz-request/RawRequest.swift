@@ -68,10 +68,10 @@ struct RawRequest {
 
         let pathEnd = target.firstIndex(of: UInt8(ascii: "?")) ?? target.endIndex
         let path = String(decoding: target[target.startIndex..<pathEnd], as: UTF8.self)
-        let query = pathEnd < target.endIndex ? Self.arguments(target[(pathEnd + 1)...]) : [:]
+        let query = pathEnd < target.endIndex ? Self.arguments(target[(pathEnd + 1)...]) : (values: [:], repeated: [])
         request = HTTPRequest(
             id: id, method: String(decoding: method, as: UTF8.self), path: path,
-            query: query, headers: headers, body: body)
+            query: query.values, repeatedQueryNames: query.repeated, headers: headers, body: body)
         declaredBodyBytes = declared.flatMap { $0 > 0 ? $0 : nil }
     }
 
@@ -89,8 +89,10 @@ struct RawRequest {
     }
 
     /// MHD's argument parsing of the query string (see the type's comment).
-    static func arguments(_ query: ArraySlice<UInt8>) -> [String: String] {
+    /// The arguments, and the names given more than once, as MicroHTTP's bridge collects them.
+    static func arguments(_ query: ArraySlice<UInt8>) -> (values: [String: String], repeated: [String]) {
         var result: [String: String] = [:]
+        var repeated: [String] = []
         for part in query.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: false) {
             if part.isEmpty && part.endIndex == query.endIndex { continue }  // "a=1&" adds nothing at the end
             let key: ArraySlice<UInt8>, value: ArraySlice<UInt8>
@@ -101,9 +103,12 @@ struct RawRequest {
                 key = part
                 value = []
             }
-            result[String(decoding: unescape(key), as: UTF8.self)] = String(decoding: unescape(value), as: UTF8.self)
+            let name = String(decoding: unescape(key), as: UTF8.self)
+            if result.updateValue(String(decoding: unescape(value), as: UTF8.self), forKey: name) != nil, repeated.count < 64, !repeated.contains(name) {
+                repeated.append(name)
+            }
         }
-        return result
+        return (result, repeated)
     }
 
     /// `+` to space, then valid `%XX` to its byte; anything else as is.

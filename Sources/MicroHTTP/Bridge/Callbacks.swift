@@ -115,13 +115,26 @@ enum Callbacks {
         return .YES
     }
 
-    /// Collects query arguments (already percent-decoded by MHD); the last repeat wins.
+    /// Collects query arguments (already percent-decoded by MHD); the last repeat wins, and the
+    /// names that repeat are kept.
     static let collectArgument: MHD_KeyValueIteratorN = { cls, _, key, keySize, value, valueSize in
         guard let cls, let key else { return .YES }
-        let query = cls.assumingMemoryBound(to: [String: String].self)
-        query.pointee[string(from: key, count: keySize)] = value.map { string(from: $0, count: valueSize) } ?? ""
+        let query = cls.assumingMemoryBound(to: QueryArguments.self)
+        let name = string(from: key, count: keySize)
+        if query.pointee.values.updateValue(value.map { string(from: $0, count: valueSize) } ?? "", forKey: name) != nil,
+            query.pointee.repeated.count < 64, !query.pointee.repeated.contains(name)
+        {
+            query.pointee.repeated.append(name)
+        }
         return .YES
     }
+}
+
+/// What ``Callbacks/collectArgument`` fills: the arguments, and the names given more than once
+/// (at most 64 kept: enough to name one).
+struct QueryArguments {
+    var values: [String: String]
+    var repeated: [String] = []
 }
 
 @inline(__always)
@@ -252,8 +265,8 @@ extension ServerCore {
         }
     }
 
-    /// Header fields or query arguments as a dictionary, sized once (growing a dictionary goes
-    /// through unspecialized standard-library code, measurably slower per request).
+    /// Header fields as a dictionary, sized once (growing a dictionary goes through
+    /// unspecialized standard-library code, measurably slower per request).
     private static func values(
         of kind: MHD_ValueKind, on connection: OpaquePointer, iterator: MHD_KeyValueIteratorN
     ) -> [String: String] {
@@ -266,14 +279,28 @@ extension ServerCore {
         return values
     }
 
+    /// The query arguments, the dictionary sized once (growing a dictionary goes through
+    /// unspecialized standard-library code, measurably slower per request).
+    private static func queryArguments(on connection: OpaquePointer) -> QueryArguments {
+        let count = MHD_get_connection_values_n(connection, .GET_ARGUMENT_KIND, nil, nil)
+        guard count > 0 else { return QueryArguments(values: [:]) }
+        var arguments = QueryArguments(values: [String: String](minimumCapacity: Int(count)))
+        withUnsafeMutablePointer(to: &arguments) { arguments in
+            _ = MHD_get_connection_values_n(connection, .GET_ARGUMENT_KIND, Callbacks.collectArgument, arguments)
+        }
+        return arguments
+    }
+
     private func runHandler(
         _ context: ConnectionContext, connection: OpaquePointer, method: UnsafePointer<CChar>?
     ) -> MHD_Result {
+        let arguments = Self.queryArguments(on: connection)
         let request = HTTPRequest(
             id: lastRequestID.add(1, ordering: .relaxed).newValue,
             method: method.map(methodName) ?? "GET",
             path: context.pointee.path,
-            query: Self.values(of: .GET_ARGUMENT_KIND, on: connection, iterator: Callbacks.collectArgument),
+            query: arguments.values,
+            repeatedQueryNames: arguments.repeated,
             headers: context.pointee.headers,
             body: context.pointee.body
         )

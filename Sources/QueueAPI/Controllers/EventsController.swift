@@ -59,10 +59,10 @@ struct EventsController: Sendable {
         // same grammar as `after`, whether or not `after` is given (which then wins), rather
         // than taken as 0 and replaying the whole feed.
         if let last = req.header("last-event-id"), !last.isEmpty {
-            switch DecimalNumber.unsigned(last) {
-            case let .success(n): if q.values["after"] == nil { start = n }
+            switch DecimalNumber.integer(last, in: 0...Int.max) {
+            case let .success(n): if q.values["after"] == nil { start = UInt64(n) }
             case let .failure(why):
-                throw Query.refused("Last-Event-ID", last, why, "the id of an event (a sequence number)", DecimalNumber.integerRule)
+                throw Query.refused("Last-Event-ID", last, why, "the id of an event, from 0 to \(Int.max) as `after`", DecimalNumber.integerRule)
             }
         }
         let (after, log) = (start, events)
