@@ -67,6 +67,10 @@ struct CrashRecoveryTests {
                 group.addTask { [server] in
                     try await onThread {
                         usleep(useconds_t(delay * 1e6))
+                        // A cycle must have acknowledged something for the kill to test: on a
+                        // loaded machine the random delay can pass before the first answer, so it
+                        // also waits (up to 30 s, a limit to give up at) for one.
+                        _ = waitUntil(timeout: 30, every: 0.005) { ledger.withLock { $0.acknowledged } > before }
                         // Kills with requests in flight: waits (briefly) until at least two are.
                         for _ in 0..<200 where inFlight.withLock({ $0 }) < 2 { usleep(1_000) }
                         // Under the same lock the clients count requests with, so the count is

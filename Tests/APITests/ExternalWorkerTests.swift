@@ -7,7 +7,7 @@ import Testing
 @Suite("External operations and their workers")
 struct ExternalWorkerTests {
     func claim(_ server: LiveServer, _ queue: String, wait: Double = 0, worker: String = "w") async throws -> (id: String, token: String, attempt: Int)? {
-        let r = try await server.request("POST", "/v1/queues/\(queue)/claim?wait=\(wait)", json: "{\"worker\":\"\(worker)\"}")
+        let r = try await server.patient(wait + 15).request("POST", "/v1/queues/\(queue)/claim?wait=\(wait)", json: "{\"worker\":\"\(worker)\"}")
         if r.status == 204 { return nil }
         #expect(r.status == 200, "\(r)")
         let op = r.object["operation"] as? [String: Any] ?? [:]
@@ -80,15 +80,17 @@ struct ExternalWorkerTests {
                     "POST", "/v1/queues/jobs/operations",
                     json: #"{"kind":"external","spec":{"lease":1},"retry":{"maxAttempts":2,"backoff":0}}"#
                 ).expecting(201).string("id"))
-            let first = try #require(try await claim(server, "jobs", wait: 1))
+            // The claims' waits are limits to give up at (a claim answers as soon as there is
+            // work): the 1 s lease's expiry fires on a timer a loaded machine runs late.
+            let first = try #require(try await claim(server, "jobs", wait: 10))
             #expect(first.attempt == 1)
-            let second = try #require(try await claim(server, "jobs", wait: 5), "the operation came back after its lease ran out")
+            let second = try #require(try await claim(server, "jobs", wait: 60), "the operation came back after its lease ran out")
             #expect(second.id == id)
             #expect(second.attempt == 2)
             let stale = try await server.request("POST", "/v1/operations/\(id)/finish", json: "{\"leaseToken\":\"\(first.token)\",\"result\":1}")
             #expect(stale.status == 409)
             // The last allowed attempt expiring too fails the operation.
-            #expect(try await server.waitForState(id, "finished", timeout: 5))
+            #expect(try await server.waitForState(id, "finished", timeout: 60))
             let op = try await server.operation(id)
             #expect(op["outcome"] as? String == "failed")
             #expect((op["error"] as? [String: Any])?["type"] as? String == "lease-expired")

@@ -158,14 +158,16 @@ struct OperationEndpointTests {
     func cancelExecuting() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q")
-            let id = try await server.addDelay("q", seconds: 30)
+            // 300 s, so that stopping at once stands far apart from running out, however slowly a
+            // loaded machine serves (4 s against a 30 s delay measured its load).
+            let id = try await server.addDelay("q", seconds: 300)
             #expect(try await server.waitForState(id, "executing"))
             let start = Date()
             let r = try await server.request("POST", "/v1/operations/\(id)/cancel")
             #expect(r.status == 200)
             #expect(r.bool("isCancelled") == true)
-            #expect(try await server.waitForState(id, "finished", timeout: 4))
-            #expect(elapsed(since: start) < 4, "a 30 s delay stops at once when cancelled")
+            #expect(try await server.waitForState(id, "finished", timeout: 60))
+            #expect(elapsed(since: start) < 60, "a 300 s delay stops at once when cancelled")
             #expect(try await server.operation(id)["outcome"] as? String == "cancelled")
         }
     }
@@ -226,10 +228,12 @@ struct OperationEndpointTests {
     func pauseExecutingDelay() async throws {
         try await withLiveServer { server in
             try await server.createQueue("q")
-            // Wide margins: the suite runs in parallel on 2 cores, so timings stretch.
-            let id = try await server.addDelay("q", seconds: 8.0)
+            // Wide margins: the suite runs in parallel on 2 cores, so timings stretch. It runs 6 of
+            // its 12 s before the pause: at most 6 s are left, the whole 12 s again would mean the
+            // time already run was lost, and the 10.5 s bound below leaves a loaded machine 4.5 s.
+            let id = try await server.addDelay("q", seconds: 12.0)
             #expect(try await server.waitForState(id, "executing"))
-            try await Task.sleep(nanoseconds: 3_000_000_000)
+            try await Task.sleep(nanoseconds: 6_000_000_000)
             let p = try await server.request("POST", "/v1/operations/\(id)/pause")
             #expect(p.status == 200, "\(p)")
             #expect(p.string("state") == "paused")
@@ -239,9 +243,9 @@ struct OperationEndpointTests {
             #expect(try await server.state(id) == "paused", "a paused delay must not finish")
             let resumed = Date()
             _ = try await server.request("POST", "/v1/operations/\(id)/resume").expecting(200)
-            #expect(try await server.waitForState(id, "finished", timeout: 7))
-            // At most 5 s were left; the whole 8 s again would mean the time already run was lost.
-            #expect(elapsed(since: resumed) < 6.5, "only the time left should run")
+            #expect(try await server.waitForState(id, "finished", timeout: 20))
+            // At most 6 s were left; the whole 12 s again would mean the time already run was lost.
+            #expect(elapsed(since: resumed) < 10.5, "only the time left should run")
             #expect(try await server.operation(id)["outcome"] as? String == "succeeded")
         }
     }
@@ -250,12 +254,14 @@ struct OperationEndpointTests {
     func pausedFreesSlot() async throws {
         try await withLiveServer { server in
             try await server.createQueue("serial", maxConcurrent: 1)
-            let first = try await server.addDelay("serial", seconds: 30)
-            let second = try await server.addDelay("serial", seconds: 30)
+            // The first holds the only slot for 300 s: the second executing within the 60 s
+            // limit can only be the pause freeing it (2 s measured a loaded machine, not that).
+            let first = try await server.addDelay("serial", seconds: 300)
+            let second = try await server.addDelay("serial", seconds: 300)
             #expect(try await server.waitForState(first, "executing"))
             #expect(try await server.state(second) == "ready")
             _ = try await server.request("POST", "/v1/operations/\(first)/pause").expecting(200)
-            #expect(try await server.waitForState(second, "executing", timeout: 2))
+            #expect(try await server.waitForState(second, "executing", timeout: 60))
             // Resuming the first while the slot is taken makes it ready, not executing.
             let resumed = try await server.request("POST", "/v1/operations/\(first)/resume").expecting(200)
             #expect(resumed.string("state") == "ready", "\(resumed)")

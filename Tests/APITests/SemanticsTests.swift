@@ -9,16 +9,21 @@ struct SemanticsTests {
         try await withLiveServer { server in
             try await server.createQueue("first", suspended: true)
             try await server.createQueue("second")
-            let a = try await server.addDelay("first", seconds: 1.0)
+            // Long enough that b is looked at while a runs, even when a loaded machine takes
+            // seconds per request (1 s was not: a finished before b was read, in the full run).
+            let a = try await server.addDelay("first", seconds: 5.0)
             let b = try await server.addDelay("second", seconds: 0.01, dependencies: [a])
             let early = try await server.operation(b)
             #expect(early["state"] as? String == "pending", "\(early)")
             #expect(early["isReady"] as? Bool == false)
             #expect(early["dependencies"] as? [String] == [a])
             _ = try await server.request("POST", "/v1/queues/first/resume").expecting(200)
-            #expect(try await server.waitForState(a, "executing"))
-            #expect(try await server.state(b) == "pending")
-            #expect(try await server.waitForState(b, "finished"))
+            #expect(try await server.waitForState(a, "executing", timeout: 10))
+            let during = try await server.state(b)
+            // b was read while a ran only if a is still running now: otherwise there is nothing to tell.
+            try #require(try await server.state(a) == "executing", "a finished before b could be looked at during its run")
+            #expect(during == "pending")
+            #expect(try await server.waitForState(b, "finished", timeout: 20))
             let aDone = try await server.operation(a)
             let bDone = try await server.operation(b)
             #expect(aDone["outcome"] as? String == "succeeded")

@@ -44,6 +44,14 @@ func parseTime(_ value: Any?) -> Date? {
 func elapsed(since start: Date) -> Double { Date().timeIntervalSince(start) }
 
 extension LiveServer {
+    /// This server with `seconds` as the time any one request may take before the client gives
+    /// up (the default is 10 s): for long polls whose wait is longer than that.
+    func patient(_ seconds: Double) -> LiveServer {
+        var copy = self
+        copy.timeout = seconds
+        return copy
+    }
+
     /// Creates a queue; throws unless 201.
     @discardableResult
     func createQueue(_ name: String, maxConcurrent: Int? = nil, suspended: Bool? = nil) async throws -> TestResponse {

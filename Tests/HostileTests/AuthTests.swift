@@ -49,9 +49,10 @@ struct AuthTests {
                 for auth in [nil, "Bearer ", "Bearer wrong", "Basic \(Data("x:\(Self.write)".utf8).base64EncodedString())"] as [String?] {
                     var headers: [String: String] = [:]
                     if let auth { headers["Authorization"] = auth }
+                    // Limits to give up at (every route answers at once): 10 s, as Opqd.request's.
                     let outcome = server.exchange(
                         route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                        headers: headers, timeout: 5)
+                        headers: headers, timeout: 10)
                     guard let r = outcome.response else {
                         Issue.record("\(route) with \(auth ?? "no Authorization"): \(outcome)")
                         continue
@@ -100,7 +101,7 @@ struct AuthTests {
                 let target = route.target(name: "aq", id: id, observer: observer)
                 let r = try server.request(
                     route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                    token: Self.read, timeout: 5)
+                    token: Self.read, timeout: 10)
                 // An unknown path may be 404 and a known path with another method 405 once the
                 // caller is authenticated; anything a route would change must be 403.
                 if route.path == "/v1/nope" || route.method == "PUT" || route.method == "OPTIONS" {
@@ -122,14 +123,14 @@ struct AuthTests {
                 let target = route.target(name: "aq", id: id, observer: observer)
                 if route.path.hasPrefix("/v1/events/stream") {
                     // The stream never ends: its head is enough.
-                    let c = try RawConnection(port: server.port, timeout: 3)
+                    let c = try RawConnection(port: server.port, timeout: 10)
                     c.send("GET \(target) HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(Self.read)\r\n\r\n")
                     let (status, _) = try c.readHead()
                     c.close()
                     #expect(status == 200, "\(route) with the read token: \(status)")
                     continue
                 }
-                let outcome = server.exchange(route.method, target, headers: ["Authorization": "Bearer \(Self.read)"], timeout: 5)
+                let outcome = server.exchange(route.method, target, headers: ["Authorization": "Bearer \(Self.read)"], timeout: 10)
                 guard let r = outcome.response else { Issue.record("\(route) with the read token: \(outcome)"); continue }
                 #expect(r.status != 401 && r.status != 403, "\(route) with the read token: \(r.status) \(r.text.prefix(200))")
                 #expect(r.status < 500, "\(route) with the read token: \(r.status)")
@@ -147,7 +148,7 @@ struct AuthTests {
                 let target = route.target(name: "aq", id: id, observer: observer)
                 let r = try server.request(
                     route.method, target, json: route.body?.replacingOccurrences(of: "{name}", with: "aq").replacingOccurrences(of: "{id}", with: id),
-                    token: Self.write, timeout: 5)
+                    token: Self.write, timeout: 10)
                 #expect(r.status != 401 && r.status != 403, "\(route) with the write token: \(r.status) \(r.text.prefix(200))")
                 #expect(r.status < 500, "\(route) with the write token: \(r.status) \(r.text.prefix(200))")
             }

@@ -84,15 +84,17 @@ struct HealthcheckTests {
                 return .raw(
                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\nContent-Length: \(problem.utf8.count)\r\nConnection: close\r\n\r\n\(problem)"
                 )
-            case "/hang": return .hang(seconds: 10)
+            case "/hang": return .hang(seconds: 60)
             default: return .raw("HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope")
             }
         }
         try await blocking {
             let port = closedPort()
-            let (refused, left) = try Self.opqd(["healthcheck", "--url", "http://127.0.0.1:\(port)/readyz"])
+            // With a 30 s timeout, so that waiting for it stands far apart from a loaded machine's
+            // slow process start (the default 3 s left no margin: a run's own start-up counts).
+            let (refused, left) = try Self.opqd(["healthcheck", "--timeout", "30", "--url", "http://127.0.0.1:\(port)/readyz"])
             Self.expectUnhealthy(refused, ["connection-refused", "\(port)"])
-            #expect(refused.seconds < 3, "connection refused must not wait for the timeout: \(refused)")
+            #expect(refused.seconds < 15, "connection refused must not wait for the 30 s timeout: \(refused)")
             #expect(left.isEmpty, "a healthcheck must create nothing: \(left)")
 
             // The default URL on a port nothing listens on: the check, not a server start.
@@ -107,7 +109,13 @@ struct HealthcheckTests {
 
             let (slow, _) = try Self.opqd(["healthcheck", "--timeout", "0.5", "--url", target.url("/hang")])
             Self.expectUnhealthy(slow, ["timeout"])
-            #expect(slow.seconds < 3, "--timeout 0.5 must end the check in about half a second: \(slow)")
+            // How long the check held the hanging request, as the target saw it: the check's own
+            // wait, without its process start-up (which a loaded machine stretches). About half a
+            // second; the default 3 s timeout, or none, would be 3 s or the target's 60 s.
+            let held = target.held.filter { $0.path == "/hang" }.map(\.seconds)
+            #expect(held.count == 1, "the check should have asked /hang once and gone away: \(held) \(target.requests)")
+            #expect(held.allSatisfy { $0 < 2.5 }, "--timeout 0.5 must end the check in about half a second; it held the request \(held) s: \(slow)")
+            #expect(slow.seconds < 15, "the check must end at its timeout, not wait for the target's 60 s: \(slow)")
         }
     }
 

@@ -72,12 +72,13 @@ struct HostileTargetTests {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"t","maxConcurrentOperationCount":32}"#).expecting(201)
             var ids: [String: String] = [:]
             for path in redirects.keys.sorted() + ["/loop", "/relative"] { ids[path] = try Self.create(server, target.url(path)) }
-            let last = try Self.finish(server, Array(ids.values), timeout: 20)
+            // A limit to give up at (each operation has a 5 s timeout and the targets answer at once).
+            let last = try Self.finish(server, Array(ids.values), timeout: 60)
             server.expectAlive("the redirect tricks")
             for (path, id) in ids.sorted(by: { $0.key < $1.key }) {
                 let r = last[id]
                 guard r?.string("state") == "finished" else {
-                    Issue.record("\(path): not finished within 20 s: \(r?.text.prefix(300) ?? "no answer")")
+                    Issue.record("\(path): not finished within 60 s: \(r?.text.prefix(300) ?? "no answer")")
                     continue
                 }
                 let type = Self.errorType(r)
@@ -103,17 +104,20 @@ struct HostileTargetTests {
 
     @Test("an endless body (fast or slow) ends in a timeout or a truncated body, with the process alive and its memory bounded")
     func endlessBodies() async throws {
+        // The targets go on for 90 s (they stop sooner when the server goes away): an operation
+        // that finishes within the 45 s limit below was ended by its 3 s timeout or the body cap,
+        // never by the target giving up.
         let target = try HostileTarget { path in
             switch path {
             case "/fast":
-                return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n", piece: 65536, interval: 0, seconds: 15)
+                return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n", piece: 65536, interval: 0, seconds: 90)
             case "/fast-chunked":
-                return .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n", piece: 65536, interval: 0, seconds: 15)
-            case "/declared": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n", piece: 65536, interval: 0, seconds: 15)
-            case "/slow": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n", piece: 1, interval: 0.1, seconds: 15)
-            case "/slow-head": return .endless(head: "HTTP/1.1 200 OK\r\nX-Slow: ", piece: 1, interval: 0.1, seconds: 15)
-            case "/endless-head": return .endless(head: "HTTP/1.1 200 OK\r\n", piece: 65536, interval: 0, seconds: 15)
-            default: return .hang(seconds: 15)
+                return .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n", piece: 65536, interval: 0, seconds: 90)
+            case "/declared": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n", piece: 65536, interval: 0, seconds: 90)
+            case "/slow": return .endless(head: "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n", piece: 1, interval: 0.1, seconds: 90)
+            case "/slow-head": return .endless(head: "HTTP/1.1 200 OK\r\nX-Slow: ", piece: 1, interval: 0.1, seconds: 90)
+            case "/endless-head": return .endless(head: "HTTP/1.1 200 OK\r\n", piece: 65536, interval: 0, seconds: 90)
+            default: return .hang(seconds: 90)
             }
         }
         let server = try Opqd()
@@ -126,7 +130,7 @@ struct HostileTargetTests {
                 ids[path] = try Self.create(server, target.url(path), timeout: 3)
             }
             var peak = before.rss
-            let last = try Self.finish(server, Array(ids.values), timeout: 15)
+            let last = try Self.finish(server, Array(ids.values), timeout: 45)
             peak = max(peak, server.memory().hwm)
             let after = server.memory()
             print(
@@ -135,7 +139,7 @@ struct HostileTargetTests {
             server.expectAlive("endless bodies")
             for (path, id) in ids.sorted(by: { $0.key < $1.key }) {
                 let r = last[id]
-                #expect(r?.string("state") == "finished", "\(path): not finished within 15 s with a 3 s timeout: \(r?.text.prefix(300) ?? "no answer")")
+                #expect(r?.string("state") == "finished", "\(path): not finished within 45 s with a 3 s timeout: \(r?.text.prefix(300) ?? "no answer")")
                 if r?.string("outcome") == "failed" {
                     #expect(Self.errorType(r).map(Self.errorTypes.contains) == true, "\(path): error \(r?.text.prefix(300) ?? "")")
                 }
@@ -183,12 +187,13 @@ struct HostileTargetTests {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"t","maxConcurrentOperationCount":32}"#).expecting(201)
             var ids: [String: String] = [:]
             for path in answers.keys.sorted() { ids[path] = try Self.create(server, target.url(path), timeout: 3) }
-            let last = try Self.finish(server, Array(ids.values), timeout: 15)
+            // A limit to give up at (each operation has a 3 s timeout and the target answers at once).
+            let last = try Self.finish(server, Array(ids.values), timeout: 60)
             server.expectAlive("garbage answers")
             for (path, id) in ids.sorted(by: { $0.key < $1.key }) {
                 let r = last[id]
                 guard r?.string("state") == "finished" else {
-                    Issue.record("\(path): not finished within 15 s: \(r?.text.prefix(300) ?? "no answer")")
+                    Issue.record("\(path): not finished within 60 s: \(r?.text.prefix(300) ?? "no answer")")
                     continue
                 }
                 let text = r?.text ?? ""

@@ -199,7 +199,8 @@ struct LimitTests {
         try await blocking {
             _ = try server.request("POST", "/v1/queues", json: #"{"name":"w"}"#).expecting(201)
             let id = try server.request("POST", "/v1/queues/w/operations", json: #"{"kind":"external","spec":{"lease":30}}"#).expecting(201).string("id") ?? ""
-            let claim = try server.request("POST", "/v1/queues/w/claim?wait=3").expecting(200, "claiming")
+            // A long poll answers as soon as the operation is claimable; its wait is a limit to give up at.
+            let claim = try server.request("POST", "/v1/queues/w/claim?wait=10", timeout: 20).expecting(200, "claiming")
             let lease = (claim.object["lease"] as? [String: Any])?["token"] as? String ?? ""
             let big = String(repeating: "r", count: 2000)
             let result = try server.request("POST", "/v1/operations/\(id)/finish", json: #"{"leaseToken":"\#(lease)","result":{"blob":"\#(big)"}}"#)

@@ -78,8 +78,10 @@ struct MemoryTests {
     }
 
     /// Creates operations that finish at once (4 clients) until the feed's newest seq is
-    /// `target` or more (a fifth thread follows the feed); returns that seq.
-    static func produceEvents(_ server: Opqd, queue: String, target: Int, seconds: Double = 60) async throws -> Int {
+    /// `target` or more (a fifth thread follows the feed); returns that seq. `seconds` is only a
+    /// limit to give up at: how many events the flood needs is the point, not how fast a machine
+    /// makes them (~25 s on a quiet 2-core machine, over 60 s with both cores busy elsewhere).
+    static func produceEvents(_ server: Opqd, queue: String, target: Int, seconds: Double = 300) async throws -> Int {
         let last = Lock(0)
         let stop = Lock(false)
         let deadline = Date().addingTimeInterval(seconds)
@@ -178,7 +180,8 @@ struct MemoryTests {
         }
         let m2 = server.memory()
         let results = await withTaskGroup(of: (Int, Bool, Bool).self) { group in
-            for c in early + late { group.addTask { (try? await onThread { Self.drain(c.connection, seconds: 6) }) ?? (0, false, false) } }
+            // A limit to give up at: a drain ends as soon as the server cuts the client off.
+            for c in early + late { group.addTask { (try? await onThread { Self.drain(c.connection, seconds: 30) }) ?? (0, false, false) } }
             var out: [(Int, Bool, Bool)] = []
             for await r in group { out.append(r) }
             return out

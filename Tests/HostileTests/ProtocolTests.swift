@@ -65,8 +65,9 @@ struct ProtocolTests {
             // One byte over, declared.
             let over = #"{"name":"over"}"# + String(repeating: " ", count: 4097 - #"{"name":"over"}"#.utf8.count)
             expectProblem(try server.request("POST", "/v1/queues", json: over), 413, slug: "payload-too-large", "4097 declared bytes")
-            // 10 MiB declared, nothing sent: the answer comes before the body.
-            let c = try RawConnection(port: server.port, timeout: 3)
+            // 10 MiB declared, nothing sent: the answer comes before the body (which never comes,
+            // so the read's 10 s is only a limit to give up at).
+            let c = try RawConnection(port: server.port, timeout: 10)
             c.send("POST /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n")
             do {
                 let r = try c.readResponse(requestMethod: "POST")
@@ -143,7 +144,7 @@ struct ProtocolTests {
         let server = try Opqd()
         try await blocking {
             let body = #"{"name":"piped"}"#
-            let c = try RawConnection(port: server.port, timeout: 5)
+            let c = try RawConnection(port: server.port, timeout: 10)
             defer { c.close() }
             c.send(
                 "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

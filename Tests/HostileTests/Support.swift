@@ -81,7 +81,9 @@ final class Opqd: @unchecked Sendable {  // used from one test at a time
     func isAlive() -> (Bool, String) {
         if let exit = process.waitForExit(timeout: 0) { return (false, "the process \(exit)\n--- log ---\n\(logTail())") }
         guard Glibc.kill(pid, 0) == 0 else { return (false, "pid \(pid) is gone") }
-        let outcome = exchange("GET", "/healthz", timeout: 5)
+        // A give-up limit only (a hung server never answers): generous, since the hostile
+        // suites run beside floods and a loaded machine can hold a healthy answer for seconds.
+        let outcome = exchange("GET", "/healthz", timeout: 15)
         guard outcome.status == 200 else {
             let exit = process.waitForExit(timeout: 0.5)
             return (false, "/healthz: \(outcome); process: \(exit?.description ?? "running")\n--- log ---\n\(logTail())")
@@ -190,14 +192,15 @@ final class HostileTarget: Sendable {
         /// Sends the head, then `piece` again and again (every `interval` seconds) until the
         /// peer goes away or `seconds` pass.
         case endless(head: String, piece: Int, interval: Double, seconds: Double)
-        /// Reads the request and never answers (until the peer goes or `seconds` pass).
+        /// Reads the request and never answers (until the peer goes or `seconds` pass); how
+        /// long the peer held on is kept (``held``).
         case hang(seconds: Double)
     }
     private let server: RawServer
-    private let state: Lock<(requests: [String], bytesSent: Int)>
+    private let state: Lock<(requests: [String], bytesSent: Int, held: [(path: String, seconds: Double)])>
 
     init(_ behaviour: @escaping @Sendable (String) -> Behaviour) throws {
-        let state = Lock<(requests: [String], bytesSent: Int)>(([], 0))
+        let state = Lock<(requests: [String], bytesSent: Int, held: [(path: String, seconds: Double)])>(([], 0, []))
         self.state = state
         server = try RawServer { c, server in
             guard let request = try? c.readRequest(body: false) else { return }
@@ -217,10 +220,14 @@ final class HostileTarget: Sendable {
                     if interval > 0 { usleep(useconds_t(interval * 1e6)) }
                 }
             case let .hang(seconds):
+                let read = monotonicSeconds()
                 let deadline = Date().addingTimeInterval(seconds)
                 while Date() < deadline, !server.isStopping {
                     let (_, eof) = c.readAvailable(milliseconds: 100)
-                    if eof { return }
+                    if eof {
+                        state.withLock { $0.held.append((request.path, monotonicSeconds() - read)) }
+                        return
+                    }
                 }
             }
         }
@@ -233,6 +240,9 @@ final class HostileTarget: Sendable {
     /// The request lines' method and target, in order.
     var requests: [String] { state.withLock { $0.requests } }
     var bytesSent: Int { state.withLock { $0.bytesSent } }
+    /// For each `.hang` request whose peer went away: seconds from reading its request to the
+    /// peer closing the connection (the client's own wait, without its process start-up).
+    var held: [(path: String, seconds: Double)] { state.withLock { $0.held } }
 
     func close() { server.stop() }
 }
