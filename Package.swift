@@ -50,7 +50,8 @@ let package = Package(
         .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite", "Locking"]),
         // libpq, PostgreSQL's own client library (apt: libpq-dev); used only by PostgresStore.
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
-        // The same store contract on PostgreSQL (`--store postgres://...`), one instance per database for now.
+        // The same store contract on PostgreSQL (`--store postgres://...`), shared by any number of
+        // instances, and the cluster's SQL (membership, leases, id blocks).
         .target(name: "PostgresStore", dependencies: ["QueueEngine", "QueueStore", "CLibPQ", "Locking"]),
         // libcurl itself (apt: libcurl4-openssl-dev) plus fixed-arity wrappers of its variadic calls.
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
@@ -67,7 +68,8 @@ let package = Package(
         // SHA-256 (idempotency body hashes) and HMAC-SHA256 (webhook signatures). Always optimised:
         // unoptimised, hashing a 100 KiB body took ~25 ms in debug builds, which every test runs.
         .target(name: "Digest", swiftSettings: [.unsafeFlags(["-O"])]),
-        // Routes, DTOs, error mapping.
+        // The HTTP face (routes, wire types, error mapping), observation (feed, SSE, webhooks,
+        // metrics), durability, and (until it moves to a target of its own) the cluster.
         .target(
             name: "QueueAPI",
             dependencies: [

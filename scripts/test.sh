@@ -3,8 +3,9 @@
 # binary, the OpenAPI document (validated, in step with the served copy, and fuzzed by
 # schemathesis against a live server, with and without a token), the Docker image's runtime stage
 # (scripts/image-check.sh), the dashboard in headless Chromium (scripts/dashboard-check.sh),
-# /metrics scraped by a real Prometheus (scripts/metrics-check.sh), libFuzzer on the request path
-# and on the http kind's response handling, and the suite again under ThreadSanitizer.
+# /metrics scraped by a real Prometheus (scripts/metrics-check.sh), libFuzzer on the request path,
+# on the http kind's response handling and on the number and date grammars (against their
+# oracles), and the suite again under ThreadSanitizer.
 # Installs what is missing first. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,7 +119,7 @@ ST_TOKEN="$st_token" ST_MAX_TIME="${ST_TOKEN_MAX_TIME:-75}" ST_MAX_EXAMPLES="${S
     run_schemathesis "schemathesis with a token" --token "$st_token" || st_failed=1
 [ "$st_failed" -eq 0 ] || { echo "schemathesis failed"; exit 1; }
 
-step "libFuzzer: request path and http responses (scripts/fuzz.sh, 60 s each)"
+step "libFuzzer: request path, http responses, number and date grammars (scripts/fuzz.sh, 60 s each)"
 # Replays every past finding in Fuzz/regressions first, then fuzzes from the seed corpus;
 # fails on any crash, sanitizer report, 500 or malformed answer.
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

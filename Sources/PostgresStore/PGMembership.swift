@@ -59,8 +59,9 @@ public struct PGClusterView: Sendable {
 }
 
 /// This instance's membership of the cluster (CLUSTER.md), on its own connection:
-/// its row in `instance` (heartbeat), and the ownership lease (scope `*`: one owner runs every
-/// queue for now) that it renews while it owns, or takes when the holder's lease ran out.
+/// its row in `instance` (heartbeat), and the ownership leases it holds (one per partition,
+/// scope `p<n>`, or scope `*` with `--ownership one`), which it renews while it holds them, or
+/// takes when the holder's lease ran out.
 ///
 /// Times that decide ownership are the database's (`now()`), never this machine's, so clock
 /// skew between instances does not matter. Locally the owner keeps a deadline on the monotonic

@@ -14,9 +14,10 @@ import QueueEngine
 /// keys and values) are `bytea`: PostgreSQL's `text` cannot hold U+0000, which a JSON string
 /// can, and a row the server refuses would stall the writer forever.
 ///
-/// Clustering (CLUSTER.md): `instance` lists live instances, `ownership` holds the lease of the
-/// instance that owns the queues (scope `*`: for now one owner runs every queue) with its
-/// epoch, and `opqd.fence` checks it inside each of the owner's commits. Event seqs come from
+/// Clustering (CLUSTER.md): `instance` lists live instances, `ownership` holds the leases with
+/// their epochs (scope `p<n>` per partition of queues, the default; scope `*` when one owner
+/// runs every queue, `--ownership one`), and `opqd.fence` checks the lease inside each of the
+/// holder's commits. Event seqs come from
 /// the sequence `event_seq` inside each commit (`lockEvents`, `insertEvents`), and
 /// `commit_mark` keeps a retried batch from being committed twice (`opqd.mark`).
 enum PGSchema {

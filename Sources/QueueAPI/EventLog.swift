@@ -4,7 +4,9 @@ import MicroHTTP
 import QueueEngine
 
 /// The change feed: the last `capacity` events, already encoded, in `seq` order, with the
-/// long polls and SSE streams waiting for newer ones. Fed by one global engine observer.
+/// long polls and SSE streams waiting for newer ones. Fed by one global engine observer on a
+/// single instance, and from PostgreSQL's committed events in a cluster (`OwnerFeed`,
+/// `FeedTail`).
 final class EventLog: Sendable {
     struct Entry: Sendable {
         let seq: UInt64
