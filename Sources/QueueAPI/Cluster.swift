@@ -429,13 +429,13 @@ final class FollowerService: OpqdService {
         router.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
         router.add("GET", "/readyz", access: .open) { _, _ in
             if lifecycle.isStopping {
-                return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
+                return .response(Problem.notReady("the server is shutting down").response)
             }
             if let problem = directory.unavailable {
-                return .response(Problem(503, "not-ready", "Not ready", "cannot reach PostgreSQL: \(problem)").response)
+                return .response(Problem.notReady("cannot reach PostgreSQL: \(problem)").response)
             }
             if directory.ownerURL == nil {
-                return .response(Problem(503, "not-ready", "Not ready", "no instance owns the queues right now").response)
+                return .response(Problem.notReady("no instance owns the queues right now").response)
             }
             return .response(json(200, Array(#"{"status":"ready","store":"postgres"}"#.utf8)))
         }
@@ -476,10 +476,8 @@ final class FollowerService: OpqdService {
                     return .routed(
                         Router.unmatched,
                         .response(
-                            Problem(
-                                503, "no-owner", "No owner",
-                                "no instance owns the queues right now (a takeover is under way); retry shortly, with an Idempotency-Key for changes",
-                                headers: [("Retry-After", "1")]
+                            Problem.noOwner(
+                                "no instance owns the queues right now (a takeover is under way); retry shortly, with an Idempotency-Key for changes"
                             ).response))
                 }
                 forwarded.count(relayed: true)

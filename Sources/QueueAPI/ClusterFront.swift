@@ -158,10 +158,8 @@ struct ClusterFront: Sendable {
             // over, or one moving right now.
             return refuse(
                 request,
-                Problem(
-                    503, "no-owner", "No owner",
-                    "no instance serves queue '\(name)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes",
-                    headers: [("Retry-After", "1")]))
+                Problem.noOwner(
+                    "no instance serves queue '\(name)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes"))
         }
         return .routed("forwarded", forwarder.forward(request, to: holder.url))
     }

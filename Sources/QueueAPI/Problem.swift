@@ -16,6 +16,15 @@ extension Problem {
     /// `?limit=0x10&limit=5`: which one counts is a guess, so neither does.
     static func repeatedQueryParameter(_ name: String) -> Problem { invalid(name, "appears more than once; give each query parameter once") }
     static func conflict(_ detail: String) -> Problem { Problem(409, "conflict", "Conflict", detail) }
+
+    /// 503 `no-owner`, with `Retry-After: 1`: no instance serves the queue right now (it is
+    /// moving, or a takeover is under way). The one builder of it; `detail` says which case.
+    static func noOwner(_ detail: String) -> Problem {
+        Problem(503, "no-owner", "No owner", detail, headers: [("Retry-After", "1")])
+    }
+
+    /// 503 `not-ready` from `/readyz`: the one builder of it; `detail` says why.
+    static func notReady(_ detail: String) -> Problem { Problem(503, "not-ready", "Not ready", detail) }
 }
 
 extension EngineError: ProblemConvertible {
@@ -46,10 +55,7 @@ extension EngineError: ProblemConvertible {
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
         case let .notHere(queue):
-            return Problem(
-                503, "no-owner", "No owner",
-                "queue '\(queue)' is moving to another instance of the cluster; retry shortly, with an Idempotency-Key for changes",
-                headers: [("Retry-After", "1")])
+            return .noOwner("queue '\(queue)' is moving to another instance of the cluster; retry shortly, with an Idempotency-Key for changes")
         }
     }
 }

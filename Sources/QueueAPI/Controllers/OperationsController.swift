@@ -292,11 +292,7 @@ extension OperationsController {
     /// (404 once it was deleted).
     static func problem(_ error: any Error, _ id: OperationID, _ engine: QueueEngine, _ requestID: UInt64) -> HTTPResponse {
         if case .operationNotFound? = error as? EngineError, engine.wasReleased(id) {
-            return Problem(
-                503, "no-owner", "No owner",
-                "operation \(id)'s queue moved to another instance of the cluster while this request waited; retry it",
-                headers: [("Retry-After", "1")]
-            ).response
+            return Problem.noOwner("operation \(id)'s queue moved to another instance of the cluster while this request waited; retry it").response
         }
         return Problem.from(error, requestID: requestID).response
     }

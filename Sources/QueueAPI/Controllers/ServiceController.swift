@@ -36,10 +36,10 @@ struct ServiceController: Sendable {
 
     func readyz() -> HTTPHandlerResult {
         if lifecycle.isStopping {
-            return .response(Problem(503, "not-ready", "Not ready", "the server is shutting down").response)
+            return .response(Problem.notReady("the server is shutting down").response)
         }
         if let problem = store.unavailable {
-            return .response(Problem(503, "not-ready", "Not ready", problem).response)
+            return .response(Problem.notReady(problem).response)
         }
         return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store.name)\"}".utf8)))
     }
