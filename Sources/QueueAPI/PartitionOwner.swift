@@ -182,8 +182,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             // have run out, so its partitions move within lease + a period; one that was only
             // slow keeps its live leases (nobody claims those) and comes back into the hashing.
             let view = try membership.view(stale: max(1, membership.leaseSeconds))
-            var live = view.instances.map(\.id)
-            if !live.contains(selfID) { live.append(selfID) }
+            let live = PartitionPlanner.live(selfID: selfID, read: view.instances.map(\.id))
             others.withLock { $0 = live.count > 1 }
             let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
 
@@ -209,13 +208,11 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
             picture.withLock { $0 = (view, names) }
             lastError.withLock { $0 = nil }
 
-            let targets = QueuePartitions.targets(of: selfID, among: live)
-            let going = leaving.withLock { $0 }
-            let give = mine.keys.filter { !targets.contains($0) && !going.contains($0) }
-            if !give.isEmpty { release(Set(give), engine: engine) }
-            let want = targets.filter { mine[$0] == nil && map[$0] == nil && !going.contains($0) }.sorted()
-            if !want.isEmpty {
-                let (won, abandoned) = try membership.claimNoting(want, token: token, alone: mine.isEmpty)
+            let plan = PartitionPlanner.plan(
+                selfID: selfID, live: live, held: Set(mine.keys), leased: Set(map.keys), leaving: leaving.withLock { $0 })
+            if !plan.give.isEmpty { release(plan.give, engine: engine) }
+            if !plan.want.isEmpty {
+                let (won, abandoned) = try membership.claimNoting(plan.want, token: token, alone: mine.isEmpty)
                 if !won.isEmpty { try adopt(won, abandoned: abandoned, engine: engine) }
             }
             if engine.idsLeft < 1 << 20 { engine.useIDs(try membership.takeIDBlock()) }
