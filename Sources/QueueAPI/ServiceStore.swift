@@ -3,9 +3,10 @@ import PostgresStore
 import QueueEngine
 import QueueStore
 
-/// What the API asks of the store beyond the engine's `OperationStore`: the SQLite store, or
-/// `MemoryServiceStore` (`--store memory`), which keeps nothing across restarts. Code above it
-/// asks `isDurable` where the two differ, never which one it has.
+/// What the API asks of the store beyond the engine's `OperationStore`: the SQLite store, the
+/// PostgreSQL store, or `MemoryServiceStore` (`--store memory`), which keeps nothing across
+/// restarts. Code above it asks `isDurable` where they differ; `Application+build` still asks
+/// which one it has in two places (the cluster's wiring), which the seams issue removes.
 protocol ServiceStore: AnyObject, Sendable {
     /// `sqlite`, `postgres` or `memory` (readyz, logs).
     var name: String { get }
@@ -59,7 +60,6 @@ extension SQLiteStore: ServiceStore {
     var engineStore: any OperationStore { self }
     var storeStats: StoreStats? { stats }
     func recoverState() throws -> RecoveredState? { try load() }
-    func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? { events(of: id, after: after, limit: limit) }
 }
 
 extension PostgresStore: ServiceStore {

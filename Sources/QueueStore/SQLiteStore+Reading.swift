@@ -27,7 +27,13 @@ extension SQLiteStore {
 
     /// Kept events of one operation with seq > `after`, oldest first, at most `limit`.
     public func events(of id: OperationID, after: UInt64 = 0, limit: Int = .max) -> [ChangeEvent] {
-        (try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id, after: after, limit: limit) }) ?? []
+        history(of: id, after: after, limit: limit) ?? []
+    }
+
+    /// As `events(of:)`, but nil when the read failed (not an empty history), as the PostgreSQL
+    /// store answers: `GET /v1/operations/{id}/events` is then 503 on both, not 200 and empty.
+    public func history(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]? {
+        try? reader.withLock { r throws(SQLiteFailure) in try r.events(of: id, after: after, limit: limit) }
     }
 
     /// Kept events of one queue, or of one operation, with `after` < seq <= `through`, oldest
