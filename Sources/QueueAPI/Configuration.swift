@@ -11,6 +11,8 @@ public struct OpqdConfiguration: Sendable {
     public var port = 8080
     /// Where the embedded store (`opqd.sqlite`) lives.
     public var data = "./opqd-data"
+    /// HTTP worker threads. `parse` sets the number of cores (the documented default); a
+    /// configuration built in code (the tests' live servers) keeps 2.
     public var threads = 2
     public var maxBody = 1 << 20
     public var defaultMaxConcurrent = 4
@@ -287,9 +289,6 @@ public struct OpqdConfiguration: Sendable {
             }
         },
     ]
-
-    /// Repeatable flags that add to a list instead of replacing a value.
-    static let repeatable: Set<String> = ["--allow-command"]
 
     /// Reads `OPQD_*` variables, then flags (`--flag value` or `--flag=value`).
     public static func parse(arguments: [String], environment: [String: String]) throws -> OpqdConfiguration {

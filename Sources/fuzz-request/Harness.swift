@@ -251,10 +251,11 @@ final class Harness {
     // MARK: - bounds
 
     /// New applications; the old ones are emptied first (queues force-deleted, which cancels
-    /// their operations and stops their timers' work; streams closed). An `OpqdApplication` is
-    /// never deallocated today (app -> server -> handler closure -> RouterBox -> app), so each
-    /// rebuild leaks what is left of the old one (~2 MB, mostly its idempotency cache and event
-    /// ring): hence rebuilds are rare and the old state is emptied first.
+    /// their operations and stops their timers' work; streams closed). Whether an
+    /// `OpqdApplication` is freed once dropped has not been checked since the router stopped
+    /// referring back to it (an older reference cycle made each rebuild leak ~2 MB, mostly its
+    /// idempotency cache and event ring): hence rebuilds stay rare and the old state is emptied
+    /// first.
     func rebuild() {
         for app in [open, guarded] {
             for q in app.engine.queues() { try? app.engine.deleteQueue(q.name, force: true) }
