@@ -20,7 +20,7 @@ import QueueEngine
 /// holder's commits. Event seqs come from
 /// the sequence `event_seq` inside each commit (`lockEvents`, `insertEvents`), and
 /// `commit_mark` keeps a retried batch from being committed twice (`opqd.mark`).
-enum PGSchema {
+package enum PGSchema {
     /// The version this build writes.
     static var version: Int { migrations.count }
 
@@ -204,7 +204,7 @@ enum PGSchema {
         """
     /// Wakes every instance's feed (`PGListener`, which reads what is new: no payload).
     /// The payload names the instance that committed, so that its own listener can ignore it.
-    static let notifyEvents = "SELECT pg_notify('opqd_events', $1)"
+    package static let notifyEvents = "SELECT pg_notify('opqd_events', $1)"
 
     /// Creates the schema and the version table if missing (a first start). Run inside the
     /// migration transaction.
@@ -267,7 +267,7 @@ enum PGSchema {
     /// Events are new rows, numbered here, in the order given (the engine's own seqs, `$1`,
     /// only order them). Answers the newest seq and the count: under the lock the values are
     /// consecutive, so the events got newest - count + 1 ... newest.
-    static let insertEvents: String = {
+    package static let insertEvents: String = {
         let arrays = eventArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
         let n = "$\(eventArrayTypes.count + 1)::bigint"
         // The block is taken in one step (nextval, then setval past the block: nobody else

@@ -673,7 +673,7 @@ final class PGWriter: @unchecked Sendable {
 }
 
 /// `clock_gettime` in nanoseconds.
-func clockNanos(_ clock: clockid_t) -> Int {
+package func clockNanos(_ clock: clockid_t) -> Int {
     var ts = timespec()
     clock_gettime(clock, &ts)
     return Int(ts.tv_sec) &* 1_000_000_000 &+ Int(ts.tv_nsec)

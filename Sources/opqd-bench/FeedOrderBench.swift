@@ -13,7 +13,7 @@
 // For each K and B the three take turns in slices of about a second (a, b, c, a, b, c, ...), so
 // a disk or CPU shared with other work slows them alike. Each strategy has its own fresh schema
 // in one fresh database, both dropped afterwards. The
-// measuring is PGFeedOrderBench (PostgresStore), next to the connection it needs.
+// measuring is PGFeedOrderBench.swift beside it, on PostgresStore's own connection.
 import Foundation
 import PostgresStore
 

@@ -7,31 +7,31 @@ import Darwin
 #endif
 
 /// A failed libpq call or statement: the server's message and SQLSTATE when there is one.
-struct PGFailure: Error, CustomStringConvertible {
+package struct PGFailure: Error, CustomStringConvertible {
     let message: String
     /// The five-character SQLSTATE, when the server sent one.
     let sqlState: String?
     /// The connection is gone (or was never made): reconnect before trying again.
-    let connectionLost: Bool
+    package let connectionLost: Bool
 
-    var description: String {
+    package var description: String {
         let text = message.split(whereSeparator: { $0 == "\n" }).map { $0.drop { $0 == " " || $0 == "\t" } }.joined(separator: " ")
         return sqlState.map { "\(text) (SQLSTATE \($0))" } ?? text
     }
 }
 
 /// A parameter in text format, already NUL-terminated (libpq reads text parameters as C strings).
-struct PGParameter {
+package struct PGParameter {
     fileprivate var bytes: [UInt8]?
 
-    static let null = PGParameter(bytes: nil)
-    init(bytes: [UInt8]?) { self.bytes = bytes }
-    init(_ text: String) { bytes = Array(text.utf8) + [0] }
-    init(_ n: Int64) { self.init(String(n)) }
-    init(_ n: Int) { self.init(String(n)) }
+    package static let null = PGParameter(bytes: nil)
+    package init(bytes: [UInt8]?) { self.bytes = bytes }
+    package init(_ text: String) { bytes = Array(text.utf8) + [0] }
+    package init(_ n: Int64) { self.init(String(n)) }
+    package init(_ n: Int) { self.init(String(n)) }
     /// A bytea as `\x` followed by hex digits: any bytes at all, U+0000 included (which
     /// PostgreSQL's `text` cannot hold).
-    init(bytea: some Sequence<UInt8>) {
+    package init(bytea: some Sequence<UInt8>) {
         var b: [UInt8] = [UInt8(ascii: "\\"), UInt8(ascii: "x")]
         for byte in bytea {
             b.append(hexDigits[Int(byte >> 4)])
@@ -49,7 +49,7 @@ let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 ///
 /// @unchecked Sendable: each connection is owned by one thread (the writer's) or used under a lock
 /// (the reader's); libpq connections may move between threads as long as calls do not overlap.
-final class PGConnection: @unchecked Sendable {
+package final class PGConnection: @unchecked Sendable {
     private var conn: OpaquePointer?
 
     /// Connects to `url` (a `postgres://` or `postgresql://` URI, or any libpq conninfo). The
@@ -59,7 +59,7 @@ final class PGConnection: @unchecked Sendable {
     /// answering is given up after about 4 s (TCP), instead of the system's TCP timeout
     /// (minutes). The statement timeout is set after connecting, not as a startup option (which
     /// the URL's own `options` would replace and poolers refuse).
-    init(url: String, connectTimeoutSeconds: Int = 5, boundedReads: Bool = false) throws(PGFailure) {
+    package init(url: String, connectTimeoutSeconds: Int = 5, boundedReads: Bool = false) throws(PGFailure) {
         // Keywords before `dbname` are defaults the URL (expanded in its place) may override.
         var keywords = ["connect_timeout", "fallback_application_name"]
         var values = [String(connectTimeoutSeconds), "opqd"]
@@ -86,13 +86,13 @@ final class PGConnection: @unchecked Sendable {
 
     deinit { close() }
 
-    func close() {
+    package func close() {
         if let c = conn { PQfinish(c) }
         conn = nil
     }
 
     /// False once the connection broke (libpq notices it on the next call that fails).
-    var isUsable: Bool {
+    package var isUsable: Bool {
         guard let c = conn else { return false }
         return PQstatus(c) == CONNECTION_OK
     }
@@ -108,7 +108,7 @@ final class PGConnection: @unchecked Sendable {
     /// Runs one statement (outside pipeline mode) and returns its result: rows for a query, the
     /// row count for a change. Values are bound as parameters, never spliced into `sql`.
     @discardableResult
-    func exec(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) -> PGResult {
+    package func exec(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) -> PGResult {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
         let raw = withParameters(parameters) { count, values in PQexecParams(c, sql, count, nil, values, nil, nil, 0) }
         guard let raw else { throw lost("no result") }
@@ -156,7 +156,7 @@ final class PGConnection: @unchecked Sendable {
 
     /// Runs a fixed script of several statements (no parameters), e.g. a migration that
     /// defines a function whose body holds semicolons. Outside pipeline mode only.
-    func runScript(_ sql: String) throws(PGFailure) {
+    package func runScript(_ sql: String) throws(PGFailure) {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
         guard let raw = PQexec(c, sql) else { throw lost("no result") }
         try PGResult(raw).check(connectionLost: !isUsable)
@@ -190,26 +190,26 @@ final class PGConnection: @unchecked Sendable {
 
     /// Pipeline mode (libpq >= 14): statements are sent without waiting for each answer, so a
     /// whole group commit is one round trip.
-    func enterPipelineMode() throws(PGFailure) {
+    package func enterPipelineMode() throws(PGFailure) {
         guard let c = conn, PQenterPipelineMode(c) == 1 else { throw lost("cannot enter pipeline mode") }
     }
 
     /// Queues one statement of the pipeline.
-    func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
+    package func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
         let ok = withParameters(parameters) { count, values in PQsendQueryParams(c, sql, count, nil, values, nil, nil, 0) }
         if ok != 1 { throw lost("sending a statement failed") }
     }
 
     /// Ends the pipeline's current batch (the server runs it and answers).
-    func sync() throws(PGFailure) {
+    package func sync() throws(PGFailure) {
         guard let c = conn, PQpipelineSync(c) == 1 else { throw lost("sending the sync failed") }
     }
 
     /// Reads the answers of `count` statements and then the sync point. Every statement's
     /// result is returned (the first failure first among them), after the whole batch is read,
     /// so the connection is ready for the next one whatever happened.
-    func readPipeline(count: Int) throws(PGFailure) -> [PGResult] {
+    package func readPipeline(count: Int) throws(PGFailure) -> [PGResult] {
         guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
         var results: [PGResult] = []
         var firstFailure: PGFailure?
@@ -234,7 +234,7 @@ final class PGConnection: @unchecked Sendable {
 
 /// A statement's result. Values come back in text format; every accessor checks its indexes,
 /// so a result of an unexpected shape reads as NULLs rather than out of bounds.
-final class PGResult {
+package final class PGResult {
     private let raw: OpaquePointer
     init(_ raw: OpaquePointer) { self.raw = raw }
     deinit { PQclear(raw) }
@@ -252,7 +252,7 @@ final class PGResult {
         }
     }
 
-    var rows: Int { Int(PQntuples(raw)) }
+    package var rows: Int { Int(PQntuples(raw)) }
     var columns: Int { Int(PQnfields(raw)) }
 
     /// Rows changed by an INSERT, UPDATE or DELETE (0 when the server did not say).
@@ -276,7 +276,7 @@ final class PGResult {
     }
 
     /// A bigint column; nil for NULL or anything that is not a 64-bit integer.
-    func int64(_ row: Int, _ column: Int) -> Int64? { text(row, column).flatMap { Int64($0) } }
+    package func int64(_ row: Int, _ column: Int) -> Int64? { text(row, column).flatMap { Int64($0) } }
 
     func double(_ row: Int, _ column: Int) -> Double? { text(row, column).flatMap { Double($0) } }
 

@@ -1,9 +1,11 @@
 // The measuring half of `opqd-bench feed-order` (Sources/opqd-bench/FeedOrderBench.swift): how
 // several instances committing to one `events` table can take a global `seq` so that a feed
 // reader polling `seq > cursor ORDER BY seq` never skips an event that becomes visible later
-// below its cursor, and what each way costs. It lives here because `PGConnection` (pipeline
-// mode, one round trip per commit as PGWriter sends them) is internal to this module.
+// below its cursor, and what each way costs. It uses PostgresStore's own `PGConnection`
+// (pipeline mode, one round trip per commit as PGWriter sends them), which that module opens
+// to this package's targets with `package` access, so no benchmark is compiled into the server.
 import Locking
+import PostgresStore
 
 #if canImport(Glibc)
 import Glibc
