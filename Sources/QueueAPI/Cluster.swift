@@ -579,7 +579,7 @@ final class ForwardCounts: Sendable {
                 # TYPE opqd_forwarded_requests_total counter
                 opqd_forwarded_requests_total{outcome="forwarded"} \(c.relayed)
                 opqd_forwarded_requests_total{outcome="no_owner"} \(c.refused)
-                # HELP opqd_sse_streams Open Server-Sent Events streams.
+                # HELP opqd_sse_streams Open Server-Sent Events streams (GET /v1/events/stream).
                 # TYPE opqd_sse_streams gauge
                 opqd_sse_streams \(streams)
 
