@@ -4,12 +4,6 @@ import PostgresStore
 /// cluster's rules are table-tested without PostgreSQL (`PartitionPlannerTests`), as the
 /// operation state machine is. `PartitionOwner.tick` reads, asks the planner, then acts.
 struct PartitionPlan: Equatable, Sendable {
-    /// The live instances, this one included (it is live while it runs, even if its own
-    /// heartbeat was not read back).
-    var live: [String]
-    /// Whether another instance is live: while none is, this one may act on partitions whose
-    /// lease it could not renew (nobody else can have taken them).
-    var othersAlive: Bool
     /// Held partitions that rendezvous hashing now gives to another live instance: released.
     var give: Set<Int>
     /// Partitions this instance should hold that nobody holds a live lease on: claimed, in
@@ -20,7 +14,7 @@ struct PartitionPlan: Equatable, Sendable {
 enum PartitionPlanner {
     /// - Parameters:
     ///   - selfID: this instance.
-    ///   - live: instances with a heartbeat within one lease, as read.
+    ///   - live: instances with a heartbeat within one lease, as read (this one is added).
     ///   - held: partitions this instance holds (renewed this period).
     ///   - leased: partitions with a live lease, whoever holds it (this instance's included).
     ///   - leaving: partitions being given up right now (their runs stopping): neither given
@@ -30,11 +24,12 @@ enum PartitionPlanner {
         let targets = QueuePartitions.targets(of: selfID, among: live)
         let give = held.filter { !targets.contains($0) && !leaving.contains($0) }
         let want = targets.filter { !held.contains($0) && !leased.contains($0) && !leaving.contains($0) }.sorted()
-        return PartitionPlan(live: live, othersAlive: live.count > 1, give: give, want: want)
+        return PartitionPlan(give: give, want: want)
     }
 
     /// The live instances as read, with this one added when its own heartbeat was not read
-    /// back (it is live while it runs).
+    /// back (it is live while it runs). Another is alive when there are two or more: while
+    /// none is, this instance may act on partitions whose lease it could not renew.
     static func live(selfID: String, read: [String]) -> [String] {
         read.contains(selfID) ? read : read + [selfID]
     }

@@ -11,17 +11,17 @@ struct PartitionPlannerTests {
 
     static func targets(_ id: String, _ live: [String]) -> Set<Int> { QueuePartitions.targets(of: id, among: live) }
 
-    @Test("alone, an instance claims every partition nobody leases, in order, and is told nobody else is alive")
+    @Test("alone, an instance claims every partition nobody leases, in order, and is the only one live")
     func alone() {
         let plan = PartitionPlanner.plan(selfID: "a", live: ["a"], held: [], leased: [], leaving: [])
         #expect(plan.want == Array(0..<QueuePartitions.count))
-        #expect(plan.give.isEmpty && !plan.othersAlive && plan.live == ["a"])
+        #expect(plan.give.isEmpty && PartitionPlanner.live(selfID: "a", read: ["a"]) == ["a"])
     }
 
     @Test("an instance whose own heartbeat was not read back still counts itself live")
     func selfIsLive() {
         let plan = PartitionPlanner.plan(selfID: "a", live: ["b"], held: [], leased: [], leaving: [])
-        #expect(plan.live == ["b", "a"] && plan.othersAlive)
+        #expect(PartitionPlanner.live(selfID: "a", read: ["b"]) == ["b", "a"])
         #expect(Set(plan.want) == Self.targets("a", ["a", "b"]))
     }
 
