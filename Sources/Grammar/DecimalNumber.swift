@@ -47,6 +47,13 @@ public enum DecimalNumber {
             case .outOfRange: return "it is out of range"
             }
         }
+
+        /// `must be WHAT, written as RULE; got 'TEXT'`, then `: WHY` unless the number was only
+        /// out of range (WHAT names the range): the one wording of a refused number, after the
+        /// parameter or flag it is about.
+        public func explained(must what: String, writtenAs rule: String, got text: String) -> String {
+            "must be \(what), written as \(rule); got '\(text)'\(self == .outOfRange ? "" : ": \(self)")"
+        }
     }
 
     /// The grammar in words, for problem details and openapi.yaml.

@@ -100,10 +100,9 @@ struct Query {
         }
     }
 
-    /// `key: must be WHAT (RULE); got 'TEXT': WHY`, the text cut to 64 characters.
+    /// `key: must be WHAT, written as RULE; got 'TEXT': WHY`, the text cut to 64 characters.
     static func refused(_ key: String, _ text: String, _ why: DecimalNumber.Refusal, _ what: String, _ rule: String) -> Problem {
-        let reason = why == .outOfRange ? "" : ": \(why)"
-        return Problem.invalid(key, "must be \(what), written as \(rule); got '\(shown(text))'\(reason)")
+        Problem.invalid(key, why.explained(must: what, writtenAs: rule, got: shown(text)))
     }
 
     func bool(_ key: String) throws(Problem) -> Bool? {

@@ -108,9 +108,8 @@ public struct OpqdConfiguration: Sendable {
         switch DecimalNumber.decimal(s, in: range) {
         case let .success(v): return v
         case let .failure(why):
-            throw ConfigurationError(
-                "\(flag) must be a number of seconds from \(plain(range.lowerBound)) to \(plain(range.upperBound)), written as \(DecimalNumber.decimalRule); got '\(s)'\(why == .outOfRange ? "" : ": \(why)")"
-            )
+            let what = "a number of seconds from \(plain(range.lowerBound)) to \(plain(range.upperBound))"
+            throw ConfigurationError("\(flag) " + why.explained(must: what, writtenAs: DecimalNumber.decimalRule, got: s))
         }
     }
 
@@ -121,9 +120,8 @@ public struct OpqdConfiguration: Sendable {
         switch DecimalNumber.integer(s, in: range) {
         case let .success(v): return v
         case let .failure(why):
-            throw ConfigurationError(
-                "\(flag) must be an integer from \(range.lowerBound) to \(range.upperBound), written as \(DecimalNumber.integerRule); got '\(s)'\(why == .outOfRange ? "" : ": \(why)")"
-            )
+            let what = "an integer from \(range.lowerBound) to \(range.upperBound)"
+            throw ConfigurationError("\(flag) " + why.explained(must: what, writtenAs: DecimalNumber.integerRule, got: s))
         }
     }
 
