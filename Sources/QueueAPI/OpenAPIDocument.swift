@@ -21,9 +21,9 @@ info:
       `title`, `status` and `detail`; `type` is `https://opqd.dev/problems/<slug>`.
     * Request bodies refuse unknown fields (422 naming the field) and repeated fields
       (422); malformed JSON or a missing required body is 400; a wrong type or a value
-      out of range is 422. Every `/v1` route refuses a query parameter it does not list
-      (422 naming it); the service routes (`/healthz`, `/readyz`, `/metrics`,
-      `/openapi.yaml`) ignore query parameters.
+      out of range is 422. Every `/v1` route refuses a query parameter it does not list,
+      and one given more than once (`?limit=5&limit=6`), with 422 naming it; the service
+      routes (`/healthz`, `/readyz`, `/metrics`, `/openapi.yaml`) ignore query parameters.
     * Every number in a query string (`after`, `limit`, `max`, `wait`, `timeout`) and in the
       `Last-Event-ID` header is read by one grammar: decimal digits with no leading zero, no
       sign, exponent, hexadecimal, `inf` or `nan`; an integer takes no fraction, seconds may
