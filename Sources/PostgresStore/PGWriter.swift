@@ -13,7 +13,6 @@ import Darwin
 /// One unit of work for the writer thread (as the SQLite store's `WriteJob`).
 enum PGJob: Sendable {
     case records([StoreRecord], ticket: UInt64)
-    case idempotency(IdempotencyRecord, done: (@Sendable () -> Void)?)
     case purge(cutoff: Timestamp, limit: Int, reply: PGReply)
     case purgeIdempotency(before: Timestamp, reply: PGReply)
     case meta([(key: String, value: String?)], done: (@Sendable () -> Void)?)
@@ -202,14 +201,9 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
-    /// Holds the next commit while a change and a write that must share its transaction are
-    /// handed over (see `CommitHold`).
-    let commitHold = CommitHold()
-
     private func run() {
         var jobs: [PGJob] = []
         while true {
-            commitHold.waitWhileHeld()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {
@@ -412,9 +406,6 @@ final class PGWriter: @unchecked Sendable {
             case let .records(records, ticket):
                 out.ticket = max(out.ticket, ticket)
                 out.records += records.count
-            case let .idempotency(_, done):
-                out.records += 1
-                if let done { out.callbacks.append(done) }
             case let .meta(pairs, done):
                 out.records += pairs.count
                 if let done { out.callbacks.append(done) }
@@ -455,6 +446,7 @@ final class PGWriter: @unchecked Sendable {
                     if partitioned { touched.insert(QueuePartitions.of(queue: e.queue)) }
                 case let .queueDeleted(name):
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
+                case .kept: break
                 }
                 position += 1
             }
@@ -547,12 +539,10 @@ final class PGWriter: @unchecked Sendable {
                             for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueue] {
                                 try send(sql, [PGParameter(name)])
                             }
+                        case let .kept(r):
+                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r))
                         }
                     }
-                case let .idempotency(r, done):
-                    try send(PGSchema.upsertIdempotency, idempotencyParameters(r))
-                    out.records += 1
-                    if let done { out.callbacks.append(done) }
                 case let .purge(cutoff, limit, reply):
                     counted.append((sent, reply))
                     try send(PGSchema.purge, [PGParameter(cutoff.nanoseconds), PGParameter(limit)])

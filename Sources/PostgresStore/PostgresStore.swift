@@ -199,10 +199,6 @@ public final class PostgresStore: OperationStore {
 
     public var wantsRecords: Bool { true }
 
-    /// See `CommitHold`.
-    public func holdCommits() { writer.commitHold.hold() }
-    public func releaseCommits() { writer.commitHold.release() }
-
     /// Queues `records` for the writer thread and returns at once. After `close` they are dropped.
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
         writer.appends.add(1, ordering: .relaxed)
@@ -387,11 +383,6 @@ public final class PostgresStore: OperationStore {
     /// The `meta` rows whose key starts with `prefix`, ordered by key.
     public func meta(prefix: String) -> [(key: String, value: String)] {
         (try? reader.withLock { r throws(PGFailure) in try r.meta(prefix: prefix) }) ?? []
-    }
-
-    /// Saves a record as given in the next group commit; `done` once durable.
-    public func saveIdempotency(_ record: IdempotencyRecord, then done: (@Sendable () -> Void)? = nil) {
-        writer.submit(.idempotency(record, done: done))
     }
 
     /// Every saved answer, oldest first. Unreadable rows are skipped.

@@ -3,10 +3,6 @@ import MicroHTTP
 import QueueEngine
 import QueueStore
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// Every 2xx to a change is durable: answers wait for the commit that holds the change, and a
 /// create with an `Idempotency-Key` keeps its answer (durably too) for a repeat.
 struct Durability: Sendable {
@@ -60,102 +56,58 @@ struct Durability: Sendable {
         case .mismatch:
             throw Problem.invalid("Idempotency-Key", "was already used with a different request body")
         case .new:
-            // The next commit waits (briefly) until the change and its kept answer are both
-            // handed to the writer, so they share one transaction (below).
-            let writer = self.store
-            writer.holdCommits()
-            var held = true
-            func release() {
-                if held { writer.releaseCommits(); held = false }
+            let (engine, cache, durable) = (self.engine, idempotency, store.isDurable)
+            // The kept answer rides in the change's own records, right behind it (`withSlot`): the
+            // store commits both in one transaction. A crash between two commits would otherwise
+            // leave the change without its key, and the retry the key is for (after a 503 or a
+            // lost answer) would make it twice.
+            let (outcome, slot) = engine.withSlot { () -> Result<HTTPResponse, any Error> in
+                do {
+                    return .success(try body())
+                } catch let error as any ProblemConvertible {
+                    // A refusal is an answer too: a repeat with the same key gets the same refusal.
+                    return .success(error.problem.response)
+                } catch {
+                    return .failure(error)
+                }
             }
-            defer { release() }
             let response: HTTPResponse
-            do {
-                response = try body()
-            } catch let error as any ProblemConvertible {
-                // A refusal is an answer too: a repeat with the same key gets the same refusal.
-                response = error.problem.response
-            } catch {
-                idempotency.abandon(scope)
+            switch outcome {
+            case let .success(r): response = r
+            case let .failure(error):
+                if let slot { engine.fill(slot, with: nil) }
+                cache.abandon(scope)
                 throw error
             }
             // A refusal that may pass (429, 5xx) is not kept: a retry with the same key gets a new try.
             if response.status == 429 || response.status >= 500 {
-                idempotency.abandon(scope)
+                if let slot { engine.fill(slot, with: nil) }
+                cache.abandon(scope)
                 return .response(response)
             }
-            let (cache, engine, store) = (idempotency, engine, store)
-            guard store.isDurable else {
+            guard durable else {
+                if let slot { engine.fill(slot, with: nil) }
                 cache.finish(scope, response: response)
                 return .response(response)
             }
             let record = IdempotencyRecord(
                 scope: scope, bodyHash: bodyHash, status: response.status,
                 headers: response.headers, body: response.body, createdAt: SystemClock().now())
+            if let slot {
+                engine.fill(slot, with: .kept(record))
+            } else {
+                // Nothing changed (a refusal kept as the answer): the record alone.
+                engine.keep(.kept(record))
+            }
             // Until the change and the kept answer are committed, a retry gets 409 in-progress,
             // never a replay of an answer a crash could still take back.
-            //
-            // The kept answer goes to the writer right behind the change when the change is
-            // already in the writer's queue, while the next commit is held: the writer commits
-            // in order, so both land in one transaction (a commit that started before the hold
-            // took neither). A crash between two commits would otherwise leave the change without
-            // its key, and the retry the key is for (after a 503 or a lost answer) would make it
-            // twice. Another thread may be handing the change over right now (the engine's
-            // drainer appends in order): that is waited for a moment, still holding. Only past
-            // that is the answer saved once the change is durable, in a commit of its own.
-            let change = engine.currentTicket
-            var spins = 0
-            while engine.appendedTicket < change && spins < 50 {
-                usleep(100)
-                spins += 1
-            }
-            if engine.appendedTicket >= change {
-                // Submitted here, while the hold lasts (the deferred closure runs after this
-                // returns); answered once committed, which the change then is too.
-                let pending = PendingAnswer(response)
-                store.saveIdempotency(record) {
-                    cache.finish(scope, response: response)
-                    pending.committed()
-                }
-                release()
-                return .deferred { responder in
-                    responder.answerBeforeShutdown()
-                    pending.attach(responder)
-                }
-            }
             return .deferred { responder in
                 responder.answerBeforeShutdown()
                 engine.whenDurable {
-                    store.saveIdempotency(record) {
-                        cache.finish(scope, response: response)
-                        responder.respond(response)
-                    }
+                    cache.finish(scope, response: response)
+                    responder.respond(response)
                 }
             }
         }
-    }
-}
-
-/// An answer to send once a commit has happened and a responder exists, whichever comes first.
-final class PendingAnswer: Sendable {
-    private let response: HTTPResponse
-    private let state = Lock<(committed: Bool, responder: HTTPResponder?)>((false, nil))
-
-    init(_ response: HTTPResponse) { self.response = response }
-
-    func committed() {
-        let responder = state.withLock { s -> HTTPResponder? in
-            s.committed = true
-            return s.responder
-        }
-        responder?.respond(response)
-    }
-
-    func attach(_ responder: HTTPResponder) {
-        let now = state.withLock { s -> Bool in
-            s.responder = responder
-            return s.committed
-        }
-        if now { responder.respond(response) }
     }
 }

@@ -35,23 +35,16 @@ protocol ServiceStore: AnyObject, Sendable {
     @discardableResult
     func setMeta(_ pairs: [(key: String, value: String?)], then done: (@Sendable () -> Void)?) -> Bool
     func loadIdempotency() -> [IdempotencyRecord]
-    func saveIdempotency(_ record: IdempotencyRecord, then done: (@Sendable () -> Void)?)
     func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int
     func purgeIdempotency(before cutoff: Timestamp) -> Int
     func close()
     /// Why the store cannot commit right now (the writer keeps retrying); nil when it can.
     /// Readiness is 503 meanwhile.
     var unavailable: String? { get }
-    /// Holds the next commit while a change and a write that must share its transaction are
-    /// handed over (see `CommitHold`); no-ops without a writer.
-    func holdCommits()
-    func releaseCommits()
 }
 
 extension ServiceStore {
     var unavailable: String? { nil }
-    func holdCommits() {}
-    func releaseCommits() {}
 }
 
 extension SQLiteStore: ServiceStore {
@@ -100,7 +93,6 @@ final class MemoryServiceStore: ServiceStore {
     }
 
     func loadIdempotency() -> [IdempotencyRecord] { [] }
-    func saveIdempotency(_ record: IdempotencyRecord, then done: (@Sendable () -> Void)?) { done?() }
     func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int { 0 }
     func purgeIdempotency(before cutoff: Timestamp) -> Int { 0 }
     func close() {}

@@ -25,6 +25,15 @@ struct Work {
     var isEmpty: Bool { effects.isEmpty && !drains }
 }
 
+/// Where the outbox stood when a slot was reserved: its length then, and the ticket of the
+/// last change before it.
+struct OutboxSlot {
+    let id: UInt64
+    var events: Int
+    var records: Int
+    let ticket: UInt64
+}
+
 /// All mutable engine state. Only touched inside `QueueEngine.state.withLock`.
 // @unchecked: every access happens inside `QueueEngine.state.withLock`.
 final class EngineCore: @unchecked Sendable {
@@ -64,6 +73,10 @@ final class EngineCore: @unchecked Sendable {
     var outEvents: [ChangeEvent] = []
     var outRecords: [StoreRecord] = []
     var draining = false
+    /// Open slots (`QueueEngine.withSlot`), oldest first: where the outbox stood when each
+    /// was reserved. The outbox is handed out only up to the first; what follows waits for it.
+    var slots: [OutboxSlot] = []
+    var nextSlot: UInt64 = 1
     var now: Timestamp = Timestamp(nanoseconds: 0)
 
     init(clock: any EngineClock, kinds: [String: any OperationKind], defaultMaxConcurrent: Int, maxUnfinished: Int, wantsRecords: Bool) {
@@ -90,23 +103,65 @@ final class EngineCore: @unchecked Sendable {
         recordTouched()
         var work = Work()
         swap(&work.effects, &effects)
-        if !draining && (!outEvents.isEmpty || !outRecords.isEmpty) {
-            draining = true
-            work.drains = true
-            swap(&work.events, &outEvents)
-            swap(&work.records, &outRecords)
-            work.ticket = ticket
-        }
+        if !draining && takeDrainable(into: &work) { draining = true }
         return work
     }
 
     func takeOutbox() -> Work? {
-        if outEvents.isEmpty && outRecords.isEmpty { draining = false; return nil }
         var work = Work()
+        guard takeDrainable(into: &work) else { draining = false; return nil }
+        return work
+    }
+
+    /// Moves into `work` what of the outbox may go to the store and the observers now: all of
+    /// it, or what stands before the first open slot. False when that is nothing.
+    private func takeDrainable(into work: inout Work) -> Bool {
+        guard let first = slots.first else {
+            if outEvents.isEmpty && outRecords.isEmpty { return false }
+            swap(&work.events, &outEvents)
+            swap(&work.records, &outRecords)
+            work.ticket = ticket
+            work.drains = true
+            return true
+        }
+        if first.events == 0 && first.records == 0 { return false }
+        work.events = Array(outEvents[..<first.events])
+        work.records = Array(outRecords[..<first.records])
+        work.ticket = first.ticket
         work.drains = true
-        swap(&work.events, &outEvents)
-        swap(&work.records, &outRecords)
-        work.ticket = ticket
+        outEvents.removeFirst(first.events)
+        outRecords.removeFirst(first.records)
+        for i in slots.indices {
+            slots[i].events -= first.events
+            slots[i].records -= first.records
+        }
+        return true
+    }
+
+    /// Opens a slot where the outbox stands now (`QueueEngine.withSlot`).
+    func openSlot() -> UInt64 {
+        let id = nextSlot
+        nextSlot &+= 1
+        slots.append(OutboxSlot(id: id, events: outEvents.count, records: outRecords.count, ticket: ticket))
+        return id
+    }
+
+    /// Closes slot `id`, with `record` (if any) placed at its end: right after the changes made
+    /// while it was open, before those another open slot holds. Then the outbox drains from here
+    /// when nobody else drains it.
+    func fillSlot(_ id: UInt64, with record: StoreRecord?) -> Work {
+        var work = Work()
+        guard let i = slots.firstIndex(where: { $0.id == id }) else { return work }
+        if let record, wantsRecords {
+            let end = i + 1 < slots.count ? slots[i + 1].records : outRecords.count
+            // A ticket of its own: a slot in which nothing changed still commits its record
+            // before `whenDurable` answers for it.
+            ticket &+= 1
+            outRecords.insert(record, at: end)
+            for k in (i + 1)..<slots.count { slots[k].records += 1 }
+        }
+        slots.remove(at: i)
+        if !draining && takeDrainable(into: &work) { draining = true }
         return work
     }
 

@@ -60,7 +60,6 @@ public final class QueueEngine: Sendable {
     let kinds: [String: any OperationKind]
     /// Where the engine's timers (timeout, retry backoff, `notBefore`) and its kinds' run.
     public let scheduler: any EngineScheduler
-    private let ticketCounter = Atomic<UInt64>(0)
     /// Answers for operations this engine does not hold (`setRemoteOperations`).
     let remoteDirectory = Lock<(any RemoteOperations)?>(nil)
     /// The queues this engine may create (`onlyQueues`); nil: any.
@@ -91,8 +90,10 @@ public final class QueueEngine: Sendable {
     /// Runs `body` under the lock, then the work it produced outside the lock.
     @inline(__always)
     func mutate<T>(_ body: (EngineCore) throws(EngineError) -> T) throws(EngineError) -> T {
+        let arm = SlotArm.current
         let (result, work): (Result<T, EngineError>, Work) = state.withLock { core in
             core.begin()
+            if let arm, arm.slot == nil { arm.slot = core.openSlot() }
             do throws(EngineError) {
                 let r = try body(core)
                 return (.success(r), core.finish())
@@ -221,7 +222,6 @@ public final class QueueEngine: Sendable {
         var batch: Work? = first
         while let b = batch {
             if !b.records.isEmpty || store.wantsRecords { store.append(b.records, upTo: b.ticket) }
-            ticketCounter.store(b.ticket, ordering: .releasing)
             if !b.events.isEmpty {
                 if durable.hasObservers {
                     durable.enqueue(ticket: b.ticket, b.events)
@@ -234,12 +234,44 @@ public final class QueueEngine: Sendable {
         }
     }
 
+    /// Runs `body` holding a slot in the record stream from its first change on: the records of
+    /// changes made from there (by anyone) wait in the engine until `fill` closes the slot, so a
+    /// record made from the answer (an `Idempotency-Key`'s kept answer, `IdempotencyRecord`)
+    /// goes to the store in the same `append`, and so the same commit, as the change. Records
+    /// from before the slot go on as usual, and nothing waits while `body` only reads (a read
+    /// of another instance's operation, for instance). The slot is nil when `body` changed
+    /// nothing; when `body` throws, the slot is closed empty. Fill it soon: until then nothing
+    /// made after it is written or reported to observers.
+    public func withSlot<R>(_ body: () throws -> R) rethrows -> (result: R, slot: RecordSlot?) {
+        let arm = SlotArm()
+        let outer = SlotArm.current
+        SlotArm.current = arm
+        defer { SlotArm.current = outer }
+        do {
+            let r = try body()
+            return (r, arm.slot.map(RecordSlot.init))
+        } catch {
+            if let id = arm.slot { fill(RecordSlot(id: id), with: nil) }
+            throw error
+        }
+    }
+
+    /// Closes `slot`, placing `record` (if any) right after the changes made while it was open;
+    /// `whenDurable` called after this answers once that record is durable too.
+    public func fill(_ slot: RecordSlot, with record: StoreRecord?) {
+        let work = state.withLock { $0.fillSlot(slot.id, with: record) }
+        if !work.isEmpty { perform(work) }
+    }
+
+    /// Hands `record` to the store behind every change made so far, with a ticket of its own
+    /// (`whenDurable` called after this answers once it is durable).
+    public func keep(_ record: StoreRecord) {
+        let work = state.withLock { core in core.fillSlot(core.openSlot(), with: record) }
+        if !work.isEmpty { perform(work) }
+    }
+
     /// The newest change ticket handed to the store. Wait on it with `whenDurable`.
     public var currentTicket: UInt64 { state.withLock { $0.ticket } }
-
-    /// The newest ticket whose records the store has been given (`append`): a write submitted
-    /// to the store after this is read is ordered after every change up to it.
-    public var appendedTicket: UInt64 { ticketCounter.load(ordering: .acquiring) }
 
     /// Calls `done` once every change made so far is durable.
     public func whenDurable(_ done: @escaping @Sendable () -> Void) {
@@ -247,6 +279,33 @@ public final class QueueEngine: Sendable {
         // Records up to `t` may still sit in the outbox of a draining thread; the store
         // answers for a ticket only once it has appended and committed it.
         store.whenDurable(t, done)
+    }
+}
+
+/// A place in the engine's record stream held open by `QueueEngine.withSlot`.
+public struct RecordSlot: Sendable {
+    let id: UInt64
+}
+
+/// This thread's `withSlot`: the slot its first change opened.
+final class SlotArm {
+    var slot: UInt64?
+
+    private static let key: pthread_key_t = {
+        var k = pthread_key_t()
+        pthread_key_create(&k, nil)
+        return k
+    }()
+
+    /// Unretained: `withSlot` keeps it alive while it is set.
+    static var current: SlotArm? {
+        get {
+            guard let p = pthread_getspecific(key) else { return nil }
+            return Unmanaged<SlotArm>.fromOpaque(p).takeUnretainedValue()
+        }
+        set {
+            pthread_setspecific(key, newValue.map { Unmanaged.passUnretained($0).toOpaque() })
+        }
     }
 }
 

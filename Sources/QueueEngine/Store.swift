@@ -81,12 +81,45 @@ public struct OperationSnapshot: Sendable, Equatable {
     public var isPaused: Bool { state == .paused }
 }
 
+/// The first answer to a change made with an `Idempotency-Key`, kept so that a retry after a
+/// restart still gets it. It travels in the change's own records (`StoreRecord.kept`), so the
+/// store commits both in one transaction (`QueueEngine.withSlot`).
+public struct IdempotencyRecord: Sendable, Equatable {
+    /// The key with whatever it is scoped to (method, path, client).
+    public var scope: String
+    /// A digest of the request body, to refuse the same key with another body.
+    public var bodyHash: String
+    /// The HTTP status of the first answer.
+    public var status: Int
+    /// Its headers, in order.
+    public var headers: [(String, String)]
+    /// Its body.
+    public var body: [UInt8]
+    /// When it was saved (for expiry).
+    public var createdAt: Timestamp
+
+    /// Creates a record.
+    public init(scope: String, bodyHash: String, status: Int, headers: [(String, String)], body: [UInt8], createdAt: Timestamp) {
+        self.scope = scope; self.bodyHash = bodyHash; self.status = status
+        self.headers = headers; self.body = body; self.createdAt = createdAt
+    }
+
+    /// Field by field (tuples are not `Equatable`).
+    public static func == (a: IdempotencyRecord, b: IdempotencyRecord) -> Bool {
+        a.scope == b.scope && a.bodyHash == b.bodyHash && a.status == b.status && a.body == b.body
+            && a.createdAt == b.createdAt && a.headers.count == b.headers.count
+            && zip(a.headers, b.headers).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
+    }
+}
+
 /// One durable change, in the order the engine made them.
 public enum StoreRecord: Sendable {
     case queue(QueueSnapshot)
     case queueDeleted(String)
     case operation(OperationSnapshot)
     case event(ChangeEvent)
+    /// The kept answer to the change before it (`QueueEngine.fill(_:with:)`).
+    case kept(IdempotencyRecord)
 }
 
 /// Where acknowledged changes are made durable. The engine hands over records in order

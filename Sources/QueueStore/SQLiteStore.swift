@@ -97,10 +97,6 @@ public final class SQLiteStore: OperationStore {
     /// Always true: the engine must build records for this store.
     public var wantsRecords: Bool { true }
 
-    /// See `CommitHold`.
-    public func holdCommits() { writer.commitHold.hold() }
-    public func releaseCommits() { writer.commitHold.release() }
-
     /// Queues `records` for the writer thread and returns at once. After `close` they are
     /// dropped (and their tickets never become durable).
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {

@@ -11,7 +11,6 @@ import Darwin
 /// One unit of work for the writer thread.
 enum WriteJob: Sendable {
     case records([StoreRecord], ticket: UInt64)
-    case idempotency(IdempotencyRecord, done: (@Sendable () -> Void)?)
     case purge(cutoff: Timestamp, limit: Int, reply: Reply)
     case purgeIdempotency(before: Timestamp, reply: Reply)
     /// Sets (or, with nil, deletes) rows of the `meta` table: durable settings of the API layer
@@ -204,14 +203,9 @@ final class StoreWriter: @unchecked Sendable {
         connection.close()
     }
 
-    /// Holds the next commit while a change and a write that must share its transaction are
-    /// handed over (see `CommitHold`).
-    let commitHold = CommitHold()
-
     private func run() {
         var jobs: [WriteJob] = []
         while true {
-            commitHold.waitWhileHeld()
             let stop: Bool = shared.withLock { s in
                 swap(&jobs, &s.jobs)
                 if jobs.isEmpty {
@@ -295,7 +289,7 @@ final class StoreWriter: @unchecked Sendable {
                 switch r {
                 case let .operation(s): lastOperation[s.id.raw] = position
                 case let .queue(q): lastQueue[q.name] = position
-                case .event, .queueDeleted: break
+                case .event, .queueDeleted, .kept: break
                 }
                 position += 1
             }
@@ -325,12 +319,10 @@ final class StoreWriter: @unchecked Sendable {
                                 st.bind(1, text: name)
                                 try st.run()
                             }
+                        case let .kept(record):
+                            try binder.write(record, with: upsertIdempotency)
                         }
                     }
-                case let .idempotency(record, done):
-                    try binder.write(record, with: upsertIdempotency)
-                    out.records += 1
-                    if let done { out.callbacks.append(done) }
                 case let .purge(cutoff, limit, reply):
                     out.replies.append((reply, try purge(cutoff: cutoff, limit: limit)))
                 case let .meta(pairs, done):

@@ -142,9 +142,12 @@ struct StoreConformanceTests {
                 body: Array(#"{"name":"a"}"#.utf8), createdAt: Self.t0)
             let new = IdempotencyRecord(
                 scope: "POST /v1/queues|k2", bodyHash: "h2", status: 422, headers: [], body: [0, 1, 2, 255], createdAt: Self.t0.adding(seconds: 100))
-            for record in [old, new] {
+            // As the engine hands them over: in a change's records (`StoreRecord.kept`).
+            for (i, record) in [old, new].enumerated() {
                 let done = DispatchSemaphore(value: 0)
-                store.saveIdempotency(record) { done.signal() }
+                let ticket = UInt64(i + 1)
+                store.engineStore.append([.kept(record)], upTo: ticket)
+                store.engineStore.whenDurable(ticket) { done.signal() }
                 #expect(done.wait(timeout: .now() + 10) == .success)
             }
             guard store.isDurable else {

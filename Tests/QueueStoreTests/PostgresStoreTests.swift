@@ -331,8 +331,9 @@ struct PostgresStoreTests {
                 headers: [("Content-Type", "application/json"), ("X-Quote", "a\"b\\c\u{0}")], body: body, createdAt: t0)
             let old = IdempotencyRecord(scope: "old", bodyHash: "h", status: 200, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1))
             let ready = DispatchSemaphoreBox()
-            store.saveIdempotency(first) { ready.signal() }
-            store.saveIdempotency(old)
+            store.append([.kept(first)], upTo: 1)
+            store.whenDurable(1) { ready.signal() }
+            store.append([.kept(old)], upTo: 2)
             #expect(store.setMeta([("webhook:a", "{\"x\":\"\u{0}\"}"), ("crashes:1", "2"), ("crashes:2", "1")]) { ready.signal() })
             #expect(ready.wait(seconds: 10) && ready.wait(seconds: 10))
             store.close()

@@ -45,20 +45,22 @@ import Testing
             let body: [UInt8] = Array(#"{"id":"op-0000000000000001"}"#.utf8) + [0, 255, 10]
             let done = Locked(0)
             let ready = DispatchSemaphoreBox()
-            store.saveIdempotency(
+            // Kept answers travel in the records of the change they answer (`StoreRecord.kept`).
+            let answer = IdempotencyRecord(
                 scope: "POST /v1/queues/q/operations key-1", bodyHash: "sha256:abc", status: 201,
                 headers: [("Content-Type", "application/json"), ("Location", "/v1/operations/op-1"), ("X-Quote", "a\"b\\c")],
-                body: body
-            ) {
+                body: body, createdAt: SystemClock().now())
+            store.append([.kept(answer)], upTo: 1)
+            store.whenDurable(1) {
                 done.withLock { $0 += 1 }
                 ready.signal()
             }
             #expect(ready.wait(seconds: 10))
-            store.saveIdempotency(
-                IdempotencyRecord(
-                    scope: "old", bodyHash: "h", status: 200, headers: [], body: [],
-                    createdAt: Timestamp(nanoseconds: 1)))
-            store.saveIdempotency(scope: "k2", bodyHash: "h2", status: 409, headers: [], body: [])
+            store.append(
+                [.kept(IdempotencyRecord(scope: "old", bodyHash: "h", status: 200, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1)))],
+                upTo: 2)
+            store.append(
+                [.kept(IdempotencyRecord(scope: "k2", bodyHash: "h2", status: 409, headers: [], body: [], createdAt: SystemClock().now()))], upTo: 3)
             store.close()
             #expect(done.value == 1)
 
