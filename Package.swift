@@ -44,15 +44,19 @@ let package = Package(
         .target(
             name: "QueueEngine", dependencies: ["Locking", "Grammar"],
             swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
-        // SQLite itself (apt: libsqlite3-dev); used only by QueueStore.
+        // The store seam: the contract the service sees (DurableStore), what both stores share
+        // (idempotency records, event windows, writer stats, the group-commit queue), and the
+        // memory store. Neither store imports the other.
+        .target(name: "StoreKit", dependencies: ["QueueEngine", "Locking"]),
+        // SQLite itself (apt: libsqlite3-dev); used only by SQLiteStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        // Durable store behind the engine's OperationStore protocol.
-        .target(name: "QueueStore", dependencies: ["QueueEngine", "CSQLite", "Locking"]),
+        // The default store: one SQLite file behind StoreKit's contract.
+        .target(name: "SQLiteStore", dependencies: ["QueueEngine", "StoreKit", "CSQLite", "Locking"]),
         // libpq, PostgreSQL's own client library (apt: libpq-dev); used only by PostgresStore.
         .systemLibrary(name: "CLibPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         // The same store contract on PostgreSQL (`--store postgres://...`), shared by any number of
         // instances, and the cluster's SQL (membership, leases, id blocks).
-        .target(name: "PostgresStore", dependencies: ["QueueEngine", "QueueStore", "CLibPQ", "Locking"]),
+        .target(name: "PostgresStore", dependencies: ["QueueEngine", "StoreKit", "CLibPQ", "Locking"]),
         // libcurl itself (apt: libcurl4-openssl-dev) plus fixed-arity wrappers of its variadic calls.
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         // Outbound HTTP client on libcurl's multi interface: redirects, caps and errors as values.
@@ -73,7 +77,7 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "QueueStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
+                "QueueEngine", "QueueKinds", "StoreKit", "SQLiteStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
@@ -91,7 +95,7 @@ let package = Package(
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit", "MicroHTTP"]),
         // Both stores; the PostgreSQL suites need a server (scripts/test.sh starts one: OPQD_TEST_POSTGRES_URL).
-        .testTarget(name: "QueueStoreTests", dependencies: ["QueueStore", "PostgresStore", "QueueEngine", "Locking", "TestKit"]),
+        .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreKit", "QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
         .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
@@ -109,6 +113,6 @@ let package = Package(
 if let bench = Context.environment["OPQD_BENCH"], !bench.isEmpty, bench != "0" {
     package.products.append(.executable(name: "opqd-bench", targets: ["opqd-bench"]))
     package.targets.append(
-        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "QueueStore", "PostgresStore", "TestKit"])
+        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "StoreKit", "SQLiteStore", "PostgresStore", "TestKit"])
     )
 }

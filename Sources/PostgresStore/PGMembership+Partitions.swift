@@ -1,5 +1,3 @@
-import QueueStore
-
 /// One partition's lease as `opqd.ownership` shows it.
 public struct PGPartitionLease: Sendable, Equatable {
     public var partition: Int

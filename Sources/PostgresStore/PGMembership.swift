@@ -1,7 +1,7 @@
 import Dispatch
 import Locking
 import QueueEngine
-import QueueStore
+import StoreKit
 import Synchronization
 
 #if canImport(Glibc)

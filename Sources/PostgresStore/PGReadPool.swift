@@ -1,7 +1,7 @@
 import Dispatch
 import Locking
 import QueueEngine
-import QueueStore
+import StoreKit
 
 /// A read from PostgreSQL failed: the server cannot be reached (or every read connection stayed
 /// busy too long). The caller answers 503 and the client retries.

@@ -1,5 +1,5 @@
 import QueueEngine
-import QueueStore
+import StoreKit
 
 /// The read connection; lives under `PostgresStore.reader`'s lock. A broken connection is
 /// replaced on the next read (one retry per read), so the feed's readers recover with the server.

@@ -1,5 +1,5 @@
 import QueueEngine
-import QueueStore
+import StoreKit
 
 /// Reads rows back into values, with the SQLite store's checks: a value opqd could never have
 /// written (a database edited by hand, or by something else) fails naming the row and column,
@@ -154,7 +154,7 @@ enum PGRecordDecoder {
 
     private static func change(_ r: PGResult, _ row: Int, _ column: Int) -> ChangeValue? {
         if r.isNull(row, column) { return ChangeValue.none }
-        return r.withBytes(row, column) { RecordDecoder.change($0) } ?? nil
+        return r.withBytes(row, column) { ChangeText.decode($0) } ?? nil
     }
 
     /// A `bigint[]` in text form, `{1,22,333}`, as ids (a negative one is refused).

@@ -1,7 +1,7 @@
 import Dispatch
 import Locking
 import QueueEngine
-import QueueStore
+import StoreKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -9,32 +9,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-
-/// One unit of work for the writer thread (as the SQLite store's `WriteJob`).
-enum PGJob: Sendable {
-    case records([StoreRecord], ticket: UInt64)
-    case purge(cutoff: Timestamp, limit: Int, reply: PGReply)
-    case purgeIdempotency(before: Timestamp, reply: PGReply)
-    case meta([(key: String, value: String?)], done: (@Sendable () -> Void)?)
-    case deleteMetaPrefix(String, done: (@Sendable () -> Void)?)
-}
-
-/// A count handed back from the writer thread to a caller blocked on it.
-final class PGReply: Sendable {
-    private let value = Atomic<Int>(0)
-    private let ready = DispatchSemaphore(value: 0)
-    func send(_ n: Int) { value.store(n, ordering: .releasing); ready.signal() }
-    func wait() -> Int { ready.wait(); return value.load(ordering: .acquiring) }
-}
-
-/// What callers and the writer thread share, under `PGWriter.shared`.
-struct PGWriterShared {
-    var jobs: [PGJob] = []
-    var waiters: [(ticket: UInt64, done: @Sendable () -> Void)] = []
-    var committed: UInt64 = 0
-    var sleeping = false
-    var stopping = false
-}
 
 /// The single writer: a dedicated thread that owns the write connection and commits everything
 /// submitted while the previous commit ran in ONE transaction (group commit), exactly as the
@@ -66,25 +40,15 @@ struct PGWriterShared {
 /// answered (or the mark shows it was); `lastError` says why meanwhile (readiness reads it).
 ///
 /// @unchecked Sendable: `connection`, `bulk` and the dedup tables are touched only by the writer
-/// thread while it runs, and by `init` before it starts. Everything callers touch is in `shared`
+/// thread while it runs, and by `init` before it starts. Everything callers touch is in `queue`
 /// or atomic.
 final class PGWriter: @unchecked Sendable {
-    let shared = Lock(PGWriterShared())
-    let committedTicket = Atomic<UInt64>(0)
-    private let wake = DispatchSemaphore(value: 0)
+    let queue = GroupCommitQueue<WriteJob>()
     private let url: String
     let displayURL: String
 
-    let commits = Atomic<Int>(0)
-    let recordsCommitted = Atomic<Int>(0)
-    let appends = Atomic<Int>(0)
-    let largestCommit = Atomic<Int>(0)
-    let failures = Atomic<Int>(0)
-    let busyNanos = Atomic<Int>(0)
-    let cpuNanos = Atomic<Int>(0)
+    let counters = WriterCounters()
     let lastError = Lock<PostgresStoreError?>(nil)
-    let commitSeconds = Lock(StoreHistogram(bounds: StoreHistogram.secondsBounds))
-    let commitRecords = Lock(StoreHistogram(bounds: StoreHistogram.recordsBounds))
     let lastSeq: Atomic<UInt64>
 
     private var connection: PGConnection?
@@ -131,26 +95,9 @@ final class PGWriter: @unchecked Sendable {
     // MARK: - callers
 
     @discardableResult
-    func submit(_ job: PGJob) -> Bool {
-        let (accepted, signal): (Bool, Bool) = shared.withLock { s in
-            if s.stopping { return (false, false) }
-            s.jobs.append(job)
-            if s.sleeping { s.sleeping = false; return (true, true) }
-            return (true, false)
-        }
-        if signal { wake.signal() }
-        return accepted
-    }
+    func submit(_ job: WriteJob) -> Bool { queue.submit(job) }
 
-    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
-        if ticket <= committedTicket.load(ordering: .acquiring) { done(); return }
-        let now: Bool = shared.withLock { s in
-            if ticket <= s.committed { return true }
-            s.waiters.append((ticket, done))
-            return false
-        }
-        if now { done() }
-    }
+    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) { queue.whenDurable(ticket, done) }
 
     var isWriterThread: Bool {
         guard let t = thread else { return false }
@@ -184,12 +131,7 @@ final class PGWriter: @unchecked Sendable {
     /// writer thread itself (a durability callback) it cannot wait for itself.
     func stopAndFinish() {
         let onWriter = isWriterThread
-        let signal: Bool = shared.withLock { s in
-            s.stopping = true
-            if s.sleeping { s.sleeping = false; return true }
-            return false
-        }
-        if signal { wake.signal() }
+        queue.stop()
         guard let t = thread else {
             connection?.close()
             return
@@ -202,35 +144,21 @@ final class PGWriter: @unchecked Sendable {
     }
 
     private func run() {
-        var jobs: [PGJob] = []
+        var jobs: [WriteJob] = []
         while true {
-            let stop: Bool = shared.withLock { s in
-                swap(&jobs, &s.jobs)
-                if jobs.isEmpty {
-                    if s.stopping { return true }
-                    s.sleeping = true
-                }
-                return false
-            }
-            if jobs.isEmpty {
-                if stop {
-                    connection?.close()
-                    connection = nil
-                    return
-                }
-                if wake.wait(timeout: .now() + Self.idleCheckSeconds) == .timedOut {
-                    let signalled = shared.withLock { s -> Bool in
-                        if s.sleeping { s.sleeping = false; return false }
-                        return true
-                    }
-                    // A submitter saw `sleeping` and signalled just as the wait ended: take it.
-                    if signalled { wake.wait() }
-                    checkIdleConnection()
-                }
+            switch queue.take(into: &jobs, idleSeconds: Self.idleCheckSeconds) {
+            case .commit:
+                commitWithRetry(jobs)
+                jobs.removeAll(keepingCapacity: true)
+            case .exit:
+                connection?.close()
+                connection = nil
+                return
+            case .idle:
+                checkIdleConnection()
+            case .again:
                 continue
             }
-            commitWithRetry(jobs)
-            jobs.removeAll(keepingCapacity: true)
         }
     }
 
@@ -238,7 +166,7 @@ final class PGWriter: @unchecked Sendable {
     /// the next commit, so readiness says so meanwhile.
     private func checkIdleConnection() {
         var delay: UInt32 = 50_000
-        while !shared.withLock({ $0.stopping }) {
+        while !queue.isStopping {
             do throws(PGFailure) {
                 let conn = try usableConnection()
                 try conn.send("SELECT 1")
@@ -249,7 +177,7 @@ final class PGWriter: @unchecked Sendable {
             } catch {
                 failed(error, counting: false)
                 // Work that arrives meanwhile is taken by the commit loop, which retries too.
-                if !shared.withLock({ $0.jobs.isEmpty }) { return }
+                if queue.hasJobs { return }
                 usleep(delay)
                 delay = min(delay * 2, 2_000_000)
             }
@@ -303,7 +231,7 @@ final class PGWriter: @unchecked Sendable {
     /// Drops a broken connection and says why in `lastError`; `counting`: a commit failed (the
     /// `failures` counter), not an idle check.
     private func failed(_ error: PGFailure, counting: Bool = true) {
-        if counting { failures.add(1, ordering: .relaxed) }
+        if counting { counters.failures.add(1, ordering: .relaxed) }
         if error.connectionLost {
             connection?.close()
             connection = nil
@@ -315,7 +243,7 @@ final class PGWriter: @unchecked Sendable {
     /// Commits `jobs`, retrying with backoff (reconnecting when the connection broke): nothing
     /// is reported durable until it is. While closing it gives up after a few attempts, and the
     /// callbacks of what was lost never fire.
-    private func commitWithRetry(_ jobs: [PGJob]) {
+    private func commitWithRetry(_ jobs: [WriteJob]) {
         // Fenced: another instance owns the queues now; nothing of this one may be written.
         if fenced.load(ordering: .acquiring) {
             for case let .purge(_, _, reply) in jobs { reply.send(0) }
@@ -331,13 +259,9 @@ final class PGWriter: @unchecked Sendable {
             attempt += 1
             do throws(PGFailure) {
                 let conn = try usableConnection()
-                let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
+                let start = WriterCounters.clocks()
                 let outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
-                let wall = clockNanos(CLOCK_MONOTONIC) - wall0
-                busyNanos.add(wall, ordering: .relaxed)
-                commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
-                commitRecords.withLock { $0.observe(Double(outcome.records)) }
-                cpuNanos.add(clockNanos(CLOCK_THREAD_CPUTIME_ID) - cpu0, ordering: .relaxed)
+                counters.timed(since: start, records: outcome.records)
                 lastError.withLock { $0 = nil }
                 afterCommit(outcome)
                 return
@@ -365,7 +289,7 @@ final class PGWriter: @unchecked Sendable {
                     continue
                 }
                 failed(error)
-                if shared.withLock({ $0.stopping }) && attempt >= 3 {
+                if queue.isStopping && attempt >= 3 {
                     for case let .purge(_, _, reply) in jobs { reply.send(0) }
                     for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
                     return
@@ -380,7 +304,7 @@ final class PGWriter: @unchecked Sendable {
         var ticket: UInt64 = 0
         var records = 0
         var callbacks: [@Sendable () -> Void] = []
-        var replies: [(PGReply, Int)] = []
+        var replies: [(CommitReply, Int)] = []
         /// The newest seq the commit handed out (0: it had no events).
         var lastSeq: UInt64 = 0
         /// The committed events with the seqs they were given; nil when unknown (a commit whose
@@ -389,7 +313,7 @@ final class PGWriter: @unchecked Sendable {
     }
 
     /// Whether a batch has events (then it moves its writer's mark).
-    static func hasEvents(_ jobs: [PGJob]) -> Bool {
+    static func hasEvents(_ jobs: [WriteJob]) -> Bool {
         jobs.contains { job in
             guard case let .records(records, _) = job else { return false }
             return records.contains { if case .event = $0 { true } else { false } }
@@ -398,7 +322,7 @@ final class PGWriter: @unchecked Sendable {
 
     /// What a batch that was committed, though its answer was lost, reports: every callback;
     /// the counts of its deletes are unknown (0: a purge goes on at its next round).
-    private static func outcomeWithoutCommit(_ jobs: [PGJob]) -> Outcome {
+    private static func outcomeWithoutCommit(_ jobs: [WriteJob]) -> Outcome {
         var out = Outcome()
         out.events = nil
         for job in jobs {
@@ -424,7 +348,7 @@ final class PGWriter: @unchecked Sendable {
     /// per statement as `ON CONFLICT DO UPDATE` requires.
     /// `batch`: this writer's number for the batch (the same on every attempt), which its mark
     /// holds once committed.
-    private func apply(_ jobs: [PGJob], on conn: PGConnection, batch: UInt64, catchUp: Bool) throws(PGFailure) -> Outcome {
+    private func apply(_ jobs: [WriteJob], on conn: PGConnection, batch: UInt64, catchUp: Bool) throws(PGFailure) -> Outcome {
         var out = Outcome()
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
@@ -466,7 +390,7 @@ final class PGWriter: @unchecked Sendable {
         }
         var sent = 0
         /// Statement index -> the reply that gets its row count.
-        var counted: [(Int, PGReply)] = []
+        var counted: [(Int, CommitReply)] = []
         /// Statements that answer the newest seq they handed out, with their events in order.
         var numbering: [(statement: Int, events: [ChangeEvent])] = []
         var pending: [ChangeEvent] = []
@@ -638,33 +562,10 @@ final class PGWriter: @unchecked Sendable {
 
     private func afterCommit(_ out: Outcome) {
         if out.events?.isEmpty != true, let tell = committedEvents.withLock({ $0 }) { tell(out.events) }
-        commits.add(1, ordering: .relaxed)
-        recordsCommitted.add(out.records, ordering: .relaxed)
-        if out.records > largestCommit.load(ordering: .relaxed) { largestCommit.store(out.records, ordering: .relaxed) }
+        counters.counted(records: out.records)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
-        var ready: [@Sendable () -> Void] = []
-        shared.withLock { s in
-            if out.ticket > s.committed {
-                s.committed = out.ticket
-                committedTicket.store(out.ticket, ordering: .releasing)
-            }
-            let c = s.committed
-            guard !s.waiters.isEmpty else { return }
-            var keep: [(ticket: UInt64, done: @Sendable () -> Void)] = []
-            for w in s.waiters {
-                if w.ticket <= c { ready.append(w.done) } else { keep.append(w) }
-            }
-            s.waiters = keep
-        }
-        for done in ready { done() }
+        queue.committed(through: out.ticket)
         for done in out.callbacks { done() }
         for (reply, n) in out.replies { reply.send(n) }
     }
-}
-
-/// `clock_gettime` in nanoseconds.
-package func clockNanos(_ clock: clockid_t) -> Int {
-    var ts = timespec()
-    clock_gettime(clock, &ts)
-    return Int(ts.tv_sec) &* 1_000_000_000 &+ Int(ts.tv_nsec)
 }

@@ -1,6 +1,6 @@
 import Locking
 import QueueEngine
-import QueueStore
+import StoreKit
 
 #if canImport(Glibc)
 import Glibc
@@ -201,7 +201,7 @@ public final class PostgresStore: OperationStore {
 
     /// Queues `records` for the writer thread and returns at once. After `close` they are dropped.
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
-        writer.appends.add(1, ordering: .relaxed)
+        writer.counters.appends.add(1, ordering: .relaxed)
         writer.submit(.records(records, ticket: ticket))
     }
 
@@ -220,7 +220,7 @@ public final class PostgresStore: OperationStore {
     }
 
     /// The highest ticket committed so far.
-    public var durableTicket: UInt64 { writer.committedTicket.load(ordering: .acquiring) }
+    public var durableTicket: UInt64 { writer.queue.durableTicket }
 
     /// Commits everything queued (giving up after a few attempts when the server is gone),
     /// closes the connections and so releases the instance lock. Idempotent.
@@ -394,9 +394,7 @@ public final class PostgresStore: OperationStore {
     @discardableResult
     public func purgeIdempotency(before cutoff: Timestamp) -> Int {
         guard !writer.isWriterThread else { return 0 }
-        let reply = PGReply()
-        guard writer.submit(.purgeIdempotency(before: cutoff, reply: reply)) else { return 0 }
-        return reply.wait()
+        return writer.queue.purgeIdempotency(before: cutoff)
     }
 
     /// Deletes up to `limit` operations that finished before `cutoff`, with their events,
@@ -404,29 +402,14 @@ public final class PostgresStore: OperationStore {
     @discardableResult
     public func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int {
         guard !writer.isWriterThread else { return 0 }
-        var total = 0
-        while total < limit {
-            let chunk = min(500, limit - total)
-            let reply = PGReply()
-            guard writer.submit(.purge(cutoff: cutoff, limit: chunk, reply: reply)) else { break }
-            let n = reply.wait()
-            total += n
-            if n < chunk { break }
-        }
-        return total
+        return writer.queue.purge(finishedBefore: cutoff, limit: limit)
     }
 
     // MARK: - health
 
     /// Writer counters, as the SQLite store's.
     public var stats: StoreStats {
-        StoreStats(
-            commits: writer.commits.load(ordering: .relaxed), records: writer.recordsCommitted.load(ordering: .relaxed),
-            appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
-            failures: writer.failures.load(ordering: .relaxed),
-            busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
-            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9,
-            commitSeconds: writer.commitSeconds.withLock { $0 }, commitRecords: writer.commitRecords.withLock { $0 })
+        writer.counters.stats
     }
 
     /// Why the last commit (or the idle connection check) failed, while the writer retries;

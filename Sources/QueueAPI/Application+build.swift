@@ -4,7 +4,8 @@ import MicroHTTP
 import PostgresStore
 import QueueEngine
 import QueueKinds
-import QueueStore
+import SQLiteStore
+import StoreKit
 
 /// Builds the service from its configuration; `opqd` and the tests both call this. The store,
 /// the engine and what feeds clients come first, then the router (every controller with just
@@ -22,7 +23,7 @@ func buildApplication(
     logger.logLevel = configuration.logLevel
     let limits = configuration.limits
 
-    let store: any ServiceStore
+    let store: any DurableStore
     var postgres: PostgresStore?
     var partitions: PartitionOwner?
     if let setup = partitioned {
@@ -53,7 +54,7 @@ func buildApplication(
     } else if configuration.store == "sqlite" {
         store = try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
     } else {
-        store = MemoryServiceStore()
+        store = MemoryStore()
     }
     var recovered = partitions == nil ? try store.recoverState() : nil
     if var r = recovered {
@@ -209,7 +210,7 @@ func buildApplication(
 
 /// This server's identity: a random id kept in the store's meta table from its first start
 /// (per process with `--store memory`). Archives carry it (`exportedFrom`).
-func serverIdentity(_ store: any ServiceStore) -> String {
+func serverIdentity(_ store: any DurableStore) -> String {
     if let kept = store.meta(prefix: "server-id").first(where: { $0.key == "server-id" })?.value, !kept.isEmpty { return kept }
     var g = SystemRandomNumberGenerator()
     let id = String(g.next(), radix: 16) + String(g.next(), radix: 16)
@@ -220,7 +221,7 @@ func serverIdentity(_ store: any ServiceStore) -> String {
 /// Every route of the API, each controller holding only what it uses.
 func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
-    store: any ServiceStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
+    store: any DurableStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
     instance: InstanceInfo, serverID: String, directory: ClusterDirectory?, partitions: PartitionOwner? = nil
 ) -> Router {
     var router = Router()
@@ -263,7 +264,7 @@ func contiguousTail(_ events: [ChangeEvent], lastSeq: UInt64) -> [ChangeEvent] {
 /// `abandon`: a cluster owner that lost the ownership while starting stops waiting for a
 /// commit that will never come (`OwnershipLostDuringStart`).
 func countUncleanStops(
-    _ store: any ServiceStore, _ recovered: RecoveredState, logger: Logger, abandon: () -> Bool = { false }
+    _ store: any DurableStore, _ recovered: RecoveredState, logger: Logger, abandon: () -> Bool = { false }
 ) throws -> (poisoned: Set<OperationID>, generation: UInt64) {
     let clean = store.meta(prefix: "clean_stop").contains { $0.key == "clean_stop" && $0.value == "1" }
     var counts: [String: Int] = [:]

@@ -4,6 +4,7 @@ import Logging
 import MicroHTTP
 import PostgresStore
 import QueueEngine
+import StoreKit
 
 /// The running service: what `buildApplication` assembled, plus its lifecycle (start, the
 /// background timers, graceful shutdown).
@@ -13,7 +14,7 @@ public final class OpqdApplication: OpqdService {
     let server: HTTPServer
     let events: EventLog
     let webhooks: Webhooks
-    let store: any ServiceStore
+    let store: any DurableStore
     let lifecycle: Lifecycle
     let logger: Logger
     let instance: InstanceInfo
@@ -31,7 +32,7 @@ public final class OpqdApplication: OpqdService {
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-        store: any ServiceStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
+        store: any DurableStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
         feed: OwnerFeed? = nil, partitions: PartitionOwner? = nil, beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
         self.feed = feed

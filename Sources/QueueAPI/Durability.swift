@@ -1,14 +1,14 @@
 import Locking
 import MicroHTTP
 import QueueEngine
-import QueueStore
+import StoreKit
 
 /// Every 2xx to a change is durable: answers wait for the commit that holds the change, and a
 /// create with an `Idempotency-Key` keeps its answer (durably too) for a repeat.
 struct Durability: Sendable {
     let engine: QueueEngine
     let idempotency: IdempotencyCache
-    let store: any ServiceStore
+    let store: any DurableStore
     /// Seconds an idempotency key is kept (`--retain`).
     let retain: Double
 

@@ -1,7 +1,7 @@
 import Glibc
 import Locking
 import QueueEngine
-import QueueStore
+import StoreKit
 
 /// What `/metrics` shows, in the Prometheus text format (0.0.4), written by hand (see
 /// `render`). Fed from three places, each kept cheap because each is on a hot path:

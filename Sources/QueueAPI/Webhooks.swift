@@ -3,7 +3,7 @@ import Locking
 import Logging
 import MicroHTTP
 import QueueEngine
-import QueueStore
+import StoreKit
 import Synchronization
 
 /// Webhook observers: `POST /v1/operations/{id}/observers` (the changes of one operation) and
@@ -61,7 +61,7 @@ final class Webhooks: Sendable {
     private let transport: any WebhookTransport
     private let scheduler: any EngineScheduler
     private let secret: [UInt8]?
-    private let store: any ServiceStore
+    private let store: any DurableStore
     private let policy: DeliveryPolicy
     /// The newest durable seq (the feed's): where a new observer starts.
     private let newestSeq: @Sendable () -> UInt64
@@ -77,7 +77,7 @@ final class Webhooks: Sendable {
     private let serves: (@Sendable (String) -> Bool)?
 
     init(
-        logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any ServiceStore,
+        logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any DurableStore,
         limits: Limits, policy: DeliveryPolicy = DeliveryPolicy(), newestSeq: @escaping @Sendable () -> UInt64,
         serves: (@Sendable (String) -> Bool)? = nil
     ) {

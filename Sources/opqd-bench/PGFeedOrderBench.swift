@@ -6,6 +6,7 @@
 // to this package's targets with `package` access, so no benchmark is compiled into the server.
 import Locking
 import PostgresStore
+import StoreKit
 
 #if canImport(Glibc)
 import Glibc

@@ -10,7 +10,8 @@ import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
-import QueueStore
+import SQLiteStore
+import StoreKit
 import Synchronization
 
 enum PGStoreBench {

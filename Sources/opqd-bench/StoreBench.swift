@@ -14,7 +14,7 @@ import Dispatch
 import Foundation
 import QueueEngine
 import QueueKinds
-import QueueStore
+import SQLiteStore
 
 #if canImport(Glibc)
 import Glibc

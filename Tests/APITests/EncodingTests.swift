@@ -1,5 +1,6 @@
 import Foundation
 import QueueEngine
+import StoreKit
 import TestKit
 import Testing
 

@@ -2,13 +2,14 @@ import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
-import QueueStore
 import QueueTesting
+import SQLiteStore
+import StoreKit
 import Testing
 
 @testable import QueueAPI
 
-/// What the API asks of a store (`ServiceStore`), asked of every store the same way, as
+/// What the API asks of a store (`DurableStore`), asked of every store the same way, as
 /// River's driver tests exercise every driver: SQLite and PostgreSQL must answer alike, and the
 /// memory store gives the answers its contract documents (it keeps no events and no
 /// idempotency records). A first part of the seams issue's conformance suite; the PostgreSQL
@@ -21,10 +22,10 @@ struct StoreConformanceTests {
 
     /// A fresh, empty store of the choice, closed (and its database or directory removed)
     /// afterwards.
-    func withStore(_ choice: Choice, _ body: (any ServiceStore) throws -> Void) throws {
+    func withStore(_ choice: Choice, _ body: (any DurableStore) throws -> Void) throws {
         switch choice {
         case .memory:
-            try body(MemoryServiceStore())
+            try body(MemoryStore())
         case .sqlite:
             let dir = try makeTemporaryDirectory(prefix: "opqd-conformance")
             defer { try? FileManager.default.removeItem(atPath: dir) }
@@ -43,14 +44,14 @@ struct StoreConformanceTests {
     }
 
     /// Appends `records` through the engine's side of the store and waits until durable.
-    func commit(_ store: any ServiceStore, _ records: [StoreRecord], ticket: UInt64) -> Bool {
+    func commit(_ store: any DurableStore, _ records: [StoreRecord], ticket: UInt64) -> Bool {
         let done = DispatchSemaphore(value: 0)
         store.engineStore.append(records, upTo: ticket)
         store.engineStore.whenDurable(ticket) { done.signal() }
         return done.wait(timeout: .now() + 10) == .success
     }
 
-    func setMeta(_ store: any ServiceStore, _ pairs: [(key: String, value: String?)]) -> Bool {
+    func setMeta(_ store: any DurableStore, _ pairs: [(key: String, value: String?)]) -> Bool {
         let done = DispatchSemaphore(value: 0)
         guard store.setMeta(pairs, then: { done.signal() }) else { return false }
         return done.wait(timeout: .now() + 10) == .success

@@ -1,6 +1,7 @@
 import Locking
 import MicroHTTP
 import QueueEngine
+import StoreKit
 
 /// Operations: create (in a queue), list, read, change, cancel, pause, resume, copy, wait
 /// until finished, bulk cancel in a queue, and one operation's committed events.
@@ -8,7 +9,7 @@ struct OperationsController: Sendable {
     let engine: QueueEngine
     let durability: Durability
     let events: EventLog
-    let store: any ServiceStore
+    let store: any DurableStore
     let limits: OpqdConfiguration.Limits
 
     func addRoutes(to r: inout Router) {
@@ -221,7 +222,7 @@ protocol OperationReads: Sendable {
 /// The engine's operations, and their committed events from the store.
 struct EngineOperationReads: OperationReads {
     let engine: QueueEngine
-    let store: any ServiceStore
+    let store: any DurableStore
     let events: EventLog
 
     func revision(of id: OperationID) throws -> UInt64 { try engine.revision(of: id) }

@@ -1,5 +1,6 @@
 import MicroHTTP
 import QueueEngine
+import StoreKit
 import Synchronization
 
 /// Set when shutdown begins; readiness reads it.
@@ -14,7 +15,7 @@ struct ServiceController: Sendable {
     let events: EventLog
     let metrics: Metrics
     let webhooks: Webhooks
-    let store: any ServiceStore
+    let store: any DurableStore
     let lifecycle: Lifecycle
     /// In a cluster, the owner's own lines (`opqd_cluster_owner 1`, its epoch); empty otherwise.
     var clusterMetrics: @Sendable () -> String = { "" }

@@ -2,7 +2,7 @@ import Foundation
 import QueueEngine
 import Testing
 
-@testable import QueueStore
+@testable import SQLiteStore
 
 /// Writes `bytes` over the file at `offset`.
 func overwrite(_ path: String, at offset: UInt64, with bytes: [UInt8]) throws {

@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 /// The read connection and its statements; lives under `SQLiteStore.reader`'s lock.
 final class StoreReader {

@@ -2,7 +2,7 @@ import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
-import QueueStore
+import SQLiteStore
 import Spawning
 import Synchronization
 import Testing

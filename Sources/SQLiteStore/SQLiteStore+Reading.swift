@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 // Reading back: recovery at start and the feed's history, on the read connection.
 extension SQLiteStore {
@@ -51,20 +52,5 @@ extension SQLiteStore {
     public var oldestEventSeq: UInt64 {
         let next = writer.lastSeq.load(ordering: .relaxed) + 1
         return (try? reader.withLock { r throws(SQLiteFailure) in try r.oldestSeq() }) ?? next
-    }
-}
-
-/// A window of stored events read for a webhook that catches up.
-public struct EventWindow: Sendable {
-    /// The rows that decoded, in seq order.
-    public var events: [ChangeEvent]
-    /// Rows read, decodable or not.
-    public var rows: Int
-    /// The seq of the last row read (`after` when none was).
-    public var lastSeq: UInt64
-
-    /// For the other stores of this package (PostgresStore).
-    package init(events: [ChangeEvent], rows: Int, lastSeq: UInt64) {
-        self.events = events; self.rows = rows; self.lastSeq = lastSeq
     }
 }

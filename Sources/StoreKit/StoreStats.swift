@@ -1,5 +1,3 @@
-import Synchronization
-
 /// Counters of the writer, for benchmarks and metrics.
 public struct StoreStats: Sendable, Equatable {
     /// Transactions committed.
@@ -23,8 +21,7 @@ public struct StoreStats: Sendable, Equatable {
     /// Mean records per commit: how much group commit batches.
     public var recordsPerCommit: Double { commits == 0 ? 0 : Double(records) / Double(commits) }
 
-    /// For the other stores of this package (PostgresStore).
-    package init(
+    public init(
         commits: Int, records: Int, appends: Int, largestCommit: Int, failures: Int, busySeconds: Double, cpuSeconds: Double,
         commitSeconds: StoreHistogram, commitRecords: StoreHistogram
     ) {
@@ -64,21 +61,4 @@ public struct StoreHistogram: Sendable, Equatable {
         sum += value
         count &+= 1
     }
-}
-
-// How the writer is doing: its counters (in /metrics and the store benchmark) and its last error.
-extension SQLiteStore {
-    /// Writer counters: commits, records, how much each commit batched.
-    public var stats: StoreStats {
-        StoreStats(
-            commits: writer.commits.load(ordering: .relaxed), records: writer.recordsCommitted.load(ordering: .relaxed),
-            appends: writer.appends.load(ordering: .relaxed), largestCommit: writer.largestCommit.load(ordering: .relaxed),
-            failures: writer.failures.load(ordering: .relaxed),
-            busySeconds: Double(writer.busyNanos.load(ordering: .relaxed)) / 1e9,
-            cpuSeconds: Double(writer.cpuNanos.load(ordering: .relaxed)) / 1e9,
-            commitSeconds: writer.commitSeconds.withLock { $0 }, commitRecords: writer.commitRecords.withLock { $0 })
-    }
-
-    /// The error of the last commit if it failed (the writer keeps retrying it); nil when healthy.
-    public var lastError: StoreError? { writer.lastError.withLock { $0 } }
 }

@@ -1,5 +1,5 @@
 import QueueEngine
-import QueueStore
+import SQLiteStore
 import Testing
 
 /// Operations in every state, with every optional field both set and absent.

@@ -1,21 +1,5 @@
 import QueueEngine
-
-/// A row that cannot be turned back into a value: the file is damaged or was edited by hand.
-package struct DecodeFailure: Error {
-    package let detail: String
-    package init(detail: String) { self.detail = detail }
-}
-
-/// The largest values a sound store holds. Anything larger was not written by opqd, and
-/// would overflow the engine's `+ 1`s.
-package enum RecordLimits {
-    /// Operation ids: the engine's ready heap keeps 60 bits of id.
-    package static let maxID: UInt64 = (1 << 60) - 1
-    /// Sequence numbers and revisions.
-    package static let maxCounter: UInt64 = 1 << 62
-    /// Attempts and `retry.maxAttempts`.
-    package static let maxAttempt = 1 << 31
-}
+import StoreKit
 
 /// Binds snapshots and events to the writer's statements, straight from their fields.
 /// Every text and JSON column of a row is written into one reused buffer and bound without a
@@ -286,24 +270,6 @@ package enum RecordDecoder {
 
     private static func changeColumn(_ st: SQLiteStatement, _ i: Int32) -> ChangeValue? {
         if st.isNull(i) { return ChangeValue.none }
-        return st.withBytes(i) { change($0) } ?? nil
-    }
-
-    /// The JSON of a `ChangeValue` (see `RecordBinder.addChange`).
-    package static func change(_ b: UnsafeRawBufferPointer) -> ChangeValue? {
-        guard let first = b.first else { return nil }
-        switch first {
-        case UInt8(ascii: "t"): return .bool(true)
-        case UInt8(ascii: "f"): return .bool(false)
-        case UInt8(ascii: "\""):
-            guard b.count >= 2 else { return nil }
-            let name = String(decoding: UnsafeRawBufferPointer(rebasing: b[1..<(b.count - 1)]), as: UTF8.self)
-            return QueuePriority(name: name).map { .priority($0) }
-        case UInt8(ascii: "{"):
-            guard let v = try? JSONValue.parse(Array(b)), case let .number(c)? = v["completed"], case let .number(t)? = v["total"] else { return nil }
-            return .progress(OperationProgress(completed: c, total: t))
-        default:
-            return Int(String(decoding: b, as: UTF8.self)).map { .int($0) }
-        }
+        return st.withBytes(i) { ChangeText.decode($0) } ?? nil
     }
 }

@@ -1,5 +1,6 @@
 import Dispatch
 import QueueEngine
+import StoreKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -7,40 +8,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-
-/// One unit of work for the writer thread.
-enum WriteJob: Sendable {
-    case records([StoreRecord], ticket: UInt64)
-    case purge(cutoff: Timestamp, limit: Int, reply: Reply)
-    case purgeIdempotency(before: Timestamp, reply: Reply)
-    /// Sets (or, with nil, deletes) rows of the `meta` table: durable settings of the API layer
-    /// such as webhook observers and crash counters.
-    case meta([(key: String, value: String?)], done: (@Sendable () -> Void)?)
-    /// Deletes every `meta` row whose key starts with the prefix.
-    case deleteMetaPrefix(String, done: (@Sendable () -> Void)?)
-}
-
-/// A count handed back from the writer thread to a caller blocked on it.
-final class Reply: Sendable {
-    private let value = Atomic<Int>(0)
-    private let ready = DispatchSemaphore(value: 0)
-    func send(_ n: Int) { value.store(n, ordering: .releasing); ready.signal() }
-    func wait() -> Int { ready.wait(); return value.load(ordering: .acquiring) }
-}
-
-/// What callers and the writer thread share, under `StoreWriter.shared`.
-struct WriterShared {
-    var jobs: [WriteJob] = []
-    var waiters: [(ticket: UInt64, done: @Sendable () -> Void)] = []
-    /// The highest ticket whose records are committed.
-    var committed: UInt64 = 0
-    /// The writer is about to wait on `wake`: the next submitter must signal it.
-    var sleeping = false
-    /// `close` was called: no new work is taken.
-    var stopping = false
-    /// `close` was called on the writer thread: it closes the connection as it exits.
-    var finishOnExit = false
-}
 
 /// The single writer: a dedicated thread that owns the write connection and commits
 /// everything submitted while the previous commit ran in ONE transaction (group commit).
@@ -51,12 +18,9 @@ struct WriterShared {
 ///
 /// @unchecked Sendable: `connection`, the statements and `binder` are touched only by the
 /// writer thread while it runs, and by `init` / `finish()` before it starts and after it has
-/// been joined. Everything callers touch is in `shared` or atomic.
+/// been joined. Everything callers touch is in `queue` or atomic.
 final class StoreWriter: @unchecked Sendable {
-    let shared = StoreLock(WriterShared())
-    /// Mirror of `shared.committed` for the lock-free fast path of `whenDurable`.
-    let committedTicket = Atomic<UInt64>(0)
-    private let wake = DispatchSemaphore(value: 0)
+    let queue = GroupCommitQueue<WriteJob>()
     let path: String
     /// Where a commit's aftermath runs (marking it durable, then its callbacks: answers,
     /// event publication), in commit order, while the writer thread already builds and syncs
@@ -65,21 +29,8 @@ final class StoreWriter: @unchecked Sendable {
     private let completions = DispatchQueue(label: "opqd.store.completions")
     private static let completionsKey = DispatchSpecificKey<Bool>()
 
-    // Statistics (relaxed: for benchmarks and metrics).
-    let commits = Atomic<Int>(0)
-    let recordsCommitted = Atomic<Int>(0)
-    let appends = Atomic<Int>(0)
-    let largestCommit = Atomic<Int>(0)
-    let failures = Atomic<Int>(0)
-    /// Nanoseconds the writer spent in transactions: wall clock (fsync waits included) and
-    /// its own CPU time.
-    let busyNanos = Atomic<Int>(0)
-    let cpuNanos = Atomic<Int>(0)
+    let counters = WriterCounters()
     let lastError = StoreLock<StoreError?>(nil)
-    /// Per commit: its wall-clock seconds and its records (one lock each per commit, taken
-    /// only by the writer thread and by `/metrics`).
-    let commitSeconds = StoreLock(StoreHistogram(bounds: StoreHistogram.secondsBounds))
-    let commitRecords = StoreLock(StoreHistogram(bounds: StoreHistogram.recordsBounds))
     /// The newest event seq committed.
     let lastSeq: Atomic<UInt64>
 
@@ -128,26 +79,9 @@ final class StoreWriter: @unchecked Sendable {
 
     /// Queues `job`; false once the store is closing.
     @discardableResult
-    func submit(_ job: WriteJob) -> Bool {
-        let (accepted, signal): (Bool, Bool) = shared.withLock { s in
-            if s.stopping { return (false, false) }
-            s.jobs.append(job)
-            if s.sleeping { s.sleeping = false; return (true, true) }
-            return (true, false)
-        }
-        if signal { wake.signal() }
-        return accepted
-    }
+    func submit(_ job: WriteJob) -> Bool { queue.submit(job) }
 
-    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
-        if ticket <= committedTicket.load(ordering: .acquiring) { done(); return }
-        let now: Bool = shared.withLock { s in
-            if ticket <= s.committed { return true }
-            s.waiters.append((ticket, done))
-            return false
-        }
-        if now { done() }
-    }
+    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) { queue.whenDurable(ticket, done) }
 
     /// True when called on the writer thread itself or from a commit's callbacks (where
     /// waiting for the writer would deadlock).
@@ -180,13 +114,7 @@ final class StoreWriter: @unchecked Sendable {
     /// deinit there), it cannot join itself: the thread finishes on its own as it exits.
     func stopAndFinish() {
         let onWriter = isWriterThread
-        let signal: Bool = shared.withLock { s in
-            s.stopping = true
-            s.finishOnExit = onWriter
-            if s.sleeping { s.sleeping = false; return true }
-            return false
-        }
-        if signal { wake.signal() }
+        queue.stop(finishOnExit: onWriter)
         guard let t = thread else { return }
         if onWriter {
             pthread_detach(t)
@@ -206,24 +134,16 @@ final class StoreWriter: @unchecked Sendable {
     private func run() {
         var jobs: [WriteJob] = []
         while true {
-            let stop: Bool = shared.withLock { s in
-                swap(&jobs, &s.jobs)
-                if jobs.isEmpty {
-                    if s.stopping { return true }
-                    s.sleeping = true
-                }
-                return false
-            }
-            if jobs.isEmpty {
-                if stop {
-                    if shared.withLock({ $0.finishOnExit }) { finish() }
-                    return
-                }
-                wake.wait()
+            switch queue.take(into: &jobs) {
+            case .commit:
+                commitWithRetry(jobs)
+                jobs.removeAll(keepingCapacity: true)
+            case .exit:
+                if queue.finishesOnExit { finish() }
+                return
+            case .again, .idle:
                 continue
             }
-            commitWithRetry(jobs)
-            jobs.removeAll(keepingCapacity: true)
         }
     }
 
@@ -237,13 +157,9 @@ final class StoreWriter: @unchecked Sendable {
         while true {
             attempt += 1
             do throws(SQLiteFailure) {
-                let (wall0, cpu0) = (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID))
+                let start = WriterCounters.clocks()
                 let outcome = try apply(jobs, replacingEvents: replacing)
-                let wall = clockNanos(CLOCK_MONOTONIC) - wall0
-                busyNanos.add(wall, ordering: .relaxed)
-                commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
-                commitRecords.withLock { $0.observe(Double(outcome.records)) }
-                cpuNanos.add(clockNanos(CLOCK_THREAD_CPUTIME_ID) - cpu0, ordering: .relaxed)
+                counters.timed(since: start, records: outcome.records)
                 lastError.withLock { $0 = nil }
                 completions.async { [self] in afterCommit(outcome) }
                 return
@@ -254,10 +170,10 @@ final class StoreWriter: @unchecked Sendable {
                     replacing = true
                     continue
                 }
-                failures.add(1, ordering: .relaxed)
+                counters.failures.add(1, ordering: .relaxed)
                 let e = StoreError(error.isCorrupt ? .corrupt : .io, path: path, detail: error.description)
                 lastError.withLock { $0 = e }
-                if shared.withLock({ $0.stopping }) && attempt >= 3 {
+                if queue.isStopping && attempt >= 3 {
                     for case let .purge(_, _, reply) in jobs { reply.send(0) }
                     for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
                     return
@@ -272,7 +188,7 @@ final class StoreWriter: @unchecked Sendable {
         var ticket: UInt64 = 0
         var records = 0
         var callbacks: [@Sendable () -> Void] = []
-        var replies: [(Reply, Int)] = []
+        var replies: [(CommitReply, Int)] = []
         var maxSeq: UInt64 = 0
     }
 
@@ -383,34 +299,10 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func afterCommit(_ out: Outcome) {
-        commits.add(1, ordering: .relaxed)
-        recordsCommitted.add(out.records, ordering: .relaxed)
-        if out.records > largestCommit.load(ordering: .relaxed) { largestCommit.store(out.records, ordering: .relaxed) }
+        counters.counted(records: out.records)
         if out.maxSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.maxSeq, ordering: .relaxed) }
-        var ready: [@Sendable () -> Void] = []
-        shared.withLock { s in
-            if out.ticket > s.committed {
-                s.committed = out.ticket
-                committedTicket.store(out.ticket, ordering: .releasing)
-            }
-            let c = s.committed
-            guard !s.waiters.isEmpty else { return }
-            var keep: [(ticket: UInt64, done: @Sendable () -> Void)] = []
-            for w in s.waiters {
-                if w.ticket <= c { ready.append(w.done) } else { keep.append(w) }
-            }
-            s.waiters = keep
-        }
-        // Outside the lock: a callback may append or wait again.
-        for done in ready { done() }
+        queue.committed(through: out.ticket)
         for done in out.callbacks { done() }
         for (reply, n) in out.replies { reply.send(n) }
     }
-}
-
-/// `clock_gettime` in nanoseconds.
-func clockNanos(_ clock: clockid_t) -> Int {
-    var ts = timespec()
-    clock_gettime(clock, &ts)
-    return Int(ts.tv_sec) * 1_000_000_000 + Int(ts.tv_nsec)
 }

@@ -2,7 +2,7 @@ import Dispatch
 import Foundation
 import Locking
 import QueueEngine
-import QueueStore
+import SQLiteStore
 // The kit (Locked, waitUntil, eventually, temporary directories) for every file of this target.
 @_exported import TestKit
 import Testing

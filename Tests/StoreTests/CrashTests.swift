@@ -1,6 +1,6 @@
 import Foundation
 import QueueEngine
-import QueueStore
+import SQLiteStore
 import TestKit
 import Testing
 

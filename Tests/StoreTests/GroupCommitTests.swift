@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import QueueEngine
-import QueueStore
+import SQLiteStore
 import Synchronization
 import Testing
 

@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 // Purging finished operations and their events after `--retain`.
 extension SQLiteStore {
@@ -10,15 +11,6 @@ extension SQLiteStore {
     @discardableResult
     public func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int {
         guard !writer.isWriterThread else { return 0 }
-        var total = 0
-        while total < limit {
-            let chunk = min(500, limit - total)
-            let reply = Reply()
-            guard writer.submit(.purge(cutoff: cutoff, limit: chunk, reply: reply)) else { break }
-            let n = reply.wait()
-            total += n
-            if n < chunk { break }
-        }
-        return total
+        return writer.queue.purge(finishedBefore: cutoff, limit: limit)
     }
 }

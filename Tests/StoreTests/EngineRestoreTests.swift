@@ -1,5 +1,5 @@
 import QueueEngine
-import QueueStore
+import SQLiteStore
 import Testing
 
 @Suite struct EngineRestoreTests {

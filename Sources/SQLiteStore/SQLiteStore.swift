@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 import Synchronization
 
 #if canImport(Glibc)
@@ -100,7 +101,7 @@ public final class SQLiteStore: OperationStore {
     /// Queues `records` for the writer thread and returns at once. After `close` they are
     /// dropped (and their tickets never become durable).
     public func append(_ records: [StoreRecord], upTo ticket: UInt64) {
-        writer.appends.add(1, ordering: .relaxed)
+        writer.counters.appends.add(1, ordering: .relaxed)
         writer.submit(.records(records, ticket: ticket))
     }
 
@@ -112,7 +113,7 @@ public final class SQLiteStore: OperationStore {
     }
 
     /// The highest ticket committed so far.
-    public var durableTicket: UInt64 { writer.committedTicket.load(ordering: .acquiring) }
+    public var durableTicket: UInt64 { writer.queue.durableTicket }
 
     // MARK: - closing
 

@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 // The first answers to `Idempotency-Key` requests, kept across restarts.
 extension SQLiteStore {
@@ -11,8 +12,6 @@ extension SQLiteStore {
     @discardableResult
     public func purgeIdempotency(before cutoff: Timestamp) -> Int {
         guard !writer.isWriterThread else { return 0 }
-        let reply = Reply()
-        guard writer.submit(.purgeIdempotency(before: cutoff, reply: reply)) else { return 0 }
-        return reply.wait()
+        return writer.queue.purgeIdempotency(before: cutoff)
     }
 }

@@ -2,7 +2,7 @@ import Foundation
 import QueueEngine
 import Testing
 
-@testable import QueueStore
+@testable import SQLiteStore
 
 /// A database that opens and passes `quick_check` but holds values opqd never writes
 /// (edited by hand, or a bug of another version). Each used to trap (`Int(1e300)`,
