@@ -77,19 +77,29 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "StoreKit", "SQLiteStore", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
+                "QueueEngine", "QueueKinds", "StoreKit", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
         ),
+        // The composition root: the one place that picks the store and the placement (one
+        // switch) and builds the service; the only target that knows every concrete type.
+        .target(
+            name: "OpqdApp",
+            dependencies: [
+                "QueueAPI", "QueueEngine", "QueueKinds", "StoreKit", "SQLiteStore", "PostgresStore", "MicroHTTP", "Locking",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         .executableTarget(
             name: "opqd",
-            dependencies: ["QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", "Grammar", .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "OpqdApp", "QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", "Grammar", .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         // Plain build: replays files given on the command line. With
         // `-Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING`: a libFuzzer binary.
-        .executableTarget(name: "fuzz-request", dependencies: ["QueueAPI", "QueueEngine", "MicroHTTP", "CSystem", "Grammar"]),
-        .target(name: "QueueTesting", dependencies: ["QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
+        .executableTarget(name: "fuzz-request", dependencies: ["OpqdApp", "QueueAPI", "QueueEngine", "MicroHTTP", "CSystem", "Grammar"]),
+        .target(name: "QueueTesting", dependencies: ["OpqdApp", "QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "GrammarTests", dependencies: ["Grammar"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
@@ -98,7 +108,7 @@ let package = Package(
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreKit", "QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
-        .testTarget(name: "APITests", dependencies: ["QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
+        .testTarget(name: "APITests", dependencies: ["OpqdApp", "QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
         // Hostile clients and targets against the real `opqd` binary (a child process on a real port).
         .testTarget(name: "HostileTests", dependencies: ["TestKit", "Locking", "opqd"]),
         // Three real `opqd` processes on one PostgreSQL database (OPQD_TEST_POSTGRES_URL): exactly once,
@@ -113,6 +123,7 @@ let package = Package(
 if let bench = Context.environment["OPQD_BENCH"], !bench.isEmpty, bench != "0" {
     package.products.append(.executable(name: "opqd-bench", targets: ["opqd-bench"]))
     package.targets.append(
-        .executableTarget(name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "QueueAPI", "StoreKit", "SQLiteStore", "PostgresStore", "TestKit"])
+        .executableTarget(
+            name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "OpqdApp", "QueueAPI", "StoreKit", "SQLiteStore", "PostgresStore", "TestKit"])
     )
 }

@@ -1,9 +1,15 @@
+import Logging
 import MicroHTTP
 
 /// Who may call what (API.md "Who may call"): `--token` for everything, `--read-token` for
 /// GET/HEAD, nothing for the open routes. Decided on the route that matched, never on a raw-path
 /// prefix, and on the request head, before the body is read.
-struct Access: Sendable {
+package struct Access: Sendable {
+    package init(token: String?, readToken: String?) {
+        self.token = token
+        self.readToken = readToken
+    }
+
     let token: String?
     let readToken: String?
 
@@ -80,24 +86,37 @@ struct Access: Sendable {
         }
     }
 
-    static func isLoopback(_ host: String) -> Bool {
+    package static func isLoopback(_ host: String) -> Bool {
         host.hasPrefix("127.") || host == "localhost" || host == "::1"
     }
 }
 
 /// The server's handler: routing, access, the handlers, and the one place where a thrown error
 /// becomes its answer. Built complete before the server exists.
-struct APIDispatcher: Sendable {
+package struct APIDispatcher: Sendable {
+    package init(router: Router, access: Access, log: @escaping @Sendable (_ request: HTTPRequest, _ error: any Error) -> Void) {
+        self.router = router
+        self.access = access
+        self.log = log
+    }
+
     let router: Router
     let access: Access
     let log: @Sendable (_ request: HTTPRequest, _ error: any Error) -> Void
 
+    /// The `log` of every dispatcher: an error no handler turned into an answer (a 500).
+    package static func logFailures(_ logger: Logger) -> @Sendable (_ request: HTTPRequest, _ error: any Error) -> Void {
+        { request, error in
+            logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
+        }
+    }
+
     /// The target and token checks of `handle`, on the head alone (before the body is read).
-    func refusal(_ head: HTTPRequest) -> HeadRefusal? {
+    package func refusal(_ head: HTTPRequest) -> HeadRefusal? {
         access.refusal(head, match: router.match(method: head.method, path: head.path)).map { HeadRefusal($0.response, route: Router.unmatched) }
     }
 
-    func handle(_ request: HTTPRequest) -> HTTPHandlerResult {
+    package func handle(_ request: HTTPRequest) -> HTTPHandlerResult {
         // One route match serves both the access decision and the handler.
         let match = router.match(method: request.method, path: request.path)
         if let refused = access.refusal(request, match: match) { return .routed(Router.unmatched, .response(refused.response)) }

@@ -102,105 +102,29 @@ public struct ClusterHandoff: Sendable {
 /// The ownership was lost while this instance was still starting as the owner (a commit was
 /// fenced, or the lease could not be renewed): `main` re-executes it as a follower.
 public struct OwnershipLostDuringStart: Error, CustomStringConvertible {
+    public init() {}
+
     public var description: String { "another instance took the queues over while this one was loading them" }
 }
 
-/// Starts the service the configuration asks for: with a PostgreSQL store, this instance
-/// joins the cluster and becomes the owner (it won the lease, or won it in its previous image
-/// and proves it with the token) or a follower; otherwise the single-instance service
-/// (`buildApplication`). `roleChange` is called (once, from a background thread) when the role
-/// must change. Throws `OwnershipLostDuringStart` when the ownership goes while loading.
-public func buildService(
-    configuration: OpqdConfiguration, logger: Logger, instanceID id: String, handoff: ClusterHandoff?,
-    roleChange: @escaping @Sendable (RoleChange) -> Void
-) throws -> any OpqdService {
-    guard OpqdConfiguration.isPostgresURL(configuration.store) else {
-        return try buildApplication(configuration: configuration, logger: logger)
-    }
-    if configuration.advertise == nil && configuration.host == "0.0.0.0" {
-        throw ConfigurationError(
-            "with --host 0.0.0.0 and a postgres:// store, set --advertise to the URL the other instances reach this one by (http://0.0.0.0:… reaches nobody)"
-        )
-    }
-    // A first start stops at once when PostgreSQL cannot be reached; a role change (the image
-    // before this one was serving) waits for it up to a minute.
-    var attempt = 0
-    var joined: PGMembership?
-    while joined == nil {
-        do {
-            joined = try PGMembership(url: configuration.store, instanceID: id, leaseSeconds: configuration.lease)
-        } catch {
-            attempt += 1
-            guard handoff != nil, attempt < 120 else { throw error }
-            if attempt == 1 { logger.warning("cannot reach PostgreSQL; retrying for a minute", metadata: ["error": "\(error)"]) }
-            usleep(500_000)
-        }
-    }
-    guard let membership = joined else { throw OwnershipLostDuringStart() }
-    if configuration.partitioned {
-        let once = Locking.Lock(false)
-        var g = SystemRandomNumberGenerator()
-        let setup = PartitionedSetup(
-            membership: membership, held: PartitionEpochs(), token: hex(g.next()) + hex(g.next()), listenSocket: handoff?.listenSocket,
-            lost: { [logger] reason in
-                let first = once.withLock { c -> Bool in
-                    defer { c = true }
-                    return !c
-                }
-                guard first else { return }
-                logger.warning("dropping every queue held here and starting again", metadata: ["reason": "\(reason)"])
-                roleChange(.becomeFollower)
-            })
-        return try buildApplication(configuration: configuration, logger: logger, cluster: nil, partitioned: setup)
-    }
-    var won: (epoch: Int64, token: String)?
-    if let epoch = handoff?.epoch, let token = handoff?.token, try membership.confirm(epoch: epoch, token: token) {
-        won = (epoch, token)
-    } else {
-        won = try membership.tryAcquire()
-    }
-    let directory = ClusterDirectory(membership: membership, selfID: id, logger: logger)
-    let cluster = OwnerCluster(membership: membership, directory: directory, roleChange: roleChange, listenSocket: handoff?.listenSocket)
-    if let won {
-        logger.info("owner of the queues", metadata: ["instance": "\(id)", "epoch": "\(won.epoch)"])
-        cluster.epoch = won.epoch
-        // Renewed from now on: loading the queues may take longer than the lease.
-        cluster.startRenewing(logger: logger)
-        return try buildApplication(configuration: configuration, logger: logger, cluster: cluster)
-    }
-    logger.info("following the owner of the queues", metadata: ["instance": "\(id)"])
-    return try FollowerService(configuration: configuration, logger: logger, cluster: cluster)
-}
-
-/// What a partitioned cluster instance's application is built with (`PartitionOwner`).
-struct PartitionedSetup: Sendable {
-    let membership: PGMembership
-    let held: PartitionEpochs
-    /// This image's secret on the lease rows it wins.
-    let token: String
-    let listenSocket: Int32?
-    /// Called (at most once) when a partition was lost: the process re-executes.
-    let lost: @Sendable (String) -> Void
-}
-
-func hex(_ n: UInt64) -> String {
+package func hex(_ n: UInt64) -> String {
     let s = String(n, radix: 16)
     return String(repeating: "0", count: max(0, 16 - s.count)) + s
 }
 
 /// What the owner's application needs of the cluster: its membership and the lease renewal,
 /// the directory `GET /v1/cluster` reads, and how to give up the role.
-final class OwnerCluster: @unchecked Sendable {
-    let membership: PGMembership
-    let directory: ClusterDirectory
+package final class OwnerCluster: @unchecked Sendable {
+    package let membership: PGMembership
+    package let directory: ClusterDirectory
     let roleChange: @Sendable (RoleChange) -> Void
-    let listenSocket: Int32?
+    package let listenSocket: Int32?
     /// Set once, before the application is built.
-    var epoch: Int64 = 0
+    package var epoch: Int64 = 0
     private let changed = Locking.Lock(false)
     private let timers = TimerBox()
 
-    init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
+    package init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
         self.membership = membership
         self.directory = directory
         self.roleChange = roleChange
@@ -208,7 +132,7 @@ final class OwnerCluster: @unchecked Sendable {
     }
 
     /// Calls `roleChange` at most once per image.
-    func change(_ to: RoleChange) {
+    package func change(_ to: RoleChange) {
         let first = changed.withLock { c -> Bool in
             defer { c = true }
             return !c
@@ -217,12 +141,12 @@ final class OwnerCluster: @unchecked Sendable {
     }
 
     /// True once a role change was asked for (the ownership is gone or going).
-    var isLeaving: Bool { changed.withLock { $0 } }
+    package var isLeaving: Bool { changed.withLock { $0 } }
 
     /// True while this instance may act as the owner: no role change is under way, and the
     /// lease it last renewed cannot have run out yet (monotonic clock) or no other instance
     /// was alive at the last read (nobody to take over). Kinds start only then.
-    var mayAct: Bool { !isLeaving && (membership.ownsNow || !directory.othersAlive) }
+    package var mayAct: Bool { !isLeaving && (membership.ownsNow || !directory.othersAlive) }
 
     /// How often the lease is renewed (and a follower looks for an expired one): a third of it,
     /// at most every second.
@@ -233,7 +157,7 @@ final class OwnerCluster: @unchecked Sendable {
     /// its lease): this one gives the role up. So does an owner whose renewals failed until the
     /// lease it last renewed may have run out (PostgreSQL unreachable), unless it was alone; and
     /// a start refused because `mayAct` turned false makes it give the role up too.
-    func startRenewing(logger: Logger) {
+    package func startRenewing(logger: Logger) {
         let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
         renew.schedule(deadline: .now() + period, repeating: period)
         renew.setEventHandler { [self] in
@@ -263,25 +187,25 @@ final class OwnerCluster: @unchecked Sendable {
         timers.set([renew])
     }
 
-    func stopRenewing() { timers.cancelAll() }
+    package func stopRenewing() { timers.cancelAll() }
 }
 
 /// The cluster as this instance last read it from PostgreSQL, refreshed by its timer; what
 /// `GET /v1/cluster` answers and where a follower forwards to.
-final class ClusterDirectory: Sendable {
+package final class ClusterDirectory: Sendable {
     let membership: PGMembership
-    let selfID: String
+    package let selfID: String
     let logger: Logger
     private let state = Locking.Lock<(view: PGClusterView?, error: String?, queues: [String])>((nil, nil, []))
 
-    init(membership: PGMembership, selfID: String, logger: Logger) {
+    package init(membership: PGMembership, selfID: String, logger: Logger) {
         self.membership = membership
         self.selfID = selfID
         self.logger = logger
     }
 
     /// Heartbeat and a fresh view. Instances silent for 3 leases (at least 5 s) are not shown.
-    func refresh() {
+    package func refresh() {
         do {
             try membership.beat()
             let view = try membership.view(stale: max(5, membership.leaseSeconds * 3))
@@ -311,7 +235,7 @@ final class ClusterDirectory: Sendable {
     }
 
     /// The owner's `/metrics` lines about the cluster (a follower has its own: `ForwardCounts`).
-    func ownerMetrics() -> String {
+    package func ownerMetrics() -> String {
         let epoch = view?.owner.flatMap { $0.id == selfID ? $0.epoch : nil } ?? 0
         return Self.ownerGauge(true) + """
             # HELP opqd_cluster_epoch The ownership epoch this instance holds (one more at every takeover).
@@ -393,7 +317,7 @@ struct ClusterUnavailable: Error, ProblemConvertible {
 /// the owner, relaying its answer unchanged. Every period it heartbeats
 /// and, when the owner's lease has run out, tries to take the ownership: if it wins, it asks to
 /// become the owner (`RoleChange.becomeOwner`).
-final class FollowerService: OpqdService {
+package final class FollowerService: OpqdService {
     let configuration: OpqdConfiguration
     let logger: Logger
     let cluster: OwnerCluster
@@ -405,7 +329,7 @@ final class FollowerService: OpqdService {
     private let forwarded = ForwardCounts()
     private let listener = Locking.Lock<PGListener?>(nil)
 
-    init(configuration: OpqdConfiguration, logger: Logger, cluster: OwnerCluster) throws {
+    package init(configuration: OpqdConfiguration, logger: Logger, cluster: OwnerCluster) throws {
         self.configuration = configuration
         self.logger = logger
         self.cluster = cluster
@@ -453,9 +377,7 @@ final class FollowerService: OpqdService {
         DashboardController(access: access).addRoutes(to: &router)
         let pool = PGReadPool(url: configuration.store)
         FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &router)
-        let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
-            logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
-        }
+        let dispatcher = APIDispatcher(router: router, access: access, log: APIDispatcher.logFailures(logger))
         let local = router
         server = HTTPServer(
             configuration: HTTPServerConfiguration(
@@ -494,9 +416,9 @@ final class FollowerService: OpqdService {
             })
     }
 
-    var port: Int { server.port }
+    package var port: Int { server.port }
 
-    func start() throws {
+    package func start() throws {
         let directory = cluster.directory
         directory.refresh()
         try server.start()
@@ -537,7 +459,7 @@ final class FollowerService: OpqdService {
         logger.info("opqd serving as a follower", metadata: ["host": "\(configuration.host)", "port": "\(port)"])
     }
 
-    func shutdown() {
+    package func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         timers.cancelAll()
         listener.withLock { $0?.stop() }
@@ -548,7 +470,7 @@ final class FollowerService: OpqdService {
         logger.info("opqd stopped")
     }
 
-    func handOver() -> Int32? {
+    package func handOver() -> Int32? {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
         let fd = server.openSpareListener()
         timers.cancelAll()

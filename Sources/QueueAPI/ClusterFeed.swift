@@ -17,7 +17,7 @@ import Glibc
 /// Reading `seq > newest` in seq order never skips an event: every commit numbers its events
 /// under a transaction advisory lock held until the commit is visible, so a reader that sees
 /// seq N sees every seq below it (see `PGSchema.lockEvents`).
-final class FeedTail: Sendable {
+package final class FeedTail: Sendable {
     let logger: Logger
     let read: @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent]
     let lastSeq: @Sendable () -> UInt64
@@ -37,7 +37,7 @@ final class FeedTail: Sendable {
 
     /// Pulls every second, and (`url` given) when a commit with events NOTIFYs (`PGListener`).
     /// The caller stops both (`PGListener.stop`, the timer's `cancel`).
-    func follow(notifiedAt url: String?, ignoring: String? = nil) -> (PGListener?, DispatchSourceTimer) {
+    package func follow(notifiedAt url: String?, ignoring: String? = nil) -> (PGListener?, DispatchSourceTimer) {
         var listener: PGListener?
         if let url {
             let l = PGListener(url: url, ignoring: ignoring) { [self] in pull() }
@@ -97,10 +97,10 @@ final class FeedTail: Sendable {
 /// follow the feed's newest (seqs a failed commit drew, events deleted with their queue, or a
 /// commit whose events are not known), what lies between is read back first, on the writer's
 /// thread, so the order holds.
-final class OwnerFeed: Sendable {
+package final class OwnerFeed: Sendable {
     let events: EventLog
     let webhooks: Webhooks
-    let tail: FeedTail
+    package let tail: FeedTail
     /// Reads a gap before its own commit on the writer's thread (one writer: rare). False
     /// when other instances commit all the time (partitions): the gap is read by the tail, at
     /// once but not on the writer's thread, so a change may reach this instance's feed a few
@@ -110,7 +110,7 @@ final class OwnerFeed: Sendable {
     /// `published`: every event shown, in seq order (a partitioned instance's directory of
     /// remote ends). `delivers`: whether this instance sends the webhooks of a queue's events
     /// (a partitioned instance: the queues it serves).
-    init(
+    package init(
         events: EventLog, webhooks: Webhooks, logger: Logger,
         read: @escaping @Sendable (_ after: UInt64, _ limit: Int) throws -> [ChangeEvent],
         published: @escaping @Sendable ([ChangeEvent]) -> Void = { _ in },
@@ -136,7 +136,7 @@ final class OwnerFeed: Sendable {
     }
 
     /// From the writer thread, after a commit with events (nil: not known, read them back).
-    func committed(_ batch: [ChangeEvent]?) {
+    package func committed(_ batch: [ChangeEvent]?) {
         if let first = batch?.first, first.seq == events.lastSeq &+ 1, let batch {
             tail.publish(batch)
             return

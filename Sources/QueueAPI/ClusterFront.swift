@@ -11,7 +11,7 @@ import QueueEngine
 ///
 /// A request is never forwarded twice: one that was forwarded here for a queue this instance
 /// does not serve (it moved in between) gets 503, and the client retries.
-struct ClusterFront: Sendable {
+package struct ClusterFront: Sendable {
     let owner: PartitionOwner
     let engine: QueueEngine
     let forwarder: Forwarder
@@ -21,10 +21,10 @@ struct ClusterFront: Sendable {
     /// operations this instance does not hold, which keep answering while their partition moves.
     let reads: APIDispatcher
     /// For checking a request before it is split (`finishAcross`).
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
     /// nil: answer here.
-    func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
+    package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
         let path = request.path
         let reading = request.method == "GET" || request.method == "HEAD"
         if path == "/v1/queues" && reading { return reads.handle(request) }
@@ -172,7 +172,7 @@ struct ClusterFront: Sendable {
 
 /// Which queue an operation is in, read from PostgreSQL once and kept (an operation never
 /// changes queue); bounded, oldest entries dropped first.
-final class OperationQueues: Sendable {
+package final class OperationQueues: Sendable {
     enum Answer: Equatable {
         case found(String)
         case none
@@ -189,7 +189,7 @@ final class OperationQueues: Sendable {
     private let cache = Locking.Lock<(map: [UInt64: String], order: [UInt64], head: Int)>(([:], [], 0))
     static let capacity = 100_000
 
-    init(read: @escaping @Sendable (OperationID) throws -> String?, readMany: @escaping @Sendable ([OperationID]) throws -> [OperationID: String]) {
+    package init(read: @escaping @Sendable (OperationID) throws -> String?, readMany: @escaping @Sendable ([OperationID]) throws -> [OperationID: String]) {
         self.read = read
         self.readMany = readMany
     }

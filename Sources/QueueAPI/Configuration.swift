@@ -56,34 +56,10 @@ public struct OpqdConfiguration: Sendable {
     /// Events one observer holds in memory; past it, it reads them back from the store.
     public var webhookBuffer = 256
     /// Every bound on what a client can make the server hold.
-    public var limits = Limits()
+    public var limits = APILimits()
 
-    /// Bounds on memory and work a client can cause; each refusal is a problem+json naming it.
-    public struct Limits: Sendable {
-        /// Request line plus header fields, bytes (431 past it).
-        public var headerBytes = 16_384
-        public var queues = 10_000
-        public var unfinished = 1_000_000
-        public var unfinishedPerQueue = 100_000
-        /// Dependencies of one operation, a barrier's included.
-        public var dependencies = 1_000
-        /// Operations one `POST /v1/operations:batch` may create.
-        public var batch = 1_000
-        public var observersPerOperation = 16
-        public var observersPerQueue = 256
-        public var observers = 10_000
-        public var idempotencyKeys = 100_000
-        public var idempotencyBytes = 64 << 20
-        /// JSON bytes of a result or error reported by a worker or a kind.
-        public var resultBytes = 65_536
-        /// Concurrently running `command` children; more wait for a slot.
-        public var commands = 16
-        /// Bytes of one list answer; `next` carries on.
-        public var pageBytes = 1 << 20
-        /// Bytes an SSE client may fall behind before it is cut off.
-        public var sseBacklog = 1 << 20
-        public init() {}
-    }
+    /// Bounds on memory and work a client can cause (`APILimits`).
+    public typealias Limits = APILimits
     /// Executables `command` operations may run.
     public var allowCommands: [String] = []
 
@@ -355,7 +331,7 @@ public struct OpqdConfiguration: Sendable {
 /// A bad flag or variable.
 public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
     public let description: String
-    init(_ d: String) { description = d }
+    package init(_ d: String) { description = d }
 }
 
 enum System {

@@ -5,7 +5,14 @@ import StoreKit
 
 /// Every 2xx to a change is durable: answers wait for the commit that holds the change, and a
 /// create with an `Idempotency-Key` keeps its answer (durably too) for a repeat.
-struct Durability: Sendable {
+package struct Durability: Sendable {
+    package init(engine: QueueEngine, idempotency: IdempotencyCache, store: any DurableStore, retain: Double) {
+        self.engine = engine
+        self.idempotency = idempotency
+        self.store = store
+        self.retain = retain
+    }
+
     let engine: QueueEngine
     let idempotency: IdempotencyCache
     let store: any DurableStore

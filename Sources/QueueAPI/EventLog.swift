@@ -7,7 +7,7 @@ import QueueEngine
 /// long polls and SSE streams waiting for newer ones. Fed by one global engine observer on a
 /// single instance, and from PostgreSQL's committed events in a cluster (`OwnerFeed`,
 /// `FeedTail`).
-final class EventLog: Sendable {
+package final class EventLog: Sendable {
     struct Entry: Sendable {
         let seq: UInt64
         let operation: UInt64
@@ -46,7 +46,7 @@ final class EventLog: Sendable {
     let capacity: Int
     private let state = Lock(State())
 
-    init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20) {
+    package init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20) {
         self.capacity = max(16, capacity)
         self.maxBacklog = max(4096, maxBacklog)
         state.withLock {
@@ -54,7 +54,7 @@ final class EventLog: Sendable {
         }
     }
 
-    var lastSeq: UInt64 { state.withLock { $0.lastSeq } }
+    package var lastSeq: UInt64 { state.withLock { $0.lastSeq } }
 
     /// Open SSE streams, for `/metrics`.
     var streamCount: Int { state.withLock { $0.streams.count } }
@@ -63,7 +63,7 @@ final class EventLog: Sendable {
     var oldestKept: UInt64 { state.withLock { $0.firstSeq } }
 
     /// Appends a batch from the engine (in seq order) and wakes whoever waits.
-    func append(_ events: [ChangeEvent]) {
+    package func append(_ events: [ChangeEvent]) {
         let all = events.map { Entry(seq: $0.seq, operation: $0.operation.raw, json: $0.json) }
         // Streams cut off are closed after the lock is released: their close callbacks take it.
         var cutOff: [HTTPStream] = []
@@ -257,7 +257,7 @@ final class EventLog: Sendable {
     /// `stall` seconds) while the events it still has to get pass the backlog bound. A replaying
     /// stream holds at most one refill in memory, but a client that does not read must not hold
     /// a subscription open forever either (API.md "Limits"). Called every second.
-    func cutOffStalled(stall: Double = 2) {
+    package func cutOffStalled(stall: Double = 2) {
         let limit = UInt64(stall * 1e9)
         let cut: [HTTPStream] = state.withLock { s in
             guard !s.ring.isEmpty else { return [] }
@@ -283,7 +283,7 @@ final class EventLog: Sendable {
     }
 
     /// Closes every stream (server stop).
-    func closeStreams() {
+    package func closeStreams() {
         let streams = state.withLock { s in
             let v = s.streams.values.map(\.stream); s.streams = [:]; return v
         }
@@ -291,7 +291,7 @@ final class EventLog: Sendable {
     }
 
     /// Sends an SSE comment to every stream so dead clients are noticed.
-    func heartbeat() {
+    package func heartbeat() {
         let streams = state.withLock { $0.streams.values.map(\.stream) }
         for s in streams where !s.send(Array(": keep-alive\n\n".utf8), maxBacklog: maxBacklog) { s.close() }
     }

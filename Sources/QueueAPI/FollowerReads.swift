@@ -15,12 +15,12 @@ import QueueEngine
 /// status (counts, operationCount, the generation that made the revision), and queue ETags are
 /// made from those columns alone, so a follower answers them as the owner would. The rest of
 /// `/v1/queues/{name}/…` (changes, long polls, listings of operations) stays relayed.
-struct FollowerReads: Sendable {
+package struct FollowerReads: Sendable {
     let reads: PostgresOperationReads
     let queues: PostgresQueueReads
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         let (reads, queues, limits) = (self.reads, self.queues, self.limits)
         r.add("GET", "/v1/operations/{id}") { req, p in try OperationsController.status(req, p[0], from: reads) }
         r.add("GET", "/v1/operations/{id}/events") { req, p in try OperationsController.history(req, p[0], from: reads, limits: limits) }
@@ -30,7 +30,7 @@ struct FollowerReads: Sendable {
 }
 
 /// Queues as PostgreSQL holds them: what the owner committed.
-struct PostgresQueueReads: QueueReads {
+package struct PostgresQueueReads: QueueReads {
     let pool: PGReadPool
 
     func queue(named name: String) throws -> QueueSnapshot {
@@ -55,7 +55,7 @@ struct PostgresQueueReads: QueueReads {
 }
 
 /// Operations as PostgreSQL holds them: what the owner committed.
-struct PostgresOperationReads: OperationReads {
+package struct PostgresOperationReads: OperationReads {
     let pool: PGReadPool
 
     func revision(of id: OperationID) throws -> UInt64 {

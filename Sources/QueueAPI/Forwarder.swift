@@ -23,7 +23,7 @@ import OutboundHTTP
 /// When the owner does not answer (refused, reset, timeout, an answer cut short) the client
 /// gets 503 `owner-unavailable` with `Retry-After: 1`: the request may or may not have taken
 /// effect, exactly as with any timeout, and an `Idempotency-Key` makes the retry safe.
-final class Forwarder: Sendable {
+package final class Forwarder: Sendable {
     /// Set on every forwarded request, valued with the forwarding instance's id. An instance
     /// that receives a request carrying it handles the request itself, never forwards it again,
     /// so two instances that disagree on the owner for a moment cannot bounce it between them.
@@ -60,7 +60,7 @@ final class Forwarder: Sendable {
 
     /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
     /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
-    init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout) {
+    package init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout) {
         self.selfID = selfID
         self.requestTimeout = requestTimeout.isFinite && requestTimeout > 0 ? min(requestTimeout, 3600) : Self.defaultRequestTimeout
         self.maxResponseBytes = max(0, maxResponseBytes)

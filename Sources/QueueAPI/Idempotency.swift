@@ -11,7 +11,7 @@ import QueueEngine
 /// document of a few hundred bytes). Keys older than the retention are dropped first; a new
 /// key while the cache is still full is refused (429) rather than silently forgetting a key a
 /// client may still retry with.
-final class IdempotencyCache: Sendable {
+package final class IdempotencyCache: Sendable {
     enum Begin { case new, replay(HTTPResponse), inProgress, mismatch, full(Problem) }
     struct Entry: Sendable {
         var bodyHash: String
@@ -30,7 +30,7 @@ final class IdempotencyCache: Sendable {
     let maxKeys: Int
     let maxBytes: Int
 
-    init(maxKeys: Int, maxBytes: Int) {
+    package init(maxKeys: Int, maxBytes: Int) {
         self.maxKeys = max(1, maxKeys)
         self.maxBytes = max(1024, maxBytes)
     }
@@ -48,7 +48,7 @@ final class IdempotencyCache: Sendable {
     }
 
     /// Answers kept by the store before a restart (oldest first); the newest that fit are kept.
-    func preload(_ records: [(scope: String, bodyHash: String, response: HTTPResponse, createdAt: Timestamp)]) {
+    package func preload(_ records: [(scope: String, bodyHash: String, response: HTTPResponse, createdAt: Timestamp)]) {
         state.withLock { s in
             for r in records where s.entries[r.scope] == nil {
                 let bytes = Self.size(scope: r.scope, response: r.response)

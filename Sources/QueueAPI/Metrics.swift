@@ -10,7 +10,7 @@ import StoreKit
 ///   label the router made once, a few increments;
 /// - read at scrape time: the engine's maintained counts, the store's, the webhooks', the
 ///   server's connections, the event log's streams and `/proc/self`.
-final class Metrics: Sendable {
+package final class Metrics: Sendable {
     /// Operation duration and queue wait: 5 ms (a `delay` of 0) to an hour.
     static let operationBounds: [Double] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600]
     /// HTTP latency: 100 µs (a status read) to a minute (a long poll's deadline).
@@ -25,12 +25,12 @@ final class Metrics: Sendable {
     private let server = Lock<(@Sendable () -> (connections: Int, inFlight: Int))?>(nil)
     private let processStart: Double
 
-    init() {
+    package init() {
         processStart = ProcessStats.startTime() ?? ProcessStats.now()
     }
 
     /// Tells where the server's gauges come from.
-    func readServer(_ read: @escaping @Sendable () -> (connections: Int, inFlight: Int)) {
+    package func readServer(_ read: @escaping @Sendable () -> (connections: Int, inFlight: Int)) {
         server.withLock { $0 = read }
     }
 
@@ -38,7 +38,7 @@ final class Metrics: Sendable {
 
     /// One answer that left, under the route the dispatcher named (nil: the server's own), with
     /// the time from the request's arrival until the answer was queued for sending.
-    func answered(route: String?, status: Int, duration: Duration) {
+    package func answered(route: String?, status: Int, duration: Duration) {
         let (s, atto) = duration.components
         let seconds = max(0, Double(s) + Double(atto) * 1e-18)
         let bucket = Self.bucket(of: seconds, in: Self.httpBounds)
@@ -62,7 +62,7 @@ final class Metrics: Sendable {
 
     /// Counts a batch of changes: transitions by queue and the state moved to, creations,
     /// retries, and the two per-queue histograms (queue wait, duration).
-    func observe(_ events: [ChangeEvent]) {
+    package func observe(_ events: [ChangeEvent]) {
         guard !events.isEmpty else { return }
         engineSide.withLock { side in
             side.events &+= UInt64(events.count)

@@ -3,11 +3,15 @@ import OutboundHTTP
 /// Webhook POSTs through the libcurl-based outbound client: whatever a receiver answers
 /// (redirects, garbage, endless bodies) is an error value, never a trap. Redirects are
 /// followed by `RedirectPolicy` (at most 5, http/https only); 4 KiB of the answer is read.
-struct OutboundWebhookTransport: WebhookTransport {
+package struct OutboundWebhookTransport: WebhookTransport {
+    package init() {
+
+    }
+
     /// One client (one thread running curl's multi loop) for every webhook.
     let client = OutboundHTTPClient()
 
-    func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void)
+    package func post(url: String, body: [UInt8], headers: [(String, String)], timeout: Double, _ done: @escaping @Sendable (String?) -> Void)
         -> @Sendable () -> Void
     {
         let request = OutboundRequest(

@@ -35,14 +35,14 @@ struct PartitionHolder: Sendable, Equatable {
 /// Losing one (a renewal finds it taken: this instance was stopped or cut off past its lease;
 /// or a commit is fenced) calls `lost`, which re-executes the process: what it held in memory
 /// is dropped whole, as with the one-owner cluster.
-final class PartitionOwner: RemoteOperations, @unchecked Sendable {
+package final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     let membership: PGMembership
     let store: PostgresStore
     /// The partitions held with their epochs: what the writer fences each commit by.
     let held: PartitionEpochs
     let token: String
     let logger: Logger
-    let selfID: String
+    package let selfID: String
     private let lost: @Sendable (String) -> Void
     private let engineBox = Locking.Lock<QueueEngine?>(nil)
     private let watched = Locking.Lock<Set<UInt64>>([])
@@ -70,7 +70,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// instance may start them again.
     let stopGrace: Double
 
-    init(
+    package init(
         membership: PGMembership, store: PostgresStore, held: PartitionEpochs, token: String, logger: Logger, stopGrace: Double = 3,
         lost: @escaping @Sendable (String) -> Void
     ) {
@@ -89,10 +89,10 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// Run after queues were adopted, before they are served: the application reloads what it
     /// keeps of theirs beside the engine (the answers kept for Idempotency-Keys, which their
     /// previous owner committed with the changes).
-    func onAdopt(_ body: @escaping @Sendable () -> Void) { adopted.withLock { $0 = body } }
+    package func onAdopt(_ body: @escaping @Sendable () -> Void) { adopted.withLock { $0 = body } }
 
     /// Run when partitions are given up, after the engine let their queues go.
-    func onRelease(_ body: @escaping @Sendable (Set<Int>) -> Void) { released.withLock { $0 = body } }
+    package func onRelease(_ body: @escaping @Sendable (Set<Int>) -> Void) { released.withLock { $0 = body } }
     private let released = Locking.Lock<(@Sendable (Set<Int>) -> Void)?>(nil)
 
     /// How often it renews and rebalances: a third of the lease, at most every second.
@@ -100,7 +100,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     /// Starts serving with `engine`: its ids come from a block of this instance, the partitions
     /// hashing gives it that are free are claimed and loaded now, and the period's timer runs.
-    func start(engine: QueueEngine, advertise: String) throws {
+    package func start(engine: QueueEngine, advertise: String) throws {
         engineBox.withLock { $0 = engine }
         engine.setRemoteOperations(self)
         let serving = self.serving
@@ -118,7 +118,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     /// Stops the timer and gives every partition up at once (a clean stop), once what was
     /// written is durable.
-    func stop() {
+    package func stop() {
         let first = stopped.withLock { s -> Bool in
             defer { s = true }
             return !s
@@ -137,7 +137,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     /// Stops the timer and serving without a word to PostgreSQL (the process is going: a role
     /// change, or a crash as tests play it): the partitions go when their leases run out.
-    func abandon() {
+    package func abandon() {
         stopped.withLock { $0 = true }
         timers.cancelAll()
         serving.withLock { $0 = [] }
@@ -146,7 +146,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     // MARK: - routing
 
     /// True when this instance answers requests for the queue `name` itself.
-    func serves(queue name: String) -> Bool {
+    package func serves(queue name: String) -> Bool {
         let p = QueuePartitions.of(queue: name)
         return serving.withLock { $0.contains(p) }
     }
@@ -169,7 +169,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     /// Kinds start only while this instance may act for its partitions: the lease it last
     /// renewed cannot have run out yet, or nobody else was alive to take them.
-    var mayAct: Bool { !stopped.withLock { $0 } && (membership.ownsNow || !othersAlive) }
+    package var mayAct: Bool { !stopped.withLock { $0 } && (membership.ownsNow || !othersAlive) }
 
     // MARK: - the period
 
@@ -322,7 +322,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     }
 
     /// Its `/metrics` lines about the cluster.
-    func metrics() -> String {
+    package func metrics() -> String {
         let n = servingPartitions.count
         return ClusterDirectory.ownerGauge(n > 0) + """
             # HELP opqd_cluster_partitions The partitions this instance owns and serves (of opqd_cluster_partitions_total).
@@ -376,25 +376,25 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
 
     // MARK: - RemoteOperations
 
-    func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
+    package func states(of ids: [OperationID]) throws(EngineError) -> [OperationID: Bool] {
         do { return try store.operationStates(ids).finished } catch {
             throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
         }
     }
 
-    func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot? {
+    package func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot? {
         do { return try store.operation(id) } catch {
             throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
         }
     }
 
-    func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool {
+    package func reaches(_ target: OperationID, from ids: [OperationID]) throws(EngineError) -> Bool {
         do { return try store.reaches(target, from: ids) } catch {
             throw .unavailable("cannot read operations of other instances from PostgreSQL: \(error)")
         }
     }
 
-    func watch(_ ids: [OperationID]) {
+    package func watch(_ ids: [OperationID]) {
         watched.withLock { w in for id in ids { w.insert(id.raw) } }
         // The look after the wait exists (see `RemoteOperations`); looks asked for meanwhile
         // are one look.
@@ -425,7 +425,7 @@ final class PartitionOwner: RemoteOperations, @unchecked Sendable {
     /// From the feed: every event of every instance, in seq order. An end of an operation
     /// waited for is looked at in PostgreSQL before it is reported: the event does not say
     /// whether a cascade cancelled it (its row does, `cascade_at`).
-    func eventsPublished(_ batch: [ChangeEvent]) {
+    package func eventsPublished(_ batch: [ChangeEvent]) {
         let ended: [OperationID] = watched.withLock { w in
             guard !w.isEmpty else { return [] }
             var out: [OperationID] = []

@@ -79,7 +79,7 @@ func requireNoBody(_ req: HTTPRequest) throws(Problem) {
 
 /// A list page under the byte budget (`--max-page-bytes`), less room for the closing brackets
 /// and `next`.
-func pageBudget(_ limits: OpqdConfiguration.Limits) -> Int { limits.pageBytes - 160 }
+func pageBudget(_ limits: APILimits) -> Int { limits.pageBytes - 160 }
 
 extension Substring {
     func trimmingSpaces() -> Substring {

@@ -20,7 +20,7 @@ enum RouteAccess: Sendable {
 
 /// A small table router: `/v1/queues/{name}` style patterns, 404 for unknown paths and
 /// 405 with `Allow` for a known path with another method.
-struct Router: Sendable {
+package struct Router: Sendable {
     struct Route: Sendable {
         let method: String
         /// As added, e.g. `/v1/queues/{name}`.

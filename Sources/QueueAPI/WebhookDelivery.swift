@@ -6,7 +6,7 @@ import QueueEngine
 
 /// Sends a webhook's POST. Failure modes are results, never traps: the implementation is the
 /// outbound client that the `http` kind uses too (`OutboundWebhookTransport`).
-protocol WebhookTransport: Sendable {
+package protocol WebhookTransport: Sendable {
     /// POSTs `body` to `url`; `done(nil)` for a 2xx answer, `done(reason)` for anything else.
     /// Returns what cancels the POST (then `done` is called with a reason).
     @discardableResult
@@ -29,7 +29,15 @@ enum ObserverScope: Sendable, Equatable {
 }
 
 /// How deliveries are paced (server options).
-struct DeliveryPolicy: Sendable {
+package struct DeliveryPolicy: Sendable {
+    package init(timeout: Double = 10, backoff: Double = 1, maxBackoff: Double = 300, maxBuffered: Int = 256, window: UInt64 = 10_000) {
+        self.timeout = timeout
+        self.backoff = backoff
+        self.maxBackoff = maxBackoff
+        self.maxBuffered = maxBuffered
+        self.window = window
+    }
+
     /// Seconds one POST may take before it counts as failed.
     var timeout: Double = 10
     /// The first retry's delay; each further one doubles, up to `maxBackoff`.

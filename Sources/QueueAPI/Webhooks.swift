@@ -15,7 +15,7 @@ import Synchronization
 /// bounded per operation, per queue and in all; so is each delivery's cursor (written about
 /// once a second and at a clean stop), so a restart sends what was not acknowledged. An
 /// operation's observers go when it is purged, a queue's when the queue is deleted.
-final class Webhooks: Sendable {
+package final class Webhooks: Sendable {
     struct Hook: Sendable {
         let id: String
         let scope: ObserverScope
@@ -37,10 +37,13 @@ final class Webhooks: Sendable {
             return keys?.contains(e.key) ?? true
         }
     }
-    struct Limits: Sendable {
+    package struct Limits: Sendable {
         var perOperation: Int
         var perQueue: Int
         var total: Int
+        package init(perOperation: Int, perQueue: Int, total: Int) {
+            self.perOperation = perOperation; self.perQueue = perQueue; self.total = total
+        }
     }
     struct State: Sendable {
         var hooks: [String: Hook] = [:]
@@ -76,7 +79,7 @@ final class Webhooks: Sendable {
     /// serves): others' are loaded by their owner, and their cursors are its to write.
     private let serves: (@Sendable (String) -> Bool)?
 
-    init(
+    package init(
         logger: Logger, transport: any WebhookTransport, scheduler: any EngineScheduler, secret: String? = nil, store: any DurableStore,
         limits: Limits, policy: DeliveryPolicy = DeliveryPolicy(), newestSeq: @escaping @Sendable () -> UInt64,
         serves: (@Sendable (String) -> Bool)? = nil
@@ -99,7 +102,7 @@ final class Webhooks: Sendable {
     /// stored cursors. At start; and in a partitioned cluster when queues were adopted (their
     /// observers may have been registered on their previous owner since this one started).
     @discardableResult
-    func load() -> [String: UInt64] {
+    package func load() -> [String: UInt64] {
         var cursors: [String: UInt64] = [:]
         for (key, value) in store.meta(prefix: Self.cursorPrefix) {
             cursors[String(key.dropFirst(Self.cursorPrefix.count))] = UInt64(value) ?? 0
@@ -145,10 +148,10 @@ final class Webhooks: Sendable {
             })
     }
 
-    var count: Int { state.withLock { $0.hooks.count } }
+    package var count: Int { state.withLock { $0.hooks.count } }
 
     /// Starts the deliveries that have something owed from before a restart.
-    func start() {
+    package func start() {
         let all = state.withLock { Array($0.deliveries.values) }
         for d in all { d.pump() }
     }
@@ -295,7 +298,7 @@ final class Webhooks: Sendable {
     }
 
     /// Committed changes, in `seq` order: each observer gets the ones it matches.
-    func deliver(_ events: [ChangeEvent]) {
+    package func deliver(_ events: [ChangeEvent]) {
         guard let last = events.last?.seq else { return }
         let work: [(Delivery, [ChangeEvent])] = state.withLock { s in
             if s.hooks.isEmpty { return [] }
@@ -312,7 +315,7 @@ final class Webhooks: Sendable {
     }
 
     /// Writes the cursors that moved (about once a second, and at a clean stop).
-    func persistCursors() {
+    package func persistCursors() {
         let all = state.withLock { Array($0.deliveries.values) }
         var writes: [(key: String, value: String?)] = []
         let through = pushedThrough.load(ordering: .acquiring)
@@ -325,7 +328,7 @@ final class Webhooks: Sendable {
     /// Lets go of the observers of queues this instance no longer serves (a partitioned cluster
     /// gave them up): their cursors are written, their deliveries stopped; they stay stored,
     /// for the queues' next owner to load.
-    func forget(queues leaving: (String) -> Bool) {
+    package func forget(queues leaving: (String) -> Bool) {
         persistCursors()
         let stopped: [Delivery] = state.withLock { s in
             var out: [Delivery] = []
@@ -340,7 +343,7 @@ final class Webhooks: Sendable {
     }
 
     /// Stops every delivery (server stop) after writing the cursors.
-    func stop() {
+    package func stop() {
         persistCursors()
         let all = state.withLock { Array($0.deliveries.values) }
         for d in all { d.stop() }
@@ -356,7 +359,7 @@ final class Webhooks: Sendable {
 
     /// Drops the observers of operations that no longer exist (purged, or their queue
     /// deleted) and of deleted queues.
-    func removeOrphans(operationExists: (OperationID) -> Bool, queueExists: (String) -> Bool) {
+    package func removeOrphans(operationExists: (OperationID) -> Bool, queueExists: (String) -> Bool) {
         let all = state.withLock { s in s.hooks.values.map { ($0.id, $0.scope) } }
         var gone: [String] = []
         for (id, scope) in all {

@@ -1,4 +1,5 @@
 import Foundation
+import OpqdApp
 import QueueAPI
 // Tests that use the live server get the whole kit with it.
 @_exported import TestKit

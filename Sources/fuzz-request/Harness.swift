@@ -2,6 +2,7 @@ import CSystem
 import Glibc
 import Grammar
 import MicroHTTP
+import OpqdApp
 import QueueAPI
 import QueueEngine
 

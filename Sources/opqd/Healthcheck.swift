@@ -1,5 +1,6 @@
 import Dispatch
 import Locking
+import OpqdApp
 import OutboundHTTP
 import QueueAPI
 import QueueEngine

@@ -1,5 +1,6 @@
 import Locking
 import Logging
+import OpqdApp
 import QueueAPI
 
 #if canImport(Glibc)

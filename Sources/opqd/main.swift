@@ -1,4 +1,5 @@
 import Logging
+import OpqdApp
 import QueueAPI
 
 #if canImport(Glibc)

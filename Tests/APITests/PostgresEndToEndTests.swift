@@ -1,5 +1,6 @@
 import Foundation
 import Locking
+import OpqdApp
 import QueueAPI
 import QueueTesting
 import Spawning

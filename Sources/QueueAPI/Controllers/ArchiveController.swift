@@ -17,12 +17,12 @@ import QueueEngine
 /// only their unfinished dependencies.
 /// Both directions are bounded by `--max-batch` operations, and an export by `--max-body` bytes
 /// (what a restore accepts): past either the answer is 422 `archive-too-large`.
-struct ArchiveController: Sendable {
+package struct ArchiveController: Sendable {
     let engine: QueueEngine
     let durability: Durability
     /// Its create-body parsing (kind, spec, options) is the archive's too.
     let operations: OperationsController
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
     /// `--max-body`: the largest document a restore can read, so the largest an export makes.
     let maxBody: Int
     /// This server's identity (kept in its store): an archive says where it was made, and
@@ -39,7 +39,7 @@ struct ArchiveController: Sendable {
     /// A barrier has no spec or options of its own.
     static let barrierFields = ["id", "name", "kind", "queuePriority", "dependencies", "isPaused", "attempt", "createdAt"]
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/queues/{name}/archive") { req, p in try export(req, p[0]) }
         r.add("POST", "/v1/queues/{name}/archive") { req, p in try durability.idempotent(req) { try restore(req, p[0]) } }
     }

@@ -5,36 +5,36 @@ import QueueEngine
 /// Who this instance is, for `GET /v1/cluster`: its id (kept in the store), the URL others
 /// reach it by (`--advertise`, else its bound address, known once it listens), when it
 /// started and its last heartbeat (the service's once-a-second timer).
-final class InstanceInfo: Sendable {
+package final class InstanceInfo: Sendable {
     let id: String
     let store: String
     let startedAt: Timestamp
     private let state = Lock<(url: String, heartbeatAt: Timestamp)>(("", Timestamp(nanoseconds: 0)))
 
-    init(id: String, store: String, now: Timestamp) {
+    package init(id: String, store: String, now: Timestamp) {
         self.id = id
         self.store = store
         self.startedAt = now
         state.withLock { $0.heartbeatAt = now }
     }
 
-    var url: String { state.withLock { $0.url } }
+    package var url: String { state.withLock { $0.url } }
     var heartbeatAt: Timestamp { state.withLock { $0.heartbeatAt } }
-    func listening(at url: String) { state.withLock { $0.url = url } }
-    func beat(_ now: Timestamp) { state.withLock { $0.heartbeatAt = now } }
+    package func listening(at url: String) { state.withLock { $0.url = url } }
+    package func beat(_ now: Timestamp) { state.withLock { $0.heartbeatAt = now } }
 }
 
 /// `GET /v1/cluster`: the instances serving this API, with their URL, heartbeat and the
 /// queues each owns. With SQLite (or memory) one opqd serves the store alone: `mode` says
 /// `single` and the cluster is this instance. With PostgreSQL (`directory`), the instances
 /// as the database lists them, the owner with its epoch and every queue (`mode: cluster`).
-struct ClusterController: Sendable {
+package struct ClusterController: Sendable {
     let engine: QueueEngine
     let instance: InstanceInfo
     let directory: ClusterDirectory?
     var partitions: PartitionOwner? = nil
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/cluster") { req, _ in try cluster(req) }
     }
 

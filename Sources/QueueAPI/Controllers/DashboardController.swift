@@ -17,7 +17,7 @@ struct DashboardAsset: Sendable {
 /// The dashboard (API.md "Dashboard"): the page at `GET /` with its stylesheet and script, open
 /// to everyone like `/healthz` (the page asks for the token itself), and `GET /v1/access`, which
 /// tells the page what the token it holds may do.
-struct DashboardController: Sendable {
+package struct DashboardController: Sendable {
     let access: Access
 
     /// Scripts and styles from this origin only (so no inline script or style), requests to this
@@ -26,7 +26,7 @@ struct DashboardController: Sendable {
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
         + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("GET", "/", access: .open) { req, _ in Self.serve(dashboardHTML, req) }
         r.add("GET", "/dashboard.css", access: .open) { req, _ in Self.serve(dashboardCSS, req) }
         r.add("GET", "/dashboard.js", access: .open) { req, _ in Self.serve(dashboardJS, req) }

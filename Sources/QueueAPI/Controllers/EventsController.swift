@@ -3,13 +3,13 @@ import MicroHTTP
 import QueueEngine
 
 /// The change feed (`/v1/events`, a long poll) and its Server-Sent Events stream.
-struct EventsController: Sendable {
+package struct EventsController: Sendable {
     let events: EventLog
     /// Long polls end on it (the engine's; a manual clock in tests).
     let scheduler: any EngineScheduler
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/events") { req, _ in try feed(req) }
         r.add("GET", "/v1/events/stream") { req, _ in try stream(req) }
     }

@@ -4,11 +4,11 @@ import QueueEngine
 
 /// Webhook observers of one operation or of a whole queue: register, list, read (with the
 /// delivery's state), delete.
-struct ObserversController: Sendable {
+package struct ObserversController: Sendable {
     let engine: QueueEngine
     let webhooks: Webhooks
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/operations/{id}/observers") { req, p in try add(req, try operationScope(p[0])) }
         r.add("GET", "/v1/operations/{id}/observers") { req, p in try list(req, try operationScope(p[0])) }
         r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in try get(req, try operationScope(p[0]), p[1]) }

@@ -5,12 +5,12 @@ import StoreKit
 
 /// Operations: create (in a queue), list, read, change, cancel, pause, resume, copy, wait
 /// until finished, bulk cancel in a queue, and one operation's committed events.
-struct OperationsController: Sendable {
+package struct OperationsController: Sendable {
     let engine: QueueEngine
     let durability: Durability
     let events: EventLog
     let store: any DurableStore
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
     func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues/{name}/operations") { req, p in try durability.idempotent(req) { try create(req, p[0]) } }
@@ -39,7 +39,7 @@ struct OperationsController: Sendable {
     }
 
     /// The longest `wait` a client may ask for, as the queue's wait.
-    static let maxWaitSeconds = 3600.0
+    package static let maxWaitSeconds = 3600.0
     /// Operations one listing request looks at when it filters (`state`, `kind`, `namePrefix`):
     /// a filter that rarely matches ends the page early with a `next` instead of scanning the
     /// whole queue under the engine's lock.
@@ -181,7 +181,7 @@ struct OperationsController: Sendable {
 
     /// `GET /v1/operations/{id}/events`: the operation's committed events, oldest first, a page
     /// at a time (`after`, `limit`, the byte budget; `next` carries on).
-    static func history(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads, limits: OpqdConfiguration.Limits) throws
+    static func history(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads, limits: APILimits) throws
         -> HTTPHandlerResult
     {
         let q = try Query(req, allowed: ["after", "limit"])

@@ -3,13 +3,13 @@ import QueueEngine
 
 /// `/v1/queues`: create, list, read, change and delete queues; suspend, resume, cancel-all,
 /// barriers and the idle long poll.
-struct QueuesController: Sendable {
+package struct QueuesController: Sendable {
     let engine: QueueEngine
     let durability: Durability
     let webhooks: Webhooks
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues") { req, _ in try durability.idempotent(req) { try create(req) } }
         let (reads, limits) = (EngineQueueReads(engine: engine), self.limits)
         r.add("GET", "/v1/queues") { req, _ in try Self.list(req, from: reads, limits: limits) }
@@ -46,7 +46,7 @@ struct QueuesController: Sendable {
     /// `GET /v1/queues`: every queue (a page of them, by name), with an `ETag` over all of them.
     /// The owner reads its engine, a cluster follower the queues' rows (`FollowerReads`): one
     /// code, so the same bytes.
-    static func list(_ req: HTTPRequest, from reads: some QueueReads, limits: OpqdConfiguration.Limits) throws -> HTTPHandlerResult {
+    static func list(_ req: HTTPRequest, from reads: some QueueReads, limits: APILimits) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after", "limit"])
         let after = q.values["after"]
         let limit = try q.int("limit", in: 1...100_000) ?? 100_000

@@ -4,13 +4,14 @@ import StoreKit
 import Synchronization
 
 /// Set when shutdown begins; readiness reads it.
-final class Lifecycle: Sendable {
-    let stopping = Atomic<Bool>(false)
+package final class Lifecycle: Sendable {
+    package let stopping = Atomic<Bool>(false)
+    package init() {}
     var isStopping: Bool { stopping.load(ordering: .relaxed) }
 }
 
 /// Liveness, readiness, `/metrics` and the served OpenAPI document.
-struct ServiceController: Sendable {
+package struct ServiceController: Sendable {
     let engine: QueueEngine
     let events: EventLog
     let metrics: Metrics
@@ -20,7 +21,7 @@ struct ServiceController: Sendable {
     /// In a cluster, the owner's own lines (`opqd_cluster_owner 1`, its epoch); empty otherwise.
     var clusterMetrics: @Sendable () -> String = { "" }
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
         r.add("GET", "/readyz", access: .open) { _, _ in readyz() }
         r.add("GET", "/metrics") { _, _ in

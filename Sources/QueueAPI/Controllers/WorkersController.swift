@@ -5,13 +5,13 @@ import QueueKinds
 
 /// Workers of `external` operations: claim (long poll), heartbeat, progress, finish, and the
 /// list of live workers.
-struct WorkersController: Sendable {
+package struct WorkersController: Sendable {
     let engine: QueueEngine
     let external: ExternalKind
     let durability: Durability
-    let limits: OpqdConfiguration.Limits
+    let limits: APILimits
 
-    func addRoutes(to r: inout Router) {
+    package func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues/{name}/claim") { req, p in try claim(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/heartbeat") { req, p in try heartbeat(req, p[0]) }
         r.add("POST", "/v1/operations/{id}/progress") { req, p in try progress(req, p[0]) }
@@ -161,7 +161,7 @@ struct WorkersController: Sendable {
     /// The worker's `result` or `error` as a completion, within `--max-result-bytes`.
     func completion(_ b: Body) throws(Problem) -> Completion { try Self.completion(b, limits: limits) }
 
-    static func completion(_ b: Body, limits: OpqdConfiguration.Limits) throws(Problem) -> Completion {
+    static func completion(_ b: Body, limits: APILimits) throws(Problem) -> Completion {
         let maxResult = limits.resultBytes
         for field in ["result", "error"] {
             if let v = b[field] {
@@ -255,7 +255,7 @@ struct WorkersController: Sendable {
     /// or leaseToken, a bad result) is a bug of the caller: the whole request is refused,
     /// naming the element, and nothing changes. (A cluster instance checks a request this way
     /// before it splits it among the owners of its operations' queues.)
-    static func parseFinishes(_ req: HTTPRequest, limits: OpqdConfiguration.Limits) throws -> [(text: String, token: String, completion: Completion)] {
+    static func parseFinishes(_ req: HTTPRequest, limits: APILimits) throws -> [(text: String, token: String, completion: Completion)] {
         _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["finishes"])
         guard let list = b["finishes"] else { throw Problem.invalid("finishes", "is required: an array of 1 to \(limits.batch) finishes") }

@@ -1,4 +1,5 @@
 import MicroHTTP
+import QueueAPI
 
 extension OpqdApplication {
     /// Runs `request` through exactly what the HTTP server calls for a fully received request

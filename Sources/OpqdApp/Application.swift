@@ -3,6 +3,7 @@ import Locking
 import Logging
 import MicroHTTP
 import PostgresStore
+import QueueAPI
 import QueueEngine
 import StoreKit
 
@@ -165,17 +166,5 @@ public final class OpqdApplication: OpqdService {
         server.shutdown(timeout: .seconds(1))
         webhooks.stop()
         return fd
-    }
-}
-
-/// The background timers of a running application.
-final class TimerBox: @unchecked Sendable {
-    private let lock = Lock<Void>(())
-    private var timers: [DispatchSourceTimer] = []
-    func set(_ t: [DispatchSourceTimer]) { lock.withLock { _ in timers = t } }
-    func cancelAll() {
-        lock.withLock { _ in
-            for t in timers { t.cancel() }; timers = []
-        }
     }
 }

@@ -2,6 +2,7 @@ import Dispatch
 import Logging
 import MicroHTTP
 import PostgresStore
+import QueueAPI
 import QueueEngine
 import QueueKinds
 import SQLiteStore
@@ -134,23 +135,12 @@ func buildApplication(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
         store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance,
         serverID: serverID, directory: cluster?.directory, partitions: partitions)
-    let dispatcher = APIDispatcher(router: router, access: access) { [logger] request, error in
-        logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
-    }
+    let dispatcher = APIDispatcher(router: router, access: access, log: APIDispatcher.logFailures(logger))
     var routing: ClusterFront?
     if let partitions, let postgres {
-        let pool = PGReadPool(url: configuration.store)
-        var readRoutes = Router()
-        FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &readRoutes)
-        let reads = APIDispatcher(router: readRoutes, access: access) { [logger] request, error in
-            logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
-        }
-        routing = ClusterFront(
-            owner: partitions, engine: engine,
-            forwarder: Forwarder(
-                selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds),
-            access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),
-            reads: reads, limits: limits)
+        routing = .partitioned(
+            owner: partitions, postgres: postgres, storeURL: configuration.store, engine: engine, access: access, limits: limits,
+            maxBody: configuration.maxBody, logger: logger)
     }
     let front = routing
     let share = partitions
@@ -216,32 +206,6 @@ func serverIdentity(_ store: any DurableStore) -> String {
     let id = String(g.next(), radix: 16) + String(g.next(), radix: 16)
     store.setMeta([("server-id", id)], then: nil)
     return id
-}
-
-/// Every route of the API, each controller holding only what it uses.
-func buildRouter(
-    engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
-    store: any DurableStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
-    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?, partitions: PartitionOwner? = nil
-) -> Router {
-    var router = Router()
-    ServiceController(
-        engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
-        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? partitions.map { $0.metrics() } ?? "" }
-    ).addRoutes(
-        to: &router)
-    QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
-    let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
-    operations.addRoutes(to: &router)
-    ArchiveController(
-        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
-    ).addRoutes(to: &router)
-    ClusterController(engine: engine, instance: instance, directory: directory, partitions: partitions).addRoutes(to: &router)
-    ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
-    EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
-    WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)
-    DashboardController(access: access).addRoutes(to: &router)
-    return router
 }
 
 /// The stored events the feed starts with: the newest run of consecutive seqs ending at the

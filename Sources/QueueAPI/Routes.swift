@@ -1,0 +1,29 @@
+import QueueEngine
+import QueueKinds
+import StoreKit
+
+/// Every route of the API, each controller holding only what it uses.
+package func buildRouter(
+    engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
+    store: any DurableStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
+    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?, partitions: PartitionOwner? = nil
+) -> Router {
+    var router = Router()
+    ServiceController(
+        engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
+        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? partitions.map { $0.metrics() } ?? "" }
+    ).addRoutes(
+        to: &router)
+    QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
+    let operations = OperationsController(engine: engine, durability: durability, events: events, store: store, limits: limits)
+    operations.addRoutes(to: &router)
+    ArchiveController(
+        engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
+    ).addRoutes(to: &router)
+    ClusterController(engine: engine, instance: instance, directory: directory, partitions: partitions).addRoutes(to: &router)
+    ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
+    EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
+    WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)
+    DashboardController(access: access).addRoutes(to: &router)
+    return router
+}
