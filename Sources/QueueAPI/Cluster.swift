@@ -234,63 +234,42 @@ package final class ClusterDirectory: Sendable {
         return o.url
     }
 
-    /// The owner's `/metrics` lines about the cluster (a follower has its own: `ForwardCounts`).
-    package func ownerMetrics() -> String {
+    /// The owner's `/metrics` families about the cluster (a follower has its own: `ForwardCounts`).
+    func writeOwnerMetrics(to out: inout Exposition) {
         let epoch = view?.owner.flatMap { $0.id == selfID ? $0.epoch : nil } ?? 0
-        return Self.ownerGauge(true) + """
-            # HELP opqd_cluster_epoch The ownership epoch this instance holds (one more at every takeover).
-            # TYPE opqd_cluster_epoch gauge
-            opqd_cluster_epoch \(epoch)
-
-            """
+        Self.writeOwnerGauge(true, to: &out)
+        out.family("opqd_cluster_epoch", .gauge, "The ownership epoch this instance holds (one more at every takeover).")
+        out.sample("opqd_cluster_epoch", "", epoch)
     }
 
-    /// `opqd_cluster_owner`, which the owner and the followers both report.
-    static func ownerGauge(_ owns: Bool) -> String {
-        """
-        # HELP opqd_cluster_owner Whether this instance owns the queues (1) or forwards to the owner (0).
-        # TYPE opqd_cluster_owner gauge
-        opqd_cluster_owner \(owns ? 1 : 0)
-
-        """
+    /// `opqd_cluster_owner`, which the owner, the followers and the partition holders report.
+    static func writeOwnerGauge(_ owns: Bool, to out: inout Exposition) {
+        out.family("opqd_cluster_owner", .gauge, "Whether this instance owns the queues (1) or forwards to the owner (0).")
+        out.sample("opqd_cluster_owner", "", owns ? 1 : 0)
     }
 
     /// `GET /v1/cluster` in cluster mode. `ownQueues`: the queues when this instance owns them
     /// (from its engine); otherwise the owner's are read from PostgreSQL.
-    func render(ownQueues: [String]?) throws -> HTTPResponse {
+    func clusterView(ownQueues: [String]?) throws -> ClusterView {
         guard let view else {
             throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
         }
         let ownerQueues = ownQueues ?? state.withLock { $0.queues }
-        var o = JSONOut(capacity: 256 + 40 * ownerQueues.count)
-        o.open()
-        o.key("mode"); o.string("cluster")
-        o.key("store"); o.string("postgres")
-        o.key("instances"); o.openArray()
-        for i in view.instances {
-            o.open()
-            Self.writeInstance(i, selfID: selfID, to: &o)
-            o.key("owner"); o.bool(i.isOwner)
-            if i.isOwner, let epoch = view.owner?.epoch {
-                o.key("epoch"); o.int(Int(clamping: epoch))
-            }
-            o.key("queues"); o.openArray()
-            if i.isOwner { for q in ownerQueues { o.string(q) } }
-            o.closeArray()
-            o.close()
-        }
-        o.closeArray()
-        o.close()
-        return json(200, o.bytes)
+        return ClusterView(
+            mode: "cluster", store: "postgres",
+            instances: view.instances.map { i in
+                Self.instance(
+                    i, selfID: selfID, owner: i.isOwner, epoch: i.isOwner ? view.owner?.epoch : nil, queues: i.isOwner ? ownerQueues : [])
+            })
     }
 
-    /// The keys of an instance that `GET /v1/cluster` shows in both ownership modes.
-    static func writeInstance(_ i: PGInstance, selfID: String, to o: inout JSONOut) {
-        o.key("id"); o.string(i.id)
-        o.key("url"); o.string(i.url)
-        o.key("self"); o.bool(i.id == selfID)
-        o.key("startedAt"); o.time(time(i.startedAt))
-        o.key("heartbeatAt"); o.time(time(i.heartbeatAt))
+    /// An instance as `GET /v1/cluster` shows it in both ownership modes.
+    static func instance(
+        _ i: PGInstance, selfID: String, owner: Bool, epoch: Int64? = nil, partitions: [Int]? = nil, queues: [String]
+    ) -> ClusterView.Instance {
+        ClusterView.Instance(
+            id: i.id, url: i.url, isSelf: i.id == selfID, startedAt: time(i.startedAt), heartbeatAt: time(i.heartbeatAt), owner: owner,
+            epoch: epoch, partitions: partitions, queues: queues)
     }
 
     /// Microseconds from the database as a timestamp, saturating.
@@ -371,7 +350,7 @@ package final class FollowerService: OpqdService {
         }
         router.add("GET", "/v1/cluster") { req, _ in
             _ = try Query(req, allowed: [])
-            return .response(try directory.render(ownQueues: nil))
+            return .response(json(200, try directory.clusterView(ownQueues: nil).json))
         }
         EventsController(events: events, scheduler: DispatchScheduler(), limits: limits).addRoutes(to: &router)
         DashboardController(access: access).addRoutes(to: &router)
@@ -494,18 +473,14 @@ final class ForwardCounts: Sendable {
     }
     func render(streams: Int) -> [UInt8] {
         let c = counts.withLock { $0 }
-        let text =
-            ClusterDirectory.ownerGauge(false)
-                + """
-                # HELP opqd_forwarded_requests_total Requests this follower forwarded to the owner, or refused for want of one.
-                # TYPE opqd_forwarded_requests_total counter
-                opqd_forwarded_requests_total{outcome="forwarded"} \(c.relayed)
-                opqd_forwarded_requests_total{outcome="no_owner"} \(c.refused)
-                # HELP opqd_sse_streams Open Server-Sent Events streams (GET /v1/events/stream).
-                # TYPE opqd_sse_streams gauge
-                opqd_sse_streams \(streams)
-
-                """
-        return Array(text.utf8)
+        var out = Exposition(capacity: 1024)
+        ClusterDirectory.writeOwnerGauge(false, to: &out)
+        out.family(
+            "opqd_forwarded_requests_total", .counter, "Requests this follower forwarded to the owner, or refused for want of one.")
+        out.sample("opqd_forwarded_requests_total", #"outcome="forwarded""#, c.relayed)
+        out.sample("opqd_forwarded_requests_total", #"outcome="no_owner""#, c.refused)
+        out.family("opqd_sse_streams", .gauge, "Open Server-Sent Events streams (GET /v1/events/stream).")
+        out.sample("opqd_sse_streams", "", streams)
+        return out.bytes
     }
 }

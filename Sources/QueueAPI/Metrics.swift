@@ -72,7 +72,10 @@ package final class Metrics: Sendable {
 
     // MARK: - rendering (each scrape)
 
-    func render(engine: QueueEngine, events: EventLog, webhooks: WebhookMetrics, store: StoreStats?) -> [UInt8] {
+    /// `cluster`: the placement's own families (`QueuePlacement.write(metrics:)`), last.
+    func render(
+        engine: QueueEngine, events: EventLog, webhooks: WebhookMetrics, store: StoreStats?, cluster: (inout Exposition) -> Void = { _ in }
+    ) -> [UInt8] {
         let counts = engine.stateCounts()
         let live = Set(counts.map(\.queue))
         let (queues, totalEvents) = engineSide.withLock { side in
@@ -190,6 +193,7 @@ package final class Metrics: Sendable {
             out.family("process_open_fds", .gauge, "Number of open file descriptors.")
             out.sample("process_open_fds", "", fds)
         }
+        cluster(&out)
         return out.bytes
     }
 
@@ -401,23 +405,23 @@ func prometheusNumber(_ value: Double) -> String {
 }
 
 /// Prometheus text exposition, family by family.
-struct Exposition {
-    enum Kind: String {
+package struct Exposition {
+    package enum Kind: String {
         case counter, gauge, histogram
     }
     private var text = ""
 
-    init() { text.reserveCapacity(64 * 1024) }
+    package init(capacity: Int = 64 * 1024) { text.reserveCapacity(capacity) }
 
-    var bytes: [UInt8] { Array(text.utf8) }
+    package var bytes: [UInt8] { Array(text.utf8) }
 
-    mutating func family(_ name: String, _ kind: Kind, _ help: String) {
+    package mutating func family(_ name: String, _ kind: Kind, _ help: String) {
         // HELP text escapes backslash and line feed.
         let h = help.replacingBackslashesAndNewlines()
         text += "# HELP \(name) \(h)\n# TYPE \(name) \(kind.rawValue)\n"
     }
 
-    mutating func sample(_ name: String, _ labels: String, _ value: some BinaryInteger) {
+    package mutating func sample(_ name: String, _ labels: String, _ value: some BinaryInteger) {
         text += labels.isEmpty ? "\(name) \(value)\n" : "\(name){\(labels)} \(value)\n"
     }
 

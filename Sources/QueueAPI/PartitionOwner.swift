@@ -321,23 +321,20 @@ package final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         }
     }
 
-    /// Its `/metrics` lines about the cluster.
-    package func metrics() -> String {
+    /// Its `/metrics` families about the cluster.
+    package func writeMetrics(to out: inout Exposition) {
         let n = servingPartitions.count
-        return ClusterDirectory.ownerGauge(n > 0) + """
-            # HELP opqd_cluster_partitions The partitions this instance owns and serves (of opqd_cluster_partitions_total).
-            # TYPE opqd_cluster_partitions gauge
-            opqd_cluster_partitions \(n)
-            # HELP opqd_cluster_partitions_total The partitions the queues are spread over.
-            # TYPE opqd_cluster_partitions_total gauge
-            opqd_cluster_partitions_total \(QueuePartitions.count)
-
-            """
+        ClusterDirectory.writeOwnerGauge(n > 0, to: &out)
+        out.family(
+            "opqd_cluster_partitions", .gauge, "The partitions this instance owns and serves (of opqd_cluster_partitions_total).")
+        out.sample("opqd_cluster_partitions", "", n)
+        out.family("opqd_cluster_partitions_total", .gauge, "The partitions the queues are spread over.")
+        out.sample("opqd_cluster_partitions_total", "", QueuePartitions.count)
     }
 
     /// `GET /v1/cluster`: the live instances, each with the partitions it holds and their
     /// queues, as last read (every period).
-    func render() throws -> HTTPResponse {
+    package func clusterView() throws -> ClusterView {
         let (view, names) = picture.withLock { $0 }
         guard let view else {
             throw ClusterUnavailable(detail: unavailable ?? "the cluster's state has not been read yet")
@@ -349,29 +346,12 @@ package final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         for n in names {
             if let h = map[QueuePartitions.of(queue: n)] { queues[h.instance, default: []].append(n) }
         }
-        var o = JSONOut(capacity: 512 + 40 * names.count)
-        o.open()
-        o.key("mode"); o.string("cluster")
-        o.key("store"); o.string("postgres")
-        o.key("ownership"); o.string("partitions")
-        o.key("partitions"); o.int(QueuePartitions.count)
-        o.key("instances"); o.openArray()
-        for i in view.instances {
-            let held = (parts[i.id] ?? []).sorted()
-            o.open()
-            ClusterDirectory.writeInstance(i, selfID: selfID, to: &o)
-            o.key("owner"); o.bool(!held.isEmpty)
-            o.key("partitions"); o.openArray()
-            for p in held { o.int(p) }
-            o.closeArray()
-            o.key("queues"); o.openArray()
-            for q in queues[i.id] ?? [] { o.string(q) }
-            o.closeArray()
-            o.close()
-        }
-        o.closeArray()
-        o.close()
-        return json(200, o.bytes)
+        return ClusterView(
+            mode: "cluster", store: "postgres", ownership: "partitions", partitions: QueuePartitions.count,
+            instances: view.instances.map { i in
+                let held = (parts[i.id] ?? []).sorted()
+                return ClusterDirectory.instance(i, selfID: selfID, owner: !held.isEmpty, partitions: held, queues: queues[i.id] ?? [])
+            })
     }
 
     // MARK: - RemoteOperations

@@ -11,7 +11,9 @@ package func buildRouter(
     var router = Router()
     ServiceController(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
-        clusterMetrics: { directory.map { $0.ownerMetrics() } ?? partitions.map { $0.metrics() } ?? "" }
+        clusterMetrics: { out in
+            if let directory { directory.writeOwnerMetrics(to: &out) } else { partitions?.writeMetrics(to: &out) }
+        }
     ).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)

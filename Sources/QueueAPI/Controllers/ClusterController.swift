@@ -40,26 +40,21 @@ package struct ClusterController: Sendable {
 
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        if let directory { return .response(try directory.render(ownQueues: engine.queues().map(\.name).sorted())) }
-        if let partitions { return .response(try partitions.render()) }
         let queues = engine.queues().map(\.name).sorted()
-        var o = JSONOut(capacity: 256 + 40 * queues.count)
-        o.open()
-        o.key("mode"); o.string("single")
-        o.key("store"); o.string(instance.store)
-        o.key("instances"); o.openArray()
-        o.open()
-        o.key("id"); o.string(instance.id)
-        o.key("url"); o.string(instance.url)
-        o.key("self"); o.bool(true)
-        o.key("startedAt"); o.time(instance.startedAt)
-        o.key("heartbeatAt"); o.time(instance.heartbeatAt)
-        o.key("queues"); o.openArray()
-        for q in queues { o.string(q) }
-        o.closeArray()
-        o.close()
-        o.closeArray()
-        o.close()
-        return .response(json(200, o.bytes))
+        let view: ClusterView
+        if let directory {
+            view = try directory.clusterView(ownQueues: queues)
+        } else if let partitions {
+            view = try partitions.clusterView()
+        } else {
+            view = ClusterView(
+                mode: "single", store: instance.store,
+                instances: [
+                    ClusterView.Instance(
+                        id: instance.id, url: instance.url, isSelf: true, startedAt: instance.startedAt, heartbeatAt: instance.heartbeatAt,
+                        queues: queues)
+                ])
+        }
+        return .response(json(200, view.json))
     }
 }

@@ -18,8 +18,8 @@ package struct ServiceController: Sendable {
     let webhooks: Webhooks
     let store: any DurableStore
     let lifecycle: Lifecycle
-    /// In a cluster, the owner's own lines (`opqd_cluster_owner 1`, its epoch); empty otherwise.
-    var clusterMetrics: @Sendable () -> String = { "" }
+    /// In a cluster, the placement's own families (`opqd_cluster_owner`, its epoch or partitions).
+    var clusterMetrics: @Sendable (inout Exposition) -> Void = { _ in }
 
     package func addRoutes(to r: inout Router) {
         r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
@@ -28,8 +28,8 @@ package struct ServiceController: Sendable {
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                    body: metrics.render(engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats)
-                        + Array(clusterMetrics().utf8)))
+                    body: metrics.render(
+                        engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats, cluster: clusterMetrics)))
         }
         r.add("GET", "/openapi.yaml") { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
