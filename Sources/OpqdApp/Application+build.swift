@@ -240,18 +240,11 @@ func countUncleanStops(
     var writes: [(key: String, value: String?)] = [("clean_stop", nil), ("generation", String(generation))]
     var poisoned: Set<OperationID> = []
     if !clean {
-        var executing: Set<String> = []
-        for op in recovered.operations where op.state == .executing {
-            let key = "crashes:\(op.id)"
-            executing.insert(key)
-            // A damaged count (Int.max) must not trap.
-            let n = min(counts[key] ?? 0, 999) + 1
-            writes.append((key, String(n)))
-            if n >= 3 { poisoned.insert(op.id) }
-        }
-        // "In a row": an operation that was not executing during this crash starts over.
-        for key in counts.keys where !executing.contains(key) { writes.append((key, nil)) }
-        if !executing.isEmpty { logger.warning("the last stop was not clean", metadata: ["executing": "\(executing.count)"]) }
+        let counted = CrashCounts.next(operations: recovered.operations, counts: counts, clearOthers: true) { _ in true }
+        writes += counted.writes
+        poisoned = counted.poisoned
+        let executing = recovered.operations.count { $0.state == .executing }
+        if executing > 0 { logger.warning("the last stop was not clean", metadata: ["executing": "\(executing)"]) }
     }
     let committed = DispatchSemaphore(value: 0)
     if store.setMeta(writes, then: { committed.signal() }) {

@@ -274,17 +274,8 @@ package final class PartitionOwner: RemoteOperations, @unchecked Sendable {
         var counts: [String: Int] = [:]
         // Read or refused: counts taken as none would start every operation's count over.
         for (key, value) in try store.readMeta(prefix: "crashes:") { counts[key] = Int(value) ?? 0 }
-        var writes: [(key: String, value: String?)] = []
-        var poisoned: Set<OperationID> = []
-        for op in recovered.operations {
-            let key = "crashes:\(op.id)"
-            if op.state == .executing && abandoned.contains(QueuePartitions.of(queue: op.queue)) {
-                let n = max(0, min(counts[key] ?? 0, 999)) + 1  // a damaged count must not trap
-                writes.append((key, String(n)))
-                if n >= 3 { poisoned.insert(op.id) }
-            } else if counts[key] != nil {
-                writes.append((key, nil))
-            }
+        let (writes, poisoned) = CrashCounts.next(operations: recovered.operations, counts: counts, clearOthers: false) { op in
+            abandoned.contains(QueuePartitions.of(queue: op.queue))
         }
         guard !writes.isEmpty else { return [] }
         if !abandoned.isEmpty { logger.warning("partitions taken from an instance that stopped uncleanly", metadata: ["partitions": "\(abandoned.sorted())"]) }
