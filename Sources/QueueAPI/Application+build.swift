@@ -145,11 +145,11 @@ func buildApplication(
             logger.error("handler failed", metadata: ["request.id": "\(request.id)", "path": "\(request.path)", "error": "\(error)"])
         }
         routing = ClusterFront(
-            owner: partitions, engine: engine,
+            placement: partitions, router: router, engine: engine,
             forwarder: Forwarder(
                 selfID: partitions.selfID, maxResponseBytes: max(64 << 20, configuration.maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds),
             access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),
-            reads: reads, limits: limits)
+            reads: reads)
     }
     let front = routing
     let share = partitions
