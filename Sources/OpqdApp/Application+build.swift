@@ -139,7 +139,7 @@ func buildApplication(
     var routing: ClusterFront?
     if let partitions, let postgres {
         routing = .partitioned(
-            owner: partitions, postgres: postgres, storeURL: configuration.store, engine: engine, access: access, limits: limits,
+            owner: partitions, router: router, postgres: postgres, storeURL: configuration.store, engine: engine, access: access, limits: limits,
             maxBody: configuration.maxBody, logger: logger)
     }
     let front = routing

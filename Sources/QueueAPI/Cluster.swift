@@ -329,8 +329,8 @@ package final class FollowerService: OpqdService {
         let access = Access(token: configuration.token, readToken: configuration.readToken)
         var router = Router()
         let (directory, lifecycle, forwarded) = (cluster.directory, self.lifecycle, self.forwarded)
-        router.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
-        router.add("GET", "/readyz", access: .open) { _, _ in
+        router.add("GET", "/healthz", scope: .instance, access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        router.add("GET", "/readyz", scope: .instance, access: .open) { _, _ in
             if lifecycle.isStopping {
                 return .response(Problem.notReady("the server is shutting down").response)
             }
@@ -342,13 +342,13 @@ package final class FollowerService: OpqdService {
             }
             return .response(json(200, Array(#"{"status":"ready","store":"postgres"}"#.utf8)))
         }
-        router.add("GET", "/metrics") { _, _ in
+        router.add("GET", "/metrics", scope: .instance) { _, _ in
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
                     body: forwarded.render(streams: events.streamCount)))
         }
-        router.add("GET", "/v1/cluster") { req, _ in
+        router.add("GET", "/v1/cluster", scope: .instance) { req, _ in
             _ = try Query(req, allowed: [])
             return .response(json(200, try directory.clusterView(ownQueues: nil).json))
         }

@@ -6,16 +6,16 @@ extension ClusterFront {
     /// A partitioned instance's front: its forwarder, and the reads it answers from PostgreSQL
     /// for queues and operations other instances hold (`FollowerReads`).
     package static func partitioned(
-        owner: PartitionOwner, postgres: PostgresStore, storeURL: String, engine: QueueEngine, access: Access, limits: APILimits,
+        owner: PartitionOwner, router: Router, postgres: PostgresStore, storeURL: String, engine: QueueEngine, access: Access, limits: APILimits,
         maxBody: Int, logger: Logger
     ) -> ClusterFront {
         let pool = PGReadPool(url: storeURL)
         var readRoutes = Router()
         FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &readRoutes)
         return ClusterFront(
-            owner: owner, engine: engine,
+            placement: owner, router: router, engine: engine,
             forwarder: Forwarder(selfID: owner.selfID, maxResponseBytes: max(64 << 20, maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds),
             access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),
-            reads: APIDispatcher(router: readRoutes, access: access, log: APIDispatcher.logFailures(logger)), limits: limits)
+            reads: APIDispatcher(router: readRoutes, access: access, log: APIDispatcher.logFailures(logger)))
     }
 }

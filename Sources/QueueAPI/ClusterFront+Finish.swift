@@ -14,17 +14,19 @@ extension ClusterFront {
         let indices: [Int]
     }
 
-    /// Checked whole before (`route`: a malformed element refuses the whole request here,
+    /// `list`, `member`: the body's list of finishes and each one's operation id member
+    /// (`RouteScope.operationsInBody`).
+    /// Checked whole before (`decide`: a malformed element refuses the whole request here,
     /// naming it, and nothing changes anywhere); every share goes to its owner at once, this
     /// instance's own through its own advertised URL like the others (one path for all). The
     /// entries come back in the request's order, each problem naming the element by its index
     /// in this request. A share whose owner did not answer, or answered the request as a whole
     /// with a problem, gives each of its elements that problem: 503 `owner-unavailable` says
     /// the finish may or may not have happened.
-    func finishAcross(_ request: HTTPRequest, elements: [JSONValue], parts: [FinishPart]) -> HTTPHandlerResult {
+    func finishAcross(_ request: HTTPRequest, list: String, member: String, elements: [JSONValue], parts: [FinishPart]) -> HTTPHandlerResult {
         let sends = parts.map { part in
             var out = forwarder.outboundRequest(for: request, base: part.url)
-            out.body = JSONValue.object([("finishes", .array(part.indices.map { elements[$0] }))]).bytes
+            out.body = JSONValue.object([(list, .array(part.indices.map { elements[$0] }))]).bytes
             return out
         }
         let (client, cap, count) = (forwarder.client, forwarder.maxResponseBytes, elements.count)
@@ -41,7 +43,8 @@ extension ClusterFront {
                             return r.count == parts.count ? r : nil
                         }
                         guard let all else { return }
-                        responder.respond(Self.merge(parts: parts, results: all, elements: elements, count: count, maxResponseBytes: cap))
+                        responder.respond(
+                            Self.merge(list: list, member: member, parts: parts, results: all, elements: elements, count: count, maxResponseBytes: cap))
                     }
                 }
             })
@@ -49,15 +52,16 @@ extension ClusterFront {
 
     /// The shares' entries in the request's order (see `finishAcross`).
     static func merge(
-        parts: [FinishPart], results: [Int: Result<OutboundResponse, OutboundError>], elements: [JSONValue], count: Int, maxResponseBytes: Int
+        list key: String, member: String, parts: [FinishPart], results: [Int: Result<OutboundResponse, OutboundError>], elements: [JSONValue], count: Int,
+        maxResponseBytes: Int
     ) -> HTTPResponse {
         var entries = [JSONValue](repeating: .null, count: count)
         for (k, part) in parts.enumerated() {
             guard let result = results[k] else { continue }
             if case let .success(answer) = result, answer.status == 200, !answer.truncated, let body = try? JSONValue.parse(answer.body),
-                case let .array(list)? = body["finishes"], list.count == part.indices.count
+                case let .array(list)? = body[key], list.count == part.indices.count
             {
-                for (j, entry) in list.enumerated() { entries[part.indices[j]] = renumbered(entry, from: j, to: part.indices[j]) }
+                for (j, entry) in list.enumerated() { entries[part.indices[j]] = renumbered(entry, in: key, from: j, to: part.indices[j]) }
                 continue
             }
             // The share was not answered entry by entry: each of its elements gets the problem.
@@ -75,20 +79,20 @@ extension ClusterFront {
             }
             let problem = (try? JSONValue.parse(whole.body)) ?? .null
             for i in part.indices {
-                entries[i] = .object([("id", elements[i]["id"] ?? .null), ("status", .number(Double(whole.status))), ("problem", problem)])
+                entries[i] = .object([("id", elements[i][member] ?? .null), ("status", .number(Double(whole.status))), ("problem", problem)])
             }
         }
-        return json(200, JSONValue.object([("finishes", .array(entries))]).bytes)
+        return json(200, JSONValue.object([(key, .array(entries))]).bytes)
     }
 
     /// An entry whose problem names its element by its index in the share (`finishes[j]...`),
     /// renamed by its index in the request.
-    static func renumbered(_ entry: JSONValue, from j: Int, to i: Int) -> JSONValue {
-        let old = "finishes[\(j)]"
+    static func renumbered(_ entry: JSONValue, in list: String, from j: Int, to i: Int) -> JSONValue {
+        let old = "\(list)[\(j)]"
         guard j != i, case var .object(pairs) = entry, let p = pairs.firstIndex(where: { $0.0 == "problem" }), case var .object(problem) = pairs[p].1,
             let d = problem.firstIndex(where: { $0.0 == "detail" }), case let .string(detail) = problem[d].1, detail.hasPrefix(old)
         else { return entry }
-        problem[d].1 = .string("finishes[\(i)]" + detail.dropFirst(old.count))
+        problem[d].1 = .string("\(list)[\(i)]" + detail.dropFirst(old.count))
         pairs[p].1 = .object(problem)
         return .object(pairs)
     }

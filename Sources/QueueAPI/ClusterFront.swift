@@ -1,6 +1,5 @@
 import Locking
 import MicroHTTP
-import PostgresStore
 import QueueEngine
 
 /// Where a request goes in a partitioned cluster (CLUSTER.md "Any instance answers any
@@ -9,10 +8,15 @@ import QueueEngine
 /// instance that holds the queue's partition, its answer relayed unchanged, or 503 with
 /// Retry-After while nobody holds it (a takeover under way).
 ///
+/// What a request touches is its route's `scope` in the one route table (`Router`); requests
+/// no route matches (404, 405) are answered here.
+///
 /// A request is never forwarded twice: one that was forwarded here for a queue this instance
 /// does not serve (it moved in between) gets 503, and the client retries.
 package struct ClusterFront: Sendable {
-    let owner: PartitionOwner
+    let placement: any QueuePlacement
+    /// The routes the dispatcher answers by.
+    let router: Router
     let engine: QueueEngine
     let forwarder: Forwarder
     let access: Access
@@ -20,97 +24,143 @@ package struct ClusterFront: Sendable {
     /// Statuses read from PostgreSQL (`FollowerReads`): every queue's, and those of queues and
     /// operations this instance does not hold, which keep answering while their partition moves.
     let reads: APIDispatcher
-    /// For checking a request before it is split (`finishAcross`).
-    let limits: APILimits
+
+    /// What becomes of a request (`decide`).
+    enum Decision {
+        /// Answered here, by the dispatcher.
+        case local
+        /// Answered here from what the holders committed (`reads`).
+        case storeRead
+        /// Relayed to the holder at this base URL.
+        case forward(to: String)
+        /// Split among the holders of the operations it names (`finishAcross`).
+        case split(list: String, member: String, elements: [JSONValue], parts: [FinishPart])
+        /// 503 `no-owner`: nobody serves the queue right now, or the request was forwarded
+        /// here already (never twice).
+        case noOwner(queue: String)
+        /// 409 `spans-instances`: one change to queues that several instances hold.
+        case spansInstances(what: String, queues: [String])
+        /// 503: which queue an operation is in could not be read.
+        case storeUnavailable(String)
+        /// The caller's token does not allow it: refused before anything is read or relayed.
+        case refused(Problem)
+    }
 
     /// nil: answer here.
     package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
-        let path = request.path
-        let reading = request.method == "GET" || request.method == "HEAD"
-        if path == "/v1/queues" && reading { return reads.handle(request) }
-        if path.hasPrefix("/v1/queues/") {
-            let rest = path.dropFirst("/v1/queues/".count)
-            let name = rest.prefix { $0 != "/" }
-            if reading && name.count == rest.count && !owner.serves(queue: String(name)) { return reads.handle(request) }
-            return to(queue: String(name), request)
+        let problem: Problem
+        switch decide(request) {
+        case .local: return nil
+        case .storeRead: return reads.handle(request)
+        case let .forward(url): return .routed("forwarded", forwarder.forward(request, to: url))
+        case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
+        case let .refused(refusal): problem = refusal
+        case let .storeUnavailable(detail): problem = StoreReadUnavailable(detail: detail).problem
+        case let .noOwner(queue):
+            // A queue nobody serves: one that does not exist yet in a partition being taken
+            // over, or one moving right now.
+            problem = Problem.noOwner(
+                "no instance serves queue '\(queue)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes")
+        case let .spansInstances(what, names):
+            problem = Problem(
+                409, "spans-instances", "Queues on several instances",
+                "\(what) (\(names.joined(separator: ", "))) are owned by different instances of the cluster; one request can change the queues of one instance only: split it by queue"
+            )
         }
-        if path == "/v1/queues" && request.method == "POST" {
-            guard case let .string(name)? = (try? JSONValue.parse(request.body))?["name"] else { return nil }
-            return to(queue: name, request)
-        }
-        if path.hasPrefix("/v1/operations/") {
-            let rest = path.dropFirst("/v1/operations/".count)
-            guard let id = OperationID(rest.prefix { $0 != "/" }) else { return nil }
-            var source: String?
+        return .routed(Router.unmatched, .response(problem.response))
+    }
+
+    /// Where `request` is answered, from its route's scope and the placement. The token rules
+    /// of the route's method are applied before anything is relayed, split or refused for the
+    /// cluster's sake, and before PostgreSQL is read for the caller.
+    func decide(_ request: HTTPRequest) -> Decision {
+        guard case let .found(route, params) = router.match(method: request.method, path: request.path) else { return .local }
+        let decision: Decision
+        switch route.scope {
+        case .instance:
+            return .local
+        case .everyQueue:
+            return .storeRead
+        case let .queue(param, reads):
+            guard param < params.values.count else { return .local }
+            let name = params[param]
+            if reads == .fromStore && !placement.serves(queue: name) { return .storeRead }
+            decision = to(queue: name, request)
+        case let .operation(param, reads, into):
+            guard param < params.values.count, let id = OperationID(params[param]) else { return .local }
+            let source: String
             if let local = try? engine.operation(id) {
                 source = local.queue
             } else {
                 // No PostgreSQL read for a caller without the token.
-                if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
+                if let refused = refusal(request) { return .refused(refused) }
                 switch queues.queue(of: id) {
                 case let .found(queue): source = queue
-                case .none: return nil
-                case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+                case .none: return .local
+                case let .unavailable(detail): return .storeUnavailable(detail)
                 }
             }
-            guard let source else { return nil }
-            if reading && !owner.serves(queue: source) && (rest.count == rest.prefix { $0 != "/" }.count || rest.hasSuffix("/events")),
-                rest.split(separator: "/").count <= 2
-            {
-                return reads.handle(request)
-            }
+            if reads == .fromStore && !placement.serves(queue: source) { return .storeRead }
             // A copy into a queue another instance owns is made there: the copy's owner reads
             // the source's committed row (`RemoteOperations.operation`).
-            if request.method == "POST" && rest.hasSuffix("/copy"), case let .string(target)? = (try? JSONValue.parse(request.body))?["queue"],
-                target != source, QueuePartitions.of(queue: target) != QueuePartitions.of(queue: source),
-                owner.holder(ofQueue: target)?.instance != owner.holder(ofQueue: source)?.instance
+            if let into, case let .string(target)? = (try? JSONValue.parse(request.body))?[into], target != source,
+                placement.holder(ofQueue: target)?.instance != placement.holder(ofQueue: source)?.instance
             {
-                return to(queue: target, request)
+                decision = to(queue: target, request)
+            } else {
+                decision = to(queue: source, request)
             }
-            return to(queue: source, request)
-        }
-        if path == "/v1/operations:batch" && request.method == "POST" {
-            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["operations"] else { return nil }
+        case let .queueInBody(member):
+            guard case let .string(name)? = (try? JSONValue.parse(request.body))?[member] else { return .local }
+            decision = to(queue: name, request)
+        case let .queuesInBody(list, member, what):
+            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?[list] else { return .local }
             var names = Set<String>()
-            for e in elements { if case let .string(q)? = e["queue"] { names.insert(q) } }
-            return together(names, request, what: "the batch's queues")
-        }
-        if path == "/v1/operations:finish" && request.method == "POST" {
-            if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
-            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?["finishes"] else { return nil }
+            for e in elements { if case let .string(q)? = e[member] { names.insert(q) } }
+            decision = together(names, request, what: what)
+        case let .operationsInBody(list, member, valid):
+            if let refused = refusal(request) { return .refused(refused) }
+            guard case let .array(elements)? = (try? JSONValue.parse(request.body))?[list] else { return .local }
             // A malformed request (too many elements, a bad one) is refused here, whole, as
             // anywhere, before anything is read or sent: nothing changes (`finishAcross`).
-            guard (try? WorkersController.parseFinishes(request, limits: limits)) != nil else { return nil }
+            guard valid(request) else { return .local }
             var queueOf: [Int: String] = [:]
             var missing: [(index: Int, id: OperationID)] = []
             for (i, e) in elements.enumerated() {
-                guard case let .string(text)? = e["id"], let id = OperationID(text) else { continue }
+                guard case let .string(text)? = e[member], let id = OperationID(text) else { continue }
                 if let local = try? engine.operation(id) { queueOf[i] = local.queue } else { missing.append((i, id)) }
             }
             // The others' queues in one read (ids of nothing are answered 404 by whoever answers).
             switch queues.queues(of: missing.map(\.id)) {
             case let .found(found): for m in missing { if let q = found[m.id] { queueOf[m.index] = q } }
-            case let .unavailable(detail): return refuse(request, StoreReadUnavailable(detail: detail).problem)
+            case let .unavailable(detail): return .storeUnavailable(detail)
             }
-            return finishes(request, elements: elements, queueOf: queueOf)
+            decision = split(request, list: list, member: member, elements: elements, queueOf: queueOf)
         }
-        return nil
+        if case .local = decision { return decision }
+        // The token rules of the route's method, before a body is relayed for a caller without one.
+        return refusal(request).map { .refused($0) } ?? decision
     }
 
-    /// A finish request: here when this instance serves every queue named, to the holder when
-    /// one other instance holds them all, split among the holders otherwise (`finishAcross`).
-    private func finishes(_ request: HTTPRequest, elements: [JSONValue], queueOf: [Int: String]) -> HTTPHandlerResult? {
+    private func refusal(_ request: HTTPRequest) -> Problem? { access.refusal(request, match: .notFound) }
+
+    /// Operations of several queues, each answered on its own (finishes): here when this
+    /// instance serves every queue named, to the holder when one other instance holds them all,
+    /// split among the holders otherwise (`finishAcross`).
+    private func split(_ request: HTTPRequest, list: String, member: String, elements: [JSONValue], queueOf: [Int: String]) -> Decision {
         let names = Set(queueOf.values)
-        let elsewhere = names.filter { !owner.serves(queue: $0) }
-        guard let first = elsewhere.min() else { return nil }
-        if let moving = elsewhere.first(where: { owner.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
-        func instance(_ queue: String) -> String { owner.serves(queue: queue) ? owner.selfID : owner.holder(ofQueue: queue)?.instance ?? "" }
+        let elsewhere = names.filter { !placement.serves(queue: $0) }.sorted()
+        guard let first = elsewhere.first else { return .local }
+        if let moving = elsewhere.first(where: { placement.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
+        func instance(_ queue: String) -> String {
+            placement.serves(queue: queue) ? placement.selfID : placement.holder(ofQueue: queue)?.instance ?? ""
+        }
         let instances = Set(names.map(instance))
         // One other instance holds them all; or this request was split by another instance
         // already and a queue moved since (never forwarded twice: 503, the client retries).
         if instances.count == 1 || Forwarder.wasForwarded(request) { return to(queue: first, request) }
         // Elements of no known operation go with this instance's share (404 there), or the first.
-        let fallback = instances.contains(owner.selfID) ? owner.selfID : instance(first)
+        let fallback = instances.contains(placement.selfID) ? placement.selfID : instance(first)
         var order: [String] = []
         var shares: [String: [Int]] = [:]
         for i in elements.indices {
@@ -118,55 +168,36 @@ package struct ClusterFront: Sendable {
             if shares[who] == nil { order.append(who) }
             shares[who, default: []].append(i)
         }
-        var urls: [String: String] = [owner.selfID: owner.selfURL]
-        for q in elsewhere { if let h = owner.holder(ofQueue: q) { urls[h.instance] = h.url } }
+        var urls: [String: String] = [placement.selfID: placement.selfURL]
+        for q in elsewhere { if let h = placement.holder(ofQueue: q) { urls[h.instance] = h.url } }
         var parts: [FinishPart] = []
         for who in order {
             guard let url = urls[who], !url.isEmpty else { return to(queue: first, request) }
             parts.append(FinishPart(url: url, indices: shares[who] ?? []))
         }
-        return finishAcross(request, elements: elements, parts: parts)
+        return .split(list: list, member: member, elements: elements, parts: parts)
     }
 
     /// Requests for several queues at once: here when this instance serves them all, to their
     /// holder when one instance holds them all; otherwise refused (an atomic change across
     /// instances would need a commit across their writers).
-    private func together(_ names: Set<String>, _ request: HTTPRequest, what: String) -> HTTPHandlerResult? {
-        let elsewhere = names.filter { !owner.serves(queue: $0) }
-        guard !elsewhere.isEmpty else { return nil }
+    private func together(_ names: Set<String>, _ request: HTTPRequest, what: String) -> Decision {
+        let elsewhere = names.filter { !placement.serves(queue: $0) }.sorted()
+        guard let first = elsewhere.first else { return .local }
         // A queue nobody holds right now (moving): 503, not a refusal of the request's shape.
-        if let moving = elsewhere.first(where: { owner.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
-        if elsewhere.count == names.count {
-            let holders = Set(names.map { owner.holder(ofQueue: $0)?.instance ?? "" })
-            if holders.count == 1, let one = names.first { return to(queue: one, request) }
+        if let moving = elsewhere.first(where: { placement.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
+        if elsewhere.count == names.count && Set(names.map { placement.holder(ofQueue: $0)?.instance ?? "" }).count == 1 {
+            return to(queue: first, request)
         }
-        return refuse(
-            request,
-            Problem(
-                409, "spans-instances", "Queues on several instances",
-                "\(what) (\(names.sorted().joined(separator: ", "))) are owned by different instances of the cluster; one request can change the queues of one instance only: split it by queue"
-            ))
+        return .spansInstances(what: what, queues: names.sorted())
     }
 
-    private func to(queue name: String, _ request: HTTPRequest) -> HTTPHandlerResult? {
-        if owner.serves(queue: name) { return nil }
-        // The token rules of the route's method, before a body is relayed for a caller without one.
-        if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
-        guard !Forwarder.wasForwarded(request), let holder = owner.holder(ofQueue: name), holder.instance != owner.selfID, !holder.url.isEmpty
-        else {
-            // A queue nobody serves: one that does not exist yet in a partition being taken
-            // over, or one moving right now.
-            return refuse(
-                request,
-                Problem.noOwner(
-                    "no instance serves queue '\(name)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes"))
-        }
-        return .routed("forwarded", forwarder.forward(request, to: holder.url))
-    }
-
-    func refuse(_ request: HTTPRequest, _ problem: Problem) -> HTTPHandlerResult {
-        if let refused = access.refusal(request, match: .notFound) { return .routed(Router.unmatched, .response(refused.response)) }
-        return .routed(Router.unmatched, .response(problem.response))
+    /// A request for the queue `name`: here when this instance serves it, else to its holder.
+    private func to(queue name: String, _ request: HTTPRequest) -> Decision {
+        if placement.serves(queue: name) { return .local }
+        guard !Forwarder.wasForwarded(request), let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty
+        else { return .noOwner(queue: name) }
+        return .forward(to: holder.url)
     }
 }
 

@@ -22,10 +22,13 @@ package struct FollowerReads: Sendable {
 
     package func addRoutes(to r: inout Router) {
         let (reads, queues, limits) = (self.reads, self.queues, self.limits)
-        r.add("GET", "/v1/operations/{id}") { req, p in try OperationsController.status(req, p[0], from: reads) }
-        r.add("GET", "/v1/operations/{id}/events") { req, p in try OperationsController.history(req, p[0], from: reads, limits: limits) }
-        r.add("GET", "/v1/queues") { req, _ in try QueuesController.list(req, from: queues, limits: limits) }
-        r.add("GET", "/v1/queues/{name}") { req, p in try QueuesController.get(req, p[0], from: queues) }
+        r.add("GET", "/v1/operations/{id}", scope: .operation(param: 0, reads: .fromStore)) { req, p in try OperationsController.status(req, p[0], from: reads)
+        }
+        r.add("GET", "/v1/operations/{id}/events", scope: .operation(param: 0, reads: .fromStore)) { req, p in
+            try OperationsController.history(req, p[0], from: reads, limits: limits)
+        }
+        r.add("GET", "/v1/queues", scope: .everyQueue) { req, _ in try QueuesController.list(req, from: queues, limits: limits) }
+        r.add("GET", "/v1/queues/{name}", scope: .queue(param: 0, reads: .fromStore)) { req, p in try QueuesController.get(req, p[0], from: queues) }
     }
 }
 

@@ -11,10 +11,7 @@ import Glibc
 
 /// Who owns a partition as this instance last read it (for routing): the instance and the URL
 /// it advertises.
-struct PartitionHolder: Sendable, Equatable {
-    var instance: String
-    var url: String
-}
+typealias PartitionHolder = PlacementHolder
 
 /// This instance's share of a partitioned cluster (CLUSTER.md "Queues are owned, like
 /// partitions"; `QueuePartitions`). Every period it heartbeats, renews the leases of the
@@ -35,7 +32,7 @@ struct PartitionHolder: Sendable, Equatable {
 /// Losing one (a renewal finds it taken: this instance was stopped or cut off past its lease;
 /// or a commit is fenced) calls `lost`, which re-executes the process: what it held in memory
 /// is dropped whole, as with the one-owner cluster.
-package final class PartitionOwner: RemoteOperations, @unchecked Sendable {
+package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked Sendable {
     let membership: PGMembership
     let store: PostgresStore
     /// The partitions held with their epochs: what the writer fences each commit by.

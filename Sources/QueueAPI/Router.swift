@@ -18,6 +18,41 @@ enum RouteAccess: Sendable {
     case write
 }
 
+/// Which queues a request on a route touches: what a cluster decides where to answer it by
+/// (`ClusterFront`), read from the route table itself. Every route declares one (`Router.add`),
+/// so a route cannot be added without saying where a cluster answers it.
+enum RouteScope: Sendable {
+    /// How a read of a queue this instance does not serve is answered.
+    enum Reads: Sendable {
+        /// By the queue's holder, forwarded there like a change.
+        case atHolder
+        /// Here, from what the holder committed to the shared store (`FollowerReads`, which has
+        /// the same route): it keeps answering while the queue moves.
+        case fromStore
+    }
+
+    /// No queue, or this instance's own view: answered here (health, metrics, the feed, the page).
+    case instance
+    /// Every queue, as committed: answered from the shared store (`FollowerReads`).
+    case everyQueue
+    /// The queue named by path parameter `param`.
+    case queue(param: Int, reads: Reads = .atHolder)
+    /// The queue of the operation whose id is path parameter `param`. `into`: the body's member
+    /// naming the queue the request writes into (a copy's target); that queue's holder answers
+    /// when it is not the operation's.
+    case operation(param: Int, reads: Reads = .atHolder, into: String? = nil)
+    /// The queue named by the body's member `member` (a queue being created).
+    case queueInBody(member: String)
+    /// The queues named by member `member` of each element of the body's list `list`: one
+    /// instance must serve them all (one commit); `what` names them when they are not.
+    case queuesInBody(list: String, member: String, what: String)
+    /// The operations whose ids are member `member` of each element of the body's list `list`,
+    /// each element answered on its own: the request is split among their queues' holders.
+    /// `valid`: whether the request is well formed as a whole; one that is not is answered
+    /// here, whole, and never split.
+    case operationsInBody(list: String, member: String, valid: @Sendable (HTTPRequest) -> Bool)
+}
+
 /// A small table router: `/v1/queues/{name}` style patterns, 404 for unknown paths and
 /// 405 with `Allow` for a known path with another method.
 package struct Router: Sendable {
@@ -29,14 +64,19 @@ package struct Router: Sendable {
         let label: String
         let segments: [String?]  // nil = parameter
         let access: RouteAccess
+        /// Which queues it touches (`RouteScope`).
+        let scope: RouteScope
         let handler: RouteHandler
     }
     private(set) var routes: [Route] = []
     /// The metrics label of answers no route made (404, 405, a refused token or target).
     static let unmatched = "- unmatched"
 
-    /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else.
-    mutating func add(_ method: String, _ pattern: String, access: RouteAccess? = nil, _ handler: @escaping RouteHandler) {
+    /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else; the
+    /// scope has no default (`RouteScope`).
+    mutating func add(
+        _ method: String, _ pattern: String, scope: RouteScope, access: RouteAccess? = nil, _ handler: @escaping RouteHandler
+    ) {
         // Split as `match` splits a path, so `/` is one empty segment and matches only `/`.
         let segs = pattern.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map { s -> String? in
             s.hasPrefix("{") ? nil : String(s)
@@ -44,7 +84,7 @@ package struct Router: Sendable {
         routes.append(
             Route(
                 method: method, pattern: pattern, label: method + " " + pattern, segments: segs, access: access ?? (method == "GET" ? .read : .write),
-                handler: handler))
+                scope: scope, handler: handler))
     }
 
     enum Match {

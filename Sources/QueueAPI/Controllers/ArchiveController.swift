@@ -40,8 +40,8 @@ package struct ArchiveController: Sendable {
     static let barrierFields = ["id", "name", "kind", "queuePriority", "dependencies", "isPaused", "attempt", "createdAt"]
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/v1/queues/{name}/archive") { req, p in try export(req, p[0]) }
-        r.add("POST", "/v1/queues/{name}/archive") { req, p in try durability.idempotent(req) { try restore(req, p[0]) } }
+        r.add("GET", "/v1/queues/{name}/archive", scope: .queue(param: 0)) { req, p in try export(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/archive", scope: .queue(param: 0)) { req, p in try durability.idempotent(req) { try restore(req, p[0]) } }
     }
 
     static func tooLarge(_ detail: String) -> Problem { Problem(422, "archive-too-large", "Archive too large", detail) }

@@ -35,7 +35,7 @@ package struct ClusterController: Sendable {
     var partitions: PartitionOwner? = nil
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/v1/cluster") { req, _ in try cluster(req) }
+        r.add("GET", "/v1/cluster", scope: .instance) { req, _ in try cluster(req) }
     }
 
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {

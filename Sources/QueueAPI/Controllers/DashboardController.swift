@@ -27,10 +27,10 @@ package struct DashboardController: Sendable {
         + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/", access: .open) { req, _ in Self.serve(dashboardHTML, req) }
-        r.add("GET", "/dashboard.css", access: .open) { req, _ in Self.serve(dashboardCSS, req) }
-        r.add("GET", "/dashboard.js", access: .open) { req, _ in Self.serve(dashboardJS, req) }
-        r.add("GET", "/v1/access") { req, _ in try whoAmI(req) }
+        r.add("GET", "/", scope: .instance, access: .open) { req, _ in Self.serve(dashboardHTML, req) }
+        r.add("GET", "/dashboard.css", scope: .instance, access: .open) { req, _ in Self.serve(dashboardCSS, req) }
+        r.add("GET", "/dashboard.js", scope: .instance, access: .open) { req, _ in Self.serve(dashboardJS, req) }
+        r.add("GET", "/v1/access", scope: .instance) { req, _ in try whoAmI(req) }
     }
 
     /// A query is ignored: the page keeps its own state in the URL's fragment.

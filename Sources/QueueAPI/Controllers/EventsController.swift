@@ -10,8 +10,8 @@ package struct EventsController: Sendable {
     let limits: APILimits
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/v1/events") { req, _ in try feed(req) }
-        r.add("GET", "/v1/events/stream") { req, _ in try stream(req) }
+        r.add("GET", "/v1/events", scope: .instance) { req, _ in try feed(req) }
+        r.add("GET", "/v1/events/stream", scope: .instance) { req, _ in try stream(req) }
     }
 
     func feed(_ req: HTTPRequest) throws -> HTTPHandlerResult {

@@ -9,14 +9,14 @@ package struct ObserversController: Sendable {
     let webhooks: Webhooks
 
     package func addRoutes(to r: inout Router) {
-        r.add("POST", "/v1/operations/{id}/observers") { req, p in try add(req, try operationScope(p[0])) }
-        r.add("GET", "/v1/operations/{id}/observers") { req, p in try list(req, try operationScope(p[0])) }
-        r.add("GET", "/v1/operations/{id}/observers/{observer}") { req, p in try get(req, try operationScope(p[0]), p[1]) }
-        r.add("DELETE", "/v1/operations/{id}/observers/{observer}") { req, p in try delete(req, try operationScope(p[0]), p[1]) }
-        r.add("POST", "/v1/queues/{name}/observers") { req, p in try add(req, try queueScope(p[0])) }
-        r.add("GET", "/v1/queues/{name}/observers") { req, p in try list(req, try queueScope(p[0])) }
-        r.add("GET", "/v1/queues/{name}/observers/{observer}") { req, p in try get(req, try queueScope(p[0]), p[1]) }
-        r.add("DELETE", "/v1/queues/{name}/observers/{observer}") { req, p in try delete(req, try queueScope(p[0]), p[1]) }
+        r.add("POST", "/v1/operations/{id}/observers", scope: .operation(param: 0)) { req, p in try add(req, try operationScope(p[0])) }
+        r.add("GET", "/v1/operations/{id}/observers", scope: .operation(param: 0)) { req, p in try list(req, try operationScope(p[0])) }
+        r.add("GET", "/v1/operations/{id}/observers/{observer}", scope: .operation(param: 0)) { req, p in try get(req, try operationScope(p[0]), p[1]) }
+        r.add("DELETE", "/v1/operations/{id}/observers/{observer}", scope: .operation(param: 0)) { req, p in try delete(req, try operationScope(p[0]), p[1]) }
+        r.add("POST", "/v1/queues/{name}/observers", scope: .queue(param: 0)) { req, p in try add(req, try queueScope(p[0])) }
+        r.add("GET", "/v1/queues/{name}/observers", scope: .queue(param: 0)) { req, p in try list(req, try queueScope(p[0])) }
+        r.add("GET", "/v1/queues/{name}/observers/{observer}", scope: .queue(param: 0)) { req, p in try get(req, try queueScope(p[0]), p[1]) }
+        r.add("DELETE", "/v1/queues/{name}/observers/{observer}", scope: .queue(param: 0)) { req, p in try delete(req, try queueScope(p[0]), p[1]) }
     }
 
     /// A request's scope, and what a new observer there watches. An operation must exist (404),

@@ -12,12 +12,12 @@ package struct OperationsController: Sendable {
     let store: any DurableStore
     let limits: APILimits
 
-    func addRoutes(to r: inout Router) {
-        r.add("POST", "/v1/queues/{name}/operations") { req, p in try durability.idempotent(req) { try create(req, p[0]) } }
-        r.add("GET", "/v1/queues/{name}/operations") { req, p in try list(req, p[0]) }
-        r.add("GET", "/v1/operations/{id}") { req, p in try get(req, p[0]) }
-        r.add("PATCH", "/v1/operations/{id}") { req, p in try patch(req, p[0]) }
-        r.add("POST", "/v1/operations/{id}/cancel") { req, p in
+    package func addRoutes(to r: inout Router) {
+        r.add("POST", "/v1/queues/{name}/operations", scope: .queue(param: 0)) { req, p in try durability.idempotent(req) { try create(req, p[0]) } }
+        r.add("GET", "/v1/queues/{name}/operations", scope: .queue(param: 0)) { req, p in try list(req, p[0]) }
+        r.add("GET", "/v1/operations/{id}", scope: .operation(param: 0, reads: .fromStore)) { req, p in try get(req, p[0]) }
+        r.add("PATCH", "/v1/operations/{id}", scope: .operation(param: 0)) { req, p in try patch(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/cancel", scope: .operation(param: 0)) { req, p in
             let q = try Query(req, allowed: ["cascade"])
             let cascade = try q.bool("cascade") ?? false
             return try action(req, p[0], query: ["cascade"]) { id throws(EngineError) in
@@ -26,16 +26,24 @@ package struct OperationsController: Sendable {
                 return try engine.operation(id)
             }
         }
-        r.add("POST", "/v1/operations/{id}/pause") { req, p in try action(req, p[0]) { id throws(EngineError) in try engine.pause(id) } }
-        r.add("POST", "/v1/operations/{id}/resume") { req, p in try action(req, p[0]) { id throws(EngineError) in try engine.resume(id) } }
-        r.add("GET", "/v1/operations/{id}/events") { req, p in try history(req, p[0]) }
-        r.add("GET", "/v1/operations/{id}/wait") { req, p in try wait(req, p[0]) }
-        r.add("POST", "/v1/operations/{id}/copy") { req, p in try durability.idempotent(req) { try copy(req, p[0]) } }
+        r.add("POST", "/v1/operations/{id}/pause", scope: .operation(param: 0)) { req, p in
+            try action(req, p[0]) { id throws(EngineError) in try engine.pause(id) }
+        }
+        r.add("POST", "/v1/operations/{id}/resume", scope: .operation(param: 0)) { req, p in
+            try action(req, p[0]) { id throws(EngineError) in try engine.resume(id) }
+        }
+        r.add("GET", "/v1/operations/{id}/events", scope: .operation(param: 0, reads: .fromStore)) { req, p in try history(req, p[0]) }
+        r.add("GET", "/v1/operations/{id}/wait", scope: .operation(param: 0)) { req, p in try wait(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/copy", scope: .operation(param: 0, into: "queue")) { req, p in
+            try durability.idempotent(req) { try copy(req, p[0]) }
+        }
         // A literal segment: `operations:cancel` is not `operations`, so the create above
         // still matches `POST /v1/queues/{name}/operations` alone.
-        r.add("POST", "/v1/queues/{name}/operations:cancel") { req, p in try bulkCancel(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/operations:cancel", scope: .queue(param: 0)) { req, p in try bulkCancel(req, p[0]) }
         // The same kind of literal segment: `/v1/operations:batch` is not `/v1/operations/{id}`.
-        r.add("POST", "/v1/operations:batch") { req, _ in try durability.idempotent(req) { try batch(req) } }
+        r.add("POST", "/v1/operations:batch", scope: .queuesInBody(list: "operations", member: "queue", what: "the batch's queues")) { req, _ in
+            try durability.idempotent(req) { try batch(req) }
+        }
     }
 
     /// The longest `wait` a client may ask for, as the queue's wait.

@@ -10,17 +10,21 @@ package struct QueuesController: Sendable {
     let limits: APILimits
 
     package func addRoutes(to r: inout Router) {
-        r.add("POST", "/v1/queues") { req, _ in try durability.idempotent(req) { try create(req) } }
+        r.add("POST", "/v1/queues", scope: .queueInBody(member: "name")) { req, _ in try durability.idempotent(req) { try create(req) } }
         let (reads, limits) = (EngineQueueReads(engine: engine), self.limits)
-        r.add("GET", "/v1/queues") { req, _ in try Self.list(req, from: reads, limits: limits) }
-        r.add("GET", "/v1/queues/{name}") { req, p in try Self.get(req, p[0], from: reads) }
-        r.add("PATCH", "/v1/queues/{name}") { req, p in try patch(req, p[0]) }
-        r.add("DELETE", "/v1/queues/{name}") { req, p in try delete(req, p[0]) }
-        r.add("POST", "/v1/queues/{name}/suspend") { req, p in try action(req) { () throws(EngineError) in try engine.suspend(p[0]) } }
-        r.add("POST", "/v1/queues/{name}/resume") { req, p in try action(req) { () throws(EngineError) in try engine.resumeQueue(p[0]) } }
-        r.add("POST", "/v1/queues/{name}/cancel-all") { req, p in try action(req) { () throws(EngineError) in try engine.cancelAll(p[0]) } }
-        r.add("GET", "/v1/queues/{name}/wait") { req, p in try wait(req, p[0]) }
-        r.add("POST", "/v1/queues/{name}/barrier") { req, p in try durability.idempotent(req) { try barrier(req, p[0]) } }
+        r.add("GET", "/v1/queues", scope: .everyQueue) { req, _ in try Self.list(req, from: reads, limits: limits) }
+        r.add("GET", "/v1/queues/{name}", scope: .queue(param: 0, reads: .fromStore)) { req, p in try Self.get(req, p[0], from: reads) }
+        r.add("PATCH", "/v1/queues/{name}", scope: .queue(param: 0)) { req, p in try patch(req, p[0]) }
+        r.add("DELETE", "/v1/queues/{name}", scope: .queue(param: 0)) { req, p in try delete(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/suspend", scope: .queue(param: 0)) { req, p in try action(req) { () throws(EngineError) in try engine.suspend(p[0]) } }
+        r.add("POST", "/v1/queues/{name}/resume", scope: .queue(param: 0)) { req, p in
+            try action(req) { () throws(EngineError) in try engine.resumeQueue(p[0]) }
+        }
+        r.add("POST", "/v1/queues/{name}/cancel-all", scope: .queue(param: 0)) { req, p in
+            try action(req) { () throws(EngineError) in try engine.cancelAll(p[0]) }
+        }
+        r.add("GET", "/v1/queues/{name}/wait", scope: .queue(param: 0)) { req, p in try wait(req, p[0]) }
+        r.add("POST", "/v1/queues/{name}/barrier", scope: .queue(param: 0)) { req, p in try durability.idempotent(req) { try barrier(req, p[0]) } }
     }
 
     static let maxConcurrentRule = "a positive integer up to 1000000, or -1 for the server's default"

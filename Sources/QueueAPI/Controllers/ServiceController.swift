@@ -22,16 +22,16 @@ package struct ServiceController: Sendable {
     var clusterMetrics: @Sendable (inout Exposition) -> Void = { _ in }
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/healthz", access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
-        r.add("GET", "/readyz", access: .open) { _, _ in readyz() }
-        r.add("GET", "/metrics") { _, _ in
+        r.add("GET", "/healthz", scope: .instance, access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        r.add("GET", "/readyz", scope: .instance, access: .open) { _, _ in readyz() }
+        r.add("GET", "/metrics", scope: .instance) { _, _ in
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
                     body: metrics.render(
                         engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats, cluster: clusterMetrics)))
         }
-        r.add("GET", "/openapi.yaml") { _, _ in
+        r.add("GET", "/openapi.yaml", scope: .instance) { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))
         }
     }

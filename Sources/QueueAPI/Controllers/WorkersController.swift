@@ -12,12 +12,18 @@ package struct WorkersController: Sendable {
     let limits: APILimits
 
     package func addRoutes(to r: inout Router) {
-        r.add("POST", "/v1/queues/{name}/claim") { req, p in try claim(req, p[0]) }
-        r.add("POST", "/v1/operations/{id}/heartbeat") { req, p in try heartbeat(req, p[0]) }
-        r.add("POST", "/v1/operations/{id}/progress") { req, p in try progress(req, p[0]) }
-        r.add("POST", "/v1/operations/{id}/finish") { req, p in try finish(req, p[0]) }
-        r.add("POST", "/v1/operations:finish") { req, _ in try finishMany(req) }
-        r.add("GET", "/v1/workers") { req, _ in try workers(req) }
+        r.add("POST", "/v1/queues/{name}/claim", scope: .queue(param: 0)) { req, p in try claim(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/heartbeat", scope: .operation(param: 0)) { req, p in try heartbeat(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/progress", scope: .operation(param: 0)) { req, p in try progress(req, p[0]) }
+        r.add("POST", "/v1/operations/{id}/finish", scope: .operation(param: 0)) { req, p in try finish(req, p[0]) }
+        // Split among instances only when well formed as a whole: a malformed request is
+        // refused whole, naming its element, wherever it is answered.
+        let limits = self.limits
+        let wellFormed: @Sendable (HTTPRequest) -> Bool = { req in (try? Self.parseFinishes(req, limits: limits)) != nil }
+        r.add("POST", "/v1/operations:finish", scope: .operationsInBody(list: "finishes", member: "id", valid: wellFormed)) { req, _ in
+            try finishMany(req)
+        }
+        r.add("GET", "/v1/workers", scope: .instance) { req, _ in try workers(req) }
     }
 
     static func write(_ lease: ExternalKind.Lease, to o: inout JSONOut) {
