@@ -8,37 +8,60 @@ import QueueKinds
 import SQLiteStore
 import StoreKit
 
-/// Builds the service from its configuration; `opqd` and the tests both call this. The store,
-/// the engine and what feeds clients come first, then the router (every controller with just
-/// the dependencies it uses), then the server around it; nothing refers back to the application.
+/// Builds a single instance (SQLite or memory) from its configuration; `opqd` and the tests
+/// both call this. A `postgres://` store takes part in a cluster: `buildService` builds it.
 public func buildApplication(configuration: OpqdConfiguration, logger: Logger? = nil) throws -> OpqdApplication {
-    try buildApplication(configuration: configuration, logger: logger, cluster: nil)
+    try buildApplication(configuration: configuration, logger: logger, role: .single)
 }
 
-/// `cluster`: this instance owns the queues of a PostgreSQL cluster at `cluster.epoch`; its
-/// commits are fenced by that epoch and kinds start only after their start is committed.
-func buildApplication(
-    configuration: OpqdConfiguration, logger: Logger?, cluster: OwnerCluster?, partitioned: PartitionedSetup? = nil
-) throws -> OpqdApplication {
-    var logger = logger ?? Logger(label: "opqd")
-    logger.logLevel = configuration.logLevel
-    let limits = configuration.limits
+/// How this instance takes part: alone, or in a cluster on PostgreSQL.
+enum Role: Sendable {
+    /// One opqd serving its store alone (SQLite or memory).
+    case single
+    /// The owner of every queue (`--ownership one`) at `cluster.epoch`: its commits are fenced
+    /// by that epoch.
+    case oneOwner(OwnerCluster)
+    /// A holder of a share of the partitions (`--ownership partitions`): its commits are fenced
+    /// by the epochs of the partitions it writes to.
+    case partitioned(PartitionedSetup)
+}
 
+/// What the one switch (`compose`) picks for a role: the store and the placement, and what
+/// follows from them for the feed and the front.
+struct Composition {
     let store: any DurableStore
-    var postgres: PostgresStore?
-    var partitions: PartitionOwner?
-    if let setup = partitioned {
-        // Nothing is loaded now: the partitions this instance wins are, once it listens.
-        let pg = try PostgresStore(
-            url: configuration.store,
-            fence: PGFence(
-                instance: setup.membership.instanceID, epoch: 0, leaseSeconds: configuration.lease, partitions: setup.held),
-            onFenced: { setup.lost("a commit was refused: another instance holds one of its partitions now") })
-        postgres = pg
-        store = pg
-        partitions = PartitionOwner(
-            membership: setup.membership, store: pg, held: setup.held, token: setup.token, logger: logger, lost: setup.lost)
-    } else if let cluster {
+    /// nil: a single instance (`SingleInstance`, built once the instance is known).
+    let placement: (any QueuePlacement)?
+    /// On PostgreSQL: where committed events come from (with the seqs it gave them).
+    let postgres: PostgresStore?
+    /// Whether what the last run left is loaded now; a partition holder loads its queues as it
+    /// takes them.
+    let loadsAtStart: Bool
+    /// True once the role is going (the one owner lost its lease while loading).
+    let leaving: @Sendable () -> Bool
+    let listenSocket: Int32?
+    /// The partitioned front: requests for queues held elsewhere are relayed (`ClusterFront`).
+    let front: (@Sendable (Router, QueueEngine, Access) -> ClusterFront)?
+    /// Several writers (partitions): the feed wakes on their NOTIFY (not this instance's own)
+    /// and reads the gaps between its commits back.
+    let othersCommit: Bool
+    let published: (@Sendable ([ChangeEvent]) -> Void)?
+}
+
+/// The one place that chooses the store and the placement.
+func compose(_ role: Role, configuration: OpqdConfiguration, logger: Logger) throws -> Composition {
+    switch role {
+    case .single:
+        guard !OpqdConfiguration.isPostgresURL(configuration.store) else {
+            throw ConfigurationError("a postgres:// store takes part in a cluster: build it with buildService")
+        }
+        let store: any DurableStore =
+            configuration.store == "sqlite"
+            ? try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full) : MemoryStore()
+        return Composition(
+            store: store, placement: nil, postgres: nil, loadsAtStart: true, leaving: { false }, listenSocket: nil, front: nil,
+            othersCommit: false, published: nil)
+    case let .oneOwner(cluster):
         let pg = try PostgresStore(
             url: configuration.store,
             fence: PGFence(instance: cluster.directory.selfID, epoch: cluster.epoch, leaseSeconds: configuration.lease),
@@ -46,66 +69,80 @@ func buildApplication(
                 logger.warning("another instance took over the queues: this one's commits are refused from now on; dropping them")
                 cluster.change(.becomeFollower)
             })
-        postgres = pg
-        store = pg
-    } else if OpqdConfiguration.isPostgresURL(configuration.store) {
-        let pg = try PostgresStore(url: configuration.store)
-        postgres = pg
-        store = pg
-    } else if configuration.store == "sqlite" {
-        store = try SQLiteStore(directory: configuration.data, sync: SyncMode(rawValue: configuration.sync) ?? .full)
-    } else {
-        store = MemoryStore()
+        return Composition(
+            store: pg, placement: cluster, postgres: pg, loadsAtStart: true, leaving: { cluster.isLeaving }, listenSocket: cluster.listenSocket,
+            front: nil, othersCommit: false, published: nil)
+    case let .partitioned(setup):
+        // Nothing is loaded now: the partitions this instance wins are, once it listens.
+        let pg = try PostgresStore(
+            url: configuration.store,
+            fence: PGFence(
+                instance: setup.membership.instanceID, epoch: 0, leaseSeconds: configuration.lease, partitions: setup.held),
+            onFenced: { setup.lost("a commit was refused: another instance holds one of its partitions now") })
+        let owner = PartitionOwner(
+            membership: setup.membership, store: pg, held: setup.held, token: setup.token, logger: logger, lost: setup.lost)
+        let (url, limits, maxBody) = (configuration.store, configuration.limits, configuration.maxBody)
+        return Composition(
+            store: pg, placement: owner, postgres: pg, loadsAtStart: false, leaving: { false }, listenSocket: setup.listenSocket,
+            front: { router, engine, access in
+                .partitioned(
+                    owner: owner, router: router, postgres: pg, storeURL: url, engine: engine, access: access, limits: limits,
+                    maxBody: maxBody, logger: logger)
+            },
+            othersCommit: true, published: { owner.eventsPublished($0) })
     }
-    var recovered = partitions == nil ? try store.recoverState() : nil
+}
+
+/// The store and the engine come first, then what feeds clients, then the router (every
+/// controller with just the dependencies it uses), then the server around it; nothing refers
+/// back to the application.
+func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: Role) throws -> OpqdApplication {
+    var logger = logger ?? Logger(label: "opqd")
+    logger.logLevel = configuration.logLevel
+    let limits = configuration.limits
+
+    let composition = try compose(role, configuration: configuration, logger: logger)
+    let store = composition.store
+    var recovered = composition.loadsAtStart ? try store.recoverState() : nil
     if var r = recovered {
-        (r.poisoned, r.generation) = try countUncleanStops(store, r, logger: logger, abandon: { cluster?.isLeaving ?? false })
+        (r.poisoned, r.generation) = try countUncleanStops(store, r, logger: logger, abandon: composition.leaving)
         recovered = r
     }
+    let serverID = serverIdentity(store)
+    let instance = InstanceInfo(id: composition.placement?.selfID ?? serverID, store: store.name, now: SystemClock().now())
+    let placement: any QueuePlacement = composition.placement ?? SingleInstance(instance: instance)
 
-    var mayStart: (@Sendable () -> Bool)?
-    if let partitions, let setup = partitioned {
-        mayStart = {
-            if partitions.mayAct { return true }
-            setup.lost("the partitions' leases may have run out")
-            return false
-        }
-    } else if let cluster {
-        mayStart = {
-            if cluster.mayAct { return true }
-            // Not started here, and not to be forgotten: giving the role up re-executes the
-            // process, and whoever owns next restarts the operation (restart rules).
-            cluster.change(.becomeFollower)
-            return false
-        }
-    }
     let external = ExternalKind()
     let kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands), external: external)
     let commands = kinds["command"] as? CommandKind
+    let mayStart: (@Sendable () -> Bool)? = placement.startsAfterCommit ? { @Sendable in placement.mayStart() } : nil
     let engine = QueueEngine(
         kinds: kinds, store: store.engineStore,
         configuration: EngineConfiguration(
             defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
             maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
-            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies, startAfterCommit: cluster != nil || partitions != nil,
-            mayStart: mayStart))
+            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies,
+            startAfterCommit: placement.startsAfterCommit, mayStart: mayStart))
 
     let lastSeq = recovered?.lastSeq ?? 0
     // PostgreSQL numbers events in the commit, and a commit that failed leaves its seqs unused:
     // gaps are normal there, and the feed bisects over them.
     let recent = store.recentEvents(limit: configuration.eventCapacity)
-    let kept = postgres != nil ? recent : contiguousTail(recent, lastSeq: lastSeq)
+    let kept = composition.postgres != nil ? recent : contiguousTail(recent, lastSeq: lastSeq)
     let events = EventLog(
         capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
         maxBacklog: limits.sseBacklog)
     events.append(kept)
     let idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
-    idempotency.preload(
-        store.loadIdempotency().map {
-            ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
-        })
-    var servesQueue: (@Sendable (String) -> Bool)?
-    if let partitions { servesQueue = { name in partitions.serves(queue: name) } }
+    let preloadIdempotency: @Sendable () -> Void = {
+        idempotency.preload(
+            store.loadIdempotency().map {
+                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
+            })
+    }
+    preloadIdempotency()
+    // Only a partition holder's observers are filtered: the others' queues are loaded by their owner.
+    let servesQueue: (@Sendable (String) -> Bool)? = placement.servesEveryQueue ? nil : { @Sendable name in placement.serves(queue: name) }
     let webhooks = Webhooks(
         logger: logger, transport: OutboundWebhookTransport(), scheduler: engine.scheduler, secret: configuration.webhookSecret, store: store,
         limits: .init(perOperation: limits.observersPerOperation, perQueue: limits.observersPerQueue, total: limits.observers),
@@ -113,43 +150,31 @@ func buildApplication(
             timeout: configuration.webhookTimeout, backoff: configuration.webhookBackoff,
             maxBackoff: max(configuration.webhookBackoff, configuration.webhookMaxBackoff), maxBuffered: configuration.webhookBuffer),
         newestSeq: { events.lastSeq }, serves: servesQueue)
-    partitions?.onRelease { parts in webhooks.forget { parts.contains(QueuePartitions.of(queue: $0)) } }
-    partitions?.onAdopt {
-        webhooks.load()
-        idempotency.preload(
-            store.loadIdempotency().map {
-                ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
-            })
+    placement.onChange { change in
+        switch change {
+        case let .released(queue): webhooks.forget(queues: queue)
+        case .adopted:
+            webhooks.load()
+            preloadIdempotency()
+        }
     }
     let lifecycle = Lifecycle()
     let durability = Durability(engine: engine, idempotency: idempotency, store: store, retain: configuration.retain)
 
     let metrics = Metrics()
     let access = Access(token: configuration.token, readToken: configuration.readToken)
-    let serverID = serverIdentity(store)
-    let instance = InstanceInfo(
-        id: cluster?.directory.selfID ?? partitioned?.membership.instanceID ?? serverID,
-        store: OpqdConfiguration.isPostgresURL(configuration.store) ? "postgres" : store.name,
-        now: SystemClock().now())
     let router = buildRouter(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, external: external, durability: durability,
         store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance,
-        serverID: serverID, directory: cluster?.directory, partitions: partitions)
+        serverID: serverID, placement: placement)
     let dispatcher = APIDispatcher(router: router, access: access, log: APIDispatcher.logFailures(logger))
-    var routing: ClusterFront?
-    if let partitions, let postgres {
-        routing = .partitioned(
-            owner: partitions, router: router, postgres: postgres, storeURL: configuration.store, engine: engine, access: access, limits: limits,
-            maxBody: configuration.maxBody, logger: logger)
-    }
-    let front = routing
-    let share = partitions
+    let front = composition.front?(router, engine, access)
     let server = HTTPServer(
         configuration: HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,
             maxBodyBytes: configuration.maxBody, connectionTimeout: configuration.connectionTimeout,
             connectionLimit: configuration.connectionLimit, listenBacklog: 1024, maxHeaderBytes: limits.headerBytes,
-            listenSocket: cluster?.listenSocket ?? partitioned?.listenSocket, reusePort: cluster != nil || partitioned != nil),
+            listenSocket: composition.listenSocket, reusePort: composition.postgres != nil),
         handler: { request in front?.route(request) ?? dispatcher.handle(request) },
         log: { [logger] level, message in
             logger.log(level: Logger.Level(rawValue: level) ?? .error, "\(message)", metadata: ["component": "http"])
@@ -163,15 +188,20 @@ func buildApplication(
     // Clients are shown only committed changes: a seq once shown always names the same event.
     // On PostgreSQL they are shown with the seqs it gave them in the commit (global, the same
     // in every instance's feed), not the engine's.
-    var feed: OwnerFeed?
-    if let postgres {
-        let owner = OwnerFeed(
+    var follow: (@Sendable () -> (PGListener?, DispatchSourceTimer))?
+    if let postgres = composition.postgres {
+        let othersCommit = composition.othersCommit
+        let feed = OwnerFeed(
             events: events, webhooks: webhooks, logger: logger,
             read: { after, limit in try postgres.events(after: after, limit: limit) },
-            published: { batch in share?.eventsPublished(batch) },
-            delivers: { queue in share?.serves(queue: queue) ?? true }, readsGaps: share == nil)
-        postgres.onCommittedEvents { owner.committed($0) }
-        feed = owner
+            published: composition.published ?? { _ in },
+            delivers: { queue in placement.serves(queue: queue) }, readsGaps: !othersCommit)
+        postgres.onCommittedEvents { feed.committed($0) }
+        // Its own commits reach the feed from its writer; the timer is the safety net. (No
+        // NOTIFY with one writer: it would wake on its own commits.) Partition holders read the
+        // others' commits too, woken by their NOTIFY.
+        let url = configuration.store
+        follow = { feed.tail.follow(notifiedAt: othersCommit ? url : nil, ignoring: othersCommit ? placement.selfID : nil) }
     } else {
         engine.observeDurable { batch in
             events.append(batch)
@@ -194,7 +224,7 @@ func buildApplication(
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance, cluster: cluster, feed: feed, partitions: partitions,
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, placement: placement, followFeed: follow,
         beforeHandover: { commands?.killAllForHandover() })
 }
 

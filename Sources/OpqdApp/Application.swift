@@ -19,28 +19,25 @@ public final class OpqdApplication: OpqdService {
     let lifecycle: Lifecycle
     let logger: Logger
     let instance: InstanceInfo
-    /// Set when this instance owns the queues of a PostgreSQL cluster.
-    let cluster: OwnerCluster?
+    /// Where the queues live: this instance alone, or its part of a cluster.
+    let placement: any QueuePlacement
     /// Run when this owner gives its role up, before the process re-executes.
     let beforeHandover: @Sendable () -> Void
-    /// On PostgreSQL: the feed of its own commits as numbered there, and what lies between
-    /// them read back (`OwnerFeed`).
-    let feed: OwnerFeed?
-    /// A partitioned cluster instance's share of the partitions.
-    let partitions: PartitionOwner?
+    /// On PostgreSQL: starts following the feed of the commits as numbered there, and what lies
+    /// between them read back (`OwnerFeed`).
+    let followFeed: (@Sendable () -> (PGListener?, DispatchSourceTimer))?
     private let timers = TimerBox()
     private let listener = Locking.Lock<PGListener?>(nil)
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
-        store: any DurableStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, cluster: OwnerCluster? = nil,
-        feed: OwnerFeed? = nil, partitions: PartitionOwner? = nil, beforeHandover: @escaping @Sendable () -> Void = {}
+        store: any DurableStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, placement: any QueuePlacement,
+        followFeed: (@Sendable () -> (PGListener?, DispatchSourceTimer))?, beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
-        self.feed = feed
-        self.partitions = partitions
+        self.followFeed = followFeed
+        self.placement = placement
         self.beforeHandover = beforeHandover
         self.instance = instance
-        self.cluster = cluster
         self.configuration = configuration
         self.engine = engine
         self.server = server
@@ -60,15 +57,14 @@ public final class OpqdApplication: OpqdService {
         instance.listening(at: configuration.advertise ?? "http://\(configuration.host):\(port)")
         let purge = DispatchSource.makeTimerSource(queue: .global())
         purge.schedule(deadline: .now() + 5, repeating: 5)
-        let (engine, retain, store, webhooks) = (self.engine, configuration.retain, self.store, self.webhooks)
-        let partitioned = partitions != nil
+        let (engine, retain, store, webhooks, placement) = (self.engine, configuration.retain, self.store, self.webhooks, self.placement)
         purge.setEventHandler {
             // Small batches, so neither the engine's lock nor the writer is held for long.
             let cutoff = SystemClock().now().adding(seconds: -retain)
             while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
             // In a partitioned cluster an observer of a queue held by another instance is not an
             // orphan: its owner removes it.
-            if webhooks.count > 0 && !partitioned {
+            if webhooks.count > 0 && placement.servesEveryQueue {
                 webhooks.removeOrphans(
                     operationExists: { id in (try? engine.revision(of: id)) != nil }, queueExists: { name in (try? engine.queue(named: name)) != nil })
             }
@@ -90,17 +86,13 @@ public final class OpqdApplication: OpqdService {
         }
         heartbeat.resume()
         var running = [purge, heartbeat]
-        if let feed {
-            // Its own commits reach the feed from its writer; the timer is the safety net. (No
-            // NOTIFY: the one writer is this instance's, and it would wake on its own commits.)
-            // A partitioned instance reads the others' commits too: woken by their NOTIFY.
-            let (listener, tail) = feed.tail.follow(notifiedAt: partitions != nil ? configuration.store : nil, ignoring: partitions?.selfID)
+        if let followFeed {
+            let (listener, tail) = followFeed()
             running.append(tail)
             if let listener { self.listener.withLock { $0 = listener } }
         }
         timers.set(running)
-        if let cluster { try joinCluster(cluster) }
-        if let partitions { try partitions.start(engine: engine, advertise: instance.url) }
+        try placement.start(engine: engine, advertise: instance.url)
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
             logger.warning(
@@ -123,31 +115,18 @@ public final class OpqdApplication: OpqdService {
         // A cluster's counts are in the shared database: an instance's clean stop says nothing of
         // the operations others run (a partitioned instance's takers count per partition, see
         // PartitionOwner.countCrashes; in one-owner mode only the owner counts).
-        if store.isDurable && partitions == nil && (cluster.map { $0.membership.ownsNow } ?? true) {
+        if store.isDurable && placement.servesEveryQueue {
             // A clean stop: operations executing now were not part of a crash. One job, so the
             // counts never go without the marker that explains why.
             var writes: [(key: String, value: String?)] = store.meta(prefix: "crashes:").map { ($0.key, nil) }
             writes.append(("clean_stop", "1"))
             store.setMeta(writes, then: nil)
         }
-        cluster?.stopRenewing()
         listener.withLock { $0?.stop() }
         store.close()
-        // Everything is committed: the next owners may take the partitions at once.
-        partitions?.stop()
-        if let cluster {
-            // Everything is committed: the next owner may start at once.
-            cluster.membership.release(epoch: cluster.epoch)
-            cluster.membership.close()
-        }
+        // Everything is committed: the next owners may take the queues at once.
+        placement.stop()
         logger.info("opqd stopped")
-    }
-
-    /// The owner's side of the cluster, once it listens: registers this instance (its URL is
-    /// known now) and reads the directory; the lease is renewed since it was won.
-    private func joinCluster(_ cluster: OwnerCluster) throws {
-        try cluster.membership.register(advertise: instance.url)
-        cluster.directory.refresh()
     }
 
     /// Stops serving for a role change (this instance lost the queues), keeping the listening
@@ -159,8 +138,7 @@ public final class OpqdApplication: OpqdService {
         beforeHandover()
         let fd = server.openSpareListener()
         timers.cancelAll()
-        cluster?.stopRenewing()
-        partitions?.abandon()
+        placement.abandon()
         listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))

@@ -53,7 +53,7 @@ public func buildService(
                 logger.warning("dropping every queue held here and starting again", metadata: ["reason": "\(reason)"])
                 roleChange(.becomeFollower)
             })
-        return try buildApplication(configuration: configuration, logger: logger, cluster: nil, partitioned: setup)
+        return try buildApplication(configuration: configuration, logger: logger, role: .partitioned(setup))
     }
     var won: (epoch: Int64, token: String)?
     if let epoch = handoff?.epoch, let token = handoff?.token, try membership.confirm(epoch: epoch, token: token) {
@@ -68,7 +68,7 @@ public func buildService(
         cluster.epoch = won.epoch
         // Renewed from now on: loading the queues may take longer than the lease.
         cluster.startRenewing(logger: logger)
-        return try buildApplication(configuration: configuration, logger: logger, cluster: cluster)
+        return try buildApplication(configuration: configuration, logger: logger, role: .oneOwner(cluster))
     }
     logger.info("following the owner of the queues", metadata: ["instance": "\(id)"])
     return try FollowerService(configuration: configuration, logger: logger, cluster: cluster)

@@ -123,6 +123,7 @@ package final class OwnerCluster: @unchecked Sendable {
     package var epoch: Int64 = 0
     private let changed = Locking.Lock(false)
     private let timers = TimerBox()
+    fileprivate let advertised = Locking.Lock("")
 
     package init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
         self.membership = membership
@@ -187,7 +188,48 @@ package final class OwnerCluster: @unchecked Sendable {
         timers.set([renew])
     }
 
-    package func stopRenewing() { timers.cancelAll() }
+    func stopRenewing() { timers.cancelAll() }
+}
+
+/// The one owner's placement (`--ownership one`): it serves every queue while it holds the
+/// lease; its followers are another service (`FollowerService`).
+extension OwnerCluster: QueuePlacement {
+    package var selfID: String { directory.selfID }
+    package var selfURL: String { advertised.withLock { $0 } }
+    package func serves(queue name: String) -> Bool { true }
+    package func holder(ofQueue name: String) -> PlacementHolder? { nil }
+    /// While the lease is held: then its clean stop is the store's to record.
+    package var servesEveryQueue: Bool { membership.ownsNow }
+    package var startsAfterCommit: Bool { true }
+
+    package func mayStart() -> Bool {
+        if mayAct { return true }
+        // Not started here, and not to be forgotten: giving the role up re-executes the
+        // process, and whoever owns next restarts the operation (restart rules).
+        change(.becomeFollower)
+        return false
+    }
+
+    package func clusterView(ownQueues: [String]) throws -> ClusterView { try directory.clusterView(ownQueues: ownQueues) }
+    package func writeMetrics(to out: inout Exposition) { directory.writeOwnerMetrics(to: &out) }
+    package func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
+
+    /// Once it listens: registers this instance (its URL is known now) and reads the directory;
+    /// the lease is renewed since it was won.
+    package func start(engine: QueueEngine, advertise: String) throws {
+        advertised.withLock { $0 = advertise }
+        try membership.register(advertise: advertise)
+        directory.refresh()
+    }
+
+    /// After the store closed (everything is committed): the next owner may start at once.
+    package func stop() {
+        stopRenewing()
+        membership.release(epoch: epoch)
+        membership.close()
+    }
+
+    package func abandon() { stopRenewing() }
 }
 
 /// The cluster as this instance last read it from PostgreSQL, refreshed by its timer; what

@@ -11,7 +11,6 @@ import Glibc
 
 /// Who owns a partition as this instance last read it (for routing): the instance and the URL
 /// it advertises.
-typealias PartitionHolder = PlacementHolder
 
 /// This instance's share of a partitioned cluster (CLUSTER.md "Queues are owned, like
 /// partitions"; `QueuePartitions`). Every period it heartbeats, renews the leases of the
@@ -45,7 +44,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let watched = Locking.Lock<Set<UInt64>>([])
     /// Partitions whose requests this instance answers (held, loaded, not being given up).
     private let serving = Locking.Lock<Set<Int>>([])
-    private let holders = Locking.Lock<[Int: PartitionHolder]>([:])
+    private let holders = Locking.Lock<[Int: PlacementHolder]>([:])
     private let advertised = Locking.Lock("")
     private let others = Locking.Lock<Bool>(false)
     private let lastError = Locking.Lock<String?>(nil)
@@ -55,7 +54,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     let work = DispatchQueue(label: "opqd.partitions")
     private let timers = TimerBox()
     private let stopped = Locking.Lock<Bool>(false)
-    private let adopted = Locking.Lock<(@Sendable () -> Void)?>(nil)
+    private let changed = Locking.Lock<(@Sendable (PlacementChange) -> Void)?>(nil)
     /// Partitions being given up (out of `serving`, not yet out of `held`).
     private let leaving = Locking.Lock<Set<Int>>([])
     /// Ids waited for that a look at PostgreSQL is due for, and whether one is scheduled: the
@@ -83,14 +82,11 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     var engine: QueueEngine? { engineBox.withLock { $0 } }
 
-    /// Run after queues were adopted, before they are served: the application reloads what it
-    /// keeps of theirs beside the engine (the answers kept for Idempotency-Keys, which their
-    /// previous owner committed with the changes).
-    package func onAdopt(_ body: @escaping @Sendable () -> Void) { adopted.withLock { $0 = body } }
-
-    /// Run when partitions are given up, after the engine let their queues go.
-    package func onRelease(_ body: @escaping @Sendable (Set<Int>) -> Void) { released.withLock { $0 = body } }
-    private let released = Locking.Lock<(@Sendable (Set<Int>) -> Void)?>(nil)
+    /// `.adopted` after queues were taken in, before they are served (the application reloads
+    /// what it keeps of theirs beside the engine: the answers kept for Idempotency-Keys, which
+    /// their previous owner committed with the changes); `.released` when partitions are given
+    /// up, after the engine let their queues go.
+    package func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) { changed.withLock { $0 = body } }
 
     /// How often it renews and rebalances: a third of the lease, at most every second.
     var period: Double { min(1, membership.leaseSeconds / 3) }
@@ -150,16 +146,16 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     /// Where requests for the queue `name` go when this instance does not serve it: its
     /// partition's holder as last read (nil: nobody holds it right now).
-    func holder(ofQueue name: String) -> PartitionHolder? {
+    package func holder(ofQueue name: String) -> PlacementHolder? {
         let p = QueuePartitions.of(queue: name)
         return holders.withLock { $0[p] }
     }
 
     /// The URL this instance advertises to the others (`start`).
-    var selfURL: String { advertised.withLock { $0 } }
+    package var selfURL: String { advertised.withLock { $0 } }
 
     /// Partition -> holder, as last read (this instance included).
-    var holderMap: [Int: PartitionHolder] { holders.withLock { $0 } }
+    var holderMap: [Int: PlacementHolder] { holders.withLock { $0 } }
     var servingPartitions: Set<Int> { serving.withLock { $0 } }
     var othersAlive: Bool { others.withLock { $0 } }
     var unavailable: String? { lastError.withLock { $0 } }
@@ -167,6 +163,23 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// Kinds start only while this instance may act for its partitions: the lease it last
     /// renewed cannot have run out yet, or nobody else was alive to take them.
     package var mayAct: Bool { !stopped.withLock { $0 } && (membership.ownsNow || !othersAlive) }
+
+    // MARK: - QueuePlacement
+
+    /// Others hold the other partitions, and count their own crashes.
+    package var servesEveryQueue: Bool { false }
+    /// Commits are fenced by the partitions' epochs; a start waits for its commit.
+    package var startsAfterCommit: Bool { true }
+
+    /// False once the leases may have run out: every partition held here is dropped (the
+    /// process starts again), and the next holders restart what ran.
+    package func mayStart() -> Bool {
+        if mayAct { return true }
+        lost("the partitions' leases may have run out")
+        return false
+    }
+
+    package func clusterView(ownQueues: [String]) throws -> ClusterView { try clusterView() }
 
     // MARK: - the period
 
@@ -196,9 +209,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
                 }
             }
             let leases = try membership.partitionLeases()
-            var map: [Int: PartitionHolder] = [:]
+            var map: [Int: PlacementHolder] = [:]
             for l in leases where l.live {
-                map[l.partition] = PartitionHolder(instance: l.instance, url: urls[l.instance] ?? "")
+                map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "")
             }
             holders.withLock { $0 = map }
             let names = (try? store.queueNames()) ?? picture.withLock { $0.queues }
@@ -254,9 +267,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // is durable, and larger than any an earlier owner used.
         recovered.generation = block.lowerBound >> PGMembership.idBlockBits
         engine.adopt(recovered, remote: remote)
-        adopted.withLock { $0 }?()
+        changed.withLock { $0 }?(.adopted)
         serving.withLock { $0.formUnion(won.keys) }
-        holders.withLock { h in for p in won.keys { h[p] = PartitionHolder(instance: selfID, url: "") } }
+        holders.withLock { h in for p in won.keys { h[p] = PlacementHolder(instance: selfID, url: "") } }
         logger.info(
             "partitions taken",
             metadata: ["partitions": "\(won.keys.sorted())", "queues": "\(recovered.queues.count)", "operations": "\(recovered.operations.count)"])
@@ -294,7 +307,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // Decided inside the engine's lock: a queue created a moment ago in these partitions goes
         // too, and none can be created in them from now on (`onlyQueues`).
         let stopped = engine.release { parts.contains(QueuePartitions.of(queue: $0)) }
-        released.withLock { $0 }?(parts)
+        changed.withLock { $0 }?(.released { parts.contains(QueuePartitions.of(queue: $0)) })
         let epochs = held.all.filter { parts.contains($0.key) }
         engine.whenDurable { [self] in
             // Runs told to stop get the time to be gone before another instance may start them.

@@ -6,14 +6,12 @@ import StoreKit
 package func buildRouter(
     engine: QueueEngine, events: EventLog, metrics: Metrics, webhooks: Webhooks, external: ExternalKind, durability: Durability,
     store: any DurableStore, lifecycle: Lifecycle, limits: OpqdConfiguration.Limits, access: Access, maxBody: Int,
-    instance: InstanceInfo, serverID: String, directory: ClusterDirectory?, partitions: PartitionOwner? = nil
+    instance: InstanceInfo, serverID: String, placement: any QueuePlacement
 ) -> Router {
     var router = Router()
     ServiceController(
         engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
-        clusterMetrics: { out in
-            if let directory { directory.writeOwnerMetrics(to: &out) } else { partitions?.writeMetrics(to: &out) }
-        }
+        clusterMetrics: { out in placement.writeMetrics(to: &out) }
     ).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)
@@ -22,7 +20,7 @@ package func buildRouter(
     ArchiveController(
         engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
     ).addRoutes(to: &router)
-    ClusterController(engine: engine, instance: instance, directory: directory, partitions: partitions).addRoutes(to: &router)
+    ClusterController(engine: engine, placement: placement).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)
     WorkersController(engine: engine, external: external, durability: durability, limits: limits).addRoutes(to: &router)

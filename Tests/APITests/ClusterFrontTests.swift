@@ -22,6 +22,17 @@ struct FakePlacement: QueuePlacement {
 
     func serves(queue name: String) -> Bool { served.contains(name) }
     func holder(ofQueue name: String) -> PlacementHolder? { holders[name] }
+
+    // What the front does not ask.
+    var servesEveryQueue: Bool { false }
+    var startsAfterCommit: Bool { true }
+    func mayStart() -> Bool { true }
+    func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
+    func writeMetrics(to out: inout Exposition) {}
+    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
+    func start(engine: QueueEngine, advertise: String) throws {}
+    func stop() {}
+    func abandon() {}
 }
 
 /// Where `ClusterFront` sends each request, over the real route table and a fake placement:

@@ -20,11 +20,11 @@ enum RouteTables {
             logger: Logger(label: "route-tables"), transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
             limits: .init(perOperation: 1, perQueue: 1, total: 1), newestSeq: { 0 })
         let durability = Durability(engine: engine, idempotency: IdempotencyCache(maxKeys: 1, maxBytes: 1 << 10), store: store, retain: 1)
+        let instance = InstanceInfo(id: "route-tables", store: "memory", now: Timestamp(nanoseconds: 0))
         return buildRouter(
             engine: engine, events: events, metrics: Metrics(), webhooks: webhooks, external: ExternalKind(), durability: durability,
             store: store, lifecycle: Lifecycle(), limits: OpqdConfiguration.Limits(), access: Access(token: token, readToken: nil), maxBody: 1 << 20,
-            instance: InstanceInfo(id: "route-tables", store: "memory", now: Timestamp(nanoseconds: 0)), serverID: "route-tables",
-            directory: nil)
+            instance: instance, serverID: "route-tables", placement: SingleInstance(instance: instance))
     }
 
     static func followerReads() -> Router {

@@ -25,14 +25,11 @@ package final class InstanceInfo: Sendable {
 }
 
 /// `GET /v1/cluster`: the instances serving this API, with their URL, heartbeat and the
-/// queues each owns. With SQLite (or memory) one opqd serves the store alone: `mode` says
-/// `single` and the cluster is this instance. With PostgreSQL (`directory`), the instances
-/// as the database lists them, the owner with its epoch and every queue (`mode: cluster`).
+/// queues each owns, as the placement sees them (`ClusterView`). With SQLite (or memory) one
+/// opqd serves the store alone: `mode` says `single` and the cluster is this instance.
 package struct ClusterController: Sendable {
     let engine: QueueEngine
-    let instance: InstanceInfo
-    let directory: ClusterDirectory?
-    var partitions: PartitionOwner? = nil
+    let placement: any QueuePlacement
 
     package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/cluster", scope: .instance) { req, _ in try cluster(req) }
@@ -40,21 +37,6 @@ package struct ClusterController: Sendable {
 
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let queues = engine.queues().map(\.name).sorted()
-        let view: ClusterView
-        if let directory {
-            view = try directory.clusterView(ownQueues: queues)
-        } else if let partitions {
-            view = try partitions.clusterView()
-        } else {
-            view = ClusterView(
-                mode: "single", store: instance.store,
-                instances: [
-                    ClusterView.Instance(
-                        id: instance.id, url: instance.url, isSelf: true, startedAt: instance.startedAt, heartbeatAt: instance.heartbeatAt,
-                        queues: queues)
-                ])
-        }
-        return .response(json(200, view.json))
+        return .response(json(200, try placement.clusterView(ownQueues: engine.queues().map(\.name).sorted()).json))
     }
 }

@@ -1,7 +1,12 @@
+import QueueEngine
+
 /// Where the queues live among the instances of a service: which ones this instance answers
-/// for, and who holds the others. A single instance serves every queue; a partitioned cluster
-/// (`PartitionOwner`) serves the queues of the partitions it holds. `ClusterFront` routes by it.
-protocol QueuePlacement: Sendable {
+/// for, who holds the others, when its engine may start work, what `GET /v1/cluster` and
+/// `/metrics` say about it, and how its share changes. A single instance (`SingleInstance`)
+/// serves every queue; a cluster's placements (the one owner, a partition holder) live in
+/// `QueueCluster`. The composition root picks one; the rest of the service asks it, never which
+/// one it has.
+package protocol QueuePlacement: Sendable {
     /// This instance's id among the holders (`PlacementHolder.instance`).
     var selfID: String { get }
     /// The base URL this instance advertises to the others ("" before it does).
@@ -11,10 +16,79 @@ protocol QueuePlacement: Sendable {
     /// Where requests for the queue `name` go when this instance does not serve it, as last
     /// known; nil while nobody holds it (it is moving: 503 `no-owner`, retry shortly).
     func holder(ofQueue name: String) -> PlacementHolder?
+
+    /// True when this instance serves every queue of the store: then an observer of a queue it
+    /// does not have is an orphan, and its clean stop is the store's to record. False for a
+    /// partition holder: others hold the rest, and count their own crashes.
+    var servesEveryQueue: Bool { get }
+    /// Whether kinds start only once their start is committed, and are asked `mayStart` first
+    /// (a cluster: its commits are fenced, and it may have lost its queues meanwhile).
+    var startsAfterCommit: Bool { get }
+    /// Asked right before each start (with `startsAfterCommit`): false when this instance can
+    /// no longer be sure it holds the queue; the placement then gives its share up.
+    func mayStart() -> Bool
+
+    /// `GET /v1/cluster`. `ownQueues`: the engine's queues, sorted.
+    func clusterView(ownQueues: [String]) throws -> ClusterView
+    /// Its own `/metrics` families.
+    func writeMetrics(to out: inout Exposition)
+    /// Calls `body` (on a background thread) when the queues served here change.
+    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void)
+
+    /// Starts taking part, once the service listens at `advertise`.
+    func start(engine: QueueEngine, advertise: String) throws
+    /// A clean stop, after the store closed: what it holds is given up at once.
+    func stop()
+    /// The process is going (a role change): stops at once, without a word to the others.
+    func abandon()
+}
+
+/// How the queues served here changed.
+package enum PlacementChange: Sendable {
+    /// Queues taken in (loaded into the engine), before they are served.
+    case adopted
+    /// Queues given up (the engine let them go); `queue` says which.
+    case released(_ queue: @Sendable (String) -> Bool)
 }
 
 /// Who holds a queue: an instance and the base URL it advertises ("" when not known).
-struct PlacementHolder: Sendable, Equatable {
-    var instance: String
-    var url: String
+package struct PlacementHolder: Sendable, Equatable {
+    package var instance: String
+    package var url: String
+
+    package init(instance: String, url: String) {
+        self.instance = instance
+        self.url = url
+    }
+}
+
+/// One opqd serving its store alone (SQLite or memory): every queue is here.
+package final class SingleInstance: QueuePlacement {
+    let instance: InstanceInfo
+
+    package init(instance: InstanceInfo) { self.instance = instance }
+
+    package var selfID: String { instance.id }
+    package var selfURL: String { instance.url }
+    package func serves(queue name: String) -> Bool { true }
+    package func holder(ofQueue name: String) -> PlacementHolder? { nil }
+    package var servesEveryQueue: Bool { true }
+    package var startsAfterCommit: Bool { false }
+    package func mayStart() -> Bool { true }
+
+    package func clusterView(ownQueues: [String]) throws -> ClusterView {
+        ClusterView(
+            mode: "single", store: instance.store,
+            instances: [
+                ClusterView.Instance(
+                    id: instance.id, url: instance.url, isSelf: true, startedAt: instance.startedAt, heartbeatAt: instance.heartbeatAt,
+                    queues: ownQueues)
+            ])
+    }
+
+    package func writeMetrics(to out: inout Exposition) {}
+    package func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
+    package func start(engine: QueueEngine, advertise: String) throws {}
+    package func stop() {}
+    package func abandon() {}
 }
