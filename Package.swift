@@ -72,28 +72,39 @@ let package = Package(
         // SHA-256 (idempotency body hashes) and HMAC-SHA256 (webhook signatures). Always optimised:
         // unoptimised, hashing a 100 KiB body took ~25 ms in debug builds, which every test runs.
         .target(name: "Digest", swiftSettings: [.unsafeFlags(["-O"])]),
-        // The HTTP face (routes, wire types, error mapping), observation (feed, SSE, webhooks,
-        // metrics), durability, and (until it moves to a target of its own) the cluster.
+        // The HTTP face (routes with their scopes, wire types, error mapping), observation (feed,
+        // SSE, webhooks, metrics), durability, and the placement seam with its single instance.
+        // No concrete store, no cluster.
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "StoreKit", "PostgresStore", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
+                "QueueEngine", "QueueKinds", "StoreKit", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: []
         ),
+        // Every multi-instance rule, behind QueuePlacement: partitions (planner, leases, remote
+        // operations, crash counts), the one owner and its followers, the front that relays
+        // requests by route scope, the feed of PostgreSQL's commits, reads from PostgreSQL.
+        .target(
+            name: "QueueCluster",
+            dependencies: [
+                "QueueAPI", "QueueEngine", "StoreKit", "PostgresStore", "MicroHTTP", "OutboundHTTP", "Locking", "Digest", "Grammar",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         // The composition root: the one place that picks the store and the placement (one
         // switch) and builds the service; the only target that knows every concrete type.
         .target(
             name: "OpqdApp",
             dependencies: [
-                "QueueAPI", "QueueEngine", "QueueKinds", "StoreKit", "SQLiteStore", "PostgresStore", "MicroHTTP", "Locking",
+                "QueueAPI", "QueueCluster", "QueueEngine", "QueueKinds", "StoreKit", "SQLiteStore", "PostgresStore", "MicroHTTP", "Locking",
                 .product(name: "Logging", package: "swift-log"),
             ]),
         .executableTarget(
             name: "opqd",
             dependencies: [
-                "OpqdApp", "QueueAPI", "OutboundHTTP", "QueueEngine", "Locking", "Digest", "Grammar", .product(name: "Logging", package: "swift-log"),
+                "OpqdApp", "QueueAPI", "QueueCluster", "OutboundHTTP", "QueueEngine", "Locking", "Digest", "Grammar",
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // Plain build: replays files given on the command line. With
@@ -108,7 +119,7 @@ let package = Package(
         .testTarget(name: "StoreTests", dependencies: ["SQLiteStore", "PostgresStore", "StoreKit", "QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "MicroHTTPTests", dependencies: ["MicroHTTP", "Locking", "TestKit"]),
         // Depends on the `opqd` executable so crash and shutdown tests can run the real binary.
-        .testTarget(name: "APITests", dependencies: ["OpqdApp", "QueueAPI", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
+        .testTarget(name: "APITests", dependencies: ["OpqdApp", "QueueAPI", "QueueCluster", "QueueTesting", "QueueEngine", "Locking", "opqd", "Digest"]),
         // Hostile clients and targets against the real `opqd` binary (a child process on a real port).
         .testTarget(name: "HostileTests", dependencies: ["TestKit", "Locking", "opqd"]),
         // Three real `opqd` processes on one PostgreSQL database (OPQD_TEST_POSTGRES_URL): exactly once,

@@ -1,5 +1,6 @@
 import MicroHTTP
 import QueueAPI
+import QueueCluster
 
 extension OpqdApplication {
     /// Runs `request` through exactly what the HTTP server calls for a fully received request

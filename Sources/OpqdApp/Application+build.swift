@@ -3,6 +3,7 @@ import Logging
 import MicroHTTP
 import PostgresStore
 import QueueAPI
+import QueueCluster
 import QueueEngine
 import QueueKinds
 import SQLiteStore

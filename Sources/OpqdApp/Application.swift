@@ -4,6 +4,7 @@ import Logging
 import MicroHTTP
 import PostgresStore
 import QueueAPI
+import QueueCluster
 import QueueEngine
 import StoreKit
 

@@ -2,6 +2,7 @@ import Locking
 import Logging
 import PostgresStore
 import QueueAPI
+import QueueCluster
 
 #if canImport(Glibc)
 import Glibc

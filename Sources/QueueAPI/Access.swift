@@ -59,7 +59,7 @@ package struct Access: Sendable {
     /// (before the body is read) and again in `APIDispatcher.handle`.
     /// `match` is evaluated only when a token is configured: without one, the head check costs
     /// no route match.
-    func refusal(_ request: HTTPRequest, match: @autoclosure () -> Router.Match) -> Problem? {
+    package func refusal(_ request: HTTPRequest, match: @autoclosure () -> Router.Match) -> Problem? {
         // `x/v1/queues`, `*`, `http://host/...`: the router must never guess what was meant.
         guard request.path.utf8.first == UInt8(ascii: "/") else {
             return Problem(400, "bad-request-target", "Bad Request", "the request target must be an absolute path such as /v1/queues")

@@ -70,9 +70,9 @@ struct Body {
 }
 
 /// Query parameters, checked the same way.
-struct Query {
+package struct Query {
     let values: [String: String]
-    init(_ request: HTTPRequest, allowed: [String]) throws(Problem) {
+    package init(_ request: HTTPRequest, allowed: [String]) throws(Problem) {
         for k in request.query.keys where !allowed.contains(k) {
             throw Problem.invalid(k, "unknown query parameter; allowed: \(allowed.isEmpty ? "none" : allowed.joined(separator: ", "))")
         }

@@ -142,7 +142,7 @@ extension ChangeValue {
 
 extension ChangeEvent {
     /// `{"seq","time","queue","operation","key","old","new","state"}`.
-    var json: [UInt8] {
+    package var json: [UInt8] {
         var o = JSONOut(capacity: 200)
         o.open()
         o.key("seq"); o.int(seq)

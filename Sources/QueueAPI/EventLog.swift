@@ -57,7 +57,7 @@ package final class EventLog: Sendable {
     package var lastSeq: UInt64 { state.withLock { $0.lastSeq } }
 
     /// Open SSE streams, for `/metrics`.
-    var streamCount: Int { state.withLock { $0.streams.count } }
+    package var streamCount: Int { state.withLock { $0.streams.count } }
 
     /// The seq of the oldest event still kept.
     var oldestKept: UInt64 { state.withLock { $0.firstSeq } }

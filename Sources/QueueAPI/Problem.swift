@@ -8,23 +8,23 @@ import QueueKinds
 // errors into answers.
 
 extension Problem {
-    static func badRequest(_ detail: String) -> Problem { Problem(400, "malformed-request", "Malformed request", detail) }
+    package static func badRequest(_ detail: String) -> Problem { Problem(400, "malformed-request", "Malformed request", detail) }
     static func invalid(_ field: String, _ detail: String) -> Problem {
         Problem(422, "invalid-field", "Invalid field", "\(field): \(detail)")
     }
     static func notFound(_ detail: String) -> Problem { Problem(404, "not-found", "Not Found", detail) }
     /// `?limit=0x10&limit=5`: which one counts is a guess, so neither does.
-    static func repeatedQueryParameter(_ name: String) -> Problem { invalid(name, "appears more than once; give each query parameter once") }
+    package static func repeatedQueryParameter(_ name: String) -> Problem { invalid(name, "appears more than once; give each query parameter once") }
     static func conflict(_ detail: String) -> Problem { Problem(409, "conflict", "Conflict", detail) }
 
     /// 503 `no-owner`, with `Retry-After: 1`: no instance serves the queue right now (it is
     /// moving, or a takeover is under way). The one builder of it; `detail` says which case.
-    static func noOwner(_ detail: String) -> Problem {
+    package static func noOwner(_ detail: String) -> Problem {
         Problem(503, "no-owner", "No owner", detail, headers: [("Retry-After", "1")])
     }
 
     /// 503 `not-ready` from `/readyz`: the one builder of it; `detail` says why.
-    static func notReady(_ detail: String) -> Problem { Problem(503, "not-ready", "Not ready", detail) }
+    package static func notReady(_ detail: String) -> Problem { Problem(503, "not-ready", "Not ready", detail) }
 }
 
 extension EngineError: ProblemConvertible {
@@ -87,5 +87,15 @@ extension ExternalKind.LeaseError: ProblemConvertible {
         switch self {
         case let .notLeased(detail): return Problem(409, "lease-conflict", "Lease conflict", detail)
         }
+    }
+}
+
+/// The store could not be read (a durable store's history, a cluster's reads of what other
+/// instances committed): 503, retry shortly.
+package struct StoreReadUnavailable: Error, ProblemConvertible {
+    package let detail: String
+    package init(detail: String) { self.detail = detail }
+    package var problem: Problem {
+        Problem(503, "store-unavailable", "Store unavailable", "cannot read from the store: \(detail)", headers: [("Retry-After", "1")])
     }
 }

@@ -3,7 +3,7 @@ import QueueEngine
 
 let jsonType = ("Content-Type", "application/json; charset=utf-8")
 
-func json(_ status: Int, _ body: [UInt8], _ headers: [(String, String)] = []) -> HTTPResponse {
+package func json(_ status: Int, _ body: [UInt8], _ headers: [(String, String)] = []) -> HTTPResponse {
     HTTPResponse(status: status, headers: [jsonType] + headers, body: body)
 }
 

@@ -1,15 +1,15 @@
 import MicroHTTP
 
 /// Path parameters in the order the pattern names them.
-struct Params {
-    let values: [Substring]
-    subscript(_ i: Int) -> String { String(values[i]) }
+package struct Params {
+    package let values: [Substring]
+    package subscript(_ i: Int) -> String { String(values[i]) }
 }
 
-typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerResult
+package typealias RouteHandler = @Sendable (HTTPRequest, Params) throws -> HTTPHandlerResult
 
 /// Who may call a route when tokens are configured (API.md "Who may call").
-enum RouteAccess: Sendable {
+package enum RouteAccess: Sendable {
     /// No token needed: liveness and readiness.
     case open
     /// The read token is enough (GET/HEAD).
@@ -21,9 +21,9 @@ enum RouteAccess: Sendable {
 /// Which queues a request on a route touches: what a cluster decides where to answer it by
 /// (`ClusterFront`), read from the route table itself. Every route declares one (`Router.add`),
 /// so a route cannot be added without saying where a cluster answers it.
-enum RouteScope: Sendable {
+package enum RouteScope: Sendable {
     /// How a read of a queue this instance does not serve is answered.
-    enum Reads: Sendable {
+    package enum Reads: Sendable {
         /// By the queue's holder, forwarded there like a change.
         case atHolder
         /// Here, from what the holder committed to the shared store (`FollowerReads`, which has
@@ -56,7 +56,9 @@ enum RouteScope: Sendable {
 /// A small table router: `/v1/queues/{name}` style patterns, 404 for unknown paths and
 /// 405 with `Allow` for a known path with another method.
 package struct Router: Sendable {
-    struct Route: Sendable {
+    package init() {}
+
+    package struct Route: Sendable {
         let method: String
         /// As added, e.g. `/v1/queues/{name}`.
         let pattern: String
@@ -65,16 +67,16 @@ package struct Router: Sendable {
         let segments: [String?]  // nil = parameter
         let access: RouteAccess
         /// Which queues it touches (`RouteScope`).
-        let scope: RouteScope
+        package let scope: RouteScope
         let handler: RouteHandler
     }
     private(set) var routes: [Route] = []
     /// The metrics label of answers no route made (404, 405, a refused token or target).
-    static let unmatched = "- unmatched"
+    package static let unmatched = "- unmatched"
 
     /// Adds a route. Access defaults to `.read` for GET and `.write` for anything else; the
     /// scope has no default (`RouteScope`).
-    mutating func add(
+    package mutating func add(
         _ method: String, _ pattern: String, scope: RouteScope, access: RouteAccess? = nil, _ handler: @escaping RouteHandler
     ) {
         // Split as `match` splits a path, so `/` is one empty segment and matches only `/`.
@@ -87,7 +89,7 @@ package struct Router: Sendable {
                 scope: scope, handler: handler))
     }
 
-    enum Match {
+    package enum Match {
         case found(Route, Params)
         /// The path exists with other methods; `open` when every route on it is `.open` (then
         /// a caller without a token may be told 405: it learns nothing the open routes do not).
@@ -96,7 +98,7 @@ package struct Router: Sendable {
     }
 
     /// Matches an absolute path (the caller refuses anything else before routing).
-    func match(method: String, path: String) -> Match {
+    package func match(method: String, path: String) -> Match {
         guard path.utf8.first == UInt8(ascii: "/") else { return .notFound }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         // A trailing slash or empty segment never matches.

@@ -1,6 +1,7 @@
 import Logging
 import OpqdApp
 import QueueAPI
+import QueueCluster
 
 #if canImport(Glibc)
 import Glibc

@@ -4,6 +4,7 @@ import QueueEngine
 import Testing
 
 @testable import QueueAPI
+@testable import QueueCluster
 
 /// A placement as a table: this instance is "a" (`http://a:1`); each queue's holder by id,
 /// served here when held by "a". A queue not in the table is held by nobody (moving).

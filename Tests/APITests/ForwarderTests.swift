@@ -7,6 +7,7 @@ import QueueTesting
 import Testing
 
 @testable import QueueAPI
+@testable import QueueCluster
 
 #if canImport(Glibc)
 import Glibc

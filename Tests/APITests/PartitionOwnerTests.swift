@@ -9,6 +9,7 @@ import TestKit
 import Testing
 
 @testable import QueueAPI
+@testable import QueueCluster
 
 /// A kind whose runs end when the test says so.
 final class HeldKind: OperationKind {

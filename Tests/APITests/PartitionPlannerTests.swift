@@ -2,6 +2,7 @@ import PostgresStore
 import Testing
 
 @testable import QueueAPI
+@testable import QueueCluster
 
 /// The decisions of one lease period (`PartitionPlanner`), over tables of what was read: no
 /// PostgreSQL, no processes, no clock.

@@ -7,6 +7,7 @@ import StoreKit
 import Testing
 
 @testable import QueueAPI
+@testable import QueueCluster
 
 /// The route tables the application builds, made on a memory store: `buildRouter` as
 /// `buildApplication` calls it, and the follower reads a partitioned instance answers from

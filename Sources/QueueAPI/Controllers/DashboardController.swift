@@ -18,6 +18,10 @@ struct DashboardAsset: Sendable {
 /// to everyone like `/healthz` (the page asks for the token itself), and `GET /v1/access`, which
 /// tells the page what the token it holds may do.
 package struct DashboardController: Sendable {
+    package init(access: Access) {
+        self.access = access
+    }
+
     let access: Access
 
     /// Scripts and styles from this origin only (so no inline script or style), requests to this

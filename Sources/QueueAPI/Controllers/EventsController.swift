@@ -4,6 +4,12 @@ import QueueEngine
 
 /// The change feed (`/v1/events`, a long poll) and its Server-Sent Events stream.
 package struct EventsController: Sendable {
+    package init(events: EventLog, scheduler: any EngineScheduler, limits: APILimits) {
+        self.events = events
+        self.scheduler = scheduler
+        self.limits = limits
+    }
+
     let events: EventLog
     /// Long polls end on it (the engine's; a manual clock in tests).
     let scheduler: any EngineScheduler

@@ -152,7 +152,7 @@ package struct OperationsController: Sendable {
     func get(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult { try Self.status(req, idText, from: reads) }
 
     /// `GET /v1/operations/{id}`: the status with its `ETag`, or 304 for a matching `If-None-Match`.
-    static func status(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads) throws -> HTTPHandlerResult {
+    package static func status(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let id = try parseOperationID(idText)
         if req.header("if-none-match") != nil {
@@ -189,7 +189,7 @@ package struct OperationsController: Sendable {
 
     /// `GET /v1/operations/{id}/events`: the operation's committed events, oldest first, a page
     /// at a time (`after`, `limit`, the byte budget; `next` carries on).
-    static func history(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads, limits: APILimits) throws
+    package static func history(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads, limits: APILimits) throws
         -> HTTPHandlerResult
     {
         let q = try Query(req, allowed: ["after", "limit"])
@@ -218,7 +218,7 @@ package struct OperationsController: Sendable {
 /// Where an operation's status and history are read from: the engine on an owner (or a single
 /// opqd), PostgreSQL on a cluster follower (`FollowerReads`). One route code for both, so both
 /// validate and answer alike.
-protocol OperationReads: Sendable {
+package protocol OperationReads: Sendable {
     /// Throws `EngineError.operationNotFound` for an operation that does not exist.
     func revision(of id: OperationID) throws -> UInt64
     func operation(_ id: OperationID) throws -> OperationSnapshot

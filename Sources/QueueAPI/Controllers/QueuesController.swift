@@ -50,7 +50,7 @@ package struct QueuesController: Sendable {
     /// `GET /v1/queues`: every queue (a page of them, by name), with an `ETag` over all of them.
     /// The owner reads its engine, a cluster follower the queues' rows (`FollowerReads`): one
     /// code, so the same bytes.
-    static func list(_ req: HTTPRequest, from reads: some QueueReads, limits: APILimits) throws -> HTTPHandlerResult {
+    package static func list(_ req: HTTPRequest, from reads: some QueueReads, limits: APILimits) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after", "limit"])
         let after = q.values["after"]
         let limit = try q.int("limit", in: 1...100_000) ?? 100_000
@@ -82,7 +82,7 @@ package struct QueuesController: Sendable {
     }
 
     /// `GET /v1/queues/{name}`: the status with its `ETag`, or 304 for a matching `If-None-Match`.
-    static func get(_ req: HTTPRequest, _ name: String, from reads: some QueueReads) throws -> HTTPHandlerResult {
+    package static func get(_ req: HTTPRequest, _ name: String, from reads: some QueueReads) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let q = try reads.queue(named: name)
         let etag = ETag.queue(q)
@@ -160,7 +160,7 @@ package struct QueuesController: Sendable {
 /// Where queue statuses are read from: the engine on the owner (and a single opqd), the queues'
 /// rows in PostgreSQL on a cluster follower (`FollowerReads`). One route code for both, so both
 /// answer the same bytes, ETags and problems.
-protocol QueueReads: Sendable {
+package protocol QueueReads: Sendable {
     /// Throws `EngineError.queueNotFound` for a queue that does not exist.
     func queue(named name: String) throws -> QueueSnapshot
     /// Every queue, sorted by name.

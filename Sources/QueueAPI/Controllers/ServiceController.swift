@@ -7,7 +7,7 @@ import Synchronization
 package final class Lifecycle: Sendable {
     package let stopping = Atomic<Bool>(false)
     package init() {}
-    var isStopping: Bool { stopping.load(ordering: .relaxed) }
+    package var isStopping: Bool { stopping.load(ordering: .relaxed) }
 }
 
 /// Liveness, readiness, `/metrics` and the served OpenAPI document.

@@ -3,6 +3,7 @@ import Locking
 import Logging
 import MicroHTTP
 import PostgresStore
+import QueueAPI
 import QueueEngine
 
 #if canImport(Glibc)

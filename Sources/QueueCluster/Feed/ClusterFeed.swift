@@ -2,6 +2,7 @@ import Dispatch
 import Locking
 import Logging
 import PostgresStore
+import QueueAPI
 import QueueEngine
 
 #if canImport(Glibc)

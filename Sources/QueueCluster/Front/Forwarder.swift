@@ -2,6 +2,7 @@ import Dispatch
 import Grammar
 import MicroHTTP
 import OutboundHTTP
+import QueueAPI
 
 /// Relays one API request to the instance that owns its queue and relays that instance's
 /// answer unchanged (status, headers, body), so that a 2xx relayed from the owner still means

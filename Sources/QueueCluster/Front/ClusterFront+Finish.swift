@@ -1,6 +1,7 @@
 import Locking
 import MicroHTTP
 import OutboundHTTP
+import QueueAPI
 import QueueEngine
 
 /// `POST /v1/operations:finish` for operations whose queues several instances own. The answer

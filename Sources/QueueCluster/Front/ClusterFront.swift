@@ -1,5 +1,6 @@
 import Locking
 import MicroHTTP
+import QueueAPI
 import QueueEngine
 
 /// Where a request goes in a partitioned cluster (CLUSTER.md "Any instance answers any

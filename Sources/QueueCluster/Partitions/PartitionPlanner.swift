@@ -1,4 +1,5 @@
 import PostgresStore
+import QueueAPI
 
 /// What one lease period of a partitioned instance decides, from what it read: pure, so the
 /// cluster's rules are table-tested without PostgreSQL (`PartitionPlannerTests`), as the

@@ -1,5 +1,6 @@
 import MicroHTTP
 import PostgresStore
+import QueueAPI
 import QueueEngine
 
 /// The reads a cluster follower answers from PostgreSQL itself instead of relaying them to the
@@ -36,13 +37,13 @@ package struct FollowerReads: Sendable {
 package struct PostgresQueueReads: QueueReads {
     let pool: PGReadPool
 
-    func queue(named name: String) throws -> QueueSnapshot {
+    package func queue(named name: String) throws -> QueueSnapshot {
         // A name no queue can have is not looked up (PostgreSQL's text cannot even hold some).
         guard Self.canName(name), let q = try read({ try pool.queue(named: name) }) else { throw EngineError.queueNotFound(name) }
         return q
     }
 
-    func queues() throws -> [QueueSnapshot] { try read { try pool.queues() } }
+    package func queues() throws -> [QueueSnapshot] { try read { try pool.queues() } }
 
     /// `[A-Za-z0-9._-]{1,64}`, as the engine checks at creation.
     static func canName(_ name: String) -> Bool {
@@ -61,17 +62,17 @@ package struct PostgresQueueReads: QueueReads {
 package struct PostgresOperationReads: OperationReads {
     let pool: PGReadPool
 
-    func revision(of id: OperationID) throws -> UInt64 {
+    package func revision(of id: OperationID) throws -> UInt64 {
         guard let revision = try read({ try pool.revision(of: id) }) else { throw EngineError.operationNotFound(id.description) }
         return revision
     }
 
-    func operation(_ id: OperationID) throws -> OperationSnapshot {
+    package func operation(_ id: OperationID) throws -> OperationSnapshot {
         guard let op = try read({ try pool.operation(id) }) else { throw EngineError.operationNotFound(id.description) }
         return op
     }
 
-    func history(of id: OperationID, after: UInt64, limit: Int) throws -> [(seq: UInt64, json: [UInt8])] {
+    package func history(of id: OperationID, after: UInt64, limit: Int) throws -> [(seq: UInt64, json: [UInt8])] {
         guard let list = try read({ try pool.history(of: id, after: after, limit: limit) }) else {
             throw EngineError.operationNotFound(id.description)
         }
@@ -82,13 +83,5 @@ package struct PostgresOperationReads: OperationReads {
     /// error (logged, a generic 500).
     private func read<T>(_ body: () throws -> T) throws -> T {
         do { return try body() } catch let error as PGReadUnavailable { throw StoreReadUnavailable(detail: error.description) }
-    }
-}
-
-/// PostgreSQL could not be read (a follower's reads, an owner's history): 503, retry shortly.
-struct StoreReadUnavailable: Error, ProblemConvertible {
-    let detail: String
-    var problem: Problem {
-        Problem(503, "store-unavailable", "Store unavailable", "cannot read from PostgreSQL: \(detail)", headers: [("Retry-After", "1")])
     }
 }

@@ -1,5 +1,6 @@
 import Logging
 import PostgresStore
+import QueueAPI
 import QueueEngine
 
 extension ClusterFront {
