@@ -189,20 +189,22 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     // Clients are shown only committed changes: a seq once shown always names the same event.
     // On PostgreSQL they are shown with the seqs it gave them in the commit (global, the same
     // in every instance's feed), not the engine's.
-    var follow: (@Sendable () -> (PGListener?, DispatchSourceTimer))?
+    var feed: FeedTail?
+    var listen: (@Sendable () -> PGListener)?
     if let postgres = composition.postgres {
         let othersCommit = composition.othersCommit
-        let feed = OwnerFeed(
+        let owner = OwnerFeed(
             events: events, webhooks: webhooks, logger: logger,
             read: { after, limit in try postgres.events(after: after, limit: limit) },
             published: composition.published ?? { _ in },
             delivers: { queue in placement.serves(queue: queue) }, readsGaps: !othersCommit)
-        postgres.onCommittedEvents { feed.committed($0) }
+        postgres.onCommittedEvents { owner.committed($0) }
         // Its own commits reach the feed from its writer; the timer is the safety net. (No
         // NOTIFY with one writer: it would wake on its own commits.) Partition holders read the
         // others' commits too, woken by their NOTIFY.
-        let url = configuration.store
-        follow = { feed.tail.follow(notifiedAt: othersCommit ? url : nil, ignoring: othersCommit ? placement.selfID : nil) }
+        let (url, tail) = (configuration.store, owner.tail)
+        feed = tail
+        if othersCommit { listen = { tail.listen(notifiedAt: url, ignoring: placement.selfID) } }
     } else {
         engine.observeDurable { batch in
             events.append(batch)
@@ -225,7 +227,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     }
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
-        store: store, lifecycle: lifecycle, logger: logger, instance: instance, placement: placement, followFeed: follow,
+        store: store, lifecycle: lifecycle, logger: logger, instance: instance, placement: placement, feed: feed, listenFeed: listen,
         beforeHandover: { commands?.killAllForHandover() })
 }
 

@@ -24,18 +24,20 @@ public final class OpqdApplication: OpqdService {
     let placement: any QueuePlacement
     /// Run when this owner gives its role up, before the process re-executes.
     let beforeHandover: @Sendable () -> Void
-    /// On PostgreSQL: starts following the feed of the commits as numbered there, and what lies
-    /// between them read back (`OwnerFeed`).
-    let followFeed: (@Sendable () -> (PGListener?, DispatchSourceTimer))?
-    private let timers = TimerBox()
+    /// On PostgreSQL: the feed of the commits as numbered there, and what lies between them
+    /// read back (`OwnerFeed`); with other writers, woken by their NOTIFY (`listenFeed`).
+    let feed: FeedTail?
+    let listenFeed: (@Sendable () -> PGListener)?
+    private let background = BackgroundServices()
     private let listener = Locking.Lock<PGListener?>(nil)
 
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
         store: any DurableStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, placement: any QueuePlacement,
-        followFeed: (@Sendable () -> (PGListener?, DispatchSourceTimer))?, beforeHandover: @escaping @Sendable () -> Void = {}
+        feed: FeedTail?, listenFeed: (@Sendable () -> PGListener)?, beforeHandover: @escaping @Sendable () -> Void = {}
     ) {
-        self.followFeed = followFeed
+        self.feed = feed
+        self.listenFeed = listenFeed
         self.placement = placement
         self.beforeHandover = beforeHandover
         self.instance = instance
@@ -52,47 +54,46 @@ public final class OpqdApplication: OpqdService {
     /// The bound port (after `start`).
     public var port: Int { server.port }
 
+    /// Its background work, in the order it starts.
+    var services: [PeriodicService] {
+        let (engine, retain, store, webhooks, placement) = (self.engine, configuration.retain, self.store, self.webhooks, self.placement)
+        let (events, instance) = (self.events, self.instance)
+        let ticks = Locking.Lock<Int>(0)
+        var list = [
+            PeriodicService("retention", every: 5) {
+                // Small batches, so neither the engine's lock nor the writer is held for long.
+                let cutoff = SystemClock().now().adding(seconds: -retain)
+                while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
+                // In a partitioned cluster an observer of a queue held by another instance is not an
+                // orphan: its owner removes it.
+                if webhooks.count > 0 && placement.servesEveryQueue {
+                    webhooks.removeOrphans(
+                        operationExists: { id in (try? engine.revision(of: id)) != nil },
+                        queueExists: { name in (try? engine.queue(named: name)) != nil })
+                }
+                while store.purge(finishedBefore: cutoff, limit: 1000) == 1000 {}
+                _ = store.purgeIdempotency(before: cutoff)
+            },
+            PeriodicService("heartbeat", every: 1) {
+                instance.beat(SystemClock().now())
+                events.cutOffStalled()
+                webhooks.persistCursors()
+                let tick = ticks.withLock { t in
+                    t += 1; return t
+                }
+                if tick % 15 == 0 { events.heartbeat() }
+            },
+        ]
+        if let feed { list.append(feed.service) }
+        return list
+    }
+
     /// Binds and serves.
     public func start() throws {
         try server.start()
         instance.listening(at: configuration.advertise ?? "http://\(configuration.host):\(port)")
-        let purge = DispatchSource.makeTimerSource(queue: .global())
-        purge.schedule(deadline: .now() + 5, repeating: 5)
-        let (engine, retain, store, webhooks, placement) = (self.engine, configuration.retain, self.store, self.webhooks, self.placement)
-        purge.setEventHandler {
-            // Small batches, so neither the engine's lock nor the writer is held for long.
-            let cutoff = SystemClock().now().adding(seconds: -retain)
-            while engine.purgeFinished(before: cutoff, limit: 1000) == 1000 {}
-            // In a partitioned cluster an observer of a queue held by another instance is not an
-            // orphan: its owner removes it.
-            if webhooks.count > 0 && placement.servesEveryQueue {
-                webhooks.removeOrphans(
-                    operationExists: { id in (try? engine.revision(of: id)) != nil }, queueExists: { name in (try? engine.queue(named: name)) != nil })
-            }
-            while store.purge(finishedBefore: cutoff, limit: 1000) == 1000 {}
-            _ = store.purgeIdempotency(before: cutoff)
-        }
-        purge.resume()
-        let heartbeat = DispatchSource.makeTimerSource(queue: .global())
-        heartbeat.schedule(deadline: .now() + 1, repeating: 1)
-        let ticks = Locking.Lock<Int>(0)
-        heartbeat.setEventHandler { [events, webhooks, instance] in
-            instance.beat(SystemClock().now())
-            events.cutOffStalled()
-            webhooks.persistCursors()
-            let tick = ticks.withLock { t in
-                t += 1; return t
-            }
-            if tick % 15 == 0 { events.heartbeat() }
-        }
-        heartbeat.resume()
-        var running = [purge, heartbeat]
-        if let followFeed {
-            let (listener, tail) = followFeed()
-            running.append(tail)
-            if let listener { self.listener.withLock { $0 = listener } }
-        }
-        timers.set(running)
+        background.start(services)
+        if let listenFeed { listener.withLock { $0 = listenFeed() } }
         try placement.start(engine: engine, advertise: instance.url)
         webhooks.start()
         if configuration.token == nil && !Access.isLoopback(configuration.host) {
@@ -109,7 +110,7 @@ public final class OpqdApplication: OpqdService {
     public func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         logger.info("opqd stopping")
-        timers.cancelAll()
+        background.stopAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
         webhooks.stop()
@@ -138,7 +139,7 @@ public final class OpqdApplication: OpqdService {
         // Children of `command` operations first: the next owner starts them again.
         beforeHandover()
         let fd = server.openSpareListener()
-        timers.cancelAll()
+        background.stopAll()
         placement.abandon()
         listener.withLock { $0?.stop() }
         events.closeStreams()

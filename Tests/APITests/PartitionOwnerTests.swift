@@ -41,7 +41,8 @@ final class PartitionedInstance: @unchecked Sendable {
     let kind = HeldKind()
     let lostReason = Locking.Lock<String?>(nil)
     private let seen = Locking.Lock<UInt64>(0)
-    private var tail: (PGListener?, DispatchSourceTimer)?
+    var listener: PGListener?
+    let background = BackgroundServices()
 
     init(url: String, id: String, lease: Double) throws {
         self.id = id
@@ -72,22 +73,23 @@ final class PartitionedInstance: @unchecked Sendable {
             }
             owner.eventsPublished(fresh)
         }
-        tail = feed.follow(notifiedAt: url)
+        listener = feed.listen(notifiedAt: url)
+        background.start([feed.service])
     }
 
     func start() throws { try owner.start(engine: engine, advertise: "http://127.0.0.1:1/\(id)") }
 
     func stop() {
-        tail?.0?.stop()
-        tail?.1.cancel()
+        listener?.stop()
+        background.stopAll()
         owner.stop()
         store.close()
     }
 
     /// As a kill -9 would leave it for the others: nothing given up, nothing more written.
     func crash() {
-        tail?.0?.stop()
-        tail?.1.cancel()
+        listener?.stop()
+        background.stopAll()
         owner.abandon()
         store.close()
     }

@@ -36,21 +36,17 @@ package final class FeedTail: Sendable {
         self.publish = publish
     }
 
-    /// Pulls every second, and (`url` given) when a commit with events NOTIFYs (`PGListener`).
-    /// The caller stops both (`PGListener.stop`, the timer's `cancel`).
-    package func follow(notifiedAt url: String?, ignoring: String? = nil) -> (PGListener?, DispatchSourceTimer) {
-        var listener: PGListener?
-        if let url {
-            let l = PGListener(url: url, ignoring: ignoring) { [self] in pull() }
-            l.start()
-            listener = l
-        }
-        let timer = DispatchSource.makeTimerSource(queue: .global())
-        timer.schedule(deadline: .now() + 1, repeating: 1)
-        timer.setEventHandler { [self] in pull() }
-        timer.resume()
-        return (listener, timer)
+    /// Listens for the NOTIFY of commits with events (`PGListener`; the caller stops it), and
+    /// pulls when one comes; `service` pulls every second besides (the safety net).
+    package func listen(notifiedAt url: String, ignoring: String? = nil) -> PGListener {
+        let l = PGListener(url: url, ignoring: ignoring) { [self] in pull() }
+        l.start()
+        return l
     }
+
+    /// Pulls every second: all a lone writer's feed needs besides its own commits, and a
+    /// listener's safety net.
+    package var service: PeriodicService { PeriodicService("feed", every: 1) { [self] in pull() } }
 
     /// Reads and publishes everything after the newest, now, on the calling thread. Safe beside
     /// a pull: `publish` drops what is not newer.

@@ -35,7 +35,7 @@ package final class OwnerCluster: @unchecked Sendable {
     /// Set once, before the application is built.
     package var epoch: Int64 = 0
     private let changed = Locking.Lock(false)
-    private let timers = TimerBox()
+    private let background = BackgroundServices()
     fileprivate let advertised = Locking.Lock("")
 
     package init(membership: PGMembership, directory: ClusterDirectory, roleChange: @escaping @Sendable (RoleChange) -> Void, listenSocket: Int32?) {
@@ -72,9 +72,7 @@ package final class OwnerCluster: @unchecked Sendable {
     /// lease it last renewed may have run out (PostgreSQL unreachable), unless it was alone; and
     /// a start refused because `mayAct` turned false makes it give the role up too.
     package func startRenewing(logger: Logger) {
-        let renew = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.owner.lease"))
-        renew.schedule(deadline: .now() + period, repeating: period)
-        renew.setEventHandler { [self] in
+        let renew = PeriodicService("lease", every: period, on: DispatchQueue(label: "opqd.owner.lease")) { [self] in
             do {
                 if try !membership.renew(epoch: epoch) {
                     logger.warning("another instance owns the queues now (this one's lease ran out); dropping them")
@@ -97,11 +95,10 @@ package final class OwnerCluster: @unchecked Sendable {
             }
             directory.refresh()
         }
-        renew.resume()
-        timers.set([renew])
+        background.start([renew])
     }
 
-    func stopRenewing() { timers.cancelAll() }
+    func stopRenewing() { background.stopAll() }
 }
 
 /// The one owner's placement (`--ownership one`): it serves every queue while it holds the
@@ -259,7 +256,7 @@ package final class FollowerService: OpqdService {
     let events: EventLog
     let forwarder: Forwarder
     let lifecycle = Lifecycle()
-    private let timers = TimerBox()
+    private let background = BackgroundServices()
     private let forwarded = ForwardCounts()
     private let listener = Locking.Lock<PGListener?>(nil)
 
@@ -365,13 +362,10 @@ package final class FollowerService: OpqdService {
         let feed = FeedTail(
             logger: logger, read: { after, limit in try membership.events(after: after, limit: limit) }, lastSeq: { [events] in events.lastSeq }
         ) { [events] in events.append($0) }
-        let (listener, tail) = feed.follow(notifiedAt: configuration.store)
-        self.listener.withLock { $0 = listener }
+        self.listener.withLock { $0 = feed.listen(notifiedAt: configuration.store) }
 
-        let beat = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "opqd.follower.membership"))
-        beat.schedule(deadline: .now() + cluster.period, repeating: cluster.period)
         let (cluster, logger) = (self.cluster, self.logger)
-        beat.setEventHandler { [events] in
+        let beat = PeriodicService("membership", every: cluster.period, on: DispatchQueue(label: "opqd.follower.membership")) { [events] in
             directory.refresh()
             events.cutOffStalled()
             guard let view = directory.view, view.owner == nil else { return }
@@ -388,14 +382,13 @@ package final class FollowerService: OpqdService {
                 logger.warning("cannot take over the queues", metadata: ["error": "\(error)"])
             }
         }
-        beat.resume()
-        timers.set([tail, beat])
+        background.start([feed.service, beat])
         logger.info("opqd serving as a follower", metadata: ["host": "\(configuration.host)", "port": "\(port)"])
     }
 
     package func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        timers.cancelAll()
+        background.stopAll()
         listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
@@ -407,7 +400,7 @@ package final class FollowerService: OpqdService {
     package func handOver() -> Int32? {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
         let fd = server.openSpareListener()
-        timers.cancelAll()
+        background.stopAll()
         listener.withLock { $0?.stop() }
         events.closeStreams()
         // This instance won the queues because their owner stopped renewing: requests relayed

@@ -53,7 +53,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let picture = Locking.Lock<(view: PGClusterView?, queues: [String])>((nil, []))
     /// Ticks, claims and releases run here, one at a time.
     let work = DispatchQueue(label: "opqd.partitions")
-    private let timers = TimerBox()
+    private let background = BackgroundServices()
     private let stopped = Locking.Lock<Bool>(false)
     private let changed = Locking.Lock<(@Sendable (PlacementChange) -> Void)?>(nil)
     /// Partitions being given up (out of `serving`, not yet out of `held`).
@@ -103,11 +103,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         advertised.withLock { $0 = advertise }
         engine.useIDs(try membership.takeIDBlock())
         work.sync { tick() }
-        let timer = DispatchSource.makeTimerSource(queue: work)
-        timer.schedule(deadline: .now() + period, repeating: period)
-        timer.setEventHandler { [self] in tick() }
-        timer.resume()
-        timers.set([timer])
+        background.start([PeriodicService("partitions", every: period, on: work) { [self] in tick() }])
     }
 
     /// Stops the timer and gives every partition up at once (a clean stop), once what was
@@ -118,7 +114,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             return !s
         }
         guard first else { return }
-        timers.cancelAll()
+        background.stopAll()
         // After a tick under way: it could claim or renew what is given up here.
         work.sync {
             serving.withLock { $0 = [] }
@@ -133,7 +129,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// change, or a crash as tests play it): the partitions go when their leases run out.
     package func abandon() {
         stopped.withLock { $0 = true }
-        timers.cancelAll()
+        background.stopAll()
         serving.withLock { $0 = [] }
     }
 
