@@ -22,8 +22,8 @@ package struct ServiceController: Sendable {
     var clusterMetrics: @Sendable (inout Exposition) -> Void = { _ in }
 
     package func addRoutes(to r: inout Router) {
-        r.add("GET", "/healthz", scope: .instance, access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
-        r.add("GET", "/readyz", scope: .instance, access: .open) { _, _ in readyz() }
+        let store = self.store
+        Self.addProbes(to: &r, lifecycle: lifecycle, store: store.name) { store.unavailable }
         r.add("GET", "/metrics", scope: .instance) { _, _ in
             .response(
                 HTTPResponse(
@@ -36,13 +36,17 @@ package struct ServiceController: Sendable {
         }
     }
 
-    func readyz() -> HTTPHandlerResult {
-        if lifecycle.isStopping {
-            return .response(Problem.notReady("the server is shutting down").response)
+    /// `/healthz` (alive: always 200) and `/readyz` (503 `not-ready` while stopping, or while
+    /// `unready` says why not; else 200 naming the store), for every kind of instance (an owner,
+    /// a follower).
+    package static func addProbes(
+        to r: inout Router, lifecycle: Lifecycle, store: String, unready: @escaping @Sendable () -> String?
+    ) {
+        r.add("GET", "/healthz", scope: .instance, access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
+        r.add("GET", "/readyz", scope: .instance, access: .open) { _, _ in
+            if lifecycle.isStopping { return .response(Problem.notReady("the server is shutting down").response) }
+            if let why = unready() { return .response(Problem.notReady(why).response) }
+            return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store)\"}".utf8)))
         }
-        if let problem = store.unavailable {
-            return .response(Problem.notReady(problem).response)
-        }
-        return .response(json(200, Array("{\"status\":\"ready\",\"store\":\"\(store.name)\"}".utf8)))
     }
 }

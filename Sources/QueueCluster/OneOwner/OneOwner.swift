@@ -281,18 +281,10 @@ package final class FollowerService: OpqdService {
         let access = Access(token: configuration.token, readToken: configuration.readToken)
         var router = Router()
         let (directory, lifecycle, forwarded) = (cluster.directory, self.lifecycle, self.forwarded)
-        router.add("GET", "/healthz", scope: .instance, access: .open) { _, _ in .response(json(200, Array(#"{"status":"ok"}"#.utf8))) }
-        router.add("GET", "/readyz", scope: .instance, access: .open) { _, _ in
-            if lifecycle.isStopping {
-                return .response(Problem.notReady("the server is shutting down").response)
-            }
-            if let problem = directory.unavailable {
-                return .response(Problem.notReady("cannot reach PostgreSQL: \(problem)").response)
-            }
-            if directory.ownerURL == nil {
-                return .response(Problem.notReady("no instance owns the queues right now").response)
-            }
-            return .response(json(200, Array(#"{"status":"ready","store":"postgres"}"#.utf8)))
+        ServiceController.addProbes(to: &router, lifecycle: lifecycle, store: "postgres") {
+            if let problem = directory.unavailable { return "cannot reach PostgreSQL: \(problem)" }
+            if directory.ownerURL == nil { return "no instance owns the queues right now" }
+            return nil
         }
         router.add("GET", "/metrics", scope: .instance) { _, _ in
             .response(
