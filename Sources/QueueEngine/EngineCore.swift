@@ -103,7 +103,19 @@ final class EngineCore: @unchecked Sendable {
         recordTouched()
         var work = Work()
         swap(&work.effects, &effects)
-        if !draining && takeDrainable(into: &work) { draining = true }
+        guard !draining else { return work }
+        if slots.isEmpty {
+            // The common case, inline: everything goes.
+            if !outEvents.isEmpty || !outRecords.isEmpty {
+                draining = true
+                work.drains = true
+                swap(&work.events, &outEvents)
+                swap(&work.records, &outRecords)
+                work.ticket = ticket
+            }
+        } else if takeDrainable(into: &work) {
+            draining = true
+        }
         return work
     }
 

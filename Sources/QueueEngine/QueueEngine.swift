@@ -90,10 +90,11 @@ public final class QueueEngine: Sendable {
     /// Runs `body` under the lock, then the work it produced outside the lock.
     @inline(__always)
     func mutate<T>(_ body: (EngineCore) throws(EngineError) -> T) throws(EngineError) -> T {
-        let arm = SlotArm.current
+        // No thread-local lookup (and no reference counting) unless some thread is in `withSlot`.
+        let arm = SlotArm.armed.load(ordering: .relaxed) == 0 ? nil : SlotArm.currentPointer
         let (result, work): (Result<T, EngineError>, Work) = state.withLock { core in
             core.begin()
-            if let arm, arm.slot == nil { arm.slot = core.openSlot() }
+            if let arm { SlotArm.open(arm, in: core) }
             do throws(EngineError) {
                 let r = try body(core)
                 return (.success(r), core.finish())
@@ -246,7 +247,11 @@ public final class QueueEngine: Sendable {
         let arm = SlotArm()
         let outer = SlotArm.current
         SlotArm.current = arm
-        defer { SlotArm.current = outer }
+        SlotArm.armed.add(1, ordering: .relaxed)
+        defer {
+            SlotArm.armed.subtract(1, ordering: .relaxed)
+            SlotArm.current = outer
+        }
         do {
             let r = try body()
             return (r, arm.slot.map(RecordSlot.init))
@@ -290,6 +295,18 @@ public struct RecordSlot: Sendable {
 /// This thread's `withSlot`: the slot its first change opened.
 final class SlotArm {
     var slot: UInt64?
+
+    /// Threads inside `withSlot` now: while 0, a change looks up no thread-local at all.
+    static let armed = Atomic<Int>(0)
+
+    /// This thread's arm, as set by `withSlot`, without retaining it.
+    static var currentPointer: UnsafeMutableRawPointer? { pthread_getspecific(key) }
+
+    /// Opens the arm's slot at the first change of its thread's `withSlot` (under the lock).
+    static func open(_ pointer: UnsafeMutableRawPointer, in core: EngineCore) {
+        let arm = Unmanaged<SlotArm>.fromOpaque(pointer).takeUnretainedValue()
+        if arm.slot == nil { arm.slot = core.openSlot() }
+    }
 
     private static let key: pthread_key_t = {
         var k = pthread_key_t()
