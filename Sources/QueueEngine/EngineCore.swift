@@ -119,7 +119,10 @@ final class EngineCore: @unchecked Sendable {
         return work
     }
 
+    @inline(__always)
     func takeOutbox() -> Work? {
+        // Checked before a `Work` exists: most drains end here, with an empty outbox.
+        if outEvents.isEmpty && outRecords.isEmpty { draining = false; return nil }
         var work = Work()
         guard takeDrainable(into: &work) else { draining = false; return nil }
         return work
@@ -127,6 +130,7 @@ final class EngineCore: @unchecked Sendable {
 
     /// Moves into `work` what of the outbox may go to the store and the observers now: all of
     /// it, or what stands before the first open slot. False when that is nothing.
+    @inline(__always)
     private func takeDrainable(into work: inout Work) -> Bool {
         guard let first = slots.first else {
             if outEvents.isEmpty && outRecords.isEmpty { return false }
