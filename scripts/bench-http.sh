@@ -6,7 +6,8 @@
 # opqd runs as shipped (`--store sqlite --sync full`) in a fresh temporary --data dir; the
 # POST create row is measured against it, and again against a second opqd with
 # `--store memory`, so the cost of durability is visible. Every 2xx create wrk saw must be
-# held by the server afterwards (checked through GET /v1/queues/{name}).
+# held by the server afterwards (checked through GET /v1/queues/{name}). A last row creates with
+# a fresh Idempotency-Key each (bench/post-idempotent.lua): the keyed path, sync full.
 #
 # Usage: scripts/bench-http.sh [--duration S] [--connections N] [--rounds N] [--quick]
 # OPQD_BIN=/path/to/opqd uses that binary instead of building .build/release/opqd.
@@ -74,6 +75,7 @@ for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$bare_port/" >/dev/null 2>&
 
 curl -fs -XPOST "$O/v1/queues" -d '{"name":"bench","isSuspended":true}' >/dev/null
 curl -fs -XPOST "$O/v1/queues" -d '{"name":"creates","isSuspended":true}' >/dev/null
+curl -fs -XPOST "$O/v1/queues" -d '{"name":"keyed","isSuspended":true}' >/dev/null
 curl -fs -XPOST "$M/v1/queues" -d '{"name":"creates","isSuspended":true}' >/dev/null
 id=$(curl -fs -XPOST "$O/v1/queues/bench/operations" -d '{"kind":"delay","spec":{"seconds":1},"name":"polled"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 etag=$(curl -fsI "$O/v1/operations/$id" | tr -d '\r' | awk -F': ' 'tolower($1)=="etag"{print $2}')
@@ -91,9 +93,12 @@ for r in $(seq 1 "$rounds"); do
     run create -s bench/post.lua "$O/v1/queues/creates/operations"
     run bare "http://127.0.0.1:$bare_port/"
     run create_memory -s bench/post.lua "$M/v1/queues/creates/operations"
+    run bare "http://127.0.0.1:$bare_port/"
+    run create_keyed -s bench/post-idempotent.lua "$O/v1/queues/keyed/operations"
 done
 sleep 0.3
 # Every create wrk saw acknowledged (2xx) must be held by the server.
 created=$(curl -fs "$O/v1/queues/creates" | python3 -c 'import json,sys; print(json.load(sys.stdin)["operationCount"])')
 created_memory=$(curl -fs "$M/v1/queues/creates" | python3 -c 'import json,sys; print(json.load(sys.stdin)["operationCount"])')
-python3 scripts/bench_http_report.py "$out" "$created" "$created_memory" "$conns"
+created_keyed=$(curl -fs "$O/v1/queues/keyed" | python3 -c 'import json,sys; print(json.load(sys.stdin)["operationCount"])')
+python3 scripts/bench_http_report.py "$out" "$created" "$created_memory" "$conns" "$created_keyed"
