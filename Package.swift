@@ -8,7 +8,6 @@ let package = Package(
         .executable(name: "opqd", targets: ["opqd"]),
         // libFuzzer target over the request path (scripts/fuzz.sh; Fuzz/README.md).
         .executable(name: "fuzz-request", targets: ["fuzz-request"]),
-        .library(name: "QueueEngine", targets: ["QueueEngine"]),
         // Replays Fuzz/corpus/http files; a fuzzer under -sanitize=fuzzer (scripts/fuzz.sh).
         .executable(name: "fuzz-http", targets: ["fuzz-http"]),
         // The number and date grammars against independent oracles (Foundation's Calendar).
@@ -80,8 +79,7 @@ let package = Package(
             dependencies: [
                 "QueueEngine", "QueueKinds", "StoreKit", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
                 .product(name: "Logging", package: "swift-log"),
-            ],
-            resources: []
+            ]
         ),
         // Every multi-instance rule, behind QueuePlacement: partitions (planner, leases, remote
         // operations, crash counts), the one owner and its followers, the front that relays
