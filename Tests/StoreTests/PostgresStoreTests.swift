@@ -16,13 +16,6 @@ func withTestDatabase(_ body: (String) throws -> Void) throws {
     try body(url)
 }
 
-@discardableResult
-func waitDurable(_ store: PostgresStore, _ ticket: UInt64, timeout: Double = 10) -> Bool {
-    let done = DispatchSemaphore(value: 0)
-    store.whenDurable(ticket) { done.signal() }
-    return done.wait(timeout: .now() + timeout) == .success
-}
-
 /// The scenarios of the SQLite store's suites (round trip, group commit, retention,
 /// idempotency, engine restore), on PostgreSQL, plus what only a server has: the instance
 /// lock, the schema version, connection failures.
