@@ -21,104 +21,6 @@ func withTestDatabase(_ body: (String) throws -> Void) throws {
 /// lock, the schema version, connection failures.
 @Suite("PostgresStoreTests: the SQLite store's scenarios on a real PostgreSQL")
 struct PostgresStoreTests {
-    @Test func everyFieldSurvivesCloseAndReopen() throws {
-        try withTestDatabase { url in
-            let queues = [
-                queueSnapshot("alpha", max: 2, effective: 2, suspended: false, revision: 3),
-                queueSnapshot("beta", max: -1, effective: 4, suspended: true, revision: 9, createdAt: t0.adding(seconds: 0.5)),
-            ]
-            var ops = everyKindOfOperation()
-            // Strings PostgreSQL's text cannot hold, or that array literals must escape.
-            ops[1].name = "nul\u{0}inside, \"quotes\" {braces} \\ NULL"
-            ops[2].spec = .object([("s", .string("\u{0}\u{1f}{\"}")), ("NULL", .string("NULL"))])
-            let events = everyKindOfEvent()
-            let store = try PostgresStore(url: url)
-            store.append(queues.map { .queue($0) }, upTo: 1)
-            store.append(ops.map { .operation($0) }, upTo: 2)
-            store.append(events.map { .event($0) }, upTo: 3)
-            #expect(waitDurable(store, 3))
-            store.close()
-
-            let reopened = try PostgresStore(url: url)
-            defer { reopened.close() }
-            let state = try reopened.load()
-            #expect(state.lastSeq == UInt64(events.count))
-            #expect(state.operations == ops.sorted { $0.id < $1.id })
-            #expect(state.queues.count == 2)
-            for (got, want) in zip(state.queues, queues) {
-                #expect(got.name == want.name)
-                #expect(got.maxConcurrentOperationCount == want.maxConcurrentOperationCount)
-                #expect(got.effectiveMaxConcurrentOperationCount == want.effectiveMaxConcurrentOperationCount)
-                #expect(got.isSuspended == want.isSuspended)
-                #expect(got.revision == want.revision)
-                #expect(got.createdAt == want.createdAt)
-            }
-            let alpha = try #require(state.queues.first { $0.name == "alpha" })
-            #expect(alpha.counts[.pending] == 1 && alpha.counts[.ready] == 1 && alpha.counts[.executing] == 1)
-            #expect(alpha.operationCount == 3)
-            let beta = try #require(state.queues.first { $0.name == "beta" })
-            #expect(beta.counts[.finished] == 3 && beta.counts[.paused] == 1 && beta.operationCount == 1)
-
-            #expect(reopened.recentEvents(limit: 100) == events)
-            #expect(reopened.recentEvents(limit: 3) == Array(events.suffix(3)))
-            #expect(reopened.events(of: OperationID(raw: 1)) == events.filter { $0.operation.raw == 1 })
-            #expect(reopened.events(of: OperationID(raw: 99)).isEmpty)
-            #expect(reopened.oldestEventSeq == 1)
-            let window = try #require(reopened.eventWindow(queue: "beta", operation: nil, after: 0, through: 100, limit: 100))
-            #expect(window.events == events.filter { $0.queue == "beta" })
-            #expect(window.lastSeq == events.filter { $0.queue == "beta" }.last?.seq)
-        }
-    }
-
-    @Test func onlyTheLastSnapshotOfAnOperationIsKept() throws {
-        try withTestDatabase { url in
-            let store = try PostgresStore(url: url)
-            defer { store.close() }
-            store.append([.queue(queueSnapshot("q", revision: 1))], upTo: 1)
-            var op = operationSnapshot(1)
-            var records: [StoreRecord] = []
-            for r in 1...5 as ClosedRange<UInt64> {
-                op.revision = r
-                records.append(.operation(op))
-            }
-            store.append(records, upTo: 2)
-            op.revision = 6
-            op.state = .executing
-            store.append([.operation(op), .queue(queueSnapshot("q", suspended: true, revision: 2))], upTo: 3)
-            #expect(waitDurable(store, 3))
-            let state = try store.load()
-            #expect(state.operations == [op])
-            #expect(state.queues.map(\.isSuspended) == [true])
-        }
-    }
-
-    @Test func deletingAQueueDeletesItsOperationsAndEventsButNotTheSequence() throws {
-        try withTestDatabase { url in
-            let store = try PostgresStore(url: url)
-            store.append(
-                [
-                    .queue(queueSnapshot("keep")), .queue(queueSnapshot("gone")),
-                    .operation(operationSnapshot(1, queue: "keep")), .event(event(1, 1, queue: "keep")),
-                    .operation(operationSnapshot(2, queue: "gone")), .event(event(2, 2, queue: "gone")),
-                ], upTo: 1)
-            store.append(
-                [
-                    .operation(operationSnapshot(3, queue: "gone")), .event(event(3, 3, queue: "gone")),
-                    .queueDeleted("gone"), .queue(queueSnapshot("gone", max: 7)),
-                ], upTo: 2)
-            #expect(waitDurable(store, 2))
-            store.close()
-            let reopened = try PostgresStore(url: url)
-            defer { reopened.close() }
-            let state = try reopened.load()
-            #expect(state.queues.map(\.name) == ["gone", "keep"])
-            #expect(state.queues.first?.maxConcurrentOperationCount == 7)
-            #expect(state.operations.map(\.id.raw) == [1])
-            #expect(reopened.recentEvents(limit: 10).map(\.seq) == [1])
-            #expect(state.lastSeq == 3)
-        }
-    }
-
     /// The store numbers events in the commit (one counter for every writer): the engine's seqs
     /// only order them, so an engine that repeats a seq (one that did not restore) still gets
     /// new, contiguous seqs; within one batch the last event of a repeated seq is kept.
@@ -156,27 +58,6 @@ struct PostgresStoreTests {
             #expect(waitDurable(store, 2))
             #expect(store.recentEvents(limit: 10).map(\.seq) == [1, 2, 3])
             #expect(store.lastError == nil)
-        }
-    }
-
-    @Test func anEmptyStoreLoadsEmptyAndCloseIsIdempotent() throws {
-        try withTestDatabase { url in
-            let store = try PostgresStore(url: url)
-            let state = try store.load()
-            #expect(state.queues.isEmpty && state.operations.isEmpty && state.lastSeq == 0)
-            #expect(store.oldestEventSeq == 1)
-            #expect(store.recentEvents(limit: 10).isEmpty)
-            store.append([.queue(queueSnapshot("q"))], upTo: 1)
-            store.close()
-            store.close()
-            #expect(store.durableTicket == 1)
-            store.append([.queue(queueSnapshot("late"))], upTo: 2)
-            let fired = Locked(false)
-            store.whenDurable(2) { fired.withLock { $0 = true } }
-            #expect(fired.value == false)
-            let reopened = try PostgresStore(url: url)
-            defer { reopened.close() }
-            #expect(try reopened.load().queues.map(\.name) == ["q"])
         }
     }
 
