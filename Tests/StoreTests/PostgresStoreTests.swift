@@ -16,10 +16,10 @@ func withTestDatabase(_ body: (String) throws -> Void) throws {
     try body(url)
 }
 
-/// The scenarios of the SQLite store's suites (round trip, group commit, retention,
-/// idempotency, engine restore), on PostgreSQL, plus what only a server has: the instance
-/// lock, the schema version, connection failures.
-@Suite("PostgresStoreTests: the SQLite store's scenarios on a real PostgreSQL")
+/// What only the PostgreSQL store has: events numbered in the commit, the instance lock, the
+/// schema version, damaged rows, connection failures. The scenarios every store shares (round
+/// trip, group commit, retention, idempotency, engine restore) are `StoreConformanceTests`'.
+@Suite("PostgresStoreTests: what only the PostgreSQL store has")
 struct PostgresStoreTests {
     /// The store numbers events in the commit (one counter for every writer): the engine's seqs
     /// only order them, so an engine that repeats a seq (one that did not restore) still gets
@@ -60,43 +60,6 @@ struct PostgresStoreTests {
             #expect(store.lastError == nil)
         }
     }
-
-    @Test func anEngineRebuiltFromTheStoreContinuesWhereItStopped() throws {
-        try withTestDatabase { url in
-            let kind = ManualKind()
-            let store = try PostgresStore(url: url)
-            let engine = QueueEngine(kinds: ["manual": kind, "immediate": ImmediateKind()], store: store)
-            try engine.createQueue(name: "work", maxConcurrentOperationCount: 1)
-            try engine.createQueue(name: "tmp")
-            let a = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "a", spec: .object([("x", .number(1))])))
-            let b = try engine.addOperationID(to: "work", OperationRequest(kind: "manual", name: "b", queuePriority: .high, dependencies: [a]))
-            try engine.pause(a)
-            let f = try engine.addOperationID(to: "tmp", OperationRequest(kind: "immediate"))
-            try engine.deleteQueue("tmp")
-            #expect(waitDurable(engine))
-            let nextSeq = engine.nextSequence
-            store.close()
-
-            let store2 = try PostgresStore(url: url)
-            defer { store2.close() }
-            let recovered = try store2.load()
-            #expect(recovered.lastSeq == nextSeq - 1)
-            let engine2 = QueueEngine(kinds: ["manual": ManualKind(), "immediate": ImmediateKind()], store: store2)
-            engine2.restore(recovered)
-            #expect(engine2.queues().map(\.name) == ["work"])
-            #expect(throws: EngineError.self) { try engine2.operation(f) }
-            #expect(try engine2.operation(a).state == .paused)
-            let b2 = try engine2.operation(b)
-            #expect(b2.state == .pending && b2.dependencies == [a] && b2.queuePriority == .high)
-            try engine2.resume(a)
-            #expect(waitDurable(engine2))
-            let events = store2.events(of: a)
-            #expect(events.map(\.seq) == events.map(\.seq).sorted())
-            #expect((events.last?.seq ?? 0) >= nextSeq)
-        }
-    }
-
-    // MARK: - what only a server has
 
     @Test func aSecondStoreOnTheSameDatabaseIsRefusedUntilTheFirstCloses() throws {
         try withTestDatabase { url in

@@ -9,8 +9,11 @@ import Testing
 /// suite in its PostgreSQL step, and the PostgreSQL leg fails without a server), and on the
 /// memory store where `DurableStore`'s contract says what it answers (it keeps no events, no
 /// idempotency records, nothing across a restart). Where the stores legitimately differ, the
-/// test says so per store. `StorePlace` opens a fresh store of each kind, and the same one again
-/// for a restart. This file: round trips and reads; the other topics are `StoreConformanceTests+*.swift`.
+/// test says so per store. The scenarios give events seqs 1, 2, 3… in commit order, which both
+/// stores end up with: SQLite keeps the engine's seqs, PostgreSQL numbers events in the commit;
+/// what each does with a repeated seq is its own (`RoundTripTests`, `PostgresStoreTests`).
+/// `StorePlace` opens a fresh store of each kind, and the same one again for a restart. This
+/// file: round trips and reads; the other topics are `StoreConformanceTests+*.swift`.
 @Suite("StoreConformanceTests: every store answers alike (memory where its contract says, SQLite, PostgreSQL)")
 struct StoreConformanceTests {
     @Test(arguments: StoreKind.durable)
