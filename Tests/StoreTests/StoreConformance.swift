@@ -2,9 +2,10 @@ import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
-import SQLiteStore
 import StoreKit
 import Testing
+
+@testable import SQLiteStore
 
 /// The stores the conformance suite runs on (`@Test(arguments:)`).
 enum StoreKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
@@ -97,6 +98,21 @@ final class StorePlace {
     func openDurable() throws -> any StoreUnderTest {
         guard let store = try open() as? any StoreUnderTest else { throw TestClientError("\(kind) is not a durable store") }
         return store
+    }
+
+    /// Makes every read of the stored events fail from now on, behind the store's back (the
+    /// events table goes away).
+    func breakEventReads(of store: any StoreUnderTest) throws {
+        switch kind {
+        case .memory:
+            throw TestClientError("the memory store reads no events")
+        case .sqlite:
+            let conn = try SQLiteConnection(path: store.path, create: false)
+            try conn.execute("ALTER TABLE events RENAME TO events_gone")
+            conn.close()
+        case .postgres:
+            try TestPostgres.psql(location, "ALTER TABLE opqd.events RENAME TO events_gone")
+        }
     }
 }
 

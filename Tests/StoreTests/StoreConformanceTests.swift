@@ -224,6 +224,26 @@ struct StoreConformanceTests {
             #expect(empty.events.isEmpty)
         }
     }
+
+    /// A failed read of the stored events is unknown (nil), not "no events": the API answers 503
+    /// on both stores, not 200 with an empty history on one of them (the divergence the seams
+    /// review found, SEAMS.md §2).
+    @Test(arguments: StoreKind.durable)
+    func aFailedReadOfTheEventsIsUnknownNotEmpty(kind: StoreKind) throws {
+        try StorePlace.with(kind) { place in
+            let store = try place.openDurable()
+            _ = try store.load()
+            let records: [StoreRecord] = [.queue(queueSnapshot("q")), .operation(operationSnapshot(1)), .operation(operationSnapshot(2)), .event(event(1, 2))]
+            #expect(store.commit(records, ticket: 1))
+            #expect(store.history(of: OperationID(raw: 2), after: 0, limit: 10)?.count == 1, "the sound store reads the event")
+            #expect(store.history(of: OperationID(raw: 99), after: 0, limit: 10) == [], "an operation without events has an empty history")
+            #expect(store.eventWindow(queue: "q", operation: nil, after: 0, through: 10, limit: 10)?.events.count == 1)
+            try place.breakEventReads(of: store)
+            #expect(store.history(of: OperationID(raw: 2), after: 0, limit: 10) == nil)
+            #expect(store.eventWindow(queue: "q", operation: nil, after: 0, through: 10, limit: 10) == nil)
+            #expect(store.events(of: OperationID(raw: 2), after: 0, limit: .max).isEmpty, "events(of:) keeps its empty answer for the callers that want one")
+        }
+    }
 }
 
 /// Operations in every state, with every optional field both set and absent.
