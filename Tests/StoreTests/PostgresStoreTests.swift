@@ -1,10 +1,8 @@
-import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
 import SQLiteStore
 import Spawning
-import Synchronization
 import Testing
 
 /// Runs `body` with the URL of a fresh database on the test server (OPQD_TEST_POSTGRES_URL),

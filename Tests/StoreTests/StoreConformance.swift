@@ -1,4 +1,3 @@
-import Dispatch
 import Foundation
 import PostgresStore
 import QueueEngine
@@ -30,17 +29,10 @@ protocol StoreUnderTest: DurableStore, OperationStore {
     func events(of id: OperationID, after: UInt64, limit: Int) -> [ChangeEvent]
     @discardableResult
     func deleteMeta(prefix: String, then done: (@Sendable () -> Void)?) -> Bool
-    /// Why the writer's last commit failed (it retries); nil when healthy.
-    var lastFailure: String? { get }
 }
 
-extension SQLiteStore: StoreUnderTest {
-    var lastFailure: String? { lastError?.description }
-}
-
-extension PostgresStore: StoreUnderTest {
-    var lastFailure: String? { lastError?.description }
-}
+extension SQLiteStore: StoreUnderTest {}
+extension PostgresStore: StoreUnderTest {}
 
 /// Where one test's store lives, as River's driver tests give each driver a fresh schema: an
 /// empty place of the kind (a directory; a database of its own on the test server,
