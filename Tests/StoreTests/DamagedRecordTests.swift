@@ -99,24 +99,3 @@ import Testing
         }
     }
 }
-
-/// A failed read of an operation's history is "unknown" (nil), not "no events": the API then
-/// answers 503, as it does on PostgreSQL, instead of 200 with an empty list.
-@Suite struct HistoryReadFailureTests {
-    @Test func aFailedHistoryReadIsNilNotEmpty() throws {
-        try withTemporaryDirectory { dir in
-            try makeStore(in: dir, operations: 3)
-            let store = try SQLiteStore(directory: dir.path)
-            defer { store.close() }
-            _ = try store.load()
-            #expect(store.history(of: OperationID(raw: 2), after: 0, limit: 10)?.count == 1, "the sound store reads the event")
-            #expect(store.history(of: OperationID(raw: 99), after: 0, limit: 10) == [], "an operation without events has an empty history")
-            // The events table goes away behind the store's back: every read of it fails.
-            let conn = try SQLiteConnection(path: dir.database, create: false)
-            try conn.execute("ALTER TABLE events RENAME TO events_gone")
-            conn.close()
-            #expect(store.history(of: OperationID(raw: 2), after: 0, limit: 10) == nil)
-            #expect(store.events(of: OperationID(raw: 2)).isEmpty, "events(of:) keeps its empty answer for the callers that want one")
-        }
-    }
-}

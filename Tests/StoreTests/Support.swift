@@ -13,7 +13,7 @@ extension TemporaryDirectory {
 
 /// Blocks until `ticket` is durable or `timeout` seconds pass; true when it became durable.
 @discardableResult
-func waitDurable(_ store: SQLiteStore, _ ticket: UInt64, timeout: Double = 10) -> Bool {
+func waitDurable(_ store: any OperationStore, _ ticket: UInt64, timeout: Double = 10) -> Bool {
     let done = DispatchSemaphore(value: 0)
     store.whenDurable(ticket) { done.signal() }
     return done.wait(timeout: .now() + timeout) == .success
