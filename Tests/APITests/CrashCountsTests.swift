@@ -6,9 +6,11 @@ import Testing
 @Suite("Crash counts: one rule for a single instance and a partition's new holder")
 struct CrashCountsTests {
     static func op(_ raw: UInt64, _ state: OperationState, queue: String = "q") -> OperationSnapshot {
-        var s = StoreConformanceTests.operation(raw, queue: queue)
-        s.state = state
-        return s
+        let t0 = Timestamp(nanoseconds: 1_795_341_600_000_000_000)
+        return OperationSnapshot(
+            id: OperationID(raw: raw), queue: queue, name: nil, kind: "delay", spec: .object([("seconds", .number(1))]),
+            state: state, outcome: nil, isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil,
+            attempt: 0, result: nil, error: nil, createdAt: t0, startedAt: nil, finishedAt: nil, revision: 1, options: OperationOptions())
     }
 
     struct Case: Sendable, CustomTestStringConvertible {
