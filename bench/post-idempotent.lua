@@ -4,13 +4,18 @@
 wrk.method = "POST"
 wrk.body = '{"kind":"delay","spec":{"seconds":1},"queuePriority":"high"}'
 wrk.headers["Content-Type"] = "application/json"
+-- Keys never repeat, across threads and across runs against one server: the run's start
+-- (seconds and CPU clock) and the thread's number prefix a per-thread counter.
 local counter = 0
-local prefix = tostring(math.random(1, 1e9)) .. "-"
+local prefix = ""
+local threads = 0
+local run = tostring(os.time()) .. "." .. tostring(math.floor(os.clock() * 1e6))
 function setup(thread)
-    thread:set("id", tostring(math.random(1, 1e9)))
+    threads = threads + 1
+    thread:set("id", run .. "-" .. threads)
 end
 function init(args)
-    prefix = prefix .. (id or "0") .. "-"
+    prefix = (id or run) .. "-"
 end
 function request()
     counter = counter + 1

@@ -67,7 +67,9 @@ start_opqd() {
 bare_port=$(( 20000 + RANDOM % 10000 ))
 "$tmp/bare-mhd" "$bare_port" >/dev/null &
 pids+=($!)
-start_opqd sqlite --store sqlite --sync full --data "$tmp/data-sqlite"
+# Room for every keyed create's kept answer (the defaults, 100,000 keys and 64 MiB, would
+# refuse new keys with 429 within a few seconds of this load).
+start_opqd sqlite --store sqlite --sync full --data "$tmp/data-sqlite" --max-idempotency-keys 10000000 --max-idempotency-bytes 17179869184
 O="http://127.0.0.1:$started_port"
 start_opqd memory --store memory --data "$tmp/data-memory"
 M="http://127.0.0.1:$started_port"
