@@ -43,7 +43,7 @@ import Darwin
 /// thread while it runs, and by `init` before it starts. Everything callers touch is in `queue`
 /// or atomic.
 final class PGWriter: @unchecked Sendable {
-    let queue = GroupCommitQueue<WriteJob>()
+    let queue = GroupCommitQueue()
     private let url: String
     let displayURL: String
 

@@ -20,7 +20,7 @@ import Darwin
 /// writer thread while it runs, and by `init` / `finish()` before it starts and after it has
 /// been joined. Everything callers touch is in `queue` or atomic.
 final class StoreWriter: @unchecked Sendable {
-    let queue = GroupCommitQueue<WriteJob>()
+    let queue = GroupCommitQueue()
     let path: String
     /// Where a commit's aftermath runs (marking it durable, then its callbacks: answers,
     /// event publication), in commit order, while the writer thread already builds and syncs
