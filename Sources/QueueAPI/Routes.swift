@@ -10,8 +10,7 @@ package func buildRouter(
 ) -> Router {
     var router = Router()
     ServiceController(
-        engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle,
-        clusterMetrics: { out in placement.writeMetrics(to: &out) }
+        engine: engine, events: events, metrics: metrics, webhooks: webhooks, store: store, lifecycle: lifecycle, placement: placement
     ).addRoutes(
         to: &router)
     QueuesController(engine: engine, durability: durability, webhooks: webhooks, limits: limits).addRoutes(to: &router)

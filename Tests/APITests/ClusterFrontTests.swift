@@ -28,6 +28,7 @@ struct FakePlacement: QueuePlacement {
     var servesEveryQueue: Bool { false }
     var startsAfterCommit: Bool { true }
     func mayStart() -> Bool { true }
+    var unready: String? { nil }
     func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
     func writeMetrics(to out: inout Exposition) {}
     func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}

@@ -19,6 +19,20 @@ struct PartitionPlannerTests {
         #expect(plan.give.isEmpty && PartitionPlanner.live(selfID: "a", read: ["a"]) == ["a"])
     }
 
+    @Test("a joiner is settled (ready) only once it holds its whole share, whatever else it holds")
+    func settledOnlyWithItsShare() {
+        let live = ["a", "b", "c"]
+        let share = Self.targets("c", live)
+        #expect(!share.isEmpty)
+        #expect(!PartitionPlanner.settled(selfID: "c", live: live, held: []), "nothing held yet")
+        #expect(!PartitionPlanner.settled(selfID: "c", live: live, held: Set(share.dropFirst())), "one of its share still elsewhere")
+        #expect(PartitionPlanner.settled(selfID: "c", live: live, held: share))
+        // Its own heartbeat not read back yet: it counts itself, so its share is the same.
+        #expect(PartitionPlanner.settled(selfID: "c", live: ["a", "b"], held: share))
+        #expect(PartitionPlanner.settled(selfID: "a", live: ["a"], held: Self.all), "alone: every partition is its share")
+        #expect(!PartitionPlanner.settled(selfID: "a", live: ["a"], held: Self.all.subtracting([7])))
+    }
+
     @Test("an instance whose own heartbeat was not read back still counts itself live")
     func selfIsLive() {
         let plan = PartitionPlanner.plan(selfID: "a", live: ["b"], held: [], leased: [], leaving: [])

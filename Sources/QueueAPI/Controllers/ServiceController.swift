@@ -18,18 +18,20 @@ package struct ServiceController: Sendable {
     let webhooks: Webhooks
     let store: any DurableStore
     let lifecycle: Lifecycle
-    /// In a cluster, the placement's own families (`opqd_cluster_owner`, its epoch or partitions).
-    var clusterMetrics: @Sendable (inout Exposition) -> Void = { _ in }
+    /// Where the queues live: its readiness, and its own `/metrics` families (`opqd_cluster_owner`,
+    /// its epoch or partitions).
+    let placement: any QueuePlacement
 
     package func addRoutes(to r: inout Router) {
-        let store = self.store
-        Self.addProbes(to: &r, lifecycle: lifecycle, store: store.name) { store.unavailable }
+        let (store, placement) = (self.store, self.placement)
+        Self.addProbes(to: &r, lifecycle: lifecycle, store: store.name) { store.unavailable ?? placement.unready }
         r.add("GET", "/metrics", scope: .instance) { _, _ in
             .response(
                 HTTPResponse(
                     status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
                     body: metrics.render(
-                        engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats, cluster: clusterMetrics)))
+                        engine: engine, events: events, webhooks: webhooks.metrics(), store: store.storeStats,
+                        cluster: { out in placement.writeMetrics(to: &out) })))
         }
         r.add("GET", "/openapi.yaml", scope: .instance) { _, _ in
             .response(HTTPResponse(status: 200, headers: [("Content-Type", "application/yaml")], body: Array(openAPIDocument.utf8)))

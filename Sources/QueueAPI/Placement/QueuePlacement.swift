@@ -28,6 +28,11 @@ package protocol QueuePlacement: Sendable {
     /// no longer be sure it holds the queue; the placement then gives its share up.
     func mayStart() -> Bool
 
+    /// Why this instance cannot serve or forward every request yet (`/readyz` is 503 meanwhile);
+    /// nil once it can. A partition holder is not ready until it holds its share and knows who
+    /// holds the rest.
+    var unready: String? { get }
+
     /// `GET /v1/cluster`. `ownQueues`: the engine's queues, sorted.
     func clusterView(ownQueues: [String]) throws -> ClusterView
     /// Its own `/metrics` families.
@@ -75,6 +80,7 @@ package final class SingleInstance: QueuePlacement {
     package var servesEveryQueue: Bool { true }
     package var startsAfterCommit: Bool { false }
     package func mayStart() -> Bool { true }
+    package var unready: String? { nil }
 
     package func clusterView(ownQueues: [String]) throws -> ClusterView {
         ClusterView(

@@ -111,6 +111,8 @@ extension OwnerCluster: QueuePlacement {
     /// While the lease is held: then its clean stop is the store's to record.
     package var servesEveryQueue: Bool { membership.ownsNow }
     package var startsAfterCommit: Bool { true }
+    /// It serves every queue from the start (it loaded them all before listening).
+    package var unready: String? { nil }
 
     package func mayStart() -> Bool {
         if mayAct { return true }

@@ -5,6 +5,7 @@ import MicroHTTP
 import PostgresStore
 import QueueAPI
 import QueueEngine
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -54,6 +55,8 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// Ticks, claims and releases run here, one at a time.
     let work = DispatchQueue(label: "opqd.partitions")
     private let background = BackgroundServices()
+    /// Set once a period found the placement settled (`unready`).
+    private let joined = Atomic<Bool>(false)
     private let stopped = Locking.Lock<Bool>(false)
     private let changed = Locking.Lock<(@Sendable (PlacementChange) -> Void)?>(nil)
     /// Partitions being given up (out of `serving`, not yet out of `held`).
@@ -168,6 +171,16 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// Commits are fenced by the partitions' epochs; a start waits for its commit.
     package var startsAfterCommit: Bool { true }
 
+    /// Not ready until a period found this instance holding its whole share (nothing more
+    /// moves to it) and every other partition held by a live instance whose URL is known: until
+    /// then a request for a queue moving to it, or held by nobody yet, would get 503 `no-owner`.
+    /// Once ready it stays so (a later move is a handover, not a reason to leave the balancer).
+    package var unready: String? {
+        if joined.load(ordering: .acquiring) { return nil }
+        if let error = unavailable { return "cannot reach PostgreSQL for the cluster's partitions: \(error)" }
+        return "joining the cluster: taking this instance's share of the \(QueuePartitions.count) partitions"
+    }
+
     /// False once the leases may have run out: every partition held here is dropped (the
     /// process starts again), and the next holders restart what ran.
     package func mayStart() -> Bool {
@@ -224,6 +237,16 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             }
             if engine.idsLeft < 1 << 20 { engine.useIDs(try membership.takeIDBlock()) }
             reconcile(engine)
+            if !joined.load(ordering: .relaxed) {
+                let mine = Set(held.all.keys)
+                let known = map.filter { $0.value.instance == selfID || !$0.value.url.isEmpty }.keys
+                if plan.give.isEmpty && Set(known).union(mine).count == QueuePartitions.count
+                    && PartitionPlanner.settled(selfID: selfID, live: live, held: mine)
+                {
+                    joined.store(true, ordering: .releasing)
+                    logger.info("ready: this instance holds its share of the partitions", metadata: ["partitions": "\(mine.count)"])
+                }
+            }
         } catch {
             let message = "\(error)"
             let first = lastError.withLock { e -> Bool in

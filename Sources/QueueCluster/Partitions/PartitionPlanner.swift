@@ -28,6 +28,12 @@ enum PartitionPlanner {
         return PartitionPlan(give: give, want: want)
     }
 
+    /// Whether this instance holds every partition rendezvous hashing gives it among `live`:
+    /// its share is taken, so nothing more moves to it (it is ready, `PartitionOwner.unready`).
+    static func settled(selfID: String, live read: [String], held: Set<Int>) -> Bool {
+        QueuePartitions.targets(of: selfID, among: live(selfID: selfID, read: read)).allSatisfy { held.contains($0) }
+    }
+
     /// The live instances as read, with this one added when its own heartbeat was not read
     /// back (it is live while it runs). Another is alive when there are two or more: while
     /// none is, this instance may act on partitions whose lease it could not renew.
