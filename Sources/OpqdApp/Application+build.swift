@@ -169,7 +169,10 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
         store: store, lifecycle: lifecycle, limits: limits, access: access, maxBody: configuration.maxBody, instance: instance,
         serverID: serverID, placement: placement)
     let dispatcher = APIDispatcher(router: router, access: access, log: APIDispatcher.logFailures(logger))
-    let front = composition.front?(router, engine, access)
+    var routing = composition.front?(router, engine, access)
+    // A request held through a handover may turn out to be this instance's to answer.
+    routing?.local = { request in dispatcher.handle(request) }
+    let front = routing
     let server = HTTPServer(
         configuration: HTTPServerConfiguration(
             host: configuration.host, port: configuration.port, threads: configuration.threads,

@@ -186,8 +186,9 @@ struct ClusterFrontTests {
         #expect(Self.summary(Self.front().decide(Self.request(line, body))) == expected, "\(line) \(body)")
     }
 
-    /// Once forwarded, never again: a request forwarded here for a queue this instance does
-    /// not serve (it moved in between) is refused 503 and retried by the client.
+    /// Forwarded back to its sender, never: a request forwarded here for a queue this instance
+    /// does not serve, whose holder is the sender as far as this instance knows, is refused 503
+    /// (the two disagree for a moment), and a split part is never forwarded again.
     @Test(arguments: [
         ("PATCH /v1/queues/b1", "{}", "503 no-owner b1"),
         ("POST /v1/operations/\(op.b1)/cancel", "", "503 no-owner b1"),
@@ -201,6 +202,22 @@ struct ClusterFrontTests {
     func aForwardedRequestIsNeverForwardedAgain(_ line: String, _ body: String, _ expected: String) {
         let request = Self.request(line, body, headers: [Forwarder.header: "b"])
         #expect(Self.summary(Self.front().decide(request)) == expected, "\(line) \(body)")
+    }
+
+    /// A queue that moved on while its request was on its way (a handover): the request goes
+    /// once more, to the new holder, but not a third time, and not back to its sender.
+    @Test(
+        arguments: [
+            ("PATCH /v1/queues/c1", "{}", "b", nil, "forward http://c:1"),
+            ("PATCH /v1/queues/c1", "{}", "b", "1", "forward http://c:1"),
+            ("PATCH /v1/queues/c1", "{}", "b", "2", "503 no-owner c1"),
+            ("PATCH /v1/queues/c1", "{}", "c", nil, "503 no-owner c1"),
+            ("PATCH /v1/queues/c1", "{}", "b", "junk", "forward http://c:1"),
+        ] as [(String, String, String, String?, String)])
+    func aForwardedRequestGoesOnceMoreToANewHolder(_ line: String, _ body: String, _ sender: String, _ hops: String?, _ expected: String) {
+        var headers = [Forwarder.header: sender]
+        if let hops { headers[Forwarder.hopsHeader] = hops }
+        #expect(Self.summary(Self.front().decide(Self.request(line, body, headers: headers))) == expected, "\(line) from \(sender), hops \(hops ?? "-")")
     }
 
     @Test func operationsInThisInstancesEngineAreRoutedWithoutReadingPostgreSQL() throws {

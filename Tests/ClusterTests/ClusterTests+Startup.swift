@@ -47,3 +47,54 @@ extension ClusterTests {
         cluster.record(problems, "creates right after every /readyz answered 200")
     }
 }
+
+extension ClusterTests {
+    // MARK: - a join under load
+
+    /// API.md "Many instances": when an instance joins, the queues that move are handed over
+    /// without refusing requests. Two instances serve; a client creates operations in queues over
+    /// many partitions, through the instances that are up (as a load balancer sends only to
+    /// those whose `/readyz` is 200); a third instance starts, is added once ready, and the
+    /// creates go on for 4 s more (six lease periods, while its share moves to it). Not one may
+    /// be refused.
+    @Test("an instance joining under load: the partitions that move to it refuse no request")
+    func joinUnderLoad() async throws {
+        try await TestCluster(size: 2, name: "join").run(Self.joinUnderLoad)
+    }
+
+    static func joinUnderLoad(_ cluster: TestCluster) throws {
+        var up = cluster.nodes
+        guard waitUntil(timeout: 30, every: 0.05, { up.allSatisfy { (try? $0.request("GET", "/readyz", timeout: 2))?.status == 200 } }) else {
+            cluster.record(["the first two instances did not answer /readyz 200 within 30 s"], "readyz")
+            return
+        }
+        let queues = (0..<48).map { "join-\($0)" }
+        for (i, q) in queues.enumerated() { try cluster.createQueue(q, maxConcurrent: 1, suspended: true, via: up[i % up.count]) }
+        let joiner = try ClusterNode(
+            index: 2, binary: try OpqdBinary.locate(), arguments: ["--store", cluster.database, "--lease", String(Int(TestCluster.lease))],
+            data: cluster.logs + "/data-2", logPath: cluster.logs + "/opqd-2.log")
+        defer { joiner.stop() }
+        var problems: [String] = []
+        var made = 0
+        var joinedAt: Double?
+        var slowest = 0.0
+        let start = monotonicSeconds()
+        while monotonicSeconds() - start < 30 {
+            if joinedAt == nil, (try? joiner.request("GET", "/readyz", timeout: 1))?.status == 200 {
+                up.append(joiner)
+                joinedAt = monotonicSeconds()
+            }
+            if let at = joinedAt, monotonicSeconds() - at > 4 { break }
+            let node = up[made % up.count]
+            let queue = queues[made % queues.count]
+            let t = monotonicSeconds()
+            let r = try node.request("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":1}}"#)
+            slowest = max(slowest, monotonicSeconds() - t)
+            if r.status != 201 { problems.append("create in \(queue) through opqd #\(node.index): \(r)") }
+            made += 1
+        }
+        print(String(format: "ClusterTests.joinUnderLoad: %d creates, %d refused, slowest %.3f s", made, problems.count, slowest))
+        if joinedAt == nil { problems.append("the third instance did not answer /readyz 200 within 30 s") }
+        cluster.record(problems, "creates while a third instance joined")
+    }
+}

@@ -1,3 +1,4 @@
+import Dispatch
 import Locking
 import MicroHTTP
 import QueueAPI
@@ -25,6 +26,13 @@ package struct ClusterFront: Sendable {
     /// Statuses read from PostgreSQL (`FollowerReads`): every queue's, and those of queues and
     /// operations this instance does not hold, which keep answering while their partition moves.
     let reads: APIDispatcher
+    /// The dispatcher, for a held request that turns out to be this instance's to answer; nil:
+    /// requests for a queue nobody serves are refused at once (503 `no-owner`), not held.
+    package var local: (@Sendable (HTTPRequest) -> HTTPHandlerResult)? = nil
+    /// How long a request for a queue nobody serves right now (its partition moving) is held,
+    /// looked at again every `holdEvery` seconds, before it is refused with 503 `no-owner`.
+    var holdSeconds = 5.0
+    var holdEvery = 0.025
 
     /// What becomes of a request (`decide`).
     enum Decision {
@@ -49,19 +57,27 @@ package struct ClusterFront: Sendable {
 
     /// nil: answer here.
     package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
+        let decision = decide(request)
+        if case let .noOwner(queue) = decision, let local {
+            // A handover: the queue has no holder this instance can reach yet. The request waits
+            // (its connection suspended, no thread held) for the new holder, bounded.
+            let deadline = DispatchTime.now() + holdSeconds
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
+        }
+        return execute(decision, request)
+    }
+
+    /// What `decision` answers; nil: the dispatcher answers.
+    private func execute(_ decision: Decision, _ request: HTTPRequest) -> HTTPHandlerResult? {
         let problem: Problem
-        switch decide(request) {
+        switch decision {
         case .local: return nil
         case .storeRead: return reads.handle(request)
         case let .forward(url): return .routed("forwarded", forwarder.forward(request, to: url))
         case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
         case let .refused(refusal): problem = refusal
         case let .storeUnavailable(detail): problem = StoreReadUnavailable(detail: detail).problem
-        case let .noOwner(queue):
-            // A queue nobody serves: one that does not exist yet in a partition being taken
-            // over, or one moving right now.
-            problem = Problem.noOwner(
-                "no instance serves queue '\(queue)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes")
+        case let .noOwner(queue): problem = Self.noOwner(queue)
         case let .spansInstances(what, names):
             problem = Problem(
                 409, "spans-instances", "Queues on several instances",
@@ -69,6 +85,40 @@ package struct ClusterFront: Sendable {
             )
         }
         return .routed(Router.unmatched, .response(problem.response))
+    }
+
+    /// A queue nobody serves: one that does not exist yet in a partition being taken over, or one
+    /// moving right now, past the time a request is held for it.
+    static func noOwner(_ queue: String) -> Problem {
+        Problem.noOwner("no instance serves queue '\(queue)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes")
+    }
+
+    /// Looks again every `holdEvery` seconds until the queue has a holder (then answers as that
+    /// decides: here, forwarded, ...) or `deadline` passes (503 `no-owner`).
+    private func hold(
+        _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
+        _ responder: HTTPResponder
+    ) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + holdEvery) {
+            let decision = decide(request)
+            if case .noOwner = decision {
+                if DispatchTime.now() < deadline { return hold(request, queue: queue, until: deadline, local: local, responder) }
+                return responder.respond(Self.noOwner(queue).response)
+            }
+            Self.answer(execute(decision, request) ?? local(request), with: responder)
+        }
+    }
+
+    /// Hands a result to a responder that already exists (a held request's).
+    static func answer(_ result: HTTPHandlerResult, with responder: HTTPResponder) {
+        switch result {
+        case let .response(r): responder.respond(r)
+        case let .deferred(body): body(responder)
+        case let .routed(_, inner): answer(inner, with: responder)
+        case .stream:
+            // No queue-scoped route streams; answered as the held request it was.
+            responder.respond(Problem.noOwner("the request cannot be relayed after it was held; retry").response)
+        }
     }
 
     /// Where `request` is answered, from its route's scope and the placement. The token rules
@@ -159,7 +209,9 @@ package struct ClusterFront: Sendable {
         let instances = Set(names.map(instance))
         // One other instance holds them all; or this request was split by another instance
         // already and a queue moved since (never forwarded twice: 503, the client retries).
-        if instances.count == 1 || Forwarder.wasForwarded(request) { return to(queue: first, request) }
+        // A split part is never forwarded again (its elements were shared out by their holders).
+        if Forwarder.wasForwarded(request) { return placement.serves(queue: first) ? .local : .noOwner(queue: first) }
+        if instances.count == 1 { return to(queue: first, request) }
         // Elements of no known operation go with this instance's share (404 there), or the first.
         let fallback = instances.contains(placement.selfID) ? placement.selfID : instance(first)
         var order: [String] = []
@@ -196,7 +248,11 @@ package struct ClusterFront: Sendable {
     /// A request for the queue `name`: here when this instance serves it, else to its holder.
     private func to(queue name: String, _ request: HTTPRequest) -> Decision {
         if placement.serves(queue: name) { return .local }
-        guard !Forwarder.wasForwarded(request), let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty
+        // Forwarded here already: once more only, to a holder other than the sender (the queue
+        // moved on while the request was on its way).
+        let hops = Forwarder.hops(request)
+        guard hops < Forwarder.maxHops, let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty,
+            hops == 0 || holder.instance != request.header(Forwarder.header)
         else { return .noOwner(queue: name) }
         return .forward(to: holder.url)
     }

@@ -35,6 +35,21 @@ package final class Forwarder: Sendable {
         request.header(header) != nil
     }
 
+    /// How many times the request was forwarded already (``hopsHeader``; 1 when only
+    /// ``header`` says so, as an instance before this field sends it).
+    static let hopsHeader = "opqd-forwarded-hops"
+
+    static func hops(_ request: HTTPRequest) -> Int {
+        guard wasForwarded(request) else { return 0 }
+        guard let text = request.header(hopsHeader), text.utf8.count <= 2, let n = Int(text), n >= 1 else { return 1 }
+        return n
+    }
+
+    /// A forwarded request may be forwarded once more, to an instance other than the one that
+    /// sent it: the queue moved on while it was on its way (a handover). Never a third time, so
+    /// instances that disagree on a holder for a moment cannot bounce it between them.
+    static let maxHops = 2
+
     /// Request and response fields that describe one connection, not the message (RFC 9110
     /// §7.6.1), plus `host`, `content-length` and `expect`, which libcurl writes for the new one.
     static let hopByHop: Set<String> = [
@@ -132,10 +147,11 @@ package final class Forwarder: Sendable {
         // Sorted so the same request is always sent the same way (the dictionary has no order).
         for (name, value) in request.headers.sorted(by: { $0.key < $1.key }) {
             let lower = name.lowercased()
-            guard !Self.hopByHop.contains(lower), !named.contains(lower), lower != Self.header else { continue }
+            guard !Self.hopByHop.contains(lower), !named.contains(lower), lower != Self.header, lower != Self.hopsHeader else { continue }
             headers.append((name, value))
         }
         headers.append((Self.header, selfID))
+        headers.append((Self.hopsHeader, String(Self.hops(request) + 1)))
 
         // Only methods that carry a body get one; an empty POST still says `Content-Length: 0`.
         let method = request.method

@@ -1,0 +1,119 @@
+import Dispatch
+import Locking
+import MicroHTTP
+import QueueEngine
+import TestKit
+import Testing
+
+@testable import QueueAPI
+@testable import QueueCluster
+
+/// A placement whose queues change hands while a test runs: this instance ("a") serves what
+/// `served` says, and `holders` says who holds the rest (nobody: moving).
+final class MovingPlacement: QueuePlacement, @unchecked Sendable {
+    // @unchecked: both maps are touched only under `lock`.
+    private let lock = Lock<(served: Set<String>, holders: [String: PlacementHolder])>(([], [:]))
+    let selfID = "a"
+    let selfURL = "http://a:1"
+
+    func set(served: Set<String> = [], holders: [String: PlacementHolder] = [:]) { lock.withLock { $0 = (served, holders) } }
+    func serves(queue name: String) -> Bool { lock.withLock { $0.served.contains(name) } }
+    func holder(ofQueue name: String) -> PlacementHolder? { lock.withLock { $0.holders[name] } }
+    var servesEveryQueue: Bool { false }
+    var startsAfterCommit: Bool { true }
+    func mayStart() -> Bool { true }
+    var unready: String? { nil }
+    func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
+    func writeMetrics(to out: inout Exposition) {}
+    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
+    func start(engine: QueueEngine, advertise: String) throws {}
+    func stop() {}
+    func abandon() {}
+}
+
+/// A request for a queue in the middle of its handover waits for the new holder (API.md "Many
+/// instances"), bounded; over a placement that changes while it waits: no PostgreSQL.
+@Suite("ClusterFront holds a request while its queue moves")
+struct ClusterFrontHoldTests {
+    static func front(_ placement: MovingPlacement, hold: Double, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult) -> ClusterFront {
+        let access = Access(token: nil, readToken: nil)
+        var front = ClusterFront(
+            placement: placement, router: RouteTables.api(), engine: QueueEngine(kinds: ["immediate": ImmediateKind()], store: InMemoryStore()),
+            forwarder: Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300), access: access,
+            queues: OperationQueues(read: { _ in nil }, readMany: { _ in [:] }),
+            reads: APIDispatcher(router: RouteTables.followerReads(), access: access) { _, _ in })
+        front.local = local
+        front.holdSeconds = hold
+        front.holdEvery = 0.01
+        return front
+    }
+
+    /// Runs `result` on a detached responder; the answer once given (nil: none within `within`).
+    static func answer(_ result: HTTPHandlerResult?, within seconds: Double) -> HTTPResponse? {
+        guard let result else { return nil }
+        let responder = HTTPResponder.detached()
+        ClusterFront.answer(result, with: responder)
+        _ = waitUntil(timeout: seconds, every: 0.005) { responder.detachedResponse != nil }
+        return responder.detachedResponse
+    }
+
+    @Test("a queue taken in here while its request waits is answered here, not refused")
+    func answeredHereOnceServed() {
+        let placement = MovingPlacement()
+        let answered = Lock(0)
+        let front = Self.front(placement, hold: 3) { _ in
+            answered.withLock { $0 += 1 }
+            return .response(HTTPResponse(status: 201, headers: [], body: Array("made here".utf8)))
+        }
+        let request = ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#)
+        let result = front.route(request)
+        #expect(result != nil, "held, not handed to the dispatcher at once")
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) { placement.set(served: ["moving"]) }
+        let t0 = monotonicSeconds()
+        let response = Self.answer(result, within: 5)
+        #expect(response?.status == 201)
+        #expect(answered.value == 1)
+        #expect(monotonicSeconds() - t0 >= 0.15, "answered before the queue was taken in")
+    }
+
+    @Test("nobody takes the queue within the bound: 503 no-owner once it has passed, not before")
+    func refusedPastTheBound() {
+        let placement = MovingPlacement()
+        let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
+        let t0 = monotonicSeconds()
+        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend")), within: 5)
+        let waited = monotonicSeconds() - t0
+        #expect(response?.status == 503)
+        let text = String(decoding: response?.body ?? [], as: UTF8.self)
+        #expect(text.contains("no-owner"))
+        #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
+    }
+
+    @Test("without a dispatcher to hand over to, the front refuses at once, as before")
+    func noHoldWithoutLocal() {
+        var front = Self.front(MovingPlacement(), hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
+        front.local = nil
+        guard case let .routed(_, .response(r))? = front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend")) else {
+            Issue.record("not answered at once")
+            return
+        }
+        #expect(r.status == 503)
+    }
+}
+
+@Suite("Forwarder: the hop count travels with a forwarded request")
+struct ForwarderHopsTests {
+    @Test func hopsCountUpAndASpoofedCountIsReplaced() {
+        let f = Forwarder(selfID: "me", maxResponseBytes: 1 << 20, maxWaitSeconds: 300)
+        func hops(_ headers: [String: String]) -> [String] {
+            f.outboundRequest(for: HTTPRequest(method: "GET", path: "/", headers: headers), base: "http://h").headers
+                .filter { $0.0.lowercased() == Forwarder.hopsHeader }.map(\.1)
+        }
+        #expect(hops([:]) == ["1"])
+        #expect(hops([Forwarder.header: "b"]) == ["2"])
+        #expect(hops([Forwarder.header: "b", Forwarder.hopsHeader: "1"]) == ["2"])
+        // Without the forwarded-by mark a count means nothing (a client's): the first hop.
+        #expect(hops([Forwarder.hopsHeader: "7"]) == ["1"])
+        #expect(hops([Forwarder.header: "b", Forwarder.hopsHeader: "99999999999999999999"]) == ["2"])
+    }
+}
