@@ -94,19 +94,29 @@ package struct ClusterFront: Sendable {
     }
 
     /// Looks again every `holdEvery` seconds until the queue has a holder (then answers as that
-    /// decides: here, forwarded, ...) or `deadline` passes (503 `no-owner`).
+    /// decides: here, forwarded, ...) or `deadline` passes (503 `no-owner`). The request is
+    /// decided again (its body parsed again, for body-scoped routes) only when the placement's
+    /// answer for its queue changed, not at every look: a held batch of megabytes costs one
+    /// parse per move, not one per 25 ms.
     private func hold(
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
-        _ responder: HTTPResponder
+        _ responder: HTTPResponder, seen: Where? = nil
     ) {
         DispatchQueue.global().asyncAfter(deadline: .now() + holdEvery) {
-            let decision = decide(request)
-            if case .noOwner = decision {
-                if DispatchTime.now() < deadline { return hold(request, queue: queue, until: deadline, local: local, responder) }
-                return responder.respond(Self.noOwner(queue).response)
+            let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
+            if now != (seen ?? Where(served: false, holder: nil)) {
+                let decision = decide(request)
+                if case .noOwner = decision {} else { return Self.answer(execute(decision, request) ?? local(request), with: responder) }
             }
-            Self.answer(execute(decision, request) ?? local(request), with: responder)
+            if DispatchTime.now() < deadline { return hold(request, queue: queue, until: deadline, local: local, responder, seen: now) }
+            responder.respond(Self.noOwner(queue).response)
         }
+    }
+
+    /// Where the placement puts a held request's queue, as last looked at.
+    struct Where: Equatable {
+        var served: Bool
+        var holder: PlacementHolder?
     }
 
     /// Hands a result to a responder that already exists (a held request's).
