@@ -104,12 +104,14 @@ public final class OpqdApplication: OpqdService {
         logger.info("opqd serving", metadata: ["host": "\(configuration.host)", "port": "\(port)", "threads": "\(configuration.threads)"])
     }
 
-    /// Graceful stop: readiness turns 503, long polls and streams are answered and closed, new
-    /// requests get 503 while in-flight ones (and answers waiting for a commit) finish, up to
-    /// 8 s; then the store records a clean stop and closes.
+    /// Graceful stop: readiness turns 503; a cluster instance hands its queues to the others
+    /// while it still answers (forwarding), up to 5 s; long polls and streams are answered and
+    /// closed, new requests get 503 while in-flight ones (and answers waiting for a commit)
+    /// finish, up to 8 s; then the store records a clean stop and closes.
     public func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         logger.info("opqd stopping")
+        placement.handOver(within: 5)
         background.stopAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))

@@ -35,18 +35,24 @@ extension PGMembership {
         let r = try withConnection { c throws(PGFailure) in
             try Self.ownershipStep(c) { c throws(PGFailure) in
                 // `prior` reads the rows as they were before the claim (one snapshot for the
-                // whole statement): a row that was not given up was abandoned.
-                try c.exec(
+                // whole statement): a row that was not given up was abandoned. A row still
+                // leased to this instance's id was left by its previous process (the same
+                // identity, `--instance-id` or `--data`, is never used by two live processes):
+                // taken back at once, as abandoned.
+                let r = try c.exec(
                     """
                     WITH prior AS (SELECT scope, released FROM opqd.ownership WHERE scope = ANY($4::text[])), \
                     won AS (INSERT INTO opqd.ownership AS o (scope, instance, epoch, expires_at, token) \
                     SELECT s, $1, 1, now() + make_interval(secs => $2::float8), $3 FROM unnest($4::text[]) AS s \
                     WHERE NOT EXISTS (SELECT 1 FROM opqd.ownership WHERE scope = '*' AND expires_at > now()) \
                     ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
-                    token = excluded.token, released = false WHERE o.expires_at < now() RETURNING scope, epoch) \
+                    token = excluded.token, released = false WHERE o.expires_at < now() OR o.instance = $1 RETURNING scope, epoch) \
                     SELECT won.scope, won.epoch, NOT coalesce(prior.released, true) FROM won LEFT JOIN prior USING (scope)
                     """,
                     [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts)])
+                // The others' forwarders learn the new holder at once (`movesChannel`).
+                if r.rows > 0 { try c.exec("SELECT pg_notify('\(Self.movesChannel)', $1)", [PGParameter(instanceID)]) }
+                return r
             }
         }
         var won: [Int: Int64] = [:]
@@ -94,11 +100,13 @@ extension PGMembership {
         guard !held.isEmpty else { return }
         let parts = held.keys.sorted()
         try withConnection { c throws(PGFailure) in
+            // The others claim at once, told on `movesChannel` (in the same commit).
             try c.exec(
                 """
-                UPDATE opqd.ownership o SET expires_at = now() - interval '1 second', released = NOT (o.scope = ANY($4::text[])) \
+                WITH r AS (UPDATE opqd.ownership o SET expires_at = now() - interval '1 second', released = NOT (o.scope = ANY($4::text[])) \
                 FROM unnest($2::text[], $3::bigint[]) AS h(scope, epoch) \
-                WHERE o.scope = h.scope AND o.epoch = h.epoch AND o.instance = $1
+                WHERE o.scope = h.scope AND o.epoch = h.epoch AND o.instance = $1 RETURNING 1) \
+                SELECT pg_notify('\(Self.movesChannel)', $1) WHERE EXISTS (SELECT 1 FROM r)
                 """, [PGParameter(instanceID), Self.scopes(parts), Self.epochs(parts.map { held[$0] ?? 0 }), Self.scopes(abandoned.sorted())])
         }
     }

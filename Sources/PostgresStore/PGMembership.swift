@@ -106,15 +106,40 @@ public final class PGMembership: @unchecked Sendable {
         }
     }
 
-    /// Inserts or refreshes this instance's row.
+    /// Inserts or refreshes this instance's row, and tells the others (`movesChannel`): a
+    /// partition holder rebalances at once instead of at its next period.
     public func register(advertise: String) throws {
         _ = try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
-                INSERT INTO opqd.instance (id, url, started_at, heartbeat_at) VALUES ($1, $2, now(), now()) \
-                ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at
+                WITH i AS (INSERT INTO opqd.instance (id, url, started_at, heartbeat_at) VALUES ($1, $2, now(), now()) \
+                ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at RETURNING id) \
+                SELECT pg_notify('\(Self.movesChannel)', $1) FROM i
                 """, [PGParameter(instanceID), PGParameter(advertise)])
         }
+    }
+
+    /// Removes this instance's row (a clean stop begins): the others leave it out of the
+    /// hashing at once (told on `movesChannel`), so they take over what it gives up.
+    public func depart() throws {
+        _ = try withConnection { c throws(PGFailure) in
+            try c.exec(
+                "WITH d AS (DELETE FROM opqd.instance WHERE id = $1 RETURNING id) SELECT pg_notify('\(Self.movesChannel)', $1) FROM d",
+                [PGParameter(instanceID)])
+        }
+    }
+
+    /// The channel on which instances say that partitions or instances changed (a claim, a
+    /// release, a join, a departure), valued with the sender's id: partition holders listen and
+    /// look at once (`listenForMoves`), so a handover takes a round trip, not a lease period.
+    public static let movesChannel = "opqd_partitions"
+
+    /// Calls `wake` (on the listener's thread) when another instance says that partitions or
+    /// instances changed, and after every (re)connection.
+    public func listenForMoves(_ wake: @escaping @Sendable () -> Void) -> PGListener {
+        let listener = PGListener(url: url, channel: Self.movesChannel, ignoring: instanceID, wake: wake)
+        listener.start()
+        return listener
     }
 
     /// Heartbeat, and forgetting instances silent for long (at least a minute, 10 leases).
@@ -289,13 +314,15 @@ public final class PGMembership: @unchecked Sendable {
 public final class PGListener: @unchecked Sendable {
     public static let channel = "opqd_events"
     private let url: String
+    private let listens: String
     private let wake: @Sendable () -> Void
     private let ignoring: String?
     private let stopping = Atomic<Bool>(false)
 
     /// `ignoring`: an instance id whose own commits do not wake it (its feed has them already).
-    public init(url: String, ignoring: String? = nil, wake: @escaping @Sendable () -> Void) {
+    public init(url: String, channel: String = PGListener.channel, ignoring: String? = nil, wake: @escaping @Sendable () -> Void) {
         self.url = url
+        listens = channel
         self.ignoring = ignoring
         self.wake = wake
     }
@@ -314,7 +341,7 @@ public final class PGListener: @unchecked Sendable {
             do throws(PGFailure) {
                 let c = try PGConnection(url: url)
                 defer { c.close() }
-                try c.exec("LISTEN \(Self.channel)")
+                try c.exec("LISTEN \(listens)")
                 delay = 50_000
                 wake()
                 while !stopping.load(ordering: .acquiring) {

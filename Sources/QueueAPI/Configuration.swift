@@ -38,6 +38,10 @@ public struct OpqdConfiguration: Sendable {
     /// The URL other instances and clients reach this one by (`GET /v1/cluster`); default
     /// `http://<host>:<port>`.
     public var advertise: String? = nil
+    /// With a PostgreSQL store: this instance's identity in the cluster, kept across restarts,
+    /// so that a restarted instance takes its partitions back at once. nil: the one kept in
+    /// `data` (made on first start), or a fresh one when another process uses that directory.
+    public var instanceID: String? = nil
     /// With a PostgreSQL store: seconds the owner's lease lasts (renewed every third of it);
     /// when the owner stops renewing, another instance takes the queues over after it.
     public var lease: Double = 10
@@ -107,6 +111,15 @@ public struct OpqdConfiguration: Sendable {
         return s
     }
 
+    /// 1 to 64 of `A-Z a-z 0-9 . _ -`: an instance's id as `--instance-id` takes it.
+    public static func isInstanceID(_ text: String) -> Bool {
+        let bytes = Array(text.utf8)
+        guard (1...64).contains(bytes.count) else { return false }
+        return bytes.allSatisfy { b in
+            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
+        }
+    }
+
     static let options: [Option] = [
         Option(flag: "--advertise", env: "OPQD_ADVERTISE", help: "URL others reach this instance by, shown by GET /v1/cluster (default http://<host>:<port>)") {
             c, v in
@@ -114,6 +127,16 @@ public struct OpqdConfiguration: Sendable {
                 throw ConfigurationError("--advertise must be an http:// or https:// URL of at most 512 bytes; got '\(v.prefix(100))'")
             }
             c.advertise = v
+        },
+        Option(
+            flag: "--instance-id", env: "OPQD_INSTANCE_ID",
+            help:
+                "with a postgres:// store, this instance's identity (1-64 of A-Z a-z 0-9 . _ -), kept across restarts so a restarted instance takes its partitions back at once; never give two running instances the same one (default: the one kept in --data)"
+        ) { c, v in
+            guard isInstanceID(v) else {
+                throw ConfigurationError("--instance-id must be 1 to 64 of the characters A-Z a-z 0-9 . _ -; got '\(v.prefix(100))'")
+            }
+            c.instanceID = v
         },
         Option(
             flag: "--lease", env: "OPQD_LEASE",
@@ -129,7 +152,10 @@ public struct OpqdConfiguration: Sendable {
         },
         Option(flag: "--host", env: "OPQD_HOST", help: "address to listen on (default 127.0.0.1; 0.0.0.0 for all)") { c, v in c.host = v },
         Option(flag: "--port", env: "OPQD_PORT", help: "TCP port (default 8080; 0 picks a free one)") { c, v in c.port = try int(v, "--port", 0...65535) },
-        Option(flag: "--data", env: "OPQD_DATA", help: "directory of the embedded store (default ./opqd-data)") { c, v in c.data = v },
+        Option(
+            flag: "--data", env: "OPQD_DATA",
+            help: "directory of the embedded store; with a postgres:// store, where the instance keeps its identity (default ./opqd-data)"
+        ) { c, v in c.data = v },
         Option(
             flag: "--store", env: "OPQD_STORE",
             help:

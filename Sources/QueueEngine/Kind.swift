@@ -25,6 +25,10 @@ public protocol OperationKind: Sendable {
     /// stopped. The default starts a new attempt when `retry` allows, else fails it with
     /// `interrupted`.
     func recover(_ operation: OperationSnapshot) -> Recovery
+    /// Seconds a run told to stop (`cancel`) may still take to be gone, e.g. a child process
+    /// between SIGTERM and SIGKILL: a queue handed to another instance is not started there
+    /// before. 0 (the default): gone at once.
+    var stopGrace: Double { get }
 }
 
 /// What happens at start-up to an operation that was executing when the process stopped.
@@ -43,6 +47,7 @@ extension OperationKind {
     public func validate(spec: JSONValue?) throws(EngineError) {}
     public func permit(spec: JSONValue?) throws(EngineError) {}
     public var defaultRetry: RetryPolicy? { nil }
+    public var stopGrace: Double { 0 }
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }
         return .fail("interrupted")

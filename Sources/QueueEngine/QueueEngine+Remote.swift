@@ -133,15 +133,15 @@ extension QueueEngine {
     /// restarts them by the restart rules); operations held here that wait for one of them now
     /// wait for it remotely; long waits on those queues are answered as not idle.
     @discardableResult
-    public func release(queues names: Set<String>) -> Int { release { names.contains($0) } }
+    public func release(queues names: Set<String>) -> ReleasedRuns { release { names.contains($0) } }
 
     /// `release(queues:)` of every queue whose name `leaving` accepts, decided inside the change
     /// (a queue created a moment before goes too). Answers how many runs were stopped.
     @discardableResult
-    public func release(where leaving: (String) -> Bool) -> Int {
-        (try? mutate { core throws(EngineError) -> Int in
+    public func release(where leaving: (String) -> Bool) -> ReleasedRuns {
+        (try? mutate { core throws(EngineError) -> ReleasedRuns in
             var gone: [OpRecord] = []
-            var stopped = 0
+            var stopped = ReleasedRuns()
             for name in core.queues.keys.sorted() where leaving(name) {
                 guard let q = core.queues[name] else { continue }
                 // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
@@ -165,12 +165,12 @@ extension QueueEngine {
                     op.queue.unfinished -= 1
                     core.unfinishedTotal -= 1
                 }
-                if op.state == .executing && !op.inBackoff && op.parkedCompletion == nil {
+                if (op.state == .executing && !op.inBackoff && op.parkedCompletion == nil)
+                    || (op.state == .paused && op.hasStarted && op.parkedCompletion == nil)
+                {
                     core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
-                    stopped += 1
-                } else if op.state == .paused && op.hasStarted && op.parkedCompletion == nil {
-                    core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
-                    stopped += 1
+                    stopped.runs += 1
+                    stopped.grace = max(stopped.grace, op.kind.stopGrace)
                 }
                 op.runToken &+= 1
                 // Its local dependencies no longer wake it; its dependents that stay here wait
@@ -190,8 +190,15 @@ extension QueueEngine {
             }
             if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
             return stopped
-        }) ?? 0
+        }) ?? ReleasedRuns()
     }
+}
+
+/// What `release` stopped: how many runs, and the longest a stopped run may still take to be
+/// gone (`OperationKind.stopGrace`).
+public struct ReleasedRuns: Sendable, Equatable {
+    public var runs = 0
+    public var grace = 0.0
 }
 
 extension EngineCore {

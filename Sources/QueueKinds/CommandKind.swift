@@ -35,6 +35,8 @@ public final class CommandKind: OperationKind {
     public static let tailCap = 64 * 1024
     /// Seconds between SIGTERM and SIGKILL when stopping a child.
     public static let killGrace = 2.0
+    /// The kill grace, and a second for the child to be reaped.
+    public var stopGrace: Double { Self.killGrace + 1 }
     /// Seconds a command may run when the spec gives no `timeout`.
     public static let defaultTimeout = 30.0
     /// `PATH` of the child unless its `env` sets one.

@@ -59,7 +59,13 @@ for name in ClusterHandoff.variables { unsetenv(name) }
 
 let app: any OpqdService
 do {
-    RoleChanges.instanceID = handoff?.instanceID ?? ClusterHandoff.newInstanceID()
+    // A cluster instance keeps its identity across restarts (InstanceIdentity); a single
+    // instance's id only names it in GET /v1/cluster.
+    RoleChanges.instanceID =
+        handoff?.instanceID
+        ?? (OpqdConfiguration.isPostgresURL(configuration.store)
+            ? InstanceIdentity.resolve(explicit: configuration.instanceID, data: configuration.data) { logger.notice("\($0)") }
+            : ClusterHandoff.newInstanceID())
     app = try buildService(configuration: configuration, logger: logger, instanceID: RoleChanges.instanceID, handoff: handoff) { change in
         RoleChanges.request(change)
     }

@@ -89,6 +89,63 @@ struct ClusterFrontHoldTests {
         #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
     }
 
+    @Test("a holder that stopped listening: the request waits for the next holder and is answered there")
+    func heldWhenTheHolderIsGone() {
+        let placement = MovingPlacement()
+        placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
+        let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: Array("made here".utf8))) }
+        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#))
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { placement.set(served: ["moving"]) }
+        let t0 = monotonicSeconds()
+        let response = Self.answer(result, within: 5)
+        let text = String(decoding: response?.body ?? [], as: UTF8.self)
+        #expect(response?.status == 201, "\(text)")
+        #expect(monotonicSeconds() - t0 >= 0.2, "answered before the queue moved")
+    }
+
+    @Test("a holder that answers 503 shutting-down (it is stopping): the request goes to the next holder")
+    func resentWhenTheHolderIsStopping() throws {
+        let stopping = try RawServer { connection, _ in
+            while (try? connection.readRequest()) != nil {
+                let body = String(decoding: Problem.shuttingDown.response.body, as: UTF8.self)
+                guard
+                    connection.send(
+                        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+                else { return }
+            }
+        }
+        defer { stopping.stop() }
+        let next = try RawServer { connection, _ in
+            while (try? connection.readRequest()) != nil {
+                guard connection.send("HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nnext") else { return }
+            }
+        }
+        defer { next.stop() }
+        let placement = MovingPlacement()
+        placement.set(holders: ["moving": PlacementHolder(instance: "b", url: stopping.base)])
+        let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 500, headers: [], body: [])) }
+        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#))
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { placement.set(holders: ["moving": PlacementHolder(instance: "c", url: next.base)]) }
+        let response = Self.answer(result, within: 5)
+        #expect(response?.status == 201)
+        let text = String(decoding: response?.body ?? [], as: UTF8.self)
+        #expect(text == "next")
+    }
+
+    @Test("a holder that crashed and still holds the queue: 503 owner-unavailable once the bound has passed")
+    func crashedHolderPastTheBound() {
+        let placement = MovingPlacement()
+        placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
+        let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
+        let t0 = monotonicSeconds()
+        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend")), within: 5)
+        let waited = monotonicSeconds() - t0
+        #expect(response?.status == 503)
+        let text = String(decoding: response?.body ?? [], as: UTF8.self)
+        #expect(text.contains("owner-unavailable"), "\(text)")
+        #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
+    }
+
     @Test("without a dispatcher to hand over to, the front refuses at once, as before")
     func noHoldWithoutLocal() {
         var front = Self.front(MovingPlacement(), hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }

@@ -92,7 +92,7 @@ struct ClusterFrontTests {
         switch decision {
         case .local: return "local"
         case .storeRead: return "store read"
-        case let .forward(url): return "forward \(url)"
+        case let .forward(url, _): return "forward \(url)"
         case let .split(list, member, elements, parts):
             return "split \(list)[].\(member) of \(elements.count): " + parts.map { "\($0.url) \($0.indices)" }.joined(separator: ", ")
         case let .noOwner(queue): return "503 no-owner \(queue)"

@@ -33,6 +33,14 @@ struct PartitionPlannerTests {
         #expect(!PartitionPlanner.settled(selfID: "a", live: ["a"], held: Self.all.subtracting([7])))
     }
 
+    @Test("a departing instance gives up everything it holds except what is already leaving, and claims nothing")
+    func departingGivesAll() {
+        let plan = PartitionPlanner.plan(selfID: "a", live: ["a", "b"], held: [1, 2, 3], leased: [1, 2, 3], leaving: [3], departing: true)
+        #expect(plan.give == [1, 2] && plan.want.isEmpty)
+        let alone = PartitionPlanner.plan(selfID: "a", live: ["a"], held: [], leased: [], leaving: [], departing: true)
+        #expect(alone.want.isEmpty, "a departing instance claims nothing, even alone")
+    }
+
     @Test("an instance whose own heartbeat was not read back still counts itself live")
     func selfIsLive() {
         let plan = PartitionPlanner.plan(selfID: "a", live: ["b"], held: [], leased: [], leaving: [])

@@ -40,8 +40,8 @@ package struct ClusterFront: Sendable {
         case local
         /// Answered here from what the holders committed (`reads`).
         case storeRead
-        /// Relayed to the holder at this base URL.
-        case forward(to: String)
+        /// Relayed to the holder of `queue` at this base URL.
+        case forward(to: String, queue: String)
         /// Split among the holders of the operations it names (`finishAcross`).
         case split(list: String, member: String, elements: [JSONValue], parts: [FinishPart])
         /// 503 `no-owner`: nobody serves the queue right now, or the request was forwarded
@@ -58,22 +58,31 @@ package struct ClusterFront: Sendable {
     /// nil: answer here.
     package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
         let decision = decide(request)
+        let deadline = DispatchTime.now() + holdSeconds
         if case let .noOwner(queue) = decision, let local {
             // A handover: the queue has no holder this instance can reach yet. The request waits
             // (its connection suspended, no thread held) for the new holder, bounded.
-            let deadline = DispatchTime.now() + holdSeconds
             return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
         }
-        return execute(decision, request)
+        return execute(decision, request, until: deadline)
     }
 
-    /// What `decision` answers; nil: the dispatcher answers.
-    private func execute(_ decision: Decision, _ request: HTTPRequest) -> HTTPHandlerResult? {
+    /// What `decision` answers; nil: the dispatcher answers. A forwarded request that its holder
+    /// certainly did not handle (it is handing its queues over and stopping:
+    /// `Forwarder.neverHandled`) is held like one for a moving queue, until `deadline`, and
+    /// sent to the next holder.
+    private func execute(_ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime) -> HTTPHandlerResult? {
         let problem: Problem
         switch decision {
         case .local: return nil
         case .storeRead: return reads.handle(request)
-        case let .forward(url): return .routed("forwarded", forwarder.forward(request, to: url))
+        case let .forward(url, queue):
+            var again: (@Sendable (HTTPResponder, HTTPResponse) -> Void)?
+            if let local, DispatchTime.now() < deadline {
+                let seen = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
+                again = { responder, failed in hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed) }
+            }
+            return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
         case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
         case let .refused(refusal): problem = refusal
         case let .storeUnavailable(detail): problem = StoreReadUnavailable(detail: detail).problem
@@ -94,22 +103,30 @@ package struct ClusterFront: Sendable {
     }
 
     /// Looks again every `holdEvery` seconds until the queue has a holder (then answers as that
-    /// decides: here, forwarded, ...) or `deadline` passes (503 `no-owner`). The request is
+    /// decides: here, forwarded, ...) or `deadline` passes (503 `no-owner`, or `otherwise`: what
+    /// the holder it was sent to answered, while the placement still names it). The request is
     /// decided again (its body parsed again, for body-scoped routes) only when the placement's
     /// answer for its queue changed, not at every look: a held batch of megabytes costs one
     /// parse per move, not one per 25 ms.
     private func hold(
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
-        _ responder: HTTPResponder, seen: Where? = nil
+        _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil
     ) {
         DispatchQueue.global().asyncAfter(deadline: .now() + holdEvery) {
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
-            if now != (seen ?? Where(served: false, holder: nil)) {
+            let moved = now != (seen ?? Where(served: false, holder: nil))
+            if moved {
                 let decision = decide(request)
-                if case .noOwner = decision {} else { return Self.answer(execute(decision, request) ?? local(request), with: responder) }
+                if case .noOwner = decision {
+                } else {
+                    return Self.answer(execute(decision, request, until: deadline) ?? local(request), with: responder)
+                }
             }
-            if DispatchTime.now() < deadline { return hold(request, queue: queue, until: deadline, local: local, responder, seen: now) }
-            responder.respond(Self.noOwner(queue).response)
+            let last = moved ? nil : otherwise
+            if DispatchTime.now() < deadline {
+                return hold(request, queue: queue, until: deadline, local: local, responder, seen: now, otherwise: last)
+            }
+            responder.respond(last ?? Self.noOwner(queue).response)
         }
     }
 
@@ -264,7 +281,7 @@ package struct ClusterFront: Sendable {
         guard hops < Forwarder.maxHops, let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty,
             hops == 0 || holder.instance != request.header(Forwarder.header)
         else { return .noOwner(queue: name) }
-        return .forward(to: holder.url)
+        return .forward(to: holder.url, queue: name)
     }
 }
 

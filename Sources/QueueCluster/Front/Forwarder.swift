@@ -93,7 +93,13 @@ package final class Forwarder: Sendable {
     /// it is not, aborts the exchange, which closes the connection to the owner. The owner then
     /// sees its own client gone, as it would have seen the real one, so a claim held for a
     /// client that left is not handed out (its leases go back to the queue at once).
-    func forward(_ request: HTTPRequest, to base: String) -> HTTPHandlerResult {
+    ///
+    /// `undelivered`, when given, takes over the responder, with the answer it would have had,
+    /// when the owner certainly did not handle the request (``neverHandled``): it stopped
+    /// listening, or it is shutting down and refused the request (a handover under way).
+    func forward(
+        _ request: HTTPRequest, to base: String, undelivered: (@Sendable (HTTPResponder, HTTPResponse) -> Void)? = nil
+    ) -> HTTPHandlerResult {
         // The relayed query keeps one value per name, so the owner could not see a repeat that
         // it would refuse (`Query`); refused here the same way.
         if let name = request.repeatedQueryNames.first {
@@ -109,11 +115,29 @@ package final class Forwarder: Sendable {
             // aborts the exchange, so the owner sees this client gone).
             if !isLongPoll { responder.answerBeforeShutdown() }
             let task = client.send(outbound) { result in
-                responder.respond(Self.relay(result, maxResponseBytes: cap))
+                let answer = Self.relay(result, maxResponseBytes: cap)
+                if let undelivered, Self.neverHandled(result) { return undelivered(responder, answer) }
+                responder.respond(answer)
             }
             if isLongPoll { Self.watch(responder, task) }
         }
     }
+
+    /// True when the owner certainly did not handle the request: no connection could be made
+    /// (nothing was sent), or its answer is 503 `shutting-down`, which a stopping server gives
+    /// to a request it does not start (MicroHTTP's `Problem.shuttingDown`; one it answers at its
+    /// drain deadline, seconds later, comes after any handover's hold is over).
+    static func neverHandled(_ result: Result<OutboundResponse, OutboundError>) -> Bool {
+        switch result {
+        case let .failure(error): return error.type == "connection-refused"
+        case let .success(answer):
+            guard answer.status == 503, answer.body.count < 1024 else { return false }
+            return answer.body.starts(with: shuttingDownPrefix)
+        }
+    }
+
+    /// How the body of 503 `shutting-down` begins.
+    static let shuttingDownPrefix = Array(#"{"type":"https://opqd.dev/problems/shutting-down""#.utf8)
 
     /// Seconds between two looks at a long poll's client (a non-blocking peek at its socket).
     static let clientCheckInterval = 0.25

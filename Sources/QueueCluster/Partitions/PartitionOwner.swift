@@ -61,13 +61,21 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let changed = Locking.Lock<(@Sendable (PlacementChange) -> Void)?>(nil)
     /// Partitions being given up (out of `serving`, not yet out of `held`).
     private let leaving = Locking.Lock<Set<Int>>([])
+    /// Set by `handOver`: this instance is leaving the cluster (a clean stop). Its periods give
+    /// every partition up and claim none.
+    private let departing = Atomic<Bool>(false)
+    /// Wakes a period at once when another instance claims, releases, joins or leaves.
+    private let moves = Locking.Lock<PGListener?>(nil)
+    /// A period asked for by `moves` is queued on `work` and not run yet: more wake-ups meanwhile
+    /// are that one.
+    private let soon = Atomic<Bool>(false)
     /// Ids waited for that a look at PostgreSQL is due for, and whether one is scheduled: the
     /// looks run on `checks`, one at a time, never on `work` (renewals never wait for them).
     private let due = Locking.Lock<(ids: Set<UInt64>, scheduled: Bool)>(([], false))
     let checks = DispatchQueue(label: "opqd.partitions.checks")
-    /// How long a given-up partition's lease is kept after its runs were told to stop, so that
-    /// they are gone (a command's SIGTERM, then SIGKILL after its grace) before another
-    /// instance may start them again.
+    /// The longest a given-up partition's lease is kept after its runs were told to stop, so
+    /// that they are gone (a command's SIGTERM, then SIGKILL after its grace: the kinds'
+    /// `stopGrace`) before another instance may start them again.
     let stopGrace: Double
 
     package init(
@@ -107,6 +115,63 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         engine.useIDs(try membership.takeIDBlock())
         work.sync { tick() }
         background.start([PeriodicService("partitions", every: period, on: work) { [self] in tick() }])
+        moves.withLock { $0 = membership.listenForMoves { [weak self] in self?.tickSoon() } }
+    }
+
+    /// A period now (queued on `work`), for a move another instance announced.
+    private func tickSoon() {
+        guard !soon.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        work.async { [self] in
+            soon.store(false, ordering: .releasing)
+            tick()
+        }
+    }
+
+    /// A clean stop's first step (SIGTERM), while this instance still answers requests: it leaves
+    /// the hashing (its row goes, and the others are told at once), gives every partition up in
+    /// the usual order (out of `serving`, then out of the engine, then, once durable, the lease,
+    /// announced), and waits until another live instance holds each, or `seconds` pass. Requests
+    /// for its queues meanwhile wait for their new holder (`ClusterFront`) and are forwarded.
+    package func handOver(within seconds: Double) {
+        guard !stopped.withLock({ $0 }), engine != nil, !departing.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let deadline = DispatchTime.now() + max(0, seconds)
+        // Alone, nobody could take the partitions over: they are given up at the stop's end.
+        guard let view = try? membership.view(stale: max(1, membership.leaseSeconds)), view.instances.contains(where: { $0.id != selfID }) else {
+            departing.store(false, ordering: .releasing)
+            return
+        }
+        work.sync {
+            do { try membership.depart() } catch {
+                logger.warning("cannot leave the cluster's list of instances (the others see it go after a lease)", metadata: ["error": "\(error)"])
+            }
+            tick()
+        }
+        logger.info("handing every partition over before stopping", metadata: ["partitions": "\(held.all.count)"])
+        while DispatchTime.now() < deadline {
+            let handed = work.sync { () -> Bool in
+                guard held.all.isEmpty else { return false }
+                refreshHolders()
+                let map = holderMap
+                return (0..<QueuePartitions.count).allSatisfy { p in map[p].map { $0.instance != selfID && !$0.url.isEmpty } ?? false }
+            }
+            if handed {
+                logger.info("every partition is held by another instance")
+                return
+            }
+            usleep(20_000)
+        }
+        logger.warning(
+            "stopping before every partition was taken over (the rest move when their leases run out)",
+            metadata: ["still held": "\(held.all.keys.sorted())"])
+    }
+
+    /// Reads who holds each partition now (`holders`), as a period does.
+    private func refreshHolders() {
+        guard let leases = try? membership.partitionLeases(), let view = try? membership.view(stale: max(1, membership.leaseSeconds)) else { return }
+        let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
+        var map: [Int: PlacementHolder] = [:]
+        for l in leases where l.live { map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "") }
+        holders.withLock { $0 = map }
     }
 
     /// Stops the timer and gives every partition up at once (a clean stop), once what was
@@ -118,6 +183,10 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         }
         guard first else { return }
         background.stopAll()
+        moves.withLock { l in
+            l?.stop()
+            l = nil
+        }
         // After a tick under way: it could claim or renew what is given up here.
         work.sync {
             serving.withLock { $0 = [] }
@@ -133,6 +202,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     package func abandon() {
         stopped.withLock { $0 = true }
         background.stopAll()
+        moves.withLock { $0?.stop() }
         serving.withLock { $0 = [] }
     }
 
@@ -195,15 +265,18 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     func tick() {
         guard !stopped.withLock({ $0 }), let engine else { return }
+        let departing = departing.load(ordering: .acquiring)
         do {
-            try membership.beat()
+            // A departing instance's row is gone: a beat would not bring it back, nor should it.
+            if !departing { try membership.beat() }
             // Live: a heartbeat within one lease (a beat comes every third of it). An instance
             // that stopped beating loses its place in the hashing as soon as its leases can
             // have run out, so its partitions move within lease + a period; one that was only
             // slow keeps its live leases (nobody claims those) and comes back into the hashing.
             let view = try membership.view(stale: max(1, membership.leaseSeconds))
-            let live = PartitionPlanner.live(selfID: selfID, read: view.instances.map(\.id))
-            others.withLock { $0 = live.count > 1 }
+            let live =
+                departing ? view.instances.map(\.id).filter { $0 != selfID } : PartitionPlanner.live(selfID: selfID, read: view.instances.map(\.id))
+            others.withLock { $0 = departing ? !live.isEmpty : live.count > 1 }
             let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
 
             let mine = held.all
@@ -228,8 +301,11 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             picture.withLock { $0 = (view, names) }
             lastError.withLock { $0 = nil }
 
+            // A lease still in this instance's name that it does not hold was left by its previous
+            // process (the same identity): claimed back at once (`PGMembership.claim`).
+            let leased = Set(map.filter { $0.value.instance != selfID || mine[$0.key] != nil }.keys)
             let plan = PartitionPlanner.plan(
-                selfID: selfID, live: live, held: Set(mine.keys), leased: Set(map.keys), leaving: leaving.withLock { $0 })
+                selfID: selfID, live: live, held: Set(mine.keys), leased: leased, leaving: leaving.withLock { $0 }, departing: departing)
             if !plan.give.isEmpty { release(plan.give, engine: engine) }
             if !plan.want.isEmpty {
                 let (won, abandoned) = try membership.claimNoting(plan.want, token: token, alone: mine.isEmpty)
@@ -330,14 +406,16 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         changed.withLock { $0 }?(.released { parts.contains(QueuePartitions.of(queue: $0)) })
         let epochs = held.all.filter { parts.contains($0.key) }
         engine.whenDurable { [self] in
-            // Runs told to stop get the time to be gone before another instance may start them.
-            work.asyncAfter(deadline: .now() + (stopped > 0 ? stopGrace : 0)) { [self] in
+            // Runs told to stop get the time to be gone before another instance may start them
+            // (a command's child: SIGTERM, then SIGKILL after its grace); those of other kinds
+            // are gone at once.
+            work.asyncAfter(deadline: .now() + min(stopped.grace, stopGrace)) { [self] in
                 held.remove(epochs)
                 do { try membership.release(epochs) } catch {
                     logger.warning("cannot give partitions up (they go when their lease runs out)", metadata: ["error": "\(error)"])
                 }
                 leaving.withLock { $0.subtract(parts) }
-                logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "stopped runs": "\(stopped)"])
+                logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "stopped runs": "\(stopped.runs)"])
             }
         }
     }

@@ -20,7 +20,10 @@ enum PartitionPlanner {
     ///   - leased: partitions with a live lease, whoever holds it (this instance's included).
     ///   - leaving: partitions being given up right now (their runs stopping): neither given
     ///     again nor claimed back until the release is done.
-    static func plan(selfID: String, live read: [String], held: Set<Int>, leased: Set<Int>, leaving: Set<Int>) -> PartitionPlan {
+    ///   - departing: this instance is leaving (a clean stop): it gives every partition up and
+    ///     wants none.
+    static func plan(selfID: String, live read: [String], held: Set<Int>, leased: Set<Int>, leaving: Set<Int>, departing: Bool = false) -> PartitionPlan {
+        if departing { return PartitionPlan(give: held.subtracting(leaving), want: []) }
         let live = self.live(selfID: selfID, read: read)
         let targets = QueuePartitions.targets(of: selfID, among: live)
         let give = held.filter { !targets.contains($0) && !leaving.contains($0) }

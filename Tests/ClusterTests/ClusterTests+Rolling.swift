@@ -1,0 +1,191 @@
+import Foundation
+import Locking
+import PostgresStore
+import TestKit
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension ClusterTests {
+    /// API.md "Many instances": membership changes do not show to clients. Four clients create
+    /// operations without pause through the instances that are up, as a load balancer sends
+    /// (an instance leaves their list before its SIGTERM and joins it once `/readyz` says 200),
+    /// while each instance in turn is stopped and started again on its own `--data` (its
+    /// identity), then one is stopped for good (a scale-down) and a new one joins (a scale-up).
+    @Test("a rolling restart, a scale-down and a scale-up under load: no request refused, every acknowledged operation finishes")
+    func rollingRestart() async throws {
+        try await TestCluster(name: "rolling").run(Self.rollingRestart)
+    }
+
+    static func rollingRestart(_ cluster: TestCluster) throws {
+        guard waitUntil(timeout: 30, every: 0.05, { cluster.nodes.allSatisfy { (try? $0.request("GET", "/readyz", timeout: 2))?.status == 200 } }) else {
+            cluster.record(["the instances did not answer /readyz 200 within 30 s"], "readyz")
+            return
+        }
+        let queues = (0..<24).map { "roll-\($0)" }
+        for (i, q) in queues.enumerated() { try cluster.createQueue(q, maxConcurrent: 4, via: cluster.nodes[i % 3]) }
+        let up = Lock(cluster.nodes)
+        let stop = Lock(false)
+        let made = Lock<(ids: [String], refused: [String], slowest: Double, count: Int)>(([], [], 0, 0))
+        let group = DispatchGroup()
+        for c in 0..<4 {
+            group.enter()
+            let thread = Thread {
+                defer { group.leave() }
+                var n = 0
+                while !stop.value {
+                    let nodes = up.value
+                    let node = nodes[(n + c) % nodes.count]
+                    let queue = queues[(n * 4 + c) % queues.count]
+                    n += 1
+                    let t = monotonicSeconds()
+                    let outcome = node.exchange("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#)
+                    let d = monotonicSeconds() - t
+                    made.withLock { m in
+                        m.count += 1
+                        m.slowest = max(m.slowest, d)
+                        if let r = outcome.response, r.status == 201, let id = r.string("id") {
+                            m.ids.append(id)
+                        } else {
+                            let what = outcome.response.map { "\($0.status) \(String(decoding: $0.body.prefix(200), as: UTF8.self))" } ?? "\(outcome)"
+                            m.refused.append("create in \(queue) through opqd #\(node.index) (pid \(node.pid)): \(what)")
+                        }
+                    }
+                }
+            }
+            thread.stackSize = 1 << 20
+            thread.start()
+        }
+        var started: [ClusterNode] = []
+        defer { for node in started { node.stop() } }
+        var problems: [String] = []
+        func leave(_ index: Int) {
+            let node = up.withLock { u -> ClusterNode? in
+                guard let k = u.firstIndex(where: { $0.index == index }) else { return nil }
+                return u.remove(at: k)
+            }
+            guard let node else { return }
+            let t = monotonicSeconds()
+            node.stop(grace: 20)
+            let exit = node.waitForExit(timeout: 0)
+            print(
+                String(
+                    format: "ClusterTests.rollingRestart: opqd #%d stopped in %.2f s (%@)", index, monotonicSeconds() - t,
+                    "\(exit.map { "\($0)" } ?? "running")"))
+        }
+        func join(_ index: Int, data: String) throws {
+            let node = try ClusterNode(
+                index: index, binary: try OpqdBinary.locate(), arguments: ["--store", cluster.database, "--lease", String(Int(TestCluster.lease))],
+                data: cluster.logs + "/" + data, logPath: cluster.logs + "/opqd-\(index).log")
+            started.append(node)
+            if waitUntil(timeout: 30, every: 0.02, { (try? node.request("GET", "/readyz", timeout: 1))?.status == 200 }) {
+                up.withLock { $0.append(node) }
+            } else {
+                problems.append("opqd #\(index) (restarted on \(data)) did not answer /readyz 200 within 30 s")
+            }
+        }
+        usleep(1_000_000)
+        for i in 0..<3 {
+            leave(i)
+            try join(i, data: "data-\(i)")
+            usleep(1_500_000)
+        }
+        // Scale-down, then scale-up with a new instance.
+        leave(2)
+        usleep(2_000_000)
+        try join(3, data: "data-3")
+        usleep(2_000_000)
+        stop.withLock { $0 = true }
+        group.wait()
+
+        let m = made.value
+        print(String(format: "ClusterTests.rollingRestart: %d creates, %d refused, slowest %.3f s", m.count, m.refused.count, m.slowest))
+        problems += m.refused.prefix(10)
+        if m.refused.count > 10 { problems.append("… and \(m.refused.count - 10) more refused") }
+        // Held at most a few seconds (API.md: bounded) while a queue moves.
+        if m.slowest > 6 { problems.append(String(format: "the slowest create took %.2f s (a request is held 5 s at most)", m.slowest)) }
+        if m.ids.count < 200 { problems.append("only \(m.ids.count) creates were acknowledged: too little load to tell") }
+
+        // Every acknowledged operation exists and finishes.
+        let nodes = up.value
+        for q in queues where !cluster.awaitIdle(q, through: nodes, timeout: 30) { problems.append("queue \(q) did not become idle within 30 s") }
+        var unfinished: [String] = []
+        for (i, id) in m.ids.enumerated() {
+            let node = nodes[i % nodes.count]
+            guard let r = try? node.request("GET", "/v1/operations/\(id)") else {
+                unfinished.append("\(id): no answer")
+                continue
+            }
+            if r.status != 200 || r.string("state") != "finished" || r.string("outcome") != "succeeded" {
+                unfinished.append("\(id): \(r.status) \(r.string("state") ?? "?") \(r.string("outcome") ?? "?")")
+            }
+        }
+        if !unfinished.isEmpty { problems.append("\(unfinished.count) of \(m.ids.count) acknowledged operations did not succeed: \(unfinished.prefix(5))") }
+        cluster.record(problems, "rolling restart, scale-down and scale-up under load")
+    }
+}
+
+extension ClusterTests {
+    /// An instance that crashed and is started again with the same identity (its `--data`)
+    /// takes its partitions back at once, not after its lease of 30 s; a second process on the
+    /// same `--data` meanwhile takes a fresh identity.
+    @Test("an instance killed and started again on its --data takes its partitions back at once, not after its lease")
+    func restartKeepsIdentity() async throws {
+        try await TestCluster(size: 2, name: "identity").run(Self.restartKeepsIdentity)
+    }
+
+    static func restartKeepsIdentity(_ cluster: TestCluster) throws {
+        let arguments = ["--store", cluster.database, "--lease", "30"]
+        let data = cluster.logs + "/data-long"
+        func start(_ index: Int, _ data: String) throws -> ClusterNode {
+            try ClusterNode(
+                index: index, binary: try OpqdBinary.locate(), arguments: arguments, data: data, logPath: cluster.logs + "/opqd-\(index).log")
+        }
+        func selfID(_ node: ClusterNode) -> String? {
+            (node.clusterView()?.answer["instances"] as? [[String: Any]])?.first { $0["self"] as? Bool == true }?["id"] as? String
+        }
+        var problems: [String] = []
+        let first = try start(2, data)
+        defer { first.killNow() }
+        guard waitUntil(timeout: 30, every: 0.05, { (try? first.request("GET", "/readyz", timeout: 1))?.status == 200 }),
+            cluster.awaitSpread(among: cluster.nodes + [first], timeout: 30),
+            let id = selfID(first)
+        else {
+            cluster.record(["the third instance (lease 30 s) did not take its share within 30 s"], "start")
+            return
+        }
+        // A second process on the same --data is another instance.
+        let twin = try start(3, data)
+        if !waitUntil(timeout: 10, every: 0.05, { selfID(twin) != nil }) {
+            problems.append("a second process on the same --data did not answer GET /v1/cluster within 10 s")
+        } else if selfID(twin) == id {
+            problems.append("a second process on the same --data took the same identity \(id)")
+        }
+        twin.stop()
+
+        // One of its queues, with an operation in it.
+        let held = ((first.clusterView()?.answer["instances"] as? [[String: Any]])?.first { $0["self"] as? Bool == true }?["partitions"] as? [Int]) ?? []
+        guard let queue = (0..<1000).map({ "ident-\($0)" }).first(where: { held.contains(QueuePartitions.of(queue: $0)) }) else {
+            cluster.record(["the third instance holds no partition"], "placement")
+            return
+        }
+        try cluster.createQueue(queue, maxConcurrent: 1, via: first)
+        first.killNow()
+        let t = monotonicSeconds()
+        let again = try start(2, data)
+        defer { again.stop() }
+        let back = waitUntil(timeout: 20, every: 0.02) {
+            (try? again.request("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":0}}"#, timeout: 2))?.status == 201
+        }
+        let took = monotonicSeconds() - t
+        print(String(format: "ClusterTests.restartKeepsIdentity: a create in its queue succeeded %.2f s after the restart (lease 30 s)", took))
+        if !back || took > 10 { problems.append(String(format: "the restarted instance served its queue only after %.1f s (lease 30 s)", took)) }
+        if let again = selfID(again), again != id { problems.append("the restarted instance took identity \(again), not \(id)") }
+        if cluster.awaitHolder(of: queue, among: cluster.nodes + [again], timeout: 5) !== again {
+            problems.append("the restarted instance does not hold \(queue)")
+        }
+        cluster.record(problems, "a restart with the same identity")
+    }
+}
