@@ -192,6 +192,14 @@ package enum PGSchema {
     /// The partitioned form of `fence`: every partition the commit writes to (scopes `$2`) at
     /// the epoch this instance won it (`$3`, in the same order).
     static let fenceParts = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[])"
+    /// `fenceParts` satisfied by any one of the partitions (a commit that names none, `meta`):
+    /// when this instance holds none of them at the epochs given, `fence_parts` is asked for a
+    /// partition nobody has, which refuses the commit the same way (OP001).
+    static let fenceAny = """
+        SELECT CASE WHEN count(*) = 0 THEN opqd.fence_parts($1, ARRAY['none'], ARRAY[0]::bigint[]) END FROM (\
+        SELECT 1 FROM opqd.ownership o JOIN unnest($2::text[], $3::bigint[]) AS h(scope, epoch) ON o.scope = h.scope AND o.epoch = h.epoch \
+        WHERE o.instance = $1 FOR SHARE OF o) AS held
+        """
     /// The transaction-level advisory lock `takeIDBlock` runs under (`opqd` + 2 in ASCII).
     static let idBlockLock: Int64 = 0x6F70_7166
     /// ids per block (`opqd.id_block`).

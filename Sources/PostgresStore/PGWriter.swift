@@ -342,6 +342,16 @@ final class PGWriter: @unchecked Sendable {
         return out
     }
 
+    /// Whether `jobs` write to `meta`.
+    static func hasMeta(_ jobs: [WriteJob]) -> Bool {
+        jobs.contains { job in
+            switch job {
+            case .meta, .deleteMetaPrefix: return true
+            default: return false
+            }
+        }
+    }
+
     /// One transaction for everything in `jobs`, in order. An operation, queue or event seq
     /// written several times is written once, at its last position (the upserts replace whole
     /// rows, so that is the same result as writing each), which also keeps every key to one row
@@ -378,7 +388,8 @@ final class PGWriter: @unchecked Sendable {
         // Partitioned: the epochs of the partitions written to, as this instance won them. One
         // it does not hold (given up meanwhile) fences the commit like a lost one.
         var partitionEpochs: [Int: Int64] = [:]
-        if let held = fence?.partitions, !touched.isEmpty {
+        var anyOf: [Int: Int64] = [:]
+        if let held = fence?.partitions {
             let all = held.all
             for p in touched {
                 guard let e = all[p] else {
@@ -387,6 +398,12 @@ final class PGWriter: @unchecked Sendable {
                 }
                 partitionEpochs[p] = e
             }
+            // Meta writes (counts of unclean stops, observers and their cursors) name no
+            // partition: a batch with one and no other fence is fenced by any one of the
+            // partitions held (`PGSchema.fenceAny`), so an instance cut off past its leases,
+            // whose partitions all went to others, writes none, while one partition given up
+            // meanwhile does not fence a healthy instance's write.
+            if touched.isEmpty, Self.hasMeta(jobs) { anyOf = all }
         }
         var sent = 0
         /// Statement index -> the reply that gets its row count.
@@ -426,6 +443,10 @@ final class PGWriter: @unchecked Sendable {
                     try send(
                         PGSchema.fenceParts,
                         [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })])
+                } else if !anyOf.isEmpty {
+                    let parts = anyOf.keys.sorted()
+                    try send(
+                        PGSchema.fenceAny, [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { anyOf[$0] ?? 0 })])
                 }
             } else if let fence {
                 try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])

@@ -150,6 +150,37 @@ extension PostgresStoreTests {
         }
     }
 
+    @Test func metaWritesAreFencedOnceEveryPartitionHeldWentToAnother() throws {
+        try withTestDatabase { url in
+            let (_, pa, _, pb) = queuesInTwoPartitions()
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
+            let b = try PGMembership(url: url, instanceID: "b", leaseSeconds: 5)
+            defer { a.close(); b.close() }
+            let won = try a.claim([pa, pb], token: "ta")
+            let fencedStore = try FencedStore(url: url, instance: "a", holding: won)
+            let (store, fenced) = (fencedStore.store, fencedStore.fenced)
+            defer { store.close() }
+            func write(_ key: String) -> Bool {
+                let done = DispatchSemaphore(value: 0)
+                guard store.setMeta([(key, "1")], then: { done.signal() }) else { return false }
+                return done.wait(timeout: .now() + 1.5) == .success
+            }
+            #expect(write("crashes:1"), "held: written")
+            // One partition taken by b while the writer still names it: a still holds the
+            // other, and writes.
+            let lowest = min(pa, pb), other = max(pa, pb)
+            try a.release([lowest: won[lowest] ?? 0])
+            _ = try b.claim([lowest], token: "tb")
+            #expect(write("crashes:2"), "one partition still held: written")
+            // a was cut off past its leases: b holds both. Nothing more of a's is written.
+            try a.release([other: won[other] ?? 0])
+            _ = try b.claim([other], token: "tb")
+            #expect(!write("crashes:3"), "nothing of a fenced meta write is durable")
+            #expect(fenced.value == 1)
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.meta WHERE key = 'crashes:3'::bytea") == "0")
+        }
+    }
+
     @Test func aCommitToAPartitionNotHeldIsRefusedBeforeItReachesTheServer() throws {
         try withTestDatabase { url in
             let (qa, pa, qb, _) = queuesInTwoPartitions()
