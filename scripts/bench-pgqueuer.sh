@@ -31,12 +31,16 @@
 #          [--enqueue-batch 1000] [--rounds 1] [--timeout 120] [--pgqueuer-version 1.6.0] [--venv DIR]
 #          [--postgres URL]   (a server this script may create databases on; default: a throwaway
 #                              one from scripts/pg.sh, stopped at exit)
+#          [--statements]     (the throwaway server restarted with pg_stat_statements, and each
+#                              phase's top statements printed: where PostgreSQL's time goes; it
+#                              costs PostgreSQL some CPU, so the figures of such a run are not
+#                              the ones to quote)
 # OPQD_BIN=/path/to/opqd uses that binary instead of building .build/release/opqd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/opt/swift/usr/bin:$PATH"
 jobs=20000; producers=4; workers=8; batch=100; enqueue_batch=1000; rounds=1; timeout=120
-pgq_version=1.6.0; venv=""; postgres=""
+pgq_version=1.6.0; venv=""; postgres=""; statements=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --jobs) jobs="$2"; shift 2 ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
         --pgqueuer-version) pgq_version="$2"; shift 2 ;;
         --venv) venv="$2"; shift 2 ;;
         --postgres) postgres="$2"; shift 2 ;;
+        --statements) statements=1; shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -97,7 +102,15 @@ if [ -z "$postgres" ]; then
     # Beside $tmp, not in it: the postgres user must be able to reach it (pg.sh makes it theirs).
     pg_dir=$(mktemp -d "${TMPDIR:-/tmp}/opqd-bench-pgqueuer-pg.XXXXXX")
     server=$(scripts/pg.sh start "$pg_dir")
+    if [ -n "$statements" ]; then
+        bindir=$(psql "$server" -qAtc "SELECT setting FROM pg_config WHERE name = 'BINDIR'")
+        psql "$server" -qAtc "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'" >/dev/null
+        as_postgres=(); [ "$(id -u)" = 0 ] && as_postgres=(runuser -u postgres --)
+        "${as_postgres[@]}" "$bindir/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -t 60 -m fast restart >/dev/null
+        psql "$server" -qAtc "CREATE EXTENSION pg_stat_statements" >/dev/null
+    fi
 else
+    [ -z "$statements" ] || { echo "--statements needs the throwaway server (no --postgres)" >&2; exit 2; }
     server="$postgres"
 fi
 # Databases of this run on the server (dropped at exit when the server is not ours; a throwaway
@@ -140,6 +153,6 @@ limit=$(( rounds * 6 * (timeout + 90) + 120 ))
 timeout --signal=TERM --kill-after=10 "$limit" \
     "$venv/bin/python" scripts/bench_pgqueuer.py --pg-url "$server" --pgq-db "$pgq_db" --opqd-db "$opqd_db" \
     --opqd-url "http://127.0.0.1:$port" --opqd-pid "$opqd_pid" --jobs "$jobs" --producers "$producers" \
-    --workers "$workers" --batch "$batch" --enqueue-batch "$enqueue_batch" --rounds "$rounds" --timeout "$timeout" &
+    --workers "$workers" --batch "$batch" --enqueue-batch "$enqueue_batch" --rounds "$rounds" --timeout "$timeout" ${statements:+--statements} &
 pids+=("$!")
 wait "$!"

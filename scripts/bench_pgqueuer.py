@@ -103,12 +103,15 @@ def own_cpu() -> float:
 
 
 def pgq_producer(dsn, count, batch, ready, go, results):
+    cpu = [0.0]  # at the start signal
+
     async def main():
         conn = await asyncpg.connect(dsn)
         try:
             queries = Queries(AsyncpgDriver(conn))
             ready.put(os.getpid())
             go.wait()
+            cpu[0] = own_cpu()
             ids = 0
             left = count
             while left > 0:
@@ -121,14 +124,14 @@ def pgq_producer(dsn, count, batch, ready, go, results):
 
     try:
         ids, end = asyncio.run(main())
-        results.put({"role": "producer", "created": ids, "end": end, "cpu": own_cpu()})
+        results.put({"role": "producer", "created": ids, "end": end, "cpu": own_cpu() - cpu[0]})
     except BaseException as e:  # noqa: BLE001 - reported, not raised
-        results.put({"role": "producer", "error": repr(e), "cpu": own_cpu()})
+        results.put({"role": "producer", "error": repr(e), "cpu": own_cpu() - cpu[0]})
 
 
 def pgq_worker(dsn, batch, target, done, stop, ready, go, results):
     executed: list[int] = []
-    state = {"completed": 0, "last": 0.0}
+    state = {"completed": 0, "last": 0.0, "cpu": 0.0}
 
     class CountingQueries(Queries):
         """pgqueuer's Queries, counting completions once their statement has returned."""
@@ -161,6 +164,7 @@ def pgq_worker(dsn, batch, target, done, stop, ready, go, results):
             pgq.qm.verify_structure = verified
             ready.put(os.getpid())
             go.wait()
+            state["cpu"] = own_cpu()
 
             async def watch() -> None:
                 while done.value < target and not stop.is_set():
@@ -175,12 +179,11 @@ def pgq_worker(dsn, batch, target, done, stop, ready, go, results):
 
     try:
         asyncio.run(main())
-        results.put(
-            {"role": "worker", "completed": state["completed"], "last": state["last"], "ids": executed, "cpu": own_cpu()}
-        )
+        results.put({"role": "worker", "completed": state["completed"], "last": state["last"], "ids": executed,
+                     "cpu": own_cpu() - state["cpu"]})
     except BaseException as e:  # noqa: BLE001
         results.put({"role": "worker", "error": repr(e), "completed": state["completed"], "last": state["last"],
-                     "ids": executed, "cpu": own_cpu()})
+                     "ids": executed, "cpu": own_cpu() - state["cpu"]})
 
 
 # --------------------------------------------------------------------------- opqd side
@@ -205,6 +208,7 @@ def opqd_producer(base, count, batch, ready, go, results):
         element = json.dumps({"queue": OPQD_QUEUE, "kind": "external", "spec": {"lease": 60}})
         ready.put(os.getpid())
         go.wait()
+        cpu0 = own_cpu()
         created, refused, left = 0, {}, count
         while left > 0:
             k = min(batch, left)
@@ -216,20 +220,21 @@ def opqd_producer(base, count, batch, ready, go, results):
             left -= k
         end = time.monotonic()
         c.close()
-        results.put({"role": "producer", "created": created, "refused": refused, "end": end, "cpu": own_cpu()})
+        results.put({"role": "producer", "created": created, "refused": refused, "end": end, "cpu": own_cpu() - cpu0})
     except BaseException as e:  # noqa: BLE001
-        results.put({"role": "producer", "error": repr(e), "cpu": own_cpu()})
+        results.put({"role": "producer", "error": repr(e)})
 
 
 def opqd_worker(base, batch, target, done, stop, ready, go, results, name):
     claimed: list[str] = []
-    completed, last, refused = 0, 0.0, {}
+    completed, last, refused, cpu0 = 0, 0.0, {}, own_cpu()
     try:
         c = _http(base)
         claim_path = f"/v1/queues/{OPQD_QUEUE}/claim?wait=1&max={batch}"
         claim_body = json.dumps({"worker": name}).encode()
         ready.put(os.getpid())
         go.wait()
+        cpu0 = own_cpu()
         while done.value < target and not stop.is_set():
             status, body = _post(c, claim_path, claim_body)
             if status == 204:
@@ -254,10 +259,10 @@ def opqd_worker(base, batch, target, done, stop, ready, go, results, name):
                 done.value += ok
         c.close()
         results.put({"role": "worker", "completed": completed, "last": last, "ids": claimed, "refused": refused,
-                     "cpu": own_cpu()})
+                     "cpu": own_cpu() - cpu0})
     except BaseException as e:  # noqa: BLE001
         results.put({"role": "worker", "error": repr(e), "completed": completed, "last": last, "ids": claimed,
-                     "refused": refused, "cpu": own_cpu()})
+                     "refused": refused, "cpu": own_cpu() - cpu0})
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -361,6 +366,8 @@ class Bench:
             self.problems.append(f"{system} {phase}: the clients did not connect within 60 s")
             self.stop_children()
             return out
+        if a.statements:
+            self.sql("SELECT pg_stat_statements_reset()")
         counters0 = self.server_counters(db)
         metrics0 = self.opqd_metrics() if system == "opqd" else {}
         opqd0 = process_cpu(self.opqd_pid)
@@ -370,6 +377,7 @@ class Bench:
         deadline = t0 + a.timeout
         got: list[dict] = []
         finished = False
+
         def is_done() -> bool:
             if workers:
                 return done.value >= n
@@ -389,21 +397,31 @@ class Bench:
                 break  # every client has ended (each reports its error) without the phase being done
             time.sleep(0.002)
         opqd1 = process_cpu(self.opqd_pid)
+        # opqd's connections stay: PostgreSQL's CPU is read now. pgqueuer's clients leave, and their
+        # backends' CPU is PostgreSQL's once they have exited (below).
+        pg1 = postgres_cpu(self.postmaster) if self.postmaster and system == "opqd" else None
         metrics1 = self.opqd_metrics() if system == "opqd" else {}
         stop.set()
-        while len(got) < producers + workers:
+        # A worker may be in a 1 s long poll (opqd) or winding down (pgqueuer): at most 15 s more.
+        collect_until = time.monotonic() + 15
+        while len(got) < producers + workers and time.monotonic() < collect_until:
             try:
-                got.append(results.get(timeout=max(1.0, 5 + (2 if workers else 0))))
+                got.append(results.get(timeout=max(0.01, collect_until - time.monotonic())))
             except Exception:  # noqa: BLE001
                 break
         for p in self.children:
-            p.join(5)
+            p.join(max(0.01, collect_until - time.monotonic()))
         self.stop_children()
         if system == "pgqueuer":
             self.wait_backends_gone(db)
-        pg1 = postgres_cpu(self.postmaster) if self.postmaster else None
+            pg1 = postgres_cpu(self.postmaster) if self.postmaster else None
         time.sleep(1.5)
         counters1 = self.server_counters(db)
+        if a.statements:
+            out["statements"] = self.admin.execute(
+                "SELECT calls, total_exec_time, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+                " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
+                " ORDER BY total_exec_time DESC LIMIT 10", (db,)).fetchall()
         if not finished:
             self.problems.append(f"{system} {phase}: not done within {a.timeout:g} s ({done.value} of {n} completed)")
         for r in got:
@@ -505,6 +523,8 @@ def main() -> int:
     p.add_argument("--enqueue-batch", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--statements", action="store_true",
+                   help="print each phase's top statements from pg_stat_statements (the server must preload it)")
     a = p.parse_args()
     u = urllib.parse.urlsplit(a.pg_url)
     a.pgq_dsn = urllib.parse.urlunsplit(u._replace(path="/" + a.pgq_db))
@@ -551,20 +571,28 @@ def main() -> int:
 
     print("")
     header = ["system", "phase", "jobs/s", "wall s", "opqd CPU", "PG CPU", "clients", "PG xacts", "WAL KiB",
-              "WAL syncs", "opqd commits", "rec/job", "ms/commit", "req"]
-    widths = [9, 8, 9, 7, 9, 8, 8, 9, 8, 10, 13, 8, 10, 6]
+              "WAL syncs", "opqd commits", "rec/job", "ms/commit", "busy", "req"]
+    widths = [9, 8, 9, 7, 9, 8, 8, 9, 8, 10, 13, 8, 10, 5, 6]
     print(" ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
     for x in runs:
         cells = [x["system"].ljust(9), x["phase"].ljust(8), fmt(x["jobs_per_s"], 0, 9), fmt(x.get("wall"), 3, 7),
                  fmt(x.get("opqd_cpu_per_1k"), 3, 9), fmt(x.get("pg_cpu_per_1k"), 3, 8), fmt(x.get("client_cpu_per_1k"), 3, 8),
                  fmt(x.get("pg_commits_per_1k"), 1, 9), fmt(x.get("wal_kib_per_1k"), 0, 8), fmt(x.get("wal_syncs_per_1k"), 1, 10),
                  fmt(x.get("opqd_commits_per_1k"), 1, 13), fmt(x.get("opqd_records_per_job"), 2, 8),
-                 fmt(x.get("opqd_commit_ms"), 2, 10), fmt(x.get("opqd_requests_per_1k"), 1, 6)]
+                 fmt(x.get("opqd_commit_ms"), 2, 10),
+                 fmt(x["opqd_commit_busy"] * 100 if x.get("opqd_commit_busy") is not None else None, 0, 4) + ("%" if x.get("opqd_commit_busy") is not None else " "),
+                 fmt(x.get("opqd_requests_per_1k"), 1, 6)]
         print(" ".join(cells) + (f"   (producers done at {x['enqueue_done']:.3f} s)" if x.get("enqueue_done") else ""))
     print("(per 1,000 jobs: opqd CPU / PG CPU / clients = CPU seconds of the opqd process, of PostgreSQL (postmaster and"
           " children), of the Python producers and workers; PG xacts = xact_commit of the system's database;"
           " WAL KiB and WAL syncs (fsyncs of the WAL) are the whole server's; opqd commits = its store's commits"
-          " (opqd_store_commits_total), rec/job its records per job, ms/commit its mean commit time, req its HTTP requests)")
+          " (opqd_store_commits_total), rec/job its records per job, ms/commit its mean commit time, busy the share of the"
+          " phase its one writer spent committing, req its HTTP requests)")
+    for x in runs:
+        if x.get("statements"):
+            print(f"pg_stat_statements, {x['system']} {x['phase']} (round {x['round']}): calls/1k jobs, ms/1k jobs, rows/call, statement")
+            for calls, ms, rows, query in x["statements"]:
+                print(f"  {calls / (x['jobs'] / 1000):9.1f} {ms / (x['jobs'] / 1000):9.2f} {rows / calls if calls else 0:8.1f}  {query}")
     summary: dict[str, object] = {}
     for phase in ("enqueue", "drain", "e2e"):
         q, o = median("pgqueuer", phase, "jobs_per_s"), median("opqd", phase, "jobs_per_s")
