@@ -105,7 +105,8 @@ if [ -z "$postgres" ]; then
     if [ -n "$statements" ]; then
         bindir=$(psql "$server" -qAtc "SELECT setting FROM pg_config WHERE name = 'BINDIR'")
         psql "$server" -qAtc "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'" >/dev/null
-        as_postgres=(); [ "$(id -u)" = 0 ] && as_postgres=(runuser -u postgres --)
+        as_postgres=()
+        if [ "$(id -u)" = 0 ]; then as_postgres=(runuser -u postgres --); fi  # as pg.sh runs it
         "${as_postgres[@]}" "$bindir/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -t 60 -m fast restart >/dev/null
         psql "$server" -qAtc "CREATE EXTENSION pg_stat_statements" >/dev/null
     fi

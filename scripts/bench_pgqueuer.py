@@ -621,7 +621,7 @@ def main() -> int:
         "ok": not bench.problems,
     })
     print(json.dumps(summary, separators=(",", ":")))
-    return 0
+    return 0 if not bench.problems else 1  # as opqd-bench: a phase that could not be measured fails the run
 
 
 if __name__ == "__main__":
