@@ -99,6 +99,40 @@ final class PartitionedInstance: @unchecked Sendable {
 /// (scripts/test.sh runs it with the PostgreSQL suites).
 @Suite("PartitionOwnerTests: a partitioned cluster's core on a real PostgreSQL", .serialized)
 struct PartitionOwnerTests {
+    /// Issue 24: a claim whose load of queues takes longer than the lease does not stop the
+    /// heartbeat and the renewals of the partitions already held.
+    @Test func aLoadLongerThanTheLeaseDoesNotDelayTheRenewals() throws {
+        let url = try TestPostgres.createDatabase()
+        defer { TestPostgres.dropDatabase(url) }
+        let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
+        try a.start()
+        defer { a.stop() }
+        let b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
+        try b.start()
+        let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
+        #expect(waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) })
+        // b leaves: a takes its partitions back, and reading their queues takes 3 s (> lease).
+        let loads = Locking.Lock(0)
+        a.owner.beforeLoading {
+            loads.withLock { $0 += 1 }
+            Thread.sleep(forTimeInterval: 3)
+        }
+        b.stop()
+        #expect(waitUntil(timeout: 10) { loads.value > 0 }, "a claims b's partitions back")
+        var expired: [String] = []
+        let until = monotonicSeconds() + 3
+        while monotonicSeconds() < until {
+            let n =
+                (try? TestPostgres.psql(url, "SELECT count(*) FROM opqd.ownership WHERE instance = 'inst-a' AND expires_at < now() AND NOT released")) ?? "?"
+            if n != "0" { expired.append(n) }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        a.owner.beforeLoading(nil)
+        #expect(expired.isEmpty, "leases of a ran out while it loaded: \(expired.prefix(5))")
+        #expect(a.lostReason.value == nil)
+        #expect(waitUntil(timeout: 10) { a.owner.servingPartitions.count == QueuePartitions.count })
+    }
+
     @Test func twoInstancesSplitThePartitionsDependOnEachOtherAndOneTakesOverWhenTheOtherStops() throws {
         let url = try TestPostgres.createDatabase()
         defer { TestPostgres.dropDatabase(url) }

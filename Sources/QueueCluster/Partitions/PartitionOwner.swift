@@ -54,6 +54,14 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let picture = Locking.Lock<(view: PGClusterView?, queues: [String])>((nil, []))
     /// Ticks, claims and releases run here, one at a time.
     let work = DispatchQueue(label: "opqd.partitions")
+    /// The heartbeat and the renewals run here, never behind a claim's load of its queues
+    /// (however large) on `work`.
+    let renewals = DispatchQueue(label: "opqd.partitions.renewals")
+    /// Held while the leases in `held` are renewed, and while one is taken out of `held` and
+    /// given up: a renewal never extends a lease given up a moment before.
+    private let leaseLock = Locking.Lock(())
+    /// Called on `work` before the queues of partitions won are read (tests slow it down).
+    private let loading = Locking.Lock<(@Sendable () -> Void)?>(nil)
     private let background = BackgroundServices()
     /// Set once a period found the placement settled (`unready`).
     private let joined = Atomic<Bool>(false)
@@ -113,10 +121,17 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         try membership.register(advertise: advertise)
         advertised.withLock { $0 = advertise }
         engine.useIDs(try membership.takeIDBlock())
+        renewals.sync { beatAndRenew() }
         work.sync { tick() }
-        background.start([PeriodicService("partitions", every: period, on: work) { [self] in tick() }])
+        background.start([
+            PeriodicService("partitions", every: period, on: work) { [self] in tick() },
+            PeriodicService("renewals", every: period, on: renewals) { [self] in beatAndRenew() },
+        ])
         moves.withLock { $0 = membership.listenForMoves { [weak self] in self?.tickSoon() } }
     }
+
+    /// Runs `body` before the queues of partitions won are read, on `work` (tests: a slow load).
+    func beforeLoading(_ body: (@Sendable () -> Void)?) { loading.withLock { $0 = body } }
 
     /// A period now (queued on `work`), for a move another instance announced.
     private func tickSoon() {
@@ -190,9 +205,11 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // After a tick under way: it could claim or renew what is given up here.
         work.sync {
             serving.withLock { $0 = [] }
-            let epochs = held.all
-            try? membership.release(epochs)
-            held.remove(epochs)
+            leaseLock.withLock { _ in
+                let epochs = held.all
+                try? membership.release(epochs)
+                held.remove(epochs)
+            }
             membership.release(epoch: nil)
         }
     }
@@ -263,12 +280,38 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     // MARK: - the period
 
+    /// Every period, on `renewals`: the heartbeat, and the renewal of every lease held (one
+    /// statement). A renewal that finds a partition taken means this instance was cut off past
+    /// its lease: it drops everything (`lost`).
+    func beatAndRenew() {
+        guard !stopped.withLock({ $0 }), engine != nil else { return }
+        do {
+            // A departing instance's row is gone: a beat would not bring it back, nor should it.
+            if !departing.load(ordering: .acquiring) { try membership.beat() }
+            let gone: (gone: [Int], held: [Int: Int64], kept: Set<Int>)? = try leaseLock.withLock { _ in
+                let mine = held.all
+                guard !mine.isEmpty else { return nil }
+                let kept = try membership.renew(mine)
+                return kept.count < mine.count ? (Set(mine.keys).subtracting(kept).sorted(), mine, kept) : nil
+            }
+            if let gone {
+                logger.warning(
+                    "partitions taken over by another instance (this one was cut off past its lease)",
+                    metadata: ["partitions": "\(gone.gone)", "held": "\(gone.held)", "kept": "\(gone.kept.sorted())"])
+                lost("partitions \(gone.gone) were taken over by another instance")
+            }
+        } catch {
+            // The period's tick says so (`lastError`); past the lease the partitions are dropped.
+            if !held.all.isEmpty && !membership.ownsNow && othersAlive {
+                lost("the partitions' leases may have run out while PostgreSQL could not be reached")
+            }
+        }
+    }
+
     func tick() {
         guard !stopped.withLock({ $0 }), let engine else { return }
         let departing = departing.load(ordering: .acquiring)
         do {
-            // A departing instance's row is gone: a beat would not bring it back, nor should it.
-            if !departing { try membership.beat() }
             // Live: a heartbeat within one lease (a beat comes every third of it). An instance
             // that stopped beating loses its place in the hashing as soon as its leases can
             // have run out, so its partitions move within lease + a period; one that was only
@@ -280,17 +323,6 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
 
             let mine = held.all
-            if !mine.isEmpty {
-                let kept = try membership.renew(mine)
-                if kept.count < mine.count {
-                    let gone = Set(mine.keys).subtracting(kept).sorted()
-                    logger.warning(
-                        "partitions taken over by another instance (this one was cut off past its lease)",
-                        metadata: ["partitions": "\(gone)", "held": "\(mine)", "kept": "\(kept.sorted())"])
-                    lost("partitions \(gone) were taken over by another instance")
-                    return
-                }
-            }
             let leases = try membership.partitionLeases()
             var map: [Int: PlacementHolder] = [:]
             for l in leases where l.live {
@@ -345,6 +377,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         var recovered: RecoveredState
         let remote: RemoteStates
         let block: Range<UInt64>
+        loading.withLock { $0 }?()
         do {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
             (recovered, remote) = try store.load(queues: names)
@@ -353,8 +386,10 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         } catch {
             // Nothing was taken in: give the partitions back, to be claimed again (those
             // abandoned by their last holder still marked so).
-            held.remove(won)
-            try? membership.release(won, abandoned: abandoned)
+            leaseLock.withLock { _ in
+                held.remove(won)
+                try? membership.release(won, abandoned: abandoned)
+            }
             throw error
         }
         // Ids above every stored one: this queue's next operations come after its old ones.
@@ -410,9 +445,11 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             // (a command's child: SIGTERM, then SIGKILL after its grace); those of other kinds
             // are gone at once.
             work.asyncAfter(deadline: .now() + min(stopped.grace, stopGrace)) { [self] in
-                held.remove(epochs)
-                do { try membership.release(epochs) } catch {
-                    logger.warning("cannot give partitions up (they go when their lease runs out)", metadata: ["error": "\(error)"])
+                leaseLock.withLock { _ in
+                    held.remove(epochs)
+                    do { try membership.release(epochs) } catch {
+                        logger.warning("cannot give partitions up (they go when their lease runs out)", metadata: ["error": "\(error)"])
+                    }
                 }
                 leaving.withLock { $0.subtract(parts) }
                 logger.info("partitions given up", metadata: ["partitions": "\(parts.sorted())", "stopped runs": "\(stopped.runs)"])
