@@ -2025,7 +2025,9 @@ paths:
       description: |
         Every worker that holds at least one live lease, sorted by name, with its leases
         (oldest first), in pages of about `--max-page-bytes` bytes; `next` (a worker name, for
-        `after`) is null on the last page. Refuses unknown query parameters.
+        `after`) is null on the last page. Refuses unknown query parameters. In a cluster the
+        leases of every instance's queues are listed, whichever instance answers (it asks the
+        others); 503 `instance-unavailable` with `Retry-After` when one of them does not answer.
       parameters:
         - name: after
           in: query
@@ -2039,6 +2041,8 @@ paths:
           $ref: '#/components/responses/Unauthorized'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
         '200':
           description: The workers.
           content:

@@ -35,6 +35,10 @@ package enum RouteScope: Sendable {
     case instance
     /// Every queue, as committed: answered from the shared store (`FollowerReads`).
     case everyQueue
+    /// What every instance holds in memory (the leases of `GET /v1/workers`): in a cluster the
+    /// same request is answered by every live instance and `merge` makes one answer of theirs
+    /// (nil: they could not be merged). A single instance answers alone.
+    case everyInstance(merge: @Sendable ([HTTPResponse]) -> HTTPResponse?)
     /// The queue named by path parameter `param`.
     case queue(param: Int, reads: Reads = .atHolder)
     /// The queue of the operation whose id is path parameter `param`. `into`: the body's member

@@ -174,3 +174,44 @@ struct ForwarderHopsTests {
         #expect(hops([Forwarder.header: "b", Forwarder.hopsHeader: "99999999999999999999"]) == ["2"])
     }
 }
+
+@Suite("GET /v1/workers across instances: every instance's page, merged")
+struct MergeWorkersTests {
+    static func page(_ workers: [(String, [(op: String, since: String)])], next: String?) -> HTTPResponse {
+        let list = workers.map { w, leases in
+            let ls = leases.map { #"{"operation":"\#($0.op)","queue":"q","since":"\#($0.since)","expiresAt":"2026-01-01T00:10:00Z"}"# }
+            return #"{"worker":"\#(w)","since":"\#(leases.map(\.since).min() ?? "")","leases":[\#(ls.joined(separator: ","))]}"#
+        }
+        let body = #"{"workers":[\#(list.joined(separator: ","))],"next":\#(next.map { "\"\($0)\"" } ?? "null")}"#
+        return HTTPResponse(status: 200, headers: [], body: Array(body.utf8))
+    }
+
+    static func names(_ r: HTTPResponse?) -> (workers: [String], leases: [String: [String]], next: String?) {
+        guard let r, let v = try? JSONValue.parse(r.body), case let .array(ws)? = v["workers"] else { return ([], [:], "?") }
+        var leases: [String: [String]] = [:]
+        let workers = ws.compactMap { w -> String? in
+            guard case let .string(n)? = w["worker"] else { return nil }
+            if case let .array(ls)? = w["leases"] {
+                leases[n] = ls.compactMap { if case let .string(op)? = $0["operation"] { return op } else { return nil } }
+            }
+            return n
+        }
+        if case let .string(n)? = v["next"] { return (workers, leases, n) }
+        return (workers, leases, nil)
+    }
+
+    @Test("one worker's leases on two instances are one entry, oldest first; a page cut short limits the merge")
+    func merges() {
+        let a = Self.page([("w1", [("op-2", "2026-01-01T00:00:02Z")]), ("w3", [("op-5", "2026-01-01T00:00:05Z")])], next: nil)
+        let b = Self.page([("w1", [("op-1", "2026-01-01T00:00:01Z")]), ("w2", [("op-3", "2026-01-01T00:00:03Z")])], next: "w2")
+        let merged = Self.names(WorkersController.mergeWorkers([a, b], budget: 1 << 20))
+        #expect(merged.workers == ["w1", "w2"], "w3 lies past b's page, which was cut at w2")
+        #expect(merged.leases["w1"] == ["op-1", "op-2"])
+        #expect(merged.next == "w2")
+        let whole = Self.names(WorkersController.mergeWorkers([a, Self.page([("w2", [("op-3", "2026-01-01T00:00:03Z")])], next: nil)], budget: 1 << 20))
+        #expect(whole.workers == ["w1", "w2", "w3"] && whole.next == nil)
+        let small = Self.names(WorkersController.mergeWorkers([a], budget: 10))
+        #expect(small.workers == ["w1"] && small.next == "w1", "cut again at the byte budget")
+        #expect(WorkersController.mergeWorkers([HTTPResponse(status: 200, headers: [], body: Array("nope".utf8))], budget: 100) == nil)
+    }
+}

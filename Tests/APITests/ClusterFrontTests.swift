@@ -92,6 +92,7 @@ struct ClusterFrontTests {
         switch decision {
         case .local: return "local"
         case .storeRead: return "store read"
+        case .gather: return "gather"
         case let .forward(url, _): return "forward \(url)"
         case let .split(list, member, elements, parts):
             return "split \(list)[].\(member) of \(elements.count): " + parts.map { "\($0.url) \($0.indices)" }.joined(separator: ", ")
@@ -114,7 +115,7 @@ struct ClusterFrontTests {
     static let cases: [(String, String, String)] = [
         // Nothing queue-scoped, or nothing a route matches: here.
         ("GET /healthz", "", "local"),
-        ("GET /v1/workers", "", "local"),
+        ("GET /v1/workers", "", "gather"),
         ("GET /v1/events", "", "local"),
         ("GET /v1/cluster", "", "local"),
         ("GET /nothing", "", "local"),
@@ -198,6 +199,8 @@ struct ClusterFrontTests {
         // What this instance answers itself it still answers.
         ("PATCH /v1/queues/here", "{}", "local"),
         ("GET /v1/queues/b1", "", "store read"),
+        // Another instance's gathering asks for this instance's own part.
+        ("GET /v1/workers", "", "local"),
     ])
     func aForwardedRequestIsNeverForwardedAgain(_ line: String, _ body: String, _ expected: String) {
         let request = Self.request(line, body, headers: [Forwarder.header: "b"])

@@ -56,7 +56,7 @@ struct RouteScopeTests {
         "GET /v1/events": "instance",
         "GET /v1/events/stream": "instance",
         // This instance's leases only, in a cluster too (see the report of issue 23).
-        "GET /v1/workers": "instance",
+        "GET /v1/workers": "every instance, merged",
 
         "GET /v1/queues": "every queue, from the store",
         "POST /v1/queues": "queue in body.name",
@@ -106,6 +106,7 @@ struct RouteScopeTests {
         func reads(_ r: RouteScope.Reads) -> String { r == .fromStore ? ", from the store" : "" }
         switch route.scope {
         case .instance: return "instance"
+        case .everyInstance: return "every instance, merged"
         case .everyQueue: return "every queue, from the store"
         case let .queue(p, r): return "queue \(param(p))" + reads(r)
         case let .operation(p, r, into): return "operation \(param(p))" + reads(r) + (into.map { ", into body.\($0)" } ?? "")

@@ -189,3 +189,60 @@ extension ClusterTests {
         cluster.record(problems, "a restart with the same identity")
     }
 }
+
+extension ClusterTests {
+    /// Leases live in the engine of their queue's holder; `GET /v1/workers` through any
+    /// instance lists the workers of every instance's queues.
+    @Test("GET /v1/workers through any instance lists the leases held on every instance")
+    func workersAcrossInstances() async throws {
+        try await TestCluster(name: "workers").run(Self.workersAcrossInstances)
+    }
+
+    static func workersAcrossInstances(_ cluster: TestCluster) throws {
+        guard cluster.awaitSpread() else {
+            cluster.record(["the instances did not agree within 20 s on a spread of the partitions"], "start")
+            return
+        }
+        // One queue held by each instance.
+        var byHolder: [Int: String] = [:]
+        for i in 0..<200 where byHolder.count < 3 {
+            let name = "wk-\(i)"
+            let holderIndex = cluster.nodes.firstIndex { node in
+                let held = ((node.clusterView()?.answer["instances"] as? [[String: Any]])?.first { $0["self"] as? Bool == true }?["partitions"] as? [Int]) ?? []
+                return held.contains(QueuePartitions.of(queue: name))
+            }
+            if let h = holderIndex, byHolder[h] == nil { byHolder[h] = name }
+        }
+        guard byHolder.count == 3 else {
+            cluster.record(["no queue name found for each of the three instances"], "placement")
+            return
+        }
+        var problems: [String] = []
+        var expected: [String: String] = [:]  // operation id -> worker
+        for (h, queue) in byHolder.sorted(by: { $0.key < $1.key }) {
+            try cluster.createQueue(queue, maxConcurrent: 4, via: cluster.nodes[0])
+            let made = try cluster.nodes[1].request("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"external","spec":{"lease":60}}"#)
+            guard made.status == 201, let id = made.string("id") else {
+                problems.append("create in \(queue): \(made.status)")
+                continue
+            }
+            // Claimed through an instance that does not hold the queue.
+            let via = cluster.nodes[(h + 1) % 3]
+            let claim = try via.request("POST", "/v1/queues/\(queue)/claim?wait=5", json: #"{"worker":"worker-\#(h)"}"#)
+            if claim.status != 200 { problems.append("claim in \(queue) through opqd #\(via.index): \(claim.status)") }
+            expected[id] = "worker-\(h)"
+        }
+        for node in cluster.nodes {
+            let r = try node.request("GET", "/v1/workers")
+            var seen: [String: String] = [:]
+            for w in r.objects("workers") {
+                guard let name = w["worker"] as? String else { continue }
+                for l in w["leases"] as? [[String: Any]] ?? [] { if let op = l["operation"] as? String { seen[op] = name } }
+            }
+            if r.status != 200 || seen != expected {
+                problems.append("GET /v1/workers through opqd #\(node.index): \(r.status), leases \(seen), expected \(expected)")
+            }
+        }
+        cluster.record(problems, "GET /v1/workers across instances")
+    }
+}

@@ -23,7 +23,71 @@ package struct WorkersController: Sendable {
         r.add("POST", "/v1/operations:finish", scope: .operationsInBody(list: "finishes", member: "id", valid: wellFormed)) { req, _ in
             try finishMany(req)
         }
-        r.add("GET", "/v1/workers", scope: .instance) { req, _ in try workers(req) }
+        // Leases live in the engine of the queue's holder: in a cluster, every instance's page
+        // is gathered and merged (`mergeWorkers`).
+        let budget = pageBudget(limits)
+        r.add("GET", "/v1/workers", scope: .everyInstance(merge: { pages in Self.mergeWorkers(pages, budget: budget) })) { req, _ in
+            try workers(req)
+        }
+    }
+
+    /// One page of `GET /v1/workers` from the pages of every instance (each answered for the
+    /// same `after`): a worker's leases from all of them together, oldest first, its `since`
+    /// the oldest. A page cut short (its `next` set) holds every worker of that instance up to
+    /// its `next`, so the merged page holds the workers up to the lowest such `next`, and is
+    /// cut again at the byte budget; its `next` says where the merge stopped. nil when a page
+    /// is not a 200 with the expected shape.
+    package static func mergeWorkers(_ pages: [HTTPResponse], budget: Int) -> HTTPResponse? {
+        typealias Lease = (operation: String, queue: String, since: String, expiresAt: String)
+        var merged: [String: (since: String, leases: [Lease])] = [:]
+        var limit: String?
+        for page in pages {
+            guard page.status == 200, let top = try? JSONValue.parse(page.body), case let .array(workers)? = top["workers"] else {
+                return nil
+            }
+            if case let .string(next)? = top["next"] { limit = min(limit ?? next, next) }
+            for w in workers {
+                guard case let .string(name)? = w["worker"], case let .string(since)? = w["since"], case let .array(leases)? = w["leases"] else {
+                    return nil
+                }
+                var entry = merged[name] ?? (since, [])
+                entry.since = min(entry.since, since)
+                for l in leases {
+                    guard case let .string(op)? = l["operation"], case let .string(queue)? = l["queue"], case let .string(at)? = l["since"],
+                        case let .string(expires)? = l["expiresAt"]
+                    else { return nil }
+                    entry.leases.append((op, queue, at, expires))
+                }
+                merged[name] = entry
+            }
+        }
+        var o = JSONOut()
+        o.open(); o.key("workers"); o.openArray()
+        var next: String? = nil, last: String? = nil
+        for (worker, entry) in merged.sorted(by: { $0.key < $1.key }) {
+            if let limit, worker > limit { break }
+            if last != nil && o.bytes.count > budget { next = last; break }
+            last = worker
+            o.open()
+            o.key("worker"); o.string(worker)
+            o.key("since"); o.string(entry.since)
+            o.key("leases"); o.openArray()
+            for l in entry.leases.sorted(by: { ($0.since, $0.operation) < ($1.since, $1.operation) }) {
+                o.open()
+                o.key("operation"); o.string(l.operation)
+                o.key("queue"); o.string(l.queue)
+                o.key("since"); o.string(l.since)
+                o.key("expiresAt"); o.string(l.expiresAt)
+                o.close()
+            }
+            o.closeArray()
+            o.close()
+        }
+        o.closeArray()
+        o.key("next")
+        if let n = next ?? limit { o.string(n) } else { o.null() }
+        o.close()
+        return json(200, o.bytes)
     }
 
     static func write(_ lease: ExternalKind.Lease, to o: inout JSONOut) {

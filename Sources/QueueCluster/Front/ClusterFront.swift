@@ -42,6 +42,8 @@ package struct ClusterFront: Sendable {
         case storeRead
         /// Relayed to the holder of `queue` at this base URL.
         case forward(to: String, queue: String)
+        /// Answered by every live instance, their answers merged (`RouteScope.everyInstance`).
+        case gather(merge: @Sendable ([HTTPResponse]) -> HTTPResponse?)
         /// Split among the holders of the operations it names (`finishAcross`).
         case split(list: String, member: String, elements: [JSONValue], parts: [FinishPart])
         /// 503 `no-owner`: nobody serves the queue right now, or the request was forwarded
@@ -84,6 +86,7 @@ package struct ClusterFront: Sendable {
             }
             return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
         case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
+        case let .gather(merge): return gather(request, merge: merge)
         case let .refused(refusal): problem = refusal
         case let .storeUnavailable(detail): problem = StoreReadUnavailable(detail: detail).problem
         case let .noOwner(queue): problem = Self.noOwner(queue)
@@ -94,6 +97,26 @@ package struct ClusterFront: Sendable {
             )
         }
         return .routed(Router.unmatched, .response(problem.response))
+    }
+
+    /// This instance's answer, and, when it is a 200, every other live instance's to the same
+    /// request, merged; nil (the dispatcher answers alone) without a dispatcher to ask or
+    /// another instance to ask.
+    private func gather(_ request: HTTPRequest, merge: @escaping @Sendable ([HTTPResponse]) -> HTTPResponse?) -> HTTPHandlerResult? {
+        guard let local else { return nil }
+        let others = ((try? placement.clusterView(ownQueues: []))?.instances ?? []).filter { !$0.isSelf && !$0.url.isEmpty }.map(\.url)
+        guard !others.isEmpty else { return nil }
+        guard let here = Self.response(of: local(request)), here.status == 200 else { return local(request) }
+        return .routed("gathered", forwarder.gather(request, from: others, here: here, merge: merge))
+    }
+
+    /// The response a handler's result holds, when it holds one at once.
+    static func response(of result: HTTPHandlerResult) -> HTTPResponse? {
+        switch result {
+        case let .response(r): return r
+        case let .routed(_, inner): return response(of: inner)
+        case .deferred, .stream: return nil
+        }
     }
 
     /// A queue nobody serves: one that does not exist yet in a partition being taken over, or one
@@ -157,6 +180,10 @@ package struct ClusterFront: Sendable {
         switch route.scope {
         case .instance:
             return .local
+        case let .everyInstance(merge):
+            // Asked by another instance's gathering: this instance's own part.
+            if Forwarder.wasForwarded(request) { return .local }
+            return refusal(request).map { .refused($0) } ?? .gather(merge: merge)
         case .everyQueue:
             return .storeRead
         case let .queue(param, reads):

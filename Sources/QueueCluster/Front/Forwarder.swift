@@ -1,5 +1,6 @@
 import Dispatch
 import Grammar
+import Locking
 import MicroHTTP
 import OutboundHTTP
 import QueueAPI
@@ -120,6 +121,44 @@ package final class Forwarder: Sendable {
                 responder.respond(answer)
             }
             if isLongPoll { Self.watch(responder, task) }
+        }
+    }
+
+    /// `here` (this instance's answer) and the answers of the instances at `bases` to the same
+    /// request (sent at once, as forwarded requests, so each answers for itself), merged by
+    /// `merge`. 503 `instance-unavailable` with Retry-After when one of them gives no 200; 502
+    /// when their answers cannot be merged.
+    func gather(
+        _ request: HTTPRequest, from bases: [String], here: HTTPResponse, merge: @escaping @Sendable ([HTTPResponse]) -> HTTPResponse?
+    ) -> HTTPHandlerResult {
+        let requests = bases.map { (base: $0, request: outboundRequest(for: request, base: $0)) }
+        let client = self.client
+        return .deferred { responder in
+            let state = Locking.Lock<(pages: [HTTPResponse], left: Int, failed: String?)>(([here], requests.count, nil))
+            for (base, outbound) in requests {
+                client.send(outbound) { result in
+                    let done: ([HTTPResponse], String?)? = state.withLock { s in
+                        switch result {
+                        case let .success(a) where a.status == 200 && !a.truncated:
+                            s.pages.append(HTTPResponse(status: a.status, headers: a.headers, body: a.body))
+                        case let .success(a): s.failed = s.failed ?? "the instance at \(base) answered \(a.status)"
+                        case let .failure(e): s.failed = s.failed ?? "the instance at \(base) did not answer (\(e.type))"
+                        }
+                        s.left -= 1
+                        return s.left == 0 ? (s.pages, s.failed) : nil
+                    }
+                    guard let (pages, failed) = done else { return }
+                    if let failed {
+                        return responder.respond(
+                            Problem(
+                                503, "instance-unavailable", "Service Unavailable",
+                                "this answer gathers every instance's part, and \(failed); retry shortly", headers: [("Retry-After", "1")]
+                            ).response)
+                    }
+                    responder.respond(
+                        merge(pages) ?? Problem(502, "instance-answer-invalid", "Bad Gateway", "the instances' answers could not be merged").response)
+                }
+            }
         }
     }
 
