@@ -135,13 +135,15 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
         maxBacklog: limits.sseBacklog)
     events.append(kept)
     let idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
-    let preloadIdempotency: @Sendable () -> Void = {
+    // The answers kept for Idempotency-Keys: all of them when this instance serves every
+    // queue; a partition holder, those of the partitions it takes, as it takes them.
+    let preloadIdempotency: @Sendable ([Int]?) -> Void = { partitions in
         idempotency.preload(
-            store.loadIdempotency().map {
+            (partitions.map { store.loadIdempotency(partitions: $0) } ?? store.loadIdempotency()).map {
                 ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
             })
     }
-    preloadIdempotency()
+    if placement.servesEveryQueue { preloadIdempotency(nil) }
     // Only a partition holder's observers are filtered: the others' queues are loaded by their owner.
     let servesQueue: (@Sendable (String) -> Bool)? = placement.servesEveryQueue ? nil : { @Sendable name in placement.serves(queue: name) }
     let webhooks = Webhooks(
@@ -154,9 +156,9 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     placement.onChange { change in
         switch change {
         case let .released(queue): webhooks.forget(queues: queue)
-        case .adopted:
+        case let .adopted(partitions):
             webhooks.load()
-            preloadIdempotency()
+            preloadIdempotency(partitions)
         }
     }
     let lifecycle = Lifecycle()

@@ -137,9 +137,18 @@ final class PGReader {
         return out
     }
 
-    func idempotency() throws(PGFailure) -> [IdempotencyRecord] {
+    /// `partitions`: only the answers kept with changes to their queues (and those kept with
+    /// none); nil: all.
+    func idempotency(partitions: [Int]? = nil) throws(PGFailure) -> [IdempotencyRecord] {
         let r = try withConnection { c throws(PGFailure) in
-            try c.exec("SELECT \(PGSchema.idempotencyColumns) FROM opqd.idempotency ORDER BY created_at, scope")
+            if let partitions {
+                var a = ArrayColumn()
+                for p in partitions { a.int(Int64(p)) }
+                return try c.exec(
+                    "SELECT \(PGSchema.idempotencyColumns) FROM opqd.idempotency WHERE part = ANY($1::integer[]) OR part IS NULL ORDER BY created_at, scope",
+                    [a.parameter])
+            }
+            return try c.exec("SELECT \(PGSchema.idempotencyColumns) FROM opqd.idempotency ORDER BY created_at, scope")
         }
         return rows(r, PGRecordDecoder.idempotency)
     }

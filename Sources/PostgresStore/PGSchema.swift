@@ -178,6 +178,13 @@ package enum PGSchema {
         ALTER TABLE opqd.ownership ADD COLUMN released boolean NOT NULL DEFAULT true;
         ALTER TABLE opqd.ownership ALTER COLUMN released SET DEFAULT false;
         """,
+        // 6 -> 7: the partition of the change a kept answer came with (NULL: none, or kept
+        // before this version), so that an instance taking partitions reads the answers kept for
+        // their queues only, not every one.
+        """
+        ALTER TABLE opqd.idempotency ADD COLUMN part integer;
+        CREATE INDEX idempotency_by_part ON opqd.idempotency (part);
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -331,9 +338,9 @@ package enum PGSchema {
     }
 
     static let upsertIdempotency = """
-        INSERT INTO opqd.idempotency (\(idempotencyColumns)) VALUES ($1::bytea, $2, $3::bigint, $4, $5::bytea, $6::bigint) \
+        INSERT INTO opqd.idempotency (\(idempotencyColumns), part) VALUES ($1::bytea, $2, $3::bigint, $4, $5::bytea, $6::bigint, $7::integer) \
         ON CONFLICT (scope) DO UPDATE SET body_hash = excluded.body_hash, status = excluded.status, headers = excluded.headers, \
-        body = excluded.body, created_at = excluded.created_at
+        body = excluded.body, created_at = excluded.created_at, part = excluded.part
         """
     // Events go first, while the operations still say which ones belong to the queue.
     static let deleteQueueEvents = "DELETE FROM opqd.events WHERE operation IN (SELECT id FROM opqd.operations WHERE queue = $1)"

@@ -342,6 +342,20 @@ final class PGWriter: @unchecked Sendable {
         return out
     }
 
+    /// The partition of the first queue `records` touch, nil when they touch none.
+    static func firstPartition(_ records: [StoreRecord]) -> Int? {
+        for r in records {
+            switch r {
+            case let .operation(s): return QueuePartitions.of(queue: s.queue)
+            case let .queue(q): return QueuePartitions.of(queue: q.name)
+            case let .event(e): return QueuePartitions.of(queue: e.queue)
+            case let .queueDeleted(name): return QueuePartitions.of(queue: name)
+            case .kept: continue
+            }
+        }
+        return nil
+    }
+
     /// Whether `jobs` write to `meta`.
     static func hasMeta(_ jobs: [WriteJob]) -> Bool {
         jobs.contains { job in
@@ -464,6 +478,8 @@ final class PGWriter: @unchecked Sendable {
                 case let .records(records, ticket):
                     out.ticket = max(out.ticket, ticket)
                     out.records += records.count
+                    // The partition a kept answer goes with: that of the change's first queue.
+                    let part = Self.firstPartition(records)
                     for r in records {
                         defer { position += 1 }
                         switch r {
@@ -485,7 +501,7 @@ final class PGWriter: @unchecked Sendable {
                                 try send(sql, [PGParameter(name)])
                             }
                         case let .kept(r):
-                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r))
+                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r) + [part.map { PGParameter($0) } ?? .null])
                         }
                     }
                 case let .purge(cutoff, limit, reply):

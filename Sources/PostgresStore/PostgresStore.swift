@@ -390,6 +390,12 @@ public final class PostgresStore: OperationStore {
         (try? reader.withLock { r throws(PGFailure) in try r.idempotency() }) ?? []
     }
 
+    /// The answers kept with changes to the queues of `partitions` (`QueuePartitions`), and
+    /// those kept with none: what an instance taking these partitions needs.
+    public func loadIdempotency(partitions: [Int]) -> [IdempotencyRecord] {
+        (try? reader.withLock { r throws(PGFailure) in try r.idempotency(partitions: partitions) }) ?? []
+    }
+
     /// Deletes answers saved before `cutoff`, through the writer. Returns how many.
     @discardableResult
     public func purgeIdempotency(before cutoff: Timestamp) -> Int {

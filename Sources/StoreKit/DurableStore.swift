@@ -34,6 +34,10 @@ public protocol DurableStore: AnyObject, Sendable {
     @discardableResult
     func setMeta(_ pairs: [(key: String, value: String?)], then done: (@Sendable () -> Void)?) -> Bool
     func loadIdempotency() -> [IdempotencyRecord]
+    /// The kept answers an instance taking `partitions` of a cluster's queues needs: those kept
+    /// with changes to their queues, and those kept with none. A store of one instance has
+    /// every answer (the default: all).
+    func loadIdempotency(partitions: [Int]) -> [IdempotencyRecord]
     func purge(finishedBefore cutoff: Timestamp, limit: Int) -> Int
     func purgeIdempotency(before cutoff: Timestamp) -> Int
     func close()
@@ -44,4 +48,8 @@ public protocol DurableStore: AnyObject, Sendable {
 
 extension DurableStore {
     public var unavailable: String? { nil }
+}
+
+extension DurableStore {
+    public func loadIdempotency(partitions: [Int]) -> [IdempotencyRecord] { loadIdempotency() }
 }

@@ -181,6 +181,25 @@ extension PostgresStoreTests {
         }
     }
 
+    @Test func keptAnswersAreLoadedForThePartitionsTakenOnly() throws {
+        try withTestDatabase { url in
+            let (qa, pa, qb, _) = queuesInTwoPartitions()
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            _ = try store.recoverState()
+            func kept(_ key: String) -> IdempotencyRecord {
+                IdempotencyRecord(scope: "POST /x|\(key)", bodyHash: "h", status: 201, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1))
+            }
+            // Kept with a change to qa, with one to qb, and with none.
+            store.engineStore.append([.queueDeleted(qa), .kept(kept("a"))], upTo: 1)
+            store.engineStore.append([.kept(kept("b")), .queueDeleted(qb)], upTo: 2)
+            store.engineStore.append([.kept(kept("none"))], upTo: 3)
+            #expect(waitDurable(store.engineStore, 3))
+            #expect(Set(store.loadIdempotency(partitions: [pa]).map(\.scope)) == ["POST /x|a", "POST /x|none"])
+            #expect(store.loadIdempotency().count == 3)
+        }
+    }
+
     @Test func aCommitToAPartitionNotHeldIsRefusedBeforeItReachesTheServer() throws {
         try withTestDatabase { url in
             let (qa, pa, qb, _) = queuesInTwoPartitions()

@@ -60,8 +60,9 @@ extension QueuePlacement {
 
 /// How the queues served here changed.
 package enum PlacementChange: Sendable {
-    /// Queues taken in (loaded into the engine), before they are served.
-    case adopted
+    /// Queues taken in (loaded into the engine), before they are served: those of `partitions`
+    /// (`QueuePartitions`).
+    case adopted(partitions: [Int])
     /// Queues given up (the engine let them go); `queue` says which.
     case released(_ queue: @Sendable (String) -> Bool)
 }

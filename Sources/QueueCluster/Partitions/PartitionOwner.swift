@@ -398,7 +398,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // is durable, and larger than any an earlier owner used.
         recovered.generation = block.lowerBound >> PGMembership.idBlockBits
         engine.adopt(recovered, remote: remote)
-        changed.withLock { $0 }?(.adopted)
+        changed.withLock { $0 }?(.adopted(partitions: won.keys.sorted()))
         serving.withLock { $0.formUnion(won.keys) }
         holders.withLock { h in for p in won.keys { h[p] = PlacementHolder(instance: selfID, url: "") } }
         logger.info(
