@@ -51,11 +51,32 @@ public final class HTTPResponder: Sendable {
     /// Marks this request as one whose answer is on its way (e.g. waiting for a commit): at
     /// shutdown it is waited for, up to the deadline, instead of being answered 503. Long polls
     /// do not call this, so shutdown answers them at once.
-    public func answerBeforeShutdown() {
-        state.withLock { $0.keepThroughShutdown = true }
+    /// False (and nothing marked) when it was answered already, e.g. 503 at shutdown: then
+    /// nothing more may be done for it.
+    @discardableResult
+    public func answerBeforeShutdown() -> Bool {
+        state.withLock { s in
+            guard !s.answered else { return false }
+            s.keepThroughShutdown = true
+            return true
+        }
     }
 
     var keepsThroughShutdown: Bool { state.withLock { $0.keepThroughShutdown } }
+
+    /// Shutdown: answers `response` unless marked `answerBeforeShutdown`, in one step with the
+    /// mark (a request marked a moment later is not also answered here).
+    func respondUnlessKept(_ response: HTTPResponse) {
+        state.withLock { state in
+            guard !state.answered, !state.keepThroughShutdown else { return }
+            state.answered = true
+            state.response = response
+            if state.suspended, let connection = state.connection {
+                state.suspended = false
+                connection.resume()
+            }
+        }
+    }
 
     /// True when the client is known to have gone while its answer is pending: the request
     /// ended, or the peer closed or reset its side of the connection (seen with a

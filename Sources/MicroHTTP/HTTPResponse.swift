@@ -26,4 +26,5 @@ extension HTTPResponse {
 
     static let badFraming = Problem.badFraming.response
     static let shuttingDown = Problem.shuttingDown.response
+    static let refusedUnstarted = Problem.refusedUnstarted.response
 }

@@ -76,6 +76,15 @@ extension Problem {
     /// role (a second or two), the retry finds a server.
     public static let shuttingDown = Problem(
         503, "shutting-down", "Service Unavailable", "the server is shutting down", headers: [("Retry-After", "1"), ("Connection", "close")])
+
+    /// `shuttingDown` for a request refused before any handler saw it (its headers arrived
+    /// while the server was stopping): it did nothing, which `unstartedHeader` says, so a peer
+    /// that relayed it may send it on to another server. Every other 503 `shutting-down` (a
+    /// pending answer at the drain deadline) may come after the request did something.
+    public static let refusedUnstarted = Problem(
+        503, "shutting-down", "Service Unavailable", "the server is shutting down",
+        headers: [("Retry-After", "1"), ("Connection", "close"), (unstartedHeader, "1")])
+    public static let unstartedHeader = "Opqd-Unstarted"
 }
 
 /// A JSON string literal (quotes included) with the escapes JSON requires.

@@ -143,7 +143,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
                 ($0.scope, $0.bodyHash, HTTPResponse(status: $0.status, headers: $0.headers, body: $0.body), $0.createdAt)
             })
     }
-    if placement.servesEveryQueue { preloadIdempotency(nil) }
+    if composition.loadsAtStart { preloadIdempotency(nil) }
     // Only a partition holder's observers are filtered: the others' queues are loaded by their owner.
     let servesQueue: (@Sendable (String) -> Bool)? = placement.servesEveryQueue ? nil : { @Sendable name in placement.serves(queue: name) }
     let webhooks = Webhooks(

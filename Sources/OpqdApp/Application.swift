@@ -111,7 +111,12 @@ public final class OpqdApplication: OpqdService {
     public func shutdown() {
         guard !lifecycle.stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         logger.info("opqd stopping")
-        placement.handOver(within: 5)
+        // Handed over: this instance holds nothing, and relays every request for a moment more,
+        // while load balancers notice its /readyz 503 and stop sending (--shutdown-delay).
+        if placement.handOver(within: 5) && configuration.shutdownDelay > 0 {
+            logger.info("relaying requests a moment more before stopping", metadata: ["seconds": "\(configuration.shutdownDelay)"])
+            _ = DispatchSemaphore(value: 0).wait(timeout: .now() + configuration.shutdownDelay)
+        }
         background.stopAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))

@@ -29,6 +29,7 @@ extension PGMembership {
     public func claimNoting(_ parts: [Int], token: String, alone: Bool = true) throws -> (won: [Int: Int64], abandoned: Set<Int>) {
         guard !parts.isEmpty else { return ([:], []) }
         let sent = Self.monotonicNanos()
+        let registeredAt = registered.withLock { $0 } ?? "-infinity"
         // Never beside a one-owner cluster's live lease (`--ownership one` on the same
         // database, e.g. during an upgrade): both would run the same queues. The check and the
         // claim are one step for all, under the lock `tryAcquire` takes too.
@@ -36,9 +37,10 @@ extension PGMembership {
             try Self.ownershipStep(c) { c throws(PGFailure) in
                 // `prior` reads the rows as they were before the claim (one snapshot for the
                 // whole statement): a row that was not given up was abandoned. A row still
-                // leased to this instance's id was left by its previous process (the same
-                // identity, `--instance-id` or `--data`, is never used by two live processes):
-                // taken back at once, as abandoned.
+                // leased to this instance's id and not renewed since this process registered
+                // was left by its previous process (the same identity, `--instance-id` or
+                // `--data`): taken back at once, as abandoned. One renewed since has a live twin
+                // (an id given to two processes): left alone.
                 let r = try c.exec(
                     """
                     WITH prior AS (SELECT scope, released FROM opqd.ownership WHERE scope = ANY($4::text[])), \
@@ -46,10 +48,11 @@ extension PGMembership {
                     SELECT s, $1, 1, now() + make_interval(secs => $2::float8), $3 FROM unnest($4::text[]) AS s \
                     WHERE NOT EXISTS (SELECT 1 FROM opqd.ownership WHERE scope = '*' AND expires_at > now()) \
                     ON CONFLICT (scope) DO UPDATE SET instance = excluded.instance, epoch = o.epoch + 1, expires_at = excluded.expires_at, \
-                    token = excluded.token, released = false WHERE o.expires_at < now() OR o.instance = $1 RETURNING scope, epoch) \
+                    token = excluded.token, released = false WHERE o.expires_at < now() \
+                    OR (o.instance = $1 AND o.expires_at <= $5::timestamptz + make_interval(secs => $2::float8)) RETURNING scope, epoch) \
                     SELECT won.scope, won.epoch, NOT coalesce(prior.released, true) FROM won LEFT JOIN prior USING (scope)
                     """,
-                    [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts)])
+                    [PGParameter(instanceID), PGParameter(String(leaseSeconds)), PGParameter(token), Self.scopes(parts), PGParameter(registeredAt)])
                 // The others' forwarders learn the new holder at once (`movesChannel`).
                 if r.rows > 0 { try c.exec("SELECT pg_notify('\(Self.movesChannel)', $1)", [PGParameter(instanceID)]) }
                 return r

@@ -108,25 +108,45 @@ public final class PGMembership: @unchecked Sendable {
 
     /// Inserts or refreshes this instance's row, and tells the others (`movesChannel`): a
     /// partition holder rebalances at once instead of at its next period.
+    /// Remembers the database's time of it (`registeredAt`): leases in this id's name not
+    /// renewed since were left by a previous process (`claim`).
     public func register(advertise: String) throws {
-        _ = try withConnection { c throws(PGFailure) in
+        let r = try withConnection { c throws(PGFailure) in
             try c.exec(
                 """
                 WITH i AS (INSERT INTO opqd.instance (id, url, started_at, heartbeat_at) VALUES ($1, $2, now(), now()) \
                 ON CONFLICT (id) DO UPDATE SET url = excluded.url, heartbeat_at = excluded.heartbeat_at RETURNING id) \
-                SELECT pg_notify('\(Self.movesChannel)', $1) FROM i
+                SELECT now()::text, pg_notify('\(Self.movesChannel)', $1) FROM i
                 """, [PGParameter(instanceID), PGParameter(advertise)])
         }
+        if let at = r.text(0, 0) { registered.withLock { $0 = at } }
     }
 
-    /// Removes this instance's row (a clean stop begins): the others leave it out of the
-    /// hashing at once (told on `movesChannel`), so they take over what it gives up.
+    /// When this process registered, by the database's clock (text of a timestamptz); nil
+    /// before.
+    let registered = Lock<String?>(nil)
+
+    /// Leaves the hashing (a clean stop begins): its heartbeat is set far back, so the others
+    /// leave it out at once (told on `movesChannel`) and take over what it gives up, while its
+    /// row still tells them its URL for the requests they relay to it meanwhile.
     public func depart() throws {
         _ = try withConnection { c throws(PGFailure) in
             try c.exec(
-                "WITH d AS (DELETE FROM opqd.instance WHERE id = $1 RETURNING id) SELECT pg_notify('\(Self.movesChannel)', $1) FROM d",
-                [PGParameter(instanceID)])
+                """
+                WITH d AS (UPDATE opqd.instance SET heartbeat_at = '-infinity' WHERE id = $1 RETURNING id) \
+                SELECT pg_notify('\(Self.movesChannel)', $1) FROM d
+                """, [PGParameter(instanceID)])
         }
+    }
+
+    /// Every instance's advertised URL, live or not (a departing one still holds leases).
+    public func urls() throws -> [String: String] {
+        let r = try withConnection { c throws(PGFailure) in try c.exec("SELECT id, url FROM opqd.instance") }
+        var out: [String: String] = [:]
+        for i in 0..<r.rows {
+            if let id = r.text(i, 0), let url = r.text(i, 1) { out[id] = url }
+        }
+        return out
     }
 
     /// The channel on which instances say that partitions or instances changed (a claim, a

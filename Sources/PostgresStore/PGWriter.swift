@@ -342,20 +342,6 @@ final class PGWriter: @unchecked Sendable {
         return out
     }
 
-    /// The partition of the first queue `records` touch, nil when they touch none.
-    static func firstPartition(_ records: [StoreRecord]) -> Int? {
-        for r in records {
-            switch r {
-            case let .operation(s): return QueuePartitions.of(queue: s.queue)
-            case let .queue(q): return QueuePartitions.of(queue: q.name)
-            case let .event(e): return QueuePartitions.of(queue: e.queue)
-            case let .queueDeleted(name): return QueuePartitions.of(queue: name)
-            case .kept: continue
-            }
-        }
-        return nil
-    }
-
     /// Whether `jobs` write to `meta`.
     static func hasMeta(_ jobs: [WriteJob]) -> Bool {
         jobs.contains { job in
@@ -478,8 +464,6 @@ final class PGWriter: @unchecked Sendable {
                 case let .records(records, ticket):
                     out.ticket = max(out.ticket, ticket)
                     out.records += records.count
-                    // The partition a kept answer goes with: that of the change's first queue.
-                    let part = Self.firstPartition(records)
                     for r in records {
                         defer { position += 1 }
                         switch r {
@@ -501,7 +485,9 @@ final class PGWriter: @unchecked Sendable {
                                 try send(sql, [PGParameter(name)])
                             }
                         case let .kept(r):
-                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r) + [part.map { PGParameter($0) } ?? .null])
+                            // Kept with the partition of its change's queue (`IdempotencyRecord.queue`).
+                            let part = r.queue.map { PGParameter(QueuePartitions.of(queue: $0)) } ?? .null
+                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r) + [part])
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -42,6 +42,9 @@ public struct OpqdConfiguration: Sendable {
     /// so that a restarted instance takes its partitions back at once. nil: the one kept in
     /// `data` (made on first start), or a fresh one when another process uses that directory.
     public var instanceID: String? = nil
+    /// With a PostgreSQL store: seconds a stopping instance keeps relaying requests after it
+    /// handed its queues over, before it stops listening (load balancers see its /readyz 503).
+    public var shutdownDelay: Double = 1
     /// With a PostgreSQL store: seconds the owner's lease lasts (renewed every third of it);
     /// when the owner stops renewing, another instance takes the queues over after it.
     public var lease: Double = 10
@@ -138,6 +141,11 @@ public struct OpqdConfiguration: Sendable {
             }
             c.instanceID = v
         },
+        Option(
+            flag: "--shutdown-delay", env: "OPQD_SHUTDOWN_DELAY",
+            help:
+                "with a postgres:// store, seconds a stopping instance keeps relaying requests after handing its queues to the others, while load balancers notice its /readyz 503 (0-60, default 1)"
+        ) { c, v in c.shutdownDelay = try seconds(v, "--shutdown-delay", 0...60) },
         Option(
             flag: "--lease", env: "OPQD_LEASE",
             help: "with a postgres:// store, seconds an ownership lease lasts; another instance takes an instance's partitions over after it (default 10)"

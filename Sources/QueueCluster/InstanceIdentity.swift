@@ -24,32 +24,39 @@ public enum InstanceIdentity {
 
     /// The id: `explicit` when set; else the one kept in `data`, under its lock; else a fresh
     /// one (the directory cannot be made, read or written, or another process holds it).
-    /// `note` hears why a fresh one was taken. The lock's descriptor stays open for the
-    /// process's life, across a role change's `execv` too (it is not close-on-exec; the next
-    /// image takes the id from its `ClusterHandoff`), and children never get it (the spawner
-    /// closes every descriptor above 2).
-    public static func resolve(explicit: String?, data: String, note: (String) -> Void) -> String {
-        if let explicit { return explicit }
-        guard !data.isEmpty else { return ClusterHandoff.newInstanceID() }
+    /// `note` hears why a fresh one was taken. `lock`: the lock's descriptor, open for the
+    /// process's life; a role change's `execv` passes it on (`ClusterHandoff.identityLock`),
+    /// and children never get it (the spawner closes every descriptor above 2).
+    public static func resolve(explicit: String?, data: String, note: (String) -> Void) -> (id: String, lock: Int32?) {
+        if let explicit { return (explicit, nil) }
+        guard !data.isEmpty else { return (ClusterHandoff.newInstanceID(), nil) }
         _ = mkdir(data, 0o700)
-        let lock = open(data + "/" + lockFile, O_RDWR | O_CREAT, 0o600)
+        let lock = open(data + "/" + lockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard lock >= 0 else {
             note("cannot open \(data)/\(lockFile) (\(String(cString: strerror(errno)))): this instance takes a fresh identity")
-            return ClusterHandoff.newInstanceID()
+            return (ClusterHandoff.newInstanceID(), nil)
         }
         guard flock(lock, LOCK_EX | LOCK_NB) == 0 else {
             close(lock)
             note("another process uses --data \(data): this instance takes a fresh identity")
-            return ClusterHandoff.newInstanceID()
+            return (ClusterHandoff.newInstanceID(), nil)
         }
         let path = data + "/" + idFile
-        if let kept = read(path), OpqdConfiguration.isInstanceID(kept) { return kept }
+        if let kept = read(path), OpqdConfiguration.isInstanceID(kept) { return (kept, lock) }
         let id = ClusterHandoff.newInstanceID()
         guard write(id, to: path) else {
             note("cannot keep the instance's identity in \(path): it is fresh at every start")
-            return id
+            close(lock)
+            return (id, nil)
         }
-        return id
+        return (id, lock)
+    }
+
+    /// The next image after a role change: the lock it was handed is taken again (the same
+    /// open file, so it is still this process's). False when it cannot be: the id must not be
+    /// used then.
+    public static func retake(_ lock: Int32) -> Bool {
+        flock(lock, LOCK_EX | LOCK_NB) == 0
     }
 
     /// The file's first line, at most 128 bytes read.

@@ -30,8 +30,12 @@ public struct ClusterHandoff: Sendable {
     public var epoch: Int64?
     public var token: String?
     public var listenSocket: Int32?
+    /// The descriptor of the `--data` identity lock (`InstanceIdentity`), when the id came
+    /// from there: kept open across `execv`, taken again by the next image.
+    public var identityLock: Int32? = nil
 
-    public init(instanceID: String, epoch: Int64?, token: String?, listenSocket: Int32?) {
+    public init(instanceID: String, epoch: Int64?, token: String?, listenSocket: Int32?, identityLock: Int32? = nil) {
+        self.identityLock = identityLock
         self.instanceID = instanceID
         self.epoch = epoch
         self.token = token
@@ -42,14 +46,16 @@ public struct ClusterHandoff: Sendable {
     static let epochVariable = "OPQD_HANDOFF_EPOCH"
     static let tokenVariable = "OPQD_HANDOFF_TOKEN"
     static let socketVariable = "OPQD_HANDOFF_FD"
+    static let lockVariable = "OPQD_HANDOFF_IDLOCK"
 
     /// Read from the environment; nil on a first start. Values that do not parse are ignored.
     public static func fromEnvironment(_ env: [String: String]) -> ClusterHandoff? {
-        guard let id = env[instanceVariable], !id.isEmpty, id.utf8.count <= 64 else { return nil }
+        guard let id = env[instanceVariable], OpqdConfiguration.isInstanceID(id) else { return nil }
         let fd = env[socketVariable].flatMap { Int32($0) }.flatMap { isListeningSocket($0) ? $0 : nil }
+        let lock = env[lockVariable].flatMap { Int32($0) }.flatMap { $0 > 2 && fcntl($0, F_GETFD) >= 0 ? $0 : nil }
         return ClusterHandoff(
             instanceID: id, epoch: env[epochVariable].flatMap { Int64($0) }, token: env[tokenVariable].flatMap { $0.isEmpty ? nil : $0 },
-            listenSocket: fd)
+            listenSocket: fd, identityLock: lock)
     }
 
     /// A descriptor above stdio that is a listening stream socket.
@@ -68,10 +74,11 @@ public struct ClusterHandoff: Sendable {
             out.append((Self.tokenVariable, token))
         }
         if let listenSocket { out.append((Self.socketVariable, String(listenSocket))) }
+        if let identityLock { out.append((Self.lockVariable, String(identityLock))) }
         return out
     }
 
-    public static let variables = [instanceVariable, epochVariable, tokenVariable, socketVariable]
+    public static let variables = [instanceVariable, epochVariable, tokenVariable, socketVariable, lockVariable]
 
     /// A new instance's id: 96 random bits, 24 hex digits.
     public static func newInstanceID() -> String {

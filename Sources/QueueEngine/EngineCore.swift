@@ -168,8 +168,13 @@ final class EngineCore: @unchecked Sendable {
     func fillSlot(_ id: UInt64, with record: StoreRecord?) -> Work {
         var work = Work()
         guard let i = slots.firstIndex(where: { $0.id == id }) else { return work }
-        if let record, wantsRecords {
+        if var record, wantsRecords {
             let end = i + 1 < slots.count ? slots[i + 1].records : outRecords.count
+            // The slot opened at its change's first record: the kept answer's queue.
+            if case var .kept(r) = record, r.queue == nil, slots[i].records < end {
+                r.queue = outRecords[slots[i].records].queueName
+                record = .kept(r)
+            }
             // A ticket of its own: a slot in which nothing changed still commits its record
             // before `whenDurable` answers for it.
             ticket &+= 1

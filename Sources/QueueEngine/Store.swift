@@ -97,6 +97,10 @@ public struct IdempotencyRecord: Sendable, Equatable {
     public var body: [UInt8]
     /// When it was saved (for expiry).
     public var createdAt: Timestamp
+    /// The queue of the change it answers (set by the engine from the change's first record,
+    /// `QueueEngine.fill(_:with:)`; nil when the change wrote none): a cluster's store keeps it
+    /// with the queue's partition, for whoever takes that partition. Not part of equality.
+    public var queue: String? = nil
 
     /// Creates a record.
     public init(scope: String, bodyHash: String, status: Int, headers: [(String, String)], body: [UInt8], createdAt: Timestamp) {
@@ -120,6 +124,17 @@ public enum StoreRecord: Sendable {
     case event(ChangeEvent)
     /// The kept answer to the change before it (`QueueEngine.fill(_:with:)`).
     case kept(IdempotencyRecord)
+
+    /// The queue the record belongs to; nil for a kept answer.
+    public var queueName: String? {
+        switch self {
+        case let .queue(q): return q.name
+        case let .queueDeleted(name): return name
+        case let .operation(s): return s.queue
+        case let .event(e): return e.queue
+        case .kept: return nil
+        }
+    }
 }
 
 /// Where acknowledged changes are made durable. The engine hands over records in order

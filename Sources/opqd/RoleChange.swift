@@ -16,6 +16,8 @@ enum RoleChanges {
     private static let pending = Locking.Lock<RoleChange?>(nil)
     /// This instance's id, kept across images.
     nonisolated(unsafe) static var instanceID = ""
+    /// The `--data` identity lock's descriptor, kept across images (`ClusterHandoff`).
+    nonisolated(unsafe) static var identityLock: Int32?
 
     static func request(_ change: RoleChange) {
         let first = pending.withLock { p -> Bool in
@@ -33,7 +35,7 @@ enum RoleChanges {
     /// pipes of commands), so the next image starts with nothing of this one but the socket.
     /// Returns only if `execv` failed, after logging why (the caller then stops).
     static func reexecute(_ change: RoleChange, socket: Int32?, logger: Logger) {
-        var handoff = ClusterHandoff(instanceID: instanceID, epoch: nil, token: nil, listenSocket: socket)
+        var handoff = ClusterHandoff(instanceID: instanceID, epoch: nil, token: nil, listenSocket: socket, identityLock: identityLock)
         if case let .becomeOwner(epoch, token) = change {
             handoff.epoch = epoch
             handoff.token = token
@@ -44,12 +46,13 @@ enum RoleChanges {
             var fds: [Int32] = []
             while let entry = readdir(dir) {
                 let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-                if let fd = Int32(name), fd > 2, fd != socket { fds.append(fd) }
+                if let fd = Int32(name), fd > 2, fd != socket, fd != identityLock { fds.append(fd) }
             }
             closedir(dir)
             for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         }
         if let socket { _ = fcntl(socket, F_SETFD, 0) }
+        if let identityLock { _ = fcntl(identityLock, F_SETFD, 0) }
         fflush(nil)
         let args = CommandLine.arguments.map { strdup($0) } + [nil]
         execv("/proc/self/exe", args)

@@ -61,11 +61,23 @@ let app: any OpqdService
 do {
     // A cluster instance keeps its identity across restarts (InstanceIdentity); a single
     // instance's id only names it in GET /v1/cluster.
-    RoleChanges.instanceID =
-        handoff?.instanceID
-        ?? (OpqdConfiguration.isPostgresURL(configuration.store)
-            ? InstanceIdentity.resolve(explicit: configuration.instanceID, data: configuration.data) { logger.notice("\($0)") }
-            : ClusterHandoff.newInstanceID())
+    if let handoff {
+        RoleChanges.instanceID = handoff.instanceID
+        if let lock = handoff.identityLock {
+            // Still this process's lock (the same open file); if not, the id is not ours alone.
+            guard InstanceIdentity.retake(lock) else {
+                logger.critical("the --data identity lock was not handed over with the role change; stopping rather than share the id")
+                exit(1)
+            }
+            RoleChanges.identityLock = lock
+        }
+    } else if OpqdConfiguration.isPostgresURL(configuration.store) {
+        (RoleChanges.instanceID, RoleChanges.identityLock) = InstanceIdentity.resolve(explicit: configuration.instanceID, data: configuration.data) {
+            logger.notice("\($0)")
+        }
+    } else {
+        RoleChanges.instanceID = ClusterHandoff.newInstanceID()
+    }
     app = try buildService(configuration: configuration, logger: logger, instanceID: RoleChanges.instanceID, handoff: handoff) { change in
         RoleChanges.request(change)
     }

@@ -81,7 +81,7 @@ struct ClusterFrontHoldTests {
         let placement = MovingPlacement()
         let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
         let t0 = monotonicSeconds()
-        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend")), within: 5)
+        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend", headers: Self.keyed)), within: 5)
         let waited = monotonicSeconds() - t0
         #expect(response?.status == 503)
         let text = String(decoding: response?.body ?? [], as: UTF8.self)
@@ -89,12 +89,14 @@ struct ClusterFrontHoldTests {
         #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
     }
 
-    @Test("a holder that stopped listening: the request waits for the next holder and is answered there")
+    static let keyed = ["idempotency-key": "k1"]
+
+    @Test("a holder that stopped listening: a request that may be sent twice waits for the next holder and is answered there")
     func heldWhenTheHolderIsGone() {
         let placement = MovingPlacement()
         placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
         let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: Array("made here".utf8))) }
-        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#))
+        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#, headers: Self.keyed))
         DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { placement.set(served: ["moving"]) }
         let t0 = monotonicSeconds()
         let response = Self.answer(result, within: 5)
@@ -103,17 +105,33 @@ struct ClusterFrontHoldTests {
         #expect(monotonicSeconds() - t0 >= 0.2, "answered before the queue moved")
     }
 
-    @Test("a holder that answers 503 shutting-down (it is stopping): the request goes to the next holder")
-    func resentWhenTheHolderIsStopping() throws {
-        let stopping = try RawServer { connection, _ in
+    @Test("a change without a key to a holder that stopped listening: 503 at once, never sent twice")
+    func notResentWithoutAKey() {
+        let placement = MovingPlacement()
+        placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
+        let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
+        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#))
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { placement.set(served: ["moving"]) }
+        let t0 = monotonicSeconds()
+        let response = Self.answer(result, within: 5)
+        #expect(response?.status == 503)
+        #expect(monotonicSeconds() - t0 < 0.25, "held although it may have arrived")
+    }
+
+    /// A stub holder answering every request with `response`.
+    static func holder(_ response: HTTPResponse) throws -> RawServer {
+        try RawServer { connection, _ in
             while (try? connection.readRequest()) != nil {
-                let body = String(decoding: Problem.shuttingDown.response.body, as: UTF8.self)
-                guard
-                    connection.send(
-                        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
-                else { return }
+                var head = "HTTP/1.1 \(response.status) X\r\nContent-Length: \(response.body.count)\r\n"
+                for (name, value) in response.headers where name.lowercased() != "connection" { head += "\(name): \(value)\r\n" }
+                guard connection.send(Array((head + "\r\n").utf8) + response.body) else { return }
             }
         }
+    }
+
+    @Test("a holder that refuses the request unstarted (503 shutting-down, Opqd-Unstarted): it goes to the next holder")
+    func resentWhenTheHolderIsStopping() throws {
+        let stopping = try Self.holder(Problem.refusedUnstarted.response)
         defer { stopping.stop() }
         let next = try RawServer { connection, _ in
             while (try? connection.readRequest()) != nil {
@@ -132,13 +150,26 @@ struct ClusterFrontHoldTests {
         #expect(text == "next")
     }
 
+    @Test("a 503 shutting-down that may come after the request did something is relayed, not sent on")
+    func lateShuttingDownIsRelayed() throws {
+        let stopping = try Self.holder(Problem.shuttingDown.response)
+        defer { stopping.stop() }
+        let placement = MovingPlacement()
+        placement.set(holders: ["moving": PlacementHolder(instance: "b", url: stopping.base)])
+        let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
+        let result = front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#, headers: Self.keyed))
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) { placement.set(served: ["moving"]) }
+        let response = Self.answer(result, within: 5)
+        #expect(response?.status == 503)
+    }
+
     @Test("a holder that crashed and still holds the queue: 503 owner-unavailable once the bound has passed")
     func crashedHolderPastTheBound() {
         let placement = MovingPlacement()
         placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
         let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
         let t0 = monotonicSeconds()
-        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend")), within: 5)
+        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend", headers: Self.keyed)), within: 5)
         let waited = monotonicSeconds() - t0
         #expect(response?.status == 503)
         let text = String(decoding: response?.body ?? [], as: UTF8.self)

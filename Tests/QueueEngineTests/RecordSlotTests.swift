@@ -67,6 +67,20 @@ struct RecordSlotTests {
         #expect(SlotLogStore.labels(last.records).sorted() == ["kept:a", "op:a", "op:other"])
     }
 
+    @Test("a kept answer names its own change's queue, whatever else shares its append")
+    func keptAnswerNamesItsQueue() throws {
+        let (engine, store) = try engine()
+        try engine.createQueue(name: "other", isSuspended: true)
+        let (_, first) = try engine.withSlot { try add(engine, "a") }
+        let (_, second) = try engine.withSlot { _ = try engine.addOperationID(to: "other", OperationRequest(kind: "manual", name: "b")) }
+        engine.fill(try #require(second), with: Self.kept("b"))
+        engine.fill(try #require(first), with: Self.kept("a"))
+        engine.keep(Self.kept("none"))
+        var queues: [String: String] = [:]
+        for case let .kept(k) in store.appends.flatMap(\.records) { queues[k.scope] = k.queue ?? "-" }
+        #expect(queues == ["a": "q", "b": "other", "none": "-"])
+    }
+
     @Test("a body that only reads holds nothing and gets no slot")
     func readOnlyBodyHoldsNothing() throws {
         let (engine, store) = try engine()

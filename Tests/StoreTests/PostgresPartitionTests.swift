@@ -187,13 +187,14 @@ extension PostgresStoreTests {
             let store = try PostgresStore(url: url)
             defer { store.close() }
             _ = try store.recoverState()
-            func kept(_ key: String) -> IdempotencyRecord {
-                IdempotencyRecord(scope: "POST /x|\(key)", bodyHash: "h", status: 201, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1))
+            func kept(_ key: String, _ queue: String?) -> IdempotencyRecord {
+                var r = IdempotencyRecord(scope: "POST /x|\(key)", bodyHash: "h", status: 201, headers: [], body: [], createdAt: Timestamp(nanoseconds: 1))
+                r.queue = queue
+                return r
             }
-            // Kept with a change to qa, with one to qb, and with none.
-            store.engineStore.append([.queueDeleted(qa), .kept(kept("a"))], upTo: 1)
-            store.engineStore.append([.kept(kept("b")), .queueDeleted(qb)], upTo: 2)
-            store.engineStore.append([.kept(kept("none"))], upTo: 3)
+            // Kept with a change to qa and one to qb in one append (one commit), and with none.
+            store.engineStore.append([.queueDeleted(qb), .queueDeleted(qa), .kept(kept("a", qa)), .kept(kept("b", qb))], upTo: 1)
+            store.engineStore.append([.kept(kept("none", nil))], upTo: 3)
             #expect(waitDurable(store.engineStore, 3))
             #expect(Set(store.loadIdempotency(partitions: [pa]).map(\.scope)) == ["POST /x|a", "POST /x|none"])
             #expect(store.loadIdempotency().count == 3)

@@ -186,7 +186,7 @@ extension ServerCore {
             if refusing.load(ordering: .relaxed) {
                 // Shutting down: nothing new starts; the client may retry elsewhere or later.
                 context.pointee.phase = .done
-                return queue(.shuttingDown, on: connection, context: context)
+                return queue(.refusedUnstarted, on: connection, context: context)
             }
             context.pointee.phase = .body
             let headers = Self.values(of: .HEADER_KIND, on: connection, iterator: Callbacks.collectHeader)

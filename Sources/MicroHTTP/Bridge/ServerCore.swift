@@ -224,7 +224,7 @@ final class ServerCore: Sendable {
             }
             // Resumes every suspended connection: MHD_stop_daemon panics on a suspended one.
             // `stopping` keeps new deferred requests and streams from suspending from now on.
-            for responder in responders where !responder.keepsThroughShutdown { responder.respond(.shuttingDown) }
+            for responder in responders { responder.respondUnlessKept(.shuttingDown) }
             for stream in streams { stream.close() }
 
             // Idle keep-alive connections stay open until they time out, so "in flight" is counted

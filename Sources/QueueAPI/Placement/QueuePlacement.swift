@@ -44,8 +44,9 @@ package protocol QueuePlacement: Sendable {
     func start(engine: QueueEngine, advertise: String) throws
     /// A clean stop's first step, while requests are still answered: what this instance holds
     /// is handed to the others, and this waits (up to `seconds`) until they hold it, so that
-    /// nobody is refused while it goes.
-    func handOver(within seconds: Double)
+    /// nobody is refused while it goes. True when others hold it all.
+    @discardableResult
+    func handOver(within seconds: Double) -> Bool
     /// A clean stop, after the store closed: what it holds is given up at once.
     func stop()
     /// The process is going (a role change): stops at once, without a word to the others.
@@ -55,7 +56,7 @@ package protocol QueuePlacement: Sendable {
 extension QueuePlacement {
     /// Nothing to hand over: an instance alone, or the one owner, whose followers take over
     /// when its lease is given up at `stop`.
-    package func handOver(within seconds: Double) {}
+    package func handOver(within seconds: Double) -> Bool { false }
 }
 
 /// How the queues served here changed.

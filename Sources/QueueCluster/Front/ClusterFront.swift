@@ -13,8 +13,9 @@ import QueueEngine
 /// What a request touches is its route's `scope` in the one route table (`Router`); requests
 /// no route matches (404, 405) are answered here.
 ///
-/// A request is never forwarded twice: one that was forwarded here for a queue this instance
-/// does not serve (it moved in between) gets 503, and the client retries.
+/// A request is forwarded at most twice (`Forwarder.maxHops`): one forwarded here for a queue
+/// that moved on meanwhile goes once more to its holder; past that it is held here until this
+/// instance serves the queue, or answered 503.
 package struct ClusterFront: Sendable {
     let placement: any QueuePlacement
     /// The routes the dispatcher answers by.
@@ -82,7 +83,11 @@ package struct ClusterFront: Sendable {
             var again: (@Sendable (HTTPResponder, HTTPResponse) -> Void)?
             if let local, DispatchTime.now() < deadline {
                 let seen = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
-                again = { responder, failed in hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed) }
+                again = { responder, failed in
+                    // Bounded by the hold: past it, the holder's answer stands.
+                    guard DispatchTime.now() < deadline else { return responder.respond(failed) }
+                    hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed)
+                }
             }
             return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
         case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
@@ -104,9 +109,14 @@ package struct ClusterFront: Sendable {
     /// another instance to ask.
     private func gather(_ request: HTTPRequest, merge: @escaping @Sendable ([HTTPResponse]) -> HTTPResponse?) -> HTTPHandlerResult? {
         guard let local else { return nil }
-        let others = ((try? placement.clusterView(ownQueues: []))?.instances ?? []).filter { !$0.isSelf && !$0.url.isEmpty }.map(\.url)
-        guard !others.isEmpty else { return nil }
-        guard let here = Self.response(of: local(request)), here.status == 200 else { return local(request) }
+        let view: ClusterView
+        do { view = try placement.clusterView(ownQueues: []) } catch {
+            // Not this instance's part alone, as if it were all.
+            return .routed(Router.unmatched, .response(Problem.from(error, requestID: request.id).response))
+        }
+        let others = view.instances.filter { !$0.isSelf && !$0.url.isEmpty }.map(\.url)
+        let answer = local(request)
+        guard !others.isEmpty, let here = Self.response(of: answer), here.status == 200 else { return answer }
         return .routed("gathered", forwarder.gather(request, from: others, here: here, merge: merge))
     }
 
@@ -135,7 +145,11 @@ package struct ClusterFront: Sendable {
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
         _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil
     ) {
+        // Waited for at this instance's shutdown (the hold ends well within its drain); already
+        // answered (503 at shutdown): nothing more is done for it.
+        guard responder.answerBeforeShutdown() else { return }
         DispatchQueue.global().asyncAfter(deadline: .now() + holdEvery) {
+            guard !responder.isAnswered else { return }
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
             let moved = now != (seen ?? Where(served: false, holder: nil))
             if moved {
@@ -302,11 +316,11 @@ package struct ClusterFront: Sendable {
     /// A request for the queue `name`: here when this instance serves it, else to its holder.
     private func to(queue name: String, _ request: HTTPRequest) -> Decision {
         if placement.serves(queue: name) { return .local }
-        // Forwarded here already: once more only, to a holder other than the sender (the queue
-        // moved on while the request was on its way).
+        // Forwarded here already: once more only (the queue moved on while the request was on
+        // its way), back to its sender too when that is where it moved (a handover from here
+        // to there); a third instance that disagrees holds it until its placement says.
         let hops = Forwarder.hops(request)
-        guard hops < Forwarder.maxHops, let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty,
-            hops == 0 || holder.instance != request.header(Forwarder.header)
+        guard hops < Forwarder.maxHops, let holder = placement.holder(ofQueue: name), holder.instance != placement.selfID, !holder.url.isEmpty
         else { return .noOwner(queue: name) }
         return .forward(to: holder.url, queue: name)
     }

@@ -73,11 +73,17 @@ package final class Forwarder: Sendable {
     let maxWaitSeconds: Double
     /// Seconds a request that is not a long poll may take, answer included.
     let requestTimeout: Double
+    /// The most read of one instance's page when answers are gathered (`gather`): a page is
+    /// about `--max-page-bytes`, so a larger one is refused, not parsed.
+    let maxGatheredBytes: Int
     let client: OutboundHTTPClient
 
     /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
     /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
-    package init(selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout) {
+    package init(
+        selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout, maxGatheredBytes: Int = 4 << 20
+    ) {
+        self.maxGatheredBytes = max(4096, maxGatheredBytes)
         self.selfID = selfID
         self.requestTimeout = requestTimeout.isFinite && requestTimeout > 0 ? min(requestTimeout, 3600) : Self.defaultRequestTimeout
         self.maxResponseBytes = max(0, maxResponseBytes)
@@ -109,15 +115,21 @@ package final class Forwarder: Sendable {
         let outbound = outboundRequest(for: request, base: base)
         let isLongPoll = Self.longPollSeconds(request.query) != nil
         let (client, cap) = (self.client, maxResponseBytes)
+        let replayable = Self.replayable(request)
         return .deferred { responder in
             // A change may be committed at the owner right now: at shutdown, wait for its
             // answer rather than answer 503. Long polls may hold for minutes, so shutdown
             // answers them at once, as it does local long polls (and the watch below then
-            // aborts the exchange, so the owner sees this client gone).
-            if !isLongPoll { responder.answerBeforeShutdown() }
+            // aborts the exchange, so the owner sees this client gone). Already answered (503
+            // at this instance's shutdown, while it was held): nothing is sent.
+            if isLongPoll {
+                if responder.isAnswered { return }
+            } else if !responder.answerBeforeShutdown() {
+                return
+            }
             let task = client.send(outbound) { result in
                 let answer = Self.relay(result, maxResponseBytes: cap)
-                if let undelivered, Self.neverHandled(result) { return undelivered(responder, answer) }
+                if let undelivered, Self.neverHandled(result, replayable: replayable) { return undelivered(responder, answer) }
                 responder.respond(answer)
             }
             if isLongPoll { Self.watch(responder, task) }
@@ -131,7 +143,12 @@ package final class Forwarder: Sendable {
     func gather(
         _ request: HTTPRequest, from bases: [String], here: HTTPResponse, merge: @escaping @Sendable ([HTTPResponse]) -> HTTPResponse?
     ) -> HTTPHandlerResult {
-        let requests = bases.map { (base: $0, request: outboundRequest(for: request, base: $0)) }
+        let cap = maxGatheredBytes
+        let requests = bases.map { base in
+            var r = outboundRequest(for: request, base: base)
+            r.maxResponseBytes = cap
+            return (base: base, request: r)
+        }
         let client = self.client
         return .deferred { responder in
             let state = Locking.Lock<(pages: [HTTPResponse], left: Int, failed: String?)>(([here], requests.count, nil))
@@ -162,21 +179,26 @@ package final class Forwarder: Sendable {
         }
     }
 
-    /// True when the owner certainly did not handle the request: no connection could be made
-    /// (nothing was sent), or its answer is 503 `shutting-down`, which a stopping server gives
-    /// to a request it does not start (MicroHTTP's `Problem.shuttingDown`; one it answers at its
-    /// drain deadline, seconds later, comes after any handover's hold is over).
-    static func neverHandled(_ result: Result<OutboundResponse, OutboundError>) -> Bool {
+    /// True when the owner certainly did not handle the request: a stopping server refused it
+    /// before any handler saw it (503 with `Problem.unstartedHeader`; every other 503, e.g. one
+    /// at its drain deadline, may come after the request did something); or no connection could
+    /// be made, for a request that may be sent twice (`replayable`): libcurl sends a request
+    /// again on a new connection when a kept-alive one dies before the answer, so a refused
+    /// connection does not prove the first try never arrived.
+    static func neverHandled(_ result: Result<OutboundResponse, OutboundError>, replayable: Bool) -> Bool {
         switch result {
-        case let .failure(error): return error.type == "connection-refused"
+        case let .failure(error): return replayable && error.type == "connection-refused"
         case let .success(answer):
-            guard answer.status == 503, answer.body.count < 1024 else { return false }
-            return answer.body.starts(with: shuttingDownPrefix)
+            return answer.status == 503 && answer.headers.contains { $0.0.lowercased() == unstartedHeader && $0.1 == "1" }
         }
     }
 
-    /// How the body of 503 `shutting-down` begins.
-    static let shuttingDownPrefix = Array(#"{"type":"https://opqd.dev/problems/shutting-down""#.utf8)
+    static let unstartedHeader = Problem.unstartedHeader.lowercased()
+
+    /// A read, or a change that carries an `Idempotency-Key`: sent twice, it is done once.
+    static func replayable(_ request: HTTPRequest) -> Bool {
+        request.method == "GET" || request.method == "HEAD" || request.header("idempotency-key") != nil
+    }
 
     /// Seconds between two looks at a long poll's client (a non-blocking peek at its socket).
     static let clientCheckInterval = 0.25

@@ -147,43 +147,52 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// the usual order (out of `serving`, then out of the engine, then, once durable, the lease,
     /// announced), and waits until another live instance holds each, or `seconds` pass. Requests
     /// for its queues meanwhile wait for their new holder (`ClusterFront`) and are forwarded.
-    package func handOver(within seconds: Double) {
-        guard !stopped.withLock({ $0 }), engine != nil, !departing.exchange(true, ordering: .acquiringAndReleasing) else { return }
+    /// True when others hold them all (the caller may keep relaying a moment, for load
+    /// balancers to notice `/readyz`); false alone, or past `seconds`. Bounded: the steps run on
+    /// `work` (behind a claim under way) while this waits no longer than `seconds`.
+    @discardableResult
+    package func handOver(within seconds: Double) -> Bool {
+        guard !stopped.withLock({ $0 }), engine != nil, !departing.exchange(true, ordering: .acquiringAndReleasing) else { return false }
         let deadline = DispatchTime.now() + max(0, seconds)
         // Alone, nobody could take the partitions over: they are given up at the stop's end.
-        guard let view = try? membership.view(stale: max(1, membership.leaseSeconds)), view.instances.contains(where: { $0.id != selfID }) else {
+        guard othersAlive else {
             departing.store(false, ordering: .releasing)
-            return
+            return false
         }
-        work.sync {
+        // What it holds now (or is giving up): done once others hold each of these.
+        let had = Set(held.all.keys).union(leaving.withLock { $0 })
+        let begun = DispatchSemaphore(value: 0)
+        work.async { [self] in
             do { try membership.depart() } catch {
                 logger.warning("cannot leave the cluster's list of instances (the others see it go after a lease)", metadata: ["error": "\(error)"])
             }
             tick()
+            begun.signal()
         }
         logger.info("handing every partition over before stopping", metadata: ["partitions": "\(held.all.count)"])
-        while DispatchTime.now() < deadline {
-            let handed = work.sync { () -> Bool in
-                guard held.all.isEmpty else { return false }
-                refreshHolders()
-                let map = holderMap
-                return (0..<QueuePartitions.count).allSatisfy { p in map[p].map { $0.instance != selfID && !$0.url.isEmpty } ?? false }
+        if begun.wait(timeout: deadline) == .success {
+            while DispatchTime.now() < deadline {
+                if held.all.isEmpty {
+                    refreshHolders()
+                    let map = holderMap
+                    // Its partitions held by others, whose URLs are known: they are served again.
+                    if had.allSatisfy({ p in map[p].map { $0.instance != selfID && !$0.url.isEmpty } ?? false }) {
+                        logger.info("every partition is held by another instance")
+                        return true
+                    }
+                }
+                usleep(20_000)
             }
-            if handed {
-                logger.info("every partition is held by another instance")
-                return
-            }
-            usleep(20_000)
         }
         logger.warning(
             "stopping before every partition was taken over (the rest move when their leases run out)",
             metadata: ["still held": "\(held.all.keys.sorted())"])
+        return false
     }
 
     /// Reads who holds each partition now (`holders`), as a period does.
     private func refreshHolders() {
-        guard let leases = try? membership.partitionLeases(), let view = try? membership.view(stale: max(1, membership.leaseSeconds)) else { return }
-        let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
+        guard let leases = try? membership.partitionLeases(), let urls = try? membership.urls() else { return }
         var map: [Int: PlacementHolder] = [:]
         for l in leases where l.live { map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "") }
         holders.withLock { $0 = map }
@@ -320,7 +329,8 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             let live =
                 departing ? view.instances.map(\.id).filter { $0 != selfID } : PartitionPlanner.live(selfID: selfID, read: view.instances.map(\.id))
             others.withLock { $0 = departing ? !live.isEmpty : live.count > 1 }
-            let urls = Dictionary(view.instances.map { ($0.id, $0.url) }, uniquingKeysWith: { a, _ in a })
+            // Every instance's URL, a departing one's too: it still holds leases a moment.
+            let urls = try membership.urls()
 
             let mine = held.all
             let leases = try membership.partitionLeases()
