@@ -557,11 +557,12 @@ final class PGWriter: @unchecked Sendable {
 
     /// Called on the writer thread after each commit with events, before anyone waiting for it
     /// is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
-    /// (read them back). See `PostgresStore.onCommittedEvents`.
+    /// (read them back). See `PostgresStore.onCommittedEvents`. Read with `value` (see
+    /// `Lock.value`): once per commit.
     let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
 
     private func afterCommit(_ out: Outcome) {
-        if out.events?.isEmpty != true, let tell = committedEvents.withLock({ $0 }) { tell(out.events) }
+        if out.events?.isEmpty != true, let tell = committedEvents.value { tell(out.events) }
         counters.counted(records: out.records)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
         queue.committed(through: out.ticket)
