@@ -18,7 +18,8 @@ import Darwin
 /// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)`
 /// per table (every row of the batch in array parameters; `ON CONFLICT DO UPDATE` for queues and
 /// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
-/// few other statements, `COMMIT` and a sync point, then reads the answers.
+/// few other statements, `COMMIT` and a sync point, then reads the answers. The statements of
+/// the common commit are prepared once per connection (`Statement`).
 ///
 /// Without a fence, the connection also holds the session-level advisory lock that keeps a
 /// second opqd off the database. Holding it on the connection that commits, rather than a
@@ -86,6 +87,7 @@ final class PGWriter: @unchecked Sendable {
         self.onFenced = onFenced
         bulk.epoch = fence?.epoch
         try connection.enterPipelineMode()
+        try connection.prepare(Statement.allCases.map { ($0.name, $0.sql) })
         self.connection = connection
         self.url = url
         self.displayURL = displayURL
@@ -224,6 +226,7 @@ final class PGWriter: @unchecked Sendable {
         }
         try Self.prepareSession(c)
         try c.enterPipelineMode()
+        try c.prepare(Statement.allCases.map { ($0.name, $0.sql) })
         connection = c
         return c
     }
@@ -296,6 +299,33 @@ final class PGWriter: @unchecked Sendable {
                 }
                 usleep(delay)
                 delay = min(delay * 2, 2_000_000)
+            }
+        }
+    }
+
+    /// The statements of the common commit, prepared on every write connection: parsed once per
+    /// connection, not once per commit, and planned once when the generic plan is as good.
+    /// (Parsing and planning them was about a third of PostgreSQL's CPU per commit.)
+    enum Statement: String, CaseIterable {
+        case begin, fence, fenceParts, markCommit, lockEvents, upsertQueue, upsertQueues, upsertOperations, insertEvents, upsertIdempotency
+        case notifyEvents, commit
+
+        var name: String { "opqd_write_" + rawValue }
+
+        var sql: String {
+            switch self {
+            case .begin: "BEGIN"
+            case .fence: PGSchema.fence
+            case .fenceParts: PGSchema.fenceParts
+            case .markCommit: PGSchema.markCommit
+            case .lockEvents: PGSchema.lockEvents
+            case .upsertQueue: PGSchema.upsertQueue
+            case .upsertQueues: PGSchema.upsertQueues
+            case .upsertOperations: PGSchema.upsertOperations
+            case .insertEvents: PGSchema.insertEvents
+            case .upsertIdempotency: PGSchema.upsertIdempotency
+            case .notifyEvents: PGSchema.notifyEvents
+            case .commit: "COMMIT"
             }
         }
     }
@@ -399,18 +429,22 @@ final class PGWriter: @unchecked Sendable {
             try conn.send(sql, parameters)
             sent += 1
         }
+        func send(_ statement: Statement, _ parameters: [PGParameter] = []) throws(PGFailure) {
+            try conn.send(prepared: statement.name, parameters)
+            sent += 1
+        }
         func flush() throws(PGFailure) {
             if bulk.queueCount == 1, let q = bulk.lastQueue {
-                try send(PGSchema.upsertQueue, PGSchema.queueParameters(q))
+                try send(.upsertQueue, PGSchema.queueParameters(q))
             } else if bulk.queueCount > 0 {
-                try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter))
+                try send(.upsertQueues, bulk.queues.map(\.parameter))
             }
-            if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
+            if bulk.operationCount > 0 { try send(.upsertOperations, bulk.operations.map(\.parameter)) }
             if bulk.eventCount > 0 {
-                if numbering.isEmpty { try send(PGSchema.lockEvents) }
+                if numbering.isEmpty { try send(.lockEvents) }
                 numbering.append((sent, pending))
                 pending.removeAll()
-                try send(PGSchema.insertEvents, bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)])
+                try send(.insertEvents, bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)])
             }
             bulk.reset()
         }
@@ -419,21 +453,21 @@ final class PGWriter: @unchecked Sendable {
         // A failure while sending leaves the pipeline half-written: the connection is dropped
         // (and the batch retried on a new one).
         do throws(PGFailure) {
-            try send("BEGIN")
+            try send(.begin)
             if let fence, fence.partitions != nil {
                 if !partitionEpochs.isEmpty {
                     let parts = partitionEpochs.keys.sorted()
                     try send(
-                        PGSchema.fenceParts,
+                        .fenceParts,
                         [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })])
                 }
             } else if let fence {
-                try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
+                try send(.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
             }
             // First, so that a retry of a batch still running on the server waits for it.
-            if Self.hasEvents(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
+            if Self.hasEvents(jobs) { try send(.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
             if catchUp {
-                try send(PGSchema.lockEvents)
+                try send(.lockEvents)
                 try send(PGSchema.settleEventSeq)
             }
             position = 0
@@ -464,7 +498,7 @@ final class PGWriter: @unchecked Sendable {
                                 try send(sql, [PGParameter(name)])
                             }
                         case let .kept(r):
-                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r))
+                            try send(.upsertIdempotency, idempotencyParameters(r))
                         }
                     }
                 case let .purge(cutoff, limit, reply):
@@ -491,8 +525,8 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Every instance's feed wakes on it (delivered at commit, once the events are
             // visible): one per commit, not per event.
-            if !numbering.isEmpty, let fence { try send(PGSchema.notifyEvents, [PGParameter(fence.instance)]) }
-            try send("COMMIT")
+            if !numbering.isEmpty, let fence { try send(.notifyEvents, [PGParameter(fence.instance)]) }
+            try send(.commit)
             try conn.sync()
         } catch {
             conn.close()
@@ -502,6 +536,12 @@ final class PGWriter: @unchecked Sendable {
         do throws(PGFailure) {
             results = try conn.readPipeline(count: sent)
         } catch {
+            // A prepared statement is gone from the session (a pooler's server connection
+            // changed): a new connection prepares them again.
+            if error.sqlState == "26000" {
+                conn.close()
+                throw PGFailure(message: error.message, sqlState: error.sqlState, connectionLost: true)
+            }
             // A statement failed: the transaction block is aborted (COMMIT was skipped) and must
             // be ended before the connection can be used again.
             if !error.connectionLost {
