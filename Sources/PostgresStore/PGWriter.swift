@@ -307,8 +307,8 @@ final class PGWriter: @unchecked Sendable {
     /// connection, not once per commit, and planned once when the generic plan is as good.
     /// (Parsing and planning them was about a third of PostgreSQL's CPU per commit.)
     enum Statement: String, CaseIterable {
-        case begin, fence, fenceParts, markCommit, lockEvents, upsertQueue, upsertQueues, upsertOperations, insertEvents, upsertIdempotency
-        case notifyEvents, commit
+        case begin, fence, fenceParts, markCommit, fencePartsMarkNotify, lockEvents, upsertQueue, upsertQueues, upsertOperations
+        case lockAndInsertEvents, insertEvents, upsertIdempotency, notifyEvents, commit
 
         var name: String { "opqd_write_" + rawValue }
 
@@ -318,10 +318,12 @@ final class PGWriter: @unchecked Sendable {
             case .fence: PGSchema.fence
             case .fenceParts: PGSchema.fenceParts
             case .markCommit: PGSchema.markCommit
+            case .fencePartsMarkNotify: PGSchema.fencePartsMarkNotify
             case .lockEvents: PGSchema.lockEvents
             case .upsertQueue: PGSchema.upsertQueue
             case .upsertQueues: PGSchema.upsertQueues
             case .upsertOperations: PGSchema.upsertOperations
+            case .lockAndInsertEvents: PGSchema.lockAndInsertEvents
             case .insertEvents: PGSchema.insertEvents
             case .upsertIdempotency: PGSchema.upsertIdempotency
             case .notifyEvents: PGSchema.notifyEvents
@@ -425,6 +427,7 @@ final class PGWriter: @unchecked Sendable {
         var numbering: [(statement: Int, events: [ChangeEvent])] = []
         var pending: [ChangeEvent] = []
         var deletes = false
+        var notified = false
         func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
             try conn.send(sql, parameters)
             sent += 1
@@ -441,10 +444,12 @@ final class PGWriter: @unchecked Sendable {
             }
             if bulk.operationCount > 0 { try send(.upsertOperations, bulk.operations.map(\.parameter)) }
             if bulk.eventCount > 0 {
-                if numbering.isEmpty { try send(.lockEvents) }
+                // The commit's first numbering takes the events lock in the same statement.
+                let first = numbering.isEmpty
                 numbering.append((sent, pending))
                 pending.removeAll()
-                try send(.insertEvents, bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)])
+                let parameters = bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)]
+                try send(first ? .lockAndInsertEvents : .insertEvents, parameters)
             }
             bulk.reset()
         }
@@ -454,18 +459,26 @@ final class PGWriter: @unchecked Sendable {
         // (and the batch retried on a new one).
         do throws(PGFailure) {
             try send(.begin)
+            let events = Self.hasEvents(jobs)
+            let mark = [PGParameter(writerID), PGParameter(Int64(clamping: batch))]
+            var marked = false
             if let fence, fence.partitions != nil {
                 if !partitionEpochs.isEmpty {
                     let parts = partitionEpochs.keys.sorted()
-                    try send(
-                        .fenceParts,
-                        [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })])
+                    let fencing = [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })]
+                    // The common commit of a partition holder: fence, mark (and NOTIFY) in one statement.
+                    if events {
+                        try send(.fencePartsMarkNotify, fencing + mark)
+                        (marked, notified) = (true, true)
+                    } else {
+                        try send(.fenceParts, fencing)
+                    }
                 }
             } else if let fence {
                 try send(.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
             }
             // First, so that a retry of a batch still running on the server waits for it.
-            if Self.hasEvents(jobs) { try send(.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
+            if events && !marked { try send(.markCommit, mark) }
             if catchUp {
                 try send(.lockEvents)
                 try send(PGSchema.settleEventSeq)
@@ -525,7 +538,7 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Every instance's feed wakes on it (delivered at commit, once the events are
             // visible): one per commit, not per event.
-            if !numbering.isEmpty, let fence { try send(.notifyEvents, [PGParameter(fence.instance)]) }
+            if !numbering.isEmpty, !notified, let fence { try send(.notifyEvents, [PGParameter(fence.instance)]) }
             try send(.commit)
             try conn.sync()
         } catch {
