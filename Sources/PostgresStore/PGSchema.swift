@@ -295,9 +295,10 @@ package enum PGSchema {
     /// the server, then sees what it did.
     static let markCommit = "SELECT opqd.mark($1, $2::bigint)"
     /// A partition holder's commit with events opens with one statement: `fenceParts` (`$1` the
-    /// instance, `$2` and `$3` the partitions and epochs), `markCommit` (`$4` the writer, `$5`
-    /// the batch) and `notifyEvents` (payload `$1`; a NOTIFY is sent at commit wherever in the
-    /// transaction it was asked for), evaluated in that order.
+    /// instance, `$2` and `$3` the partitions and epochs) and `markCommit` (`$4` the writer, `$5`
+    /// the batch), evaluated in that order; `fencePartsMarkNotify` adds `notifyEvents` (payload
+    /// `$1`; a NOTIFY is sent at commit wherever in the transaction it was asked for).
+    static let fencePartsMark = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[]), opqd.mark($4, $5::bigint)"
     static let fencePartsMarkNotify = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[]), opqd.mark($4, $5::bigint), pg_notify('opqd_events', $1)"
     static let committedState = "OP002"
     /// At the start of a writer, and after a unique violation on a seq (a database edited by

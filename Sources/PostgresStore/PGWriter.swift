@@ -148,19 +148,73 @@ final class PGWriter: @unchecked Sendable {
     private func run() {
         var jobs: [WriteJob] = []
         while true {
-            switch queue.take(into: &jobs, idleSeconds: Self.idleCheckSeconds) {
+            // A commit left unannounced is announced when its spacing is up, if no commit did.
+            let idle =
+                owed ? max(0, Double(lastNotified &+ notifySpacing.load(ordering: .relaxed) &- clockNanos(CLOCK_MONOTONIC)) / 1e9) : Self.idleCheckSeconds
+            switch queue.take(into: &jobs, idleSeconds: idle) {
             case .commit:
                 commitWithRetry(jobs)
                 jobs.removeAll(keepingCapacity: true)
             case .exit:
+                if owed { announce() }
                 connection?.close()
                 connection = nil
                 return
+            case .idle where owed:
+                announce()
             case .idle:
                 checkIdleConnection()
             case .again:
                 continue
             }
+        }
+    }
+
+    // MARK: - NOTIFY
+
+    /// At most one `NOTIFY opqd_events` per this many nanoseconds (the feed's own spacing,
+    /// `FeedTail.spacing`): a commit with events sooner after the last one sends none and is
+    /// announced by the next NOTIFY, its own commit's or `announce`'s when the spacing is up.
+    /// Every NOTIFY wakes every instance's listener (its backend reads the notification queue
+    /// in a transaction of its own, its opqd thread reads the feed): one per commit was 12 %
+    /// of PostgreSQL's CPU at 3 instances, and at 1 instance woke its own listener for nothing.
+    static let notifySpacingNanos = 5_000_000
+    /// This writer's spacing (tests lengthen it to see a NOTIFY held back).
+    let notifySpacing = Atomic<Int>(PGWriter.notifySpacingNanos)
+    /// When the last NOTIFY was sent (monotonic ns), and whether a commit with events came after
+    /// it (writer thread only).
+    private var lastNotified = 0
+    private var owed = false
+
+    /// Whether the commit being sent carries a NOTIFY (a writer with a fence, the only kind
+    /// whose commits others read).
+    private func notifiesNow() -> Bool {
+        fence != nil && clockNanos(CLOCK_MONOTONIC) &- lastNotified >= notifySpacing.load(ordering: .relaxed)
+    }
+
+    /// A commit with events committed, `notified` or not (nothing to do without a fence).
+    private func committed(notified: Bool) {
+        guard fence != nil else { return }
+        if notified {
+            lastNotified = clockNanos(CLOCK_MONOTONIC)
+            owed = false
+        } else {
+            owed = true
+        }
+    }
+
+    /// The NOTIFY owed to the last commits, on its own. When it fails (the connection broke),
+    /// the next commit's NOTIFY, or the feeds' one-second read, brings them in.
+    private func announce() {
+        guard let fence else { return }
+        committed(notified: true)
+        do throws(PGFailure) {
+            let conn = try usableConnection()
+            try conn.send(prepared: Statement.notifyEvents.name, [PGParameter(fence.instance)])
+            try conn.sync()
+            _ = try conn.readPipeline(count: 1)
+        } catch {
+            failed(error, counting: false)
         }
     }
 
@@ -264,6 +318,7 @@ final class PGWriter: @unchecked Sendable {
                 let conn = try usableConnection()
                 let start = WriterCounters.clocks()
                 let outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
+                if outcome.hadEvents { committed(notified: outcome.notified) }
                 counters.timed(since: start, records: outcome.records)
                 lastError.withLock { $0 = nil }
                 afterCommit(outcome)
@@ -280,7 +335,9 @@ final class PGWriter: @unchecked Sendable {
                 }
                 if error.sqlState == PGSchema.committedState {
                     // An earlier attempt at this batch committed, though its answer was lost
-                    // (the mark says so): done, and its events are not numbered twice.
+                    // (the mark says so): done, and its events are not numbered twice. Whether
+                    // it sent a NOTIFY is not known: one more is owed.
+                    if Self.hasEvents(jobs) { committed(notified: false) }
                     lastError.withLock { $0 = nil }
                     afterCommit(Self.outcomeWithoutCommit(jobs))
                     return
@@ -307,7 +364,7 @@ final class PGWriter: @unchecked Sendable {
     /// connection, not once per commit, and planned once when the generic plan is as good.
     /// (Parsing and planning them was about a third of PostgreSQL's CPU per commit.)
     enum Statement: String, CaseIterable {
-        case begin, fence, fenceParts, markCommit, fencePartsMarkNotify, lockEvents, upsertQueue, upsertQueues, upsertOperations
+        case begin, fence, fenceParts, markCommit, fencePartsMark, fencePartsMarkNotify, lockEvents, upsertQueue, upsertQueues, upsertOperations
         case lockAndInsertEvents, insertEvents, upsertIdempotency, notifyEvents, commit
 
         var name: String { "opqd_write_" + rawValue }
@@ -318,6 +375,7 @@ final class PGWriter: @unchecked Sendable {
             case .fence: PGSchema.fence
             case .fenceParts: PGSchema.fenceParts
             case .markCommit: PGSchema.markCommit
+            case .fencePartsMark: PGSchema.fencePartsMark
             case .fencePartsMarkNotify: PGSchema.fencePartsMarkNotify
             case .lockEvents: PGSchema.lockEvents
             case .upsertQueue: PGSchema.upsertQueue
@@ -342,6 +400,9 @@ final class PGWriter: @unchecked Sendable {
         /// The committed events with the seqs they were given; nil when unknown (a commit whose
         /// answer was lost).
         var events: [ChangeEvent]? = []
+        /// Whether the commit had events, and whether it sent the NOTIFY.
+        var hadEvents = false
+        var notified = false
     }
 
     /// Whether a batch has events (then it moves its writer's mark).
@@ -460,6 +521,8 @@ final class PGWriter: @unchecked Sendable {
         do throws(PGFailure) {
             try send(.begin)
             let events = Self.hasEvents(jobs)
+            out.hadEvents = events
+            let notify = events && notifiesNow()
             let mark = [PGParameter(writerID), PGParameter(Int64(clamping: batch))]
             var marked = false
             if let fence, fence.partitions != nil {
@@ -468,8 +531,8 @@ final class PGWriter: @unchecked Sendable {
                     let fencing = [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })]
                     // The common commit of a partition holder: fence, mark (and NOTIFY) in one statement.
                     if events {
-                        try send(.fencePartsMarkNotify, fencing + mark)
-                        (marked, notified) = (true, true)
+                        try send(notify ? .fencePartsMarkNotify : .fencePartsMark, fencing + mark)
+                        (marked, notified) = (true, notify)
                     } else {
                         try send(.fenceParts, fencing)
                     }
@@ -538,7 +601,10 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Every instance's feed wakes on it (delivered at commit, once the events are
             // visible): one per commit, not per event.
-            if !numbering.isEmpty, !notified, let fence { try send(.notifyEvents, [PGParameter(fence.instance)]) }
+            if notify, !notified, let fence {
+                try send(.notifyEvents, [PGParameter(fence.instance)])
+                notified = true
+            }
             try send(.commit)
             try conn.sync()
         } catch {
@@ -568,6 +634,7 @@ final class PGWriter: @unchecked Sendable {
             }
             throw error
         }
+        out.notified = notified
         for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
         if deletes { out.events = nil }
         // Each statement numbered its events newest - count + 1 ... newest, in order.
