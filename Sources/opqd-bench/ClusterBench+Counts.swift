@@ -4,6 +4,10 @@
 // from pg_stat_statements when the server preloads it) of the bench's database.
 import Foundation
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension ClusterBench {
     /// One statement kind of pg_stat_statements (its normalised text, shortened).
     struct StatementCount {
@@ -24,6 +28,8 @@ extension ClusterBench {
         var newestSeq = 0.0
         /// Since the last reset (`resetStatements`); empty when pg_stat_statements is not loaded.
         var statements: [String: StatementCount] = [:]
+        /// PostgreSQL's CPU seconds by the kind of process (`postgresCPUByKind`).
+        var postgresCPU: [String: Double] = [:]
 
         /// What happened between `before` and self (statements: self's, read after a reset).
         func since(_ before: Counts) -> Counts {
@@ -80,6 +86,7 @@ extension ClusterBench {
                 database,
                 """
                 SELECT calls || '|' || rows || '|' || round(total_exec_time::numeric, 3) || '|' || regexp_replace(left(query, 72), '\\s+', ' ', 'g') \
+                || CASE WHEN query LIKE '%pg_notify%' AND left(query, 72) NOT LIKE '%pg_notify%' THEN ' … pg_notify' ELSE '' END \
                 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                 """)
         {
@@ -96,6 +103,59 @@ extension ClusterBench {
         return c
     }
 
+    /// utime + stime of each live child of the postmaster, in seconds.
+    static func postgresCPUByPID(_ postmaster: pid_t) -> [pid_t: Double] {
+        let tick = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let parent = Substring(String(postmaster))
+        var out: [pid_t: Double] = [:]
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let pid = Int32(entry), let f = statFields(pid), f.count > 12, f[1] == parent else { continue }
+            out[pid] = ((Double(f[11]) ?? 0) + (Double(f[12]) ?? 0)) / tick
+        }
+        return out
+    }
+
+    /// PostgreSQL's CPU between two `postgresCPUByPID` readings, by what each process is, from
+    /// its last statement (pg_stat_activity, read now; its connections do one thing each):
+    /// `writer` (an instance's commits), `feed` (reads of the events after a seq), `listen`,
+    /// `other sessions` (membership, reads, psql), `background` (WAL writer, checkpointer,
+    /// autovacuum, ...); `postmaster` is the rest of `total` (the postmaster, exited children).
+    static func postgresCPUByKind(_ database: String, before: [pid_t: Double], after: [pid_t: Double], total: Double) -> [String: Double] {
+        var kinds: [pid_t: String] = [:]
+        let text =
+            (try? TestPostgres.psql(
+                database,
+                "SELECT pid || '|' || backend_type || '|' || coalesce(datname, '') || '|' || regexp_replace(left(query, 100), '\\s+', ' ', 'g') FROM pg_stat_activity"
+            )) ?? ""
+        let name = database.split(separator: "?").first?.split(separator: "/").last.map(String.init) ?? ""
+        for line in text.split(separator: "\n") {
+            let f = line.split(separator: "|", maxSplits: 3, omittingEmptySubsequences: false).map(String.init)
+            guard f.count == 4, let pid = Int32(f[0]) else { continue }
+            let q = f[3]
+            let kind: String
+            if f[1] != "client backend" {
+                kind = "background"
+            } else if f[2] != name {
+                kind = "other sessions"
+            } else if q.hasPrefix("LISTEN") {
+                kind = "listen"
+            } else if q.contains("FROM opqd.events WHERE seq >") {
+                kind = "feed"
+            } else if ["BEGIN", "COMMIT", "ROLLBACK", "SELECT 1"].contains(q) || q.contains("opqd.mark(") || q.contains("opqd.fence")
+                || q.contains("INSERT INTO opqd.") || q.contains("opqd.event_seq") || q.contains("pg_advisory_xact_lock") || q.contains("pg_notify")
+            {
+                kind = "writer"
+            } else {
+                kind = "other sessions"
+            }
+            kinds[pid] = kind
+        }
+        var out: [String: Double] = [:]
+        for (pid, cpu) in after { out[kinds[pid] ?? "background", default: 0] += cpu - (before[pid] ?? 0) }
+        out["postmaster"] = total - out.values.reduce(0, +)
+        return out
+    }
+
     /// The counts of (a), per 1,000 creates.
     static func printCounts(_ r: Outcome) {
         guard let d = r.createCounts, r.creates > 0 else { return }
@@ -110,12 +170,24 @@ extension ClusterBench {
                 "\(BenchSupport.fmt(c / max(r.createSeconds, 0.001), 0))/s × \(BenchSupport.fmt(c > 0 ? rec / c : 0, 1))"
             }.joined(separator: ", ") + ")"
         line += ", forwarded \(per(d.forwarded.reduce(0, +)))"
+        if !d.statements.isEmpty {
+            line += ", NOTIFYs sent \(per(d.statements.filter { $0.key.contains("pg_notify") }.values.reduce(0) { $0 + $1.calls }))"
+            let feed = d.statements.filter { $0.key.hasPrefix("SELECT seq, time, queue") }.values
+            let reads = feed.reduce(0) { $0 + $1.calls }
+            let rows = feed.reduce(0) { $0 + $1.rows }
+            line += ", feed reads \(per(reads)) (rows per event \(BenchSupport.fmt(d.newestSeq > 0 ? rows / d.newestSeq : 0, 2)))"
+        }
         if let db = d.database {
             line += "; PostgreSQL xact_commit \(per(db["xact_commit"] ?? 0)), events \(per(d.newestSeq))"
             line += ", tuples returned \(per(db["tup_returned"] ?? 0)) fetched \(per(db["tup_fetched"] ?? 0))"
             line += " inserted \(per(db["tup_inserted"] ?? 0)) updated \(per(db["tup_updated"] ?? 0))"
         }
         print(line)
+        if !d.postgresCPU.isEmpty {
+            print(
+                "    PostgreSQL CPU s per 1,000 creates by process: "
+                    + d.postgresCPU.sorted { $0.value > $1.value }.map { "\($0.key) \(BenchSupport.fmt($0.value * k, 3))" }.joined(separator: ", "))
+        }
         guard !d.statements.isEmpty else { return }
         let total = d.statements.values.reduce(StatementCount()) {
             StatementCount(calls: $0.calls + $1.calls, rows: $0.rows + $1.rows, milliseconds: $0.milliseconds + $1.milliseconds)

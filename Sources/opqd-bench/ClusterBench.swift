@@ -266,15 +266,20 @@ enum ClusterBench {
         let counts0 = counts(servers, database: databaseURL, statements: false, settle: true)
         if statements, let databaseURL { resetStatements(databaseURL) }
         let pg0 = postmaster.map(postgresCPU)
+        let pgByPID0 = postmaster.map(postgresCPUByPID) ?? [:]
         let cpu0 = pids.map(cpuSeconds)
         let (created, failed, wall) = forEachClient(ports: ports, clients: o.clients, seconds: o.seconds) { c, k in
             (try? c.request("POST", "/v1/queues/\(queues[k % queues.count])/operations", body: body).status) == 201
         }
         let cpu1 = pids.map(cpuSeconds)
         out.createPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg0.map { a - $0 } }
+        let pgByPID1 = postmaster.map(postgresCPUByPID) ?? [:]
         (out.creates, out.createFailures, out.createSeconds) = (created, failed, wall)
         out.createCPU = zip(cpu1, cpu0).map { $0 - $1 }
         out.createCounts = counts(servers, database: databaseURL, statements: statements, settle: true).since(counts0)
+        if let databaseURL, let total = out.createPostgresCPU {
+            out.createCounts?.postgresCPU = postgresCPUByKind(databaseURL, before: pgByPID0, after: pgByPID1, total: total)
+        }
         if failed > 0 { out.problems.append("\(failed) creates not answered 201") }
 
         // (b) external jobs.
