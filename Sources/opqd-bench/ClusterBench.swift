@@ -29,8 +29,10 @@ import Glibc
 
 enum ClusterBench {
     static let usage =
-        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--modes one,partitions] [--quick]\n"
+        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--modes one,partitions] [--direct] [--quick]\n"
         + "  URL: a server opqd may create databases on (scripts/pg.sh start DIR prints one); default $OPQD_TEST_POSTGRES_URL\n"
+        + "  --direct: with partitions, each client creates only in the queues its instance holds (as a client that knows the\n"
+        + "            owners would), so no create is forwarded; without it (N-1)/N are\n"
 
     struct Options {
         var seconds = 5.0
@@ -41,6 +43,7 @@ enum ClusterBench {
         var gets = 2_000
         var instances = [1, 2, 3]
         var modes = ["one", "partitions"]
+        var direct = false
     }
 
     /// What one setup measured.
@@ -77,6 +80,7 @@ enum ClusterBench {
             let value = i + 1 < args.count ? args[i + 1] : nil
             switch (args[i], value) {
             case ("--quick", _): o.seconds = 2; o.jobs = 10_000; o.gets = 500; i -= 1
+            case ("--direct", _): o.direct = true; i -= 1
             case let ("--postgres", v?): server = v
             case let ("--seconds", v?): o.seconds = max(0.5, Double(v) ?? o.seconds)
             case let ("--clients", v?): o.clients = max(1, min(Int(v) ?? o.clients, 256))
@@ -103,7 +107,8 @@ enum ClusterBench {
         print(
             "(a) \(o.clients) clients creating delay operations for \(BenchSupport.fmt(o.seconds, 1)) s; (b) \(BenchSupport.grouped(Double(o.jobs))) external jobs, "
                 + "\(o.workers) workers claiming up to \(o.batch) and finishing them in one request, at most \(BenchSupport.fmt(2 * o.seconds, 1)) s; "
-                + "(c) \(o.gets) sequential GET /v1/queues/{q} direct and forwarded. Clients and workers round-robin over the instances.")
+                + "(c) \(o.gets) sequential GET /v1/queues/{q} direct and forwarded. Clients and workers round-robin over the instances"
+                + (o.direct ? "; with partitions each client creates only in queues its instance holds (--direct)." : "."))
 
         var results: [Outcome] = []
         eprint("cluster: sqlite, 1 instance...\n")
@@ -268,8 +273,12 @@ enum ClusterBench {
         let pg0 = postmaster.map(postgresCPU)
         let pgByPID0 = postmaster.map(postgresCPUByPID) ?? [:]
         let cpu0 = pids.map(cpuSeconds)
+        // Direct: client c (on instance c mod n) takes turns over the queues instance c mod n holds
+        // (`balancedNames` dealt queue i to instance i mod n).
+        let (clients, direct) = (o.clients, spread && o.direct && queues.count % n == 0)
         let (created, failed, wall) = forEachClient(ports: ports, clients: o.clients, seconds: o.seconds) { c, k in
-            (try? c.request("POST", "/v1/queues/\(queues[k % queues.count])/operations", body: body).status) == 201
+            let q = direct ? queues[(k % clients) % n + n * ((k / clients) % (queues.count / n))] : queues[k % queues.count]
+            return (try? c.request("POST", "/v1/queues/\(q)/operations", body: body).status) == 201
         }
         let cpu1 = pids.map(cpuSeconds)
         out.createPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg0.map { a - $0 } }
