@@ -292,26 +292,39 @@ package enum PGSchema {
     /// Events are new rows, numbered here, in the order given (the engine's own seqs, `$1`,
     /// only order them). Answers the newest seq and the count: under the lock the values are
     /// consecutive, so the events got newest - count + 1 ... newest.
-    package static let insertEvents: String = {
+    package static let insertEvents = insertEventsStatement(locking: false)
+    /// `lockEvents` and `insertEvents` in one statement, for the first numbering of a commit:
+    /// the lock (CTE `l`) is taken before the sequence is drawn from, as `t` reads from `l`.
+    static let lockAndInsertEvents = insertEventsStatement(locking: true)
+
+    static func insertEventsStatement(locking: Bool) -> String {
         let arrays = eventArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
         let n = "$\(eventArrayTypes.count + 1)::bigint"
+        let lock = locking ? "l AS (\(lockEvents)), " : ""
+        let afterLock = locking ? " FROM l" : ""
         // The block is taken in one step (nextval, then setval past the block: nobody else
         // draws while the lock is held) and row n gets top - count + n: no reliance on the order
         // in which the planner would evaluate nextval per row.
         return """
-            WITH t AS (SELECT setval('opqd.event_seq', nextval('opqd.event_seq') + \(n) - 1) AS top), \
+            WITH \(lock)t AS (SELECT setval('opqd.event_seq', nextval('opqd.event_seq') + \(n) - 1) AS top\(afterLock)), \
             i AS (INSERT INTO opqd.events (\(eventColumns)) \
             SELECT t.top - \(n) + r.n, r.time, r.queue, r.operation, r.key, r.old, r.new, r.state, r.epoch \
             FROM t, unnest(\(arrays)) WITH ORDINALITY AS r(\(eventColumns), n)) \
             SELECT top FROM t
             """
-    }()
+    }
     /// The first write of every commit with events: moves the writer's mark to the batch's
     /// number, or fails the transaction (SQLSTATE `OP002`) when the mark is there
     /// already, i.e. an earlier attempt at this batch committed although its answer was lost.
     /// The mark's row lock orders the attempts: a retry waits for an attempt still running on
     /// the server, then sees what it did.
     static let markCommit = "SELECT opqd.mark($1, $2::bigint)"
+    /// A partition holder's commit with events opens with one statement: `fenceParts` (`$1` the
+    /// instance, `$2` and `$3` the partitions and epochs) and `markCommit` (`$4` the writer, `$5`
+    /// the batch), evaluated in that order; `fencePartsMarkNotify` adds `notifyEvents` (payload
+    /// `$1`; a NOTIFY is sent at commit wherever in the transaction it was asked for).
+    static let fencePartsMark = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[]), opqd.mark($4, $5::bigint)"
+    static let fencePartsMarkNotify = "SELECT opqd.fence_parts($1, $2::text[], $3::bigint[]), opqd.mark($4, $5::bigint), pg_notify('opqd_events', $1)"
     static let committedState = "OP002"
     /// At the start of a writer, and after a unique violation on a seq (a database edited by
     /// hand): the sequence past every seq handed out before (an older opqd's `meta last_seq`,

@@ -18,7 +18,8 @@ import Darwin
 /// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)`
 /// per table (every row of the batch in array parameters; `ON CONFLICT DO UPDATE` for queues and
 /// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
-/// few other statements, `COMMIT` and a sync point, then reads the answers.
+/// few other statements, `COMMIT` and a sync point, then reads the answers. The statements of
+/// the common commit are prepared once per connection (`Statement`).
 ///
 /// Without a fence, the connection also holds the session-level advisory lock that keeps a
 /// second opqd off the database. Holding it on the connection that commits, rather than a
@@ -86,6 +87,7 @@ final class PGWriter: @unchecked Sendable {
         self.onFenced = onFenced
         bulk.epoch = fence?.epoch
         try connection.enterPipelineMode()
+        try connection.prepare(Statement.allCases.map { ($0.name, $0.sql) })
         self.connection = connection
         self.url = url
         self.displayURL = displayURL
@@ -146,19 +148,73 @@ final class PGWriter: @unchecked Sendable {
     private func run() {
         var jobs: [WriteJob] = []
         while true {
-            switch queue.take(into: &jobs, idleSeconds: Self.idleCheckSeconds) {
+            // A commit left unannounced is announced when its spacing is up, if no commit did.
+            let idle =
+                owed ? max(0, Double(lastNotified &+ notifySpacing.load(ordering: .relaxed) &- clockNanos(CLOCK_MONOTONIC)) / 1e9) : Self.idleCheckSeconds
+            switch queue.take(into: &jobs, idleSeconds: idle) {
             case .commit:
                 commitWithRetry(jobs)
                 jobs.removeAll(keepingCapacity: true)
             case .exit:
+                if owed { announce() }
                 connection?.close()
                 connection = nil
                 return
+            case .idle where owed:
+                announce()
             case .idle:
                 checkIdleConnection()
             case .again:
                 continue
             }
+        }
+    }
+
+    // MARK: - NOTIFY
+
+    /// At most one `NOTIFY opqd_events` per this many nanoseconds (the feed's own spacing,
+    /// `FeedTail.spacing`): a commit with events sooner after the last one sends none and is
+    /// announced by the next NOTIFY, its own commit's or `announce`'s when the spacing is up.
+    /// Every NOTIFY wakes every instance's listener (its backend reads the notification queue
+    /// in a transaction of its own, its opqd thread reads the feed): one per commit was 12 %
+    /// of PostgreSQL's CPU at 3 instances, and at 1 instance woke its own listener for nothing.
+    static let notifySpacingNanos = 5_000_000
+    /// This writer's spacing (tests lengthen it to see a NOTIFY held back).
+    let notifySpacing = Atomic<Int>(PGWriter.notifySpacingNanos)
+    /// When the last NOTIFY was sent (monotonic ns), and whether a commit with events came after
+    /// it (writer thread only).
+    private var lastNotified = 0
+    private var owed = false
+
+    /// Whether the commit being sent carries a NOTIFY (a writer with a fence, the only kind
+    /// whose commits others read).
+    private func notifiesNow() -> Bool {
+        fence != nil && clockNanos(CLOCK_MONOTONIC) &- lastNotified >= notifySpacing.load(ordering: .relaxed)
+    }
+
+    /// A commit with events committed, `notified` or not (nothing to do without a fence).
+    private func committed(notified: Bool) {
+        guard fence != nil else { return }
+        if notified {
+            lastNotified = clockNanos(CLOCK_MONOTONIC)
+            owed = false
+        } else {
+            owed = true
+        }
+    }
+
+    /// The NOTIFY owed to the last commits, on its own. When it fails (the connection broke),
+    /// the next commit's NOTIFY, or the feeds' one-second read, brings them in.
+    private func announce() {
+        guard let fence else { return }
+        committed(notified: true)
+        do throws(PGFailure) {
+            let conn = try usableConnection()
+            try conn.send(prepared: Statement.notifyEvents.name, [PGParameter(fence.instance)])
+            try conn.sync()
+            _ = try conn.readPipeline(count: 1)
+        } catch {
+            failed(error, counting: false)
         }
     }
 
@@ -224,6 +280,7 @@ final class PGWriter: @unchecked Sendable {
         }
         try Self.prepareSession(c)
         try c.enterPipelineMode()
+        try c.prepare(Statement.allCases.map { ($0.name, $0.sql) })
         connection = c
         return c
     }
@@ -261,6 +318,7 @@ final class PGWriter: @unchecked Sendable {
                 let conn = try usableConnection()
                 let start = WriterCounters.clocks()
                 let outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
+                if outcome.hadEvents { committed(notified: outcome.notified) }
                 counters.timed(since: start, records: outcome.records)
                 lastError.withLock { $0 = nil }
                 afterCommit(outcome)
@@ -277,7 +335,9 @@ final class PGWriter: @unchecked Sendable {
                 }
                 if error.sqlState == PGSchema.committedState {
                     // An earlier attempt at this batch committed, though its answer was lost
-                    // (the mark says so): done, and its events are not numbered twice.
+                    // (the mark says so): done, and its events are not numbered twice. Whether
+                    // it sent a NOTIFY is not known: one more is owed.
+                    if Self.hasEvents(jobs) { committed(notified: false) }
                     lastError.withLock { $0 = nil }
                     afterCommit(Self.outcomeWithoutCommit(jobs))
                     return
@@ -300,6 +360,36 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
+    /// The statements of the common commit, prepared on every write connection: parsed once per
+    /// connection, not once per commit, and planned once when the generic plan is as good.
+    /// (Parsing and planning them was about a third of PostgreSQL's CPU per commit.)
+    enum Statement: String, CaseIterable {
+        case begin, fence, fenceParts, markCommit, fencePartsMark, fencePartsMarkNotify, lockEvents, upsertQueue, upsertQueues, upsertOperations
+        case lockAndInsertEvents, insertEvents, upsertIdempotency, notifyEvents, commit
+
+        var name: String { "opqd_write_" + rawValue }
+
+        var sql: String {
+            switch self {
+            case .begin: "BEGIN"
+            case .fence: PGSchema.fence
+            case .fenceParts: PGSchema.fenceParts
+            case .markCommit: PGSchema.markCommit
+            case .fencePartsMark: PGSchema.fencePartsMark
+            case .fencePartsMarkNotify: PGSchema.fencePartsMarkNotify
+            case .lockEvents: PGSchema.lockEvents
+            case .upsertQueue: PGSchema.upsertQueue
+            case .upsertQueues: PGSchema.upsertQueues
+            case .upsertOperations: PGSchema.upsertOperations
+            case .lockAndInsertEvents: PGSchema.lockAndInsertEvents
+            case .insertEvents: PGSchema.insertEvents
+            case .upsertIdempotency: PGSchema.upsertIdempotency
+            case .notifyEvents: PGSchema.notifyEvents
+            case .commit: "COMMIT"
+            }
+        }
+    }
+
     private struct Outcome {
         var ticket: UInt64 = 0
         var records = 0
@@ -310,6 +400,9 @@ final class PGWriter: @unchecked Sendable {
         /// The committed events with the seqs they were given; nil when unknown (a commit whose
         /// answer was lost).
         var events: [ChangeEvent]? = []
+        /// Whether the commit had events, and whether it sent the NOTIFY.
+        var hadEvents = false
+        var notified = false
     }
 
     /// Whether a batch has events (then it moves its writer's mark).
@@ -412,22 +505,29 @@ final class PGWriter: @unchecked Sendable {
         var numbering: [(statement: Int, events: [ChangeEvent])] = []
         var pending: [ChangeEvent] = []
         var deletes = false
+        var notified = false
         func send(_ sql: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
             try conn.send(sql, parameters)
             sent += 1
         }
+        func send(_ statement: Statement, _ parameters: [PGParameter] = []) throws(PGFailure) {
+            try conn.send(prepared: statement.name, parameters)
+            sent += 1
+        }
         func flush() throws(PGFailure) {
             if bulk.queueCount == 1, let q = bulk.lastQueue {
-                try send(PGSchema.upsertQueue, PGSchema.queueParameters(q))
+                try send(.upsertQueue, PGSchema.queueParameters(q))
             } else if bulk.queueCount > 0 {
-                try send(PGSchema.upsertQueues, bulk.queues.map(\.parameter))
+                try send(.upsertQueues, bulk.queues.map(\.parameter))
             }
-            if bulk.operationCount > 0 { try send(PGSchema.upsertOperations, bulk.operations.map(\.parameter)) }
+            if bulk.operationCount > 0 { try send(.upsertOperations, bulk.operations.map(\.parameter)) }
             if bulk.eventCount > 0 {
-                if numbering.isEmpty { try send(PGSchema.lockEvents) }
+                // The commit's first numbering takes the events lock in the same statement.
+                let first = numbering.isEmpty
                 numbering.append((sent, pending))
                 pending.removeAll()
-                try send(PGSchema.insertEvents, bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)])
+                let parameters = bulk.events.map(\.parameter) + [PGParameter(bulk.eventCount)]
+                try send(first ? .lockAndInsertEvents : .insertEvents, parameters)
             }
             bulk.reset()
         }
@@ -436,25 +536,36 @@ final class PGWriter: @unchecked Sendable {
         // A failure while sending leaves the pipeline half-written: the connection is dropped
         // (and the batch retried on a new one).
         do throws(PGFailure) {
-            try send("BEGIN")
+            try send(.begin)
+            let events = Self.hasEvents(jobs)
+            out.hadEvents = events
+            let notify = events && notifiesNow()
+            let mark = [PGParameter(writerID), PGParameter(Int64(clamping: batch))]
+            var marked = false
             if let fence, fence.partitions != nil {
                 if !partitionEpochs.isEmpty {
                     let parts = partitionEpochs.keys.sorted()
-                    try send(
-                        PGSchema.fenceParts,
-                        [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })])
+                    let fencing = [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })]
+                    // The common commit of a partition holder: fence, mark (and NOTIFY) in one statement.
+                    if events {
+                        try send(notify ? .fencePartsMarkNotify : .fencePartsMark, fencing + mark)
+                        (marked, notified) = (true, notify)
+                    } else {
+                        try send(.fenceParts, fencing)
+                    }
                 } else if !anyOf.isEmpty {
+                    // A commit of meta alone: any one partition held (`PGSchema.fenceAny`).
                     let parts = anyOf.keys.sorted()
                     try send(
                         PGSchema.fenceAny, [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { anyOf[$0] ?? 0 })])
                 }
             } else if let fence {
-                try send(PGSchema.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
+                try send(.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])
             }
             // First, so that a retry of a batch still running on the server waits for it.
-            if Self.hasEvents(jobs) { try send(PGSchema.markCommit, [PGParameter(writerID), PGParameter(Int64(clamping: batch))]) }
+            if events && !marked { try send(.markCommit, mark) }
             if catchUp {
-                try send(PGSchema.lockEvents)
+                try send(.lockEvents)
                 try send(PGSchema.settleEventSeq)
             }
             position = 0
@@ -487,7 +598,7 @@ final class PGWriter: @unchecked Sendable {
                         case let .kept(r):
                             // Kept with the partition of its change's queue (`IdempotencyRecord.queue`).
                             let part = r.queue.map { PGParameter(QueuePartitions.of(queue: $0)) } ?? .null
-                            try send(PGSchema.upsertIdempotency, idempotencyParameters(r) + [part])
+                            try send(.upsertIdempotency, idempotencyParameters(r) + [part])
                         }
                     }
                 case let .purge(cutoff, limit, reply):
@@ -514,8 +625,11 @@ final class PGWriter: @unchecked Sendable {
             try flush()
             // Every instance's feed wakes on it (delivered at commit, once the events are
             // visible): one per commit, not per event.
-            if !numbering.isEmpty, let fence { try send(PGSchema.notifyEvents, [PGParameter(fence.instance)]) }
-            try send("COMMIT")
+            if notify, !notified, let fence {
+                try send(.notifyEvents, [PGParameter(fence.instance)])
+                notified = true
+            }
+            try send(.commit)
             try conn.sync()
         } catch {
             conn.close()
@@ -525,6 +639,12 @@ final class PGWriter: @unchecked Sendable {
         do throws(PGFailure) {
             results = try conn.readPipeline(count: sent)
         } catch {
+            // A prepared statement is gone from the session (a pooler's server connection
+            // changed): a new connection prepares them again.
+            if error.sqlState == "26000" {
+                conn.close()
+                throw PGFailure(message: error.message, sqlState: error.sqlState, connectionLost: true)
+            }
             // A statement failed: the transaction block is aborted (COMMIT was skipped) and must
             // be ended before the connection can be used again.
             if !error.connectionLost {
@@ -538,6 +658,7 @@ final class PGWriter: @unchecked Sendable {
             }
             throw error
         }
+        out.notified = notified
         for (index, reply) in counted where index < results.count { out.replies.append((reply, results[index].changes)) }
         if deletes { out.events = nil }
         // Each statement numbered its events newest - count + 1 ... newest, in order.
@@ -580,11 +701,12 @@ final class PGWriter: @unchecked Sendable {
 
     /// Called on the writer thread after each commit with events, before anyone waiting for it
     /// is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
-    /// (read them back). See `PostgresStore.onCommittedEvents`.
+    /// (read them back). See `PostgresStore.onCommittedEvents`. Read with `value` (see
+    /// `Lock.value`): once per commit.
     let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
 
     private func afterCommit(_ out: Outcome) {
-        if out.events?.isEmpty != true, let tell = committedEvents.withLock({ $0 }) { tell(out.events) }
+        if out.events?.isEmpty != true, let tell = committedEvents.value { tell(out.events) }
         counters.counted(records: out.records)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
         queue.committed(through: out.ticket)

@@ -219,6 +219,13 @@ public final class PostgresStore: OperationStore {
         writer.committedEvents.withLock { $0 = tell }
     }
 
+    /// At most one NOTIFY per this many nanoseconds from this store's writer (`PGWriter`); tests
+    /// lengthen it.
+    package var notifySpacingNanos: Int {
+        get { writer.notifySpacing.load(ordering: .relaxed) }
+        set { writer.notifySpacing.store(newValue, ordering: .relaxed) }
+    }
+
     /// The highest ticket committed so far.
     public var durableTicket: UInt64 { writer.queue.durableTicket }
 

@@ -137,7 +137,7 @@ package final class Metrics: Sendable {
             "Time from a request's arrival (its request line) until its answer was queued for sending (a deferred answer: when it was given; a stream: its head), by method and route pattern."
         )
         for r in routes { out.histogram("opqd_http_request_duration_seconds", r.labels, Self.httpBounds, r.latency) }
-        let (connections, inFlight) = server.withLock { $0 }?() ?? (0, 0)
+        let (connections, inFlight) = server.value?() ?? (0, 0)
         out.family("opqd_http_open_connections", .gauge, "Open HTTP connections, idle keep-alive ones included.")
         out.sample("opqd_http_open_connections", "", connections)
         out.family(

@@ -133,7 +133,7 @@ extension QueueEngine {
             result = try mutate { core throws(EngineError) -> Result<ArchiveRestore, ArchiveRefusal> in
                 // Every check that needs the engine's state, before anything changes.
                 let existing = core.queues[name]
-                if existing == nil, let only = queueFilter.withLock({ $0 }), !only(name) { return .failure(.queue(.notHere(name))) }
+                if existing == nil, let only = queueFilter.value, !only(name) { return .failure(.queue(.notHere(name))) }
                 if let q = existing, q.unfinished > 0 { return .failure(.queue(.queueNotIdle(name, unfinished: q.unfinished))) }
                 if existing == nil && core.queues.count >= configuration.maxQueues {
                     return .failure(.queue(.limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues")))

@@ -10,7 +10,7 @@ extension QueueEngine {
         try Self.validateMax(maxConcurrentOperationCount)
         return try mutate { core throws(EngineError) in
             guard core.queues[name] == nil else { throw .queueExists(name) }
-            if let only = queueFilter.withLock({ $0 }), !only(name) { throw .notHere(name) }
+            if let only = queueFilter.value, !only(name) { throw .notHere(name) }
             guard core.queues.count < configuration.maxQueues else {
                 throw .limitReached("at most \(configuration.maxQueues) queues (--max-queues)", limit: "too-many-queues")
             }

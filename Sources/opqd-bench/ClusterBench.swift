@@ -29,8 +29,10 @@ import Glibc
 
 enum ClusterBench {
     static let usage =
-        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--modes one,partitions] [--quick]\n"
+        "usage: opqd-bench cluster --postgres URL [--seconds S] [--clients C] [--workers W] [--jobs J] [--batch B] [--gets N] [--instances 1,2,3] [--modes one,partitions] [--direct] [--quick]\n"
         + "  URL: a server opqd may create databases on (scripts/pg.sh start DIR prints one); default $OPQD_TEST_POSTGRES_URL\n"
+        + "  --direct: with partitions, each client creates only in the queues its instance holds (as a client that knows the\n"
+        + "            owners would), so no create is forwarded; without it (N-1)/N are\n"
 
     struct Options {
         var seconds = 5.0
@@ -41,6 +43,7 @@ enum ClusterBench {
         var gets = 2_000
         var instances = [1, 2, 3]
         var modes = ["one", "partitions"]
+        var direct = false
     }
 
     /// What one setup measured.
@@ -61,6 +64,8 @@ enum ClusterBench {
         var direct: [Double] = []
         var forwarded: [Double] = []
         var problems: [String] = []
+        /// What the instances and PostgreSQL counted during (a).
+        var createCounts: Counts?
 
         var createsPerSecond: Double { createSeconds > 0 ? Double(creates) / createSeconds : 0 }
         var jobsPerSecond: Double { jobSeconds > 0 ? Double(jobs) / jobSeconds : 0 }
@@ -75,6 +80,7 @@ enum ClusterBench {
             let value = i + 1 < args.count ? args[i + 1] : nil
             switch (args[i], value) {
             case ("--quick", _): o.seconds = 2; o.jobs = 10_000; o.gets = 500; i -= 1
+            case ("--direct", _): o.direct = true; i -= 1
             case let ("--postgres", v?): server = v
             case let ("--seconds", v?): o.seconds = max(0.5, Double(v) ?? o.seconds)
             case let ("--clients", v?): o.clients = max(1, min(Int(v) ?? o.clients, 256))
@@ -101,7 +107,8 @@ enum ClusterBench {
         print(
             "(a) \(o.clients) clients creating delay operations for \(BenchSupport.fmt(o.seconds, 1)) s; (b) \(BenchSupport.grouped(Double(o.jobs))) external jobs, "
                 + "\(o.workers) workers claiming up to \(o.batch) and finishing them in one request, at most \(BenchSupport.fmt(2 * o.seconds, 1)) s; "
-                + "(c) \(o.gets) sequential GET /v1/queues/{q} direct and forwarded. Clients and workers round-robin over the instances.")
+                + "(c) \(o.gets) sequential GET /v1/queues/{q} direct and forwarded. Clients and workers round-robin over the instances"
+                + (o.direct ? "; with partitions each client creates only in queues its instance holds (--direct)." : "."))
 
         var results: [Outcome] = []
         eprint("cluster: sqlite, 1 instance...\n")
@@ -158,6 +165,10 @@ enum ClusterBench {
                 "  \(r.label) N=\(r.instances): creates \(split(r.createCPU, r.creates)) (\(r.creates) in \(BenchSupport.fmt(r.createSeconds, 2)) s, \(r.createFailures) not 201); "
                     + "jobs \(split(r.jobCPU, r.jobs)) (\(r.jobs) in \(BenchSupport.fmt(r.jobSeconds, 2)) s, \(r.jobFailures) refused)")
         }
+        print(
+            "(counts of (a): store commits of the instances and records per commit; per instance commits/s × records/commit; requests forwarded; PostgreSQL's pg_stat_database of the bench's database; statements from pg_stat_statements when preloaded:)"
+        )
+        for r in results where r.started == r.instances { printCounts(r) }
         var failures: [String] = []
         for r in results { for p in r.problems { failures.append("\(r.label) N=\(r.instances): \(p)") } }
         if !failures.isEmpty {
@@ -173,6 +184,14 @@ enum ClusterBench {
             summary.append(("create_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000(r.createCPU, r.creates))))
             summary.append(("job_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000(r.jobCPU, r.jobs))))
             if let c = r.createPostgresCPU { summary.append(("create_pg_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000([c], r.creates)))) }
+            if let d = r.createCounts, r.creates > 0 {
+                summary.append(("create_commits_per_1k_\(key)", BenchSupport.round3(d.commits.reduce(0, +) * 1000 / Double(r.creates))))
+                if let x = d.database?["xact_commit"] { summary.append(("create_pg_xacts_per_1k_\(key)", BenchSupport.round3(x * 1000 / Double(r.creates)))) }
+                if !d.statements.isEmpty {
+                    summary.append(
+                        ("create_pg_statements_per_1k_\(key)", BenchSupport.round3(d.statements.values.reduce(0) { $0 + $1.calls } * 1000 / Double(r.creates))))
+                }
+            }
             if let c = r.jobPostgresCPU { summary.append(("job_pg_cpu_s_per_1k_\(key)", BenchSupport.round3(Outcome.per1000([c], r.jobs)))) }
             if !r.direct.isEmpty { summary.append(("get_direct_p50_ms_\(key)", BenchSupport.round3(BenchSupport.percentile(r.direct.sorted(), 0.5) * 1000))) }
             if !r.forwarded.isEmpty {
@@ -219,7 +238,9 @@ enum ClusterBench {
         let deadline = BenchSupport.now() + 30
         while owner == nil && BenchSupport.now() < deadline {
             let owners = servers.indices.filter { isOwner(servers[$0]) }
-            if spread ? owners.count == n : owners.count == 1 { owner = owners[0] } else { usleep(100_000) }
+            // Spread: and every instance ready, i.e. holding its whole share of the partitions.
+            let ready = !spread || servers.allSatisfy { (try? $0.request("GET", "/readyz").status) == 200 }
+            if spread ? owners.count == n && ready : owners.count == 1 { owner = owners[0] } else { usleep(100_000) }
         }
         guard let owner else {
             out.problems.append(spread ? "not every instance owned partitions within 30 s" : "no single owner within 30 s")
@@ -228,8 +249,11 @@ enum ClusterBench {
         out.ownerIndex = spread ? -1 : owner
         let ports = servers.map(\.port)
         let pids = servers.map(\.pid)
-        let queues = spread ? (0..<12).map { "q\($0)" } : ["a", "b", "c", "d"]
-        let jobQueues = spread ? (0..<8).map { "jobs\($0)" } : ["jobs"]
+        // Spread: names picked so that every instance holds its share of the queues (by name
+        // alone, 12 queues over 64 partitions can leave an instance none), and runs compare.
+        let held = spread ? partitionHolders(servers) : [:]
+        let queues = spread ? balancedNames("q", count: 12, holders: held, instances: n) : ["a", "b", "c", "d"]
+        let jobQueues = spread ? balancedNames("jobs", count: 8, holders: held, instances: n) : ["jobs"]
         do {
             for q in queues { try retrying { try servers[owner].createQueue(q, suspended: true) } }
             for q in jobQueues { try retrying { try servers[owner].createQueue(q, suspended: true, maxConcurrent: max(64, o.workers * o.batch)) } }
@@ -242,15 +266,29 @@ enum ClusterBench {
         let body = Array(#"{"kind":"delay","spec":{"seconds":60}}"#.utf8)
         var postmaster: pid_t?
         if let postgres, let database { postmaster = postmasterPID(TestPostgres.url(postgres, database: database)) }
+        let databaseURL = postgres.flatMap { p in database.map { TestPostgres.url(p, database: $0) } }
+        let statements = databaseURL.map(enableStatements) ?? false
+        let counts0 = counts(servers, database: databaseURL, statements: false, settle: true)
+        if statements, let databaseURL { resetStatements(databaseURL) }
         let pg0 = postmaster.map(postgresCPU)
+        let pgByPID0 = postmaster.map(postgresCPUByPID) ?? [:]
         let cpu0 = pids.map(cpuSeconds)
+        // Direct: client c (on instance c mod n) takes turns over the queues instance c mod n holds
+        // (`balancedNames` dealt queue i to instance i mod n).
+        let (clients, direct) = (o.clients, spread && o.direct && queues.count % n == 0)
         let (created, failed, wall) = forEachClient(ports: ports, clients: o.clients, seconds: o.seconds) { c, k in
-            (try? c.request("POST", "/v1/queues/\(queues[k % queues.count])/operations", body: body).status) == 201
+            let q = direct ? queues[(k % clients) % n + n * ((k / clients) % (queues.count / n))] : queues[k % queues.count]
+            return (try? c.request("POST", "/v1/queues/\(q)/operations", body: body).status) == 201
         }
         let cpu1 = pids.map(cpuSeconds)
         out.createPostgresCPU = postmaster.map(postgresCPU).flatMap { a in pg0.map { a - $0 } }
+        let pgByPID1 = postmaster.map(postgresCPUByPID) ?? [:]
         (out.creates, out.createFailures, out.createSeconds) = (created, failed, wall)
         out.createCPU = zip(cpu1, cpu0).map { $0 - $1 }
+        out.createCounts = counts(servers, database: databaseURL, statements: statements, settle: true).since(counts0)
+        if let databaseURL, let total = out.createPostgresCPU {
+            out.createCounts?.postgresCPU = postgresCPUByKind(databaseURL, before: pgByPID0, after: pgByPID1, total: total)
+        }
         if failed > 0 { out.problems.append("\(failed) creates not answered 201") }
 
         // (b) external jobs.
@@ -292,6 +330,35 @@ enum ClusterBench {
                 usleep(100_000)
             }
         }
+    }
+
+    /// The instance (index in `servers`) holding each partition, from each one's own entry in
+    /// `GET /v1/cluster`.
+    static func partitionHolders(_ servers: [OpqdServer]) -> [Int: Int] {
+        var out: [Int: Int] = [:]
+        for (k, server) in servers.enumerated() {
+            guard let (status, j) = try? server.json("GET", "/v1/cluster"), status == 200,
+                let me = (j["instances"] as? [[String: Any]])?.first(where: { $0["self"] as? Bool == true })
+            else { continue }
+            for p in (me["partitions"] as? [Any]) ?? [] { if let p = BenchSupport.int(p) { out[p] = k } }
+        }
+        return out
+    }
+
+    /// `count` names `prefix<k>`, dealt round-robin over the instances by the partition each
+    /// falls in (instance i gets the i-th, (i+n)-th, ... of them), so that each holds
+    /// count / n of them (the first ones one more when it does not divide). Plain `prefix0`...
+    /// when the holders are not known.
+    static func balancedNames(_ prefix: String, count: Int, holders: [Int: Int], instances n: Int) -> [String] {
+        guard n > 1, holders.count == QueuePartitions.count else { return (0..<count).map { "\(prefix)\($0)" } }
+        var out: [String] = []
+        var k = 0
+        while out.count < count && k < 100_000 {
+            let name = "\(prefix)\(k)"
+            k += 1
+            if holders[QueuePartitions.of(queue: name)] == out.count % n { out.append(name) }
+        }
+        return out
     }
 
     /// Whether `server`'s own entry in `GET /v1/cluster` lists `queue` among its queues.

@@ -220,6 +220,44 @@ extension PostgresStoreTests {
         }
     }
 
+    /// A commit with events sooner after its writer's last NOTIFY than the spacing sends none,
+    /// and is announced by a NOTIFY of its own once the spacing is up (here 2 s, so that the
+    /// one held back is seen held back): the other instances' feeds never wait for their
+    /// one-second read for it.
+    @Test func aCommitSoonAfterItsWritersLastNotifyIsAnnouncedWhenTheSpacingIsUp() throws {
+        try withTestDatabase { url in
+            let (qa, pa, _, _) = queuesInTwoPartitions()
+            let a = try PGMembership(url: url, instanceID: "a", leaseSeconds: 5)
+            defer { a.close() }
+            let fencedStore = try FencedStore(url: url, instance: "a", holding: try a.claim([pa], token: "ta"))
+            let store = fencedStore.store
+            defer { store.close() }
+            store.notifySpacingNanos = 2_000_000_000
+            let wakes = Locked(0)
+            // Not ignoring "a": this test's listener stands for another instance's.
+            let listener = PGListener(url: url) { wakes.withLock { $0 += 1 } }
+            listener.start()
+            defer { listener.stop() }
+            func wait(for n: Int, seconds: Double) -> Bool {
+                let deadline = Date().addingTimeInterval(seconds)
+                while wakes.value < n && Date() < deadline { usleep(10_000) }
+                return wakes.value >= n
+            }
+            #expect(wait(for: 1, seconds: 5), "the listener connected")
+            store.append([.event(event(1, 1, queue: qa))], upTo: 1)
+            #expect(waitDurable(store, 1))
+            #expect(wait(for: 2, seconds: 5), "the first commit's NOTIFY")
+            let sent = Date()
+            store.append([.event(event(2, 1, queue: qa))], upTo: 2)
+            #expect(waitDurable(store, 2))
+            usleep(500_000)
+            #expect(wakes.value == 2, "the second commit, within the spacing, sent no NOTIFY of its own")
+            #expect(wait(for: 3, seconds: 5), "the second commit announced once the spacing was up")
+            #expect(Date().timeIntervalSince(sent) > 1.5)
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.events") == "2")
+        }
+    }
+
     @Test func someQueuesLoadWithTheStatesOfTheirDependenciesOutsideThem() throws {
         try withTestDatabase { url in
             let store = try PostgresStore(url: url)

@@ -328,7 +328,7 @@ struct PostgresStoreTests {
 /// (In the `PostgresStoreTests` suite: scripts/test.sh runs it apart, with the server.)
 extension PostgresStoreTests {
     /// A TCP relay to the server that, once the file `arm` exists, passes the next message that
-    /// holds a COMMIT to the server, swallows everything the server answers after it, and closes
+    /// holds a COMMIT (as text, or as the writer's prepared `opqd_write_commit`) to the server, swallows everything the server answers after it, and closes
     /// the connection half a second later (the file is removed: one cut).
     static let relay = """
         import os, socket, sys, threading, time
@@ -353,7 +353,7 @@ extension PostgresStoreTests {
                     d = c.recv(65536)
                     if not d: break
                     with guard:
-                        fire = b'COMMIT' in d and os.path.exists(arm)
+                        fire = (b'COMMIT' in d or b'opqd_write_commit' in d) and os.path.exists(arm)
                         if fire: os.remove(arm)
                     if fire: cut.set()
                     u.sendall(d)

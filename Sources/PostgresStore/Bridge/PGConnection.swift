@@ -201,6 +201,26 @@ package final class PGConnection: @unchecked Sendable {
         if ok != 1 { throw lost("sending a statement failed") }
     }
 
+    /// Queues the prepared statement `name` (see `prepare(_:)`) of the pipeline.
+    package func send(prepared name: String, _ parameters: [PGParameter] = []) throws(PGFailure) {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        let ok = withParameters(parameters) { count, values in PQsendQueryPrepared(c, name, count, values, nil, nil, 0) }
+        if ok != 1 { throw lost("sending a statement failed") }
+    }
+
+    /// Prepares `statements` (name, text) on this connection in one round trip of the pipeline,
+    /// for `send(prepared:)`: each is parsed once per connection instead of once per call, and
+    /// planned once when its generic plan is as good as a custom one. Throws when one of them
+    /// is refused (the others may stay prepared: close the connection).
+    package func prepare(_ statements: [(name: String, sql: String)]) throws(PGFailure) {
+        guard let c = conn else { throw PGFailure(message: "the connection is closed", sqlState: nil, connectionLost: true) }
+        for (name, sql) in statements where PQsendPrepare(c, name, sql, 0, nil) != 1 {
+            throw lost("sending a statement to prepare failed")
+        }
+        try sync()
+        _ = try readPipeline(count: statements.count)
+    }
+
     /// Ends the pipeline's current batch (the server runs it and answers).
     package func sync() throws(PGFailure) {
         guard let c = conn, PQpipelineSync(c) == 1 else { throw lost("sending the sync failed") }

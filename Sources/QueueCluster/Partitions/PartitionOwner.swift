@@ -387,7 +387,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         var recovered: RecoveredState
         let remote: RemoteStates
         let block: Range<UInt64>
-        loading.withLock { $0 }?()
+        loading.value?()
         do {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
             (recovered, remote) = try store.load(queues: names)
@@ -408,7 +408,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // is durable, and larger than any an earlier owner used.
         recovered.generation = block.lowerBound >> PGMembership.idBlockBits
         engine.adopt(recovered, remote: remote)
-        changed.withLock { $0 }?(.adopted(partitions: won.keys.sorted()))
+        changed.value?(.adopted(partitions: won.keys.sorted()))
         serving.withLock { $0.formUnion(won.keys) }
         holders.withLock { h in for p in won.keys { h[p] = PlacementHolder(instance: selfID, url: "") } }
         logger.info(
@@ -448,7 +448,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // Decided inside the engine's lock: a queue created a moment ago in these partitions goes
         // too, and none can be created in them from now on (`onlyQueues`).
         let stopped = engine.release { parts.contains(QueuePartitions.of(queue: $0)) }
-        changed.withLock { $0 }?(.released { parts.contains(QueuePartitions.of(queue: $0)) })
+        changed.value?(.released { parts.contains(QueuePartitions.of(queue: $0)) })
         let epochs = held.all.filter { parts.contains($0.key) }
         engine.whenDurable { [self] in
             // Runs told to stop get the time to be gone before another instance may start them
