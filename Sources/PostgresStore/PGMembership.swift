@@ -326,9 +326,11 @@ public final class PGMembership: @unchecked Sendable {
     static func monotonicNanos() -> Int { clockNanos(CLOCK_MONOTONIC) }
 }
 
-/// Wakes a follower when the owner committed events: one `NOTIFY opqd_events` per commit that
-/// holds events (sent by the owner's writer inside the commit, so it arrives only once the
-/// events are visible), received on a connection of its own that `LISTEN`s. `wake` runs on the
+/// Wakes a reader when a writer committed events: a `NOTIFY opqd_events` sent inside a commit
+/// that holds events (so it arrives only once they are visible), at most one per writer every
+/// 5 ms (a commit that skips it is announced by the next, or once the 5 ms are up); or, with
+/// `channel`, any other channel (`PGMembership.movesChannel`). Received on a connection of its
+/// own that `LISTEN`s. `wake` runs on the
 /// listener's thread for every batch of notifications, and once after every (re)connection, so
 /// nothing committed while it was away is left unread. Reconnects with backoff.
 public final class PGListener: @unchecked Sendable {
