@@ -143,7 +143,8 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     }
 
     /// A clean stop's first step (SIGTERM), while this instance still answers requests: it leaves
-    /// the hashing (its row goes, and the others are told at once), gives every partition up in
+    /// the hashing (its heartbeat is set far back, and the others are told at once; its row
+    /// still gives them its URL), gives every partition up in
     /// the usual order (out of `serving`, then out of the engine, then, once durable, the lease,
     /// announced), and waits until another live instance holds each, or `seconds` pass. Requests
     /// for its queues meanwhile wait for their new holder (`ClusterFront`) and are forwarded.
@@ -295,7 +296,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     func beatAndRenew() {
         guard !stopped.withLock({ $0 }), engine != nil else { return }
         do {
-            // A departing instance's row is gone: a beat would not bring it back, nor should it.
+            // A departing instance has left the hashing: a beat would bring it back.
             if !departing.load(ordering: .acquiring) { try membership.beat() }
             let gone: (gone: [Int], held: [Int: Int64], kept: Set<Int>)? = try leaseLock.withLock { _ in
                 let mine = held.all
