@@ -102,7 +102,7 @@ extension PGMembership {
     public func release(_ held: [Int: Int64], abandoned: Set<Int> = []) throws {
         guard !held.isEmpty else { return }
         let parts = held.keys.sorted()
-        try withConnection { c throws(PGFailure) in
+        _ = try withConnection { c throws(PGFailure) in
             // The others claim at once, told on `movesChannel` (in the same commit).
             try c.exec(
                 """
