@@ -317,9 +317,9 @@ final class PGWriter: @unchecked Sendable {
             do throws(PGFailure) {
                 let conn = try usableConnection()
                 let start = WriterCounters.clocks()
-                let outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
+                var outcome = try apply(jobs, on: conn, batch: batch, catchUp: catchUp)
                 if outcome.hadEvents { committed(notified: outcome.notified) }
-                counters.timed(since: start, records: outcome.records)
+                outcome.seconds = counters.timed(since: start)
                 lastError.withLock { $0 = nil }
                 afterCommit(outcome)
                 return
@@ -403,6 +403,8 @@ final class PGWriter: @unchecked Sendable {
         /// Whether the commit had events, and whether it sent the NOTIFY.
         var hadEvents = false
         var notified = false
+        /// Its wall-clock seconds.
+        var seconds = 0.0
     }
 
     /// Whether a batch has events (then it moves its writer's mark).
@@ -707,7 +709,7 @@ final class PGWriter: @unchecked Sendable {
 
     private func afterCommit(_ out: Outcome) {
         if out.events?.isEmpty != true, let tell = committedEvents.value { tell(out.events) }
-        counters.counted(records: out.records)
+        counters.counted(records: out.records, seconds: out.seconds)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
         queue.committed(through: out.ticket)
         for done in out.callbacks { done() }

@@ -158,10 +158,10 @@ final class StoreWriter: @unchecked Sendable {
             attempt += 1
             do throws(SQLiteFailure) {
                 let start = WriterCounters.clocks()
-                let outcome = try apply(jobs, replacingEvents: replacing)
-                counters.timed(since: start, records: outcome.records)
+                var outcome = try apply(jobs, replacingEvents: replacing)
+                outcome.seconds = counters.timed(since: start)
                 lastError.withLock { $0 = nil }
-                completions.async { [self] in afterCommit(outcome) }
+                completions.async { [self, outcome] in afterCommit(outcome) }
                 return
             } catch {
                 if error.isConstraint && !replacing {
@@ -190,6 +190,8 @@ final class StoreWriter: @unchecked Sendable {
         var callbacks: [@Sendable () -> Void] = []
         var replies: [(CommitReply, Int)] = []
         var maxSeq: UInt64 = 0
+        /// Its wall-clock seconds.
+        var seconds = 0.0
     }
 
     /// One transaction for everything in `jobs`, in order. An operation or queue written
@@ -299,7 +301,7 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func afterCommit(_ out: Outcome) {
-        counters.counted(records: out.records)
+        counters.counted(records: out.records, seconds: out.seconds)
         if out.maxSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.maxSeq, ordering: .relaxed) }
         queue.committed(through: out.ticket)
         for done in out.callbacks { done() }

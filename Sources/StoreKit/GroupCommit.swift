@@ -199,47 +199,52 @@ public final class WriterCounters: Sendable {
     public let appends = Atomic<Int>(0)
     /// Commits that failed and were retried.
     public let failures = Atomic<Int>(0)
-    private let commits = Atomic<Int>(0)
-    private let records = Atomic<Int>(0)
-    private let largestCommit = Atomic<Int>(0)
     /// Nanoseconds the writer spent in transactions: wall clock (fsync waits included) and its
     /// own CPU time.
     private let busyNanos = Atomic<Int>(0)
     private let cpuNanos = Atomic<Int>(0)
-    /// Per commit: its wall-clock seconds and its records (one lock each per commit, taken only
-    /// by the writer thread and by `/metrics`).
-    private let commitSeconds = Lock(StoreHistogram(bounds: StoreHistogram.secondsBounds))
-    private let commitRecords = Lock(StoreHistogram(bounds: StoreHistogram.recordsBounds))
+    /// Per commit reported: the counts and its wall-clock seconds and records, under one lock
+    /// (taken once per commit, and by `/metrics`), so a scrape never sees a commit in one and
+    /// not in another.
+    private let perCommit = Lock(
+        (
+            commits: 0, records: 0, largest: 0, seconds: StoreHistogram(bounds: StoreHistogram.secondsBounds),
+            sizes: StoreHistogram(bounds: StoreHistogram.recordsBounds)
+        ))
 
     public init() {}
 
     /// When a transaction starts: its clocks (`timed(since:records:)` when it committed).
     public static func clocks() -> (wall: Int, cpu: Int) { (clockNanos(CLOCK_MONOTONIC), clockNanos(CLOCK_THREAD_CPUTIME_ID)) }
 
-    /// A transaction that started at `start` (`clocks()`) committed `records` records.
-    public func timed(since start: (wall: Int, cpu: Int), records n: Int) {
+    /// A transaction that started at `start` (`clocks()`) committed: its wall-clock seconds,
+    /// for `counted` once it is reported.
+    public func timed(since start: (wall: Int, cpu: Int)) -> Double {
         let wall = clockNanos(CLOCK_MONOTONIC) &- start.wall
         busyNanos.add(wall, ordering: .relaxed)
-        commitSeconds.withLock { $0.observe(Double(wall) / 1e9) }
-        commitRecords.withLock { $0.observe(Double(n)) }
         cpuNanos.add(clockNanos(CLOCK_THREAD_CPUTIME_ID) &- start.cpu, ordering: .relaxed)
+        return Double(wall) / 1e9
     }
 
-    /// A commit of `n` records is reported.
-    public func counted(records n: Int) {
-        commits.add(1, ordering: .relaxed)
-        records.add(n, ordering: .relaxed)
-        if n > largestCommit.load(ordering: .relaxed) { largestCommit.store(n, ordering: .relaxed) }
+    /// A commit of `n` records that took `seconds` is reported.
+    public func counted(records n: Int, seconds: Double) {
+        perCommit.withLock { c in
+            c.commits += 1
+            c.records += n
+            c.largest = max(c.largest, n)
+            c.seconds.observe(seconds)
+            c.sizes.observe(Double(n))
+        }
     }
 
     public var stats: StoreStats {
-        StoreStats(
-            commits: commits.load(ordering: .relaxed), records: records.load(ordering: .relaxed),
-            appends: appends.load(ordering: .relaxed), largestCommit: largestCommit.load(ordering: .relaxed),
+        let c = perCommit.value
+        return StoreStats(
+            commits: c.commits, records: c.records, appends: appends.load(ordering: .relaxed), largestCommit: c.largest,
             failures: failures.load(ordering: .relaxed),
             busySeconds: Double(busyNanos.load(ordering: .relaxed)) / 1e9,
             cpuSeconds: Double(cpuNanos.load(ordering: .relaxed)) / 1e9,
-            commitSeconds: commitSeconds.withLock { $0 }, commitRecords: commitRecords.withLock { $0 })
+            commitSeconds: c.seconds, commitRecords: c.sizes)
     }
 }
 
