@@ -545,9 +545,13 @@ final class PGWriter: @unchecked Sendable {
             let mark = [PGParameter(writerID), PGParameter(Int64(clamping: batch))]
             var marked = false
             if let fence, fence.partitions != nil {
+                // The instance, then the partitions' scopes and epochs, in partition order.
+                func fencing(_ epochs: [Int: Int64]) -> [PGParameter] {
+                    let parts = epochs.keys.sorted()
+                    return [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { epochs[$0] ?? 0 })]
+                }
                 if !partitionEpochs.isEmpty {
-                    let parts = partitionEpochs.keys.sorted()
-                    let fencing = [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { partitionEpochs[$0] ?? 0 })]
+                    let fencing = fencing(partitionEpochs)
                     // The common commit of a partition holder: fence, mark (and NOTIFY) in one statement.
                     if events {
                         try send(notify ? .fencePartsMarkNotify : .fencePartsMark, fencing + mark)
@@ -557,9 +561,7 @@ final class PGWriter: @unchecked Sendable {
                     }
                 } else if !anyOf.isEmpty {
                     // A commit of meta alone: any one partition held (`PGSchema.fenceAny`).
-                    let parts = anyOf.keys.sorted()
-                    try send(
-                        PGSchema.fenceAny, [PGParameter(fence.instance), PGMembership.scopes(parts), PGMembership.epochs(parts.map { anyOf[$0] ?? 0 })])
+                    try send(PGSchema.fenceAny, fencing(anyOf))
                 }
             } else if let fence {
                 try send(.fence, [PGParameter(fence.instance), PGParameter(fence.epoch)])

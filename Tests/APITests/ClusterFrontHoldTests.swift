@@ -10,7 +10,7 @@ import Testing
 
 /// A placement whose queues change hands while a test runs: this instance ("a") serves what
 /// `served` says, and `holders` says who holds the rest (nobody: moving).
-final class MovingPlacement: QueuePlacement, @unchecked Sendable {
+final class MovingPlacement: FrontTestPlacement, @unchecked Sendable {
     // @unchecked: both maps are touched only under `lock`.
     private let lock = Lock<(served: Set<String>, holders: [String: PlacementHolder])>(([], [:]))
     let selfID = "a"
@@ -19,16 +19,6 @@ final class MovingPlacement: QueuePlacement, @unchecked Sendable {
     func set(served: Set<String> = [], holders: [String: PlacementHolder] = [:]) { lock.withLock { $0 = (served, holders) } }
     func serves(queue name: String) -> Bool { lock.withLock { $0.served.contains(name) } }
     func holder(ofQueue name: String) -> PlacementHolder? { lock.withLock { $0.holders[name] } }
-    var servesEveryQueue: Bool { false }
-    var startsAfterCommit: Bool { true }
-    func mayStart() -> Bool { true }
-    var unready: String? { nil }
-    func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
-    func writeMetrics(to out: inout Exposition) {}
-    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
-    func start(engine: QueueEngine, advertise: String) throws {}
-    func stop() {}
-    func abandon() {}
 }
 
 /// A request for a queue in the middle of its handover waits for the new holder (API.md "Many
@@ -76,15 +66,19 @@ struct ClusterFrontHoldTests {
         #expect(monotonicSeconds() - t0 >= 0.15, "answered before the queue was taken in")
     }
 
-    @Test("nobody takes the queue within the bound: 503 no-owner once it has passed, not before")
-    func refusedPastTheBound() {
-        let placement = MovingPlacement()
+    /// A keyed suspend of queue "moving" through a front that holds requests 0.3 s: its
+    /// answer, the answer's body, and how long it took.
+    static func suspendHeld(over placement: MovingPlacement) -> (response: HTTPResponse?, text: String, waited: Double) {
         let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
         let t0 = monotonicSeconds()
         let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend", headers: Self.keyed)), within: 5)
-        let waited = monotonicSeconds() - t0
+        return (response, String(decoding: response?.body ?? [], as: UTF8.self), monotonicSeconds() - t0)
+    }
+
+    @Test("nobody takes the queue within the bound: 503 no-owner once it has passed, not before")
+    func refusedPastTheBound() {
+        let (response, text, waited) = Self.suspendHeld(over: MovingPlacement())
         #expect(response?.status == 503)
-        let text = String(decoding: response?.body ?? [], as: UTF8.self)
         #expect(text.contains("no-owner"))
         #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
     }
@@ -167,12 +161,8 @@ struct ClusterFrontHoldTests {
     func crashedHolderPastTheBound() {
         let placement = MovingPlacement()
         placement.set(holders: ["moving": PlacementHolder(instance: "b", url: "http://127.0.0.1:\(closedPort())")])
-        let front = Self.front(placement, hold: 0.3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }
-        let t0 = monotonicSeconds()
-        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/suspend", headers: Self.keyed)), within: 5)
-        let waited = monotonicSeconds() - t0
+        let (response, text, waited) = Self.suspendHeld(over: placement)
         #expect(response?.status == 503)
-        let text = String(decoding: response?.body ?? [], as: UTF8.self)
         #expect(text.contains("owner-unavailable"), "\(text)")
         #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
     }

@@ -6,9 +6,26 @@ import Testing
 @testable import QueueAPI
 @testable import QueueCluster
 
+/// A test placement: only what a `ClusterFront` asks (`serves`, `holder`, `selfID`, `selfURL`)
+/// is its own; the rest is answered here.
+protocol FrontTestPlacement: QueuePlacement {}
+
+extension FrontTestPlacement {
+    var servesEveryQueue: Bool { false }
+    var startsAfterCommit: Bool { true }
+    func mayStart() -> Bool { true }
+    var unready: String? { nil }
+    func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
+    func writeMetrics(to out: inout Exposition) {}
+    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
+    func start(engine: QueueEngine, advertise: String) throws {}
+    func stop() {}
+    func abandon() {}
+}
+
 /// A placement as a table: this instance is "a" (`http://a:1`); each queue's holder by id,
 /// served here when held by "a". A queue not in the table is held by nobody (moving).
-struct FakePlacement: QueuePlacement {
+struct FakePlacement: FrontTestPlacement {
     let selfID = "a"
     let selfURL = "http://a:1"
     var served: Set<String> = []
@@ -23,18 +40,6 @@ struct FakePlacement: QueuePlacement {
 
     func serves(queue name: String) -> Bool { served.contains(name) }
     func holder(ofQueue name: String) -> PlacementHolder? { holders[name] }
-
-    // What the front does not ask.
-    var servesEveryQueue: Bool { false }
-    var startsAfterCommit: Bool { true }
-    func mayStart() -> Bool { true }
-    var unready: String? { nil }
-    func clusterView(ownQueues: [String]) throws -> ClusterView { ClusterView(mode: "cluster", store: "postgres", instances: []) }
-    func writeMetrics(to out: inout Exposition) {}
-    func onChange(_ body: @escaping @Sendable (PlacementChange) -> Void) {}
-    func start(engine: QueueEngine, advertise: String) throws {}
-    func stop() {}
-    func abandon() {}
 }
 
 /// Where `ClusterFront` sends each request, over the real route table and a fake placement:

@@ -99,18 +99,31 @@ final class PartitionedInstance: @unchecked Sendable {
 /// (scripts/test.sh runs it with the PostgreSQL suites).
 @Suite("PartitionOwnerTests: a partitioned cluster's core on a real PostgreSQL", .serialized)
 struct PartitionOwnerTests {
+    /// Instances "inst-a" then "inst-b" on `url` (lease 2), started, and b's rendezvous share
+    /// once b serves it and a none of it. The caller stops them.
+    static func split(_ url: String) throws -> (a: PartitionedInstance, b: PartitionedInstance, bTargets: Set<Int>) {
+        let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
+        try a.start()
+        let b: PartitionedInstance
+        do {
+            b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
+            try b.start()
+        } catch {
+            a.stop()
+            throw error
+        }
+        let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
+        #expect(waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) })
+        return (a, b, bTargets)
+    }
+
     /// Issue 24: a claim whose load of queues takes longer than the lease does not stop the
     /// heartbeat and the renewals of the partitions already held.
     @Test func aLoadLongerThanTheLeaseDoesNotDelayTheRenewals() throws {
         let url = try TestPostgres.createDatabase()
         defer { TestPostgres.dropDatabase(url) }
-        let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
-        try a.start()
+        let (a, b, bTargets) = try Self.split(url)
         defer { a.stop() }
-        let b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
-        try b.start()
-        let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
-        #expect(waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) })
         // b leaves: a takes its partitions back, and reading their queues takes 3 s (> lease).
         let loads = Locking.Lock(0)
         a.owner.beforeLoading {
@@ -217,13 +230,8 @@ struct PartitionOwnerTests {
     @Test func aCascadeReachesDependentsOfOtherOwnersLiveAndAfterATakeover() throws {
         let url = try TestPostgres.createDatabase()
         defer { TestPostgres.dropDatabase(url) }
-        let a = try PartitionedInstance(url: url, id: "inst-a", lease: 2)
-        try a.start()
+        let (a, b, bTargets) = try Self.split(url)
         defer { a.stop() }
-        let b = try PartitionedInstance(url: url, id: "inst-b", lease: 2)
-        try b.start()
-        let bTargets = QueuePartitions.targets(of: "inst-b", among: ["inst-a", "inst-b"])
-        #expect(waitUntil(timeout: 15) { b.owner.servingPartitions == bTargets && a.owner.servingPartitions.isDisjoint(with: bTargets) })
         let names = (0..<40).map { "q\($0)" }
         let qa = try #require(names.first { !bTargets.contains(QueuePartitions.of(queue: $0)) })
         let qb = try #require(names.first { bTargets.contains(QueuePartitions.of(queue: $0)) })

@@ -140,6 +140,11 @@ final class ClusterNode: @unchecked Sendable {  // mutable state only behind `st
         String(((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "").suffix(count))
     }
 
+    /// Whether `/readyz` answers 200 within `timeout` seconds.
+    func isReady(timeout: Double = 1) -> Bool {
+        (try? request("GET", "/readyz", timeout: timeout))?.status == 200
+    }
+
     /// One request on a fresh connection; never throws, says what happened.
     func exchange(_ method: String, _ target: String, json: String? = nil, headers: [String: String] = [:], timeout: Double = 10) -> HTTPOutcome {
         HTTPExchange.run(host: host, port: port, method: method, path: target, body: json.map { Array($0.utf8) }, headers: headers, timeout: timeout)

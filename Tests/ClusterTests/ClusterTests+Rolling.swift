@@ -20,7 +20,7 @@ extension ClusterTests {
     }
 
     static func rollingRestart(_ cluster: TestCluster) throws {
-        guard waitUntil(timeout: 30, every: 0.05, { cluster.nodes.allSatisfy { (try? $0.request("GET", "/readyz", timeout: 2))?.status == 200 } }) else {
+        guard waitUntil(timeout: 30, every: 0.05, { cluster.nodes.allSatisfy { $0.isReady(timeout: 2) } }) else {
             cluster.record(["the instances did not answer /readyz 200 within 30 s"], "readyz")
             return
         }
@@ -80,7 +80,7 @@ extension ClusterTests {
                 index: index, binary: try OpqdBinary.locate(), arguments: ["--store", cluster.database, "--lease", String(Int(TestCluster.lease))],
                 data: cluster.logs + "/" + data, logPath: cluster.logs + "/opqd-\(index).log")
             started.append(node)
-            if waitUntil(timeout: 30, every: 0.02, { (try? node.request("GET", "/readyz", timeout: 1))?.status == 200 }) {
+            if waitUntil(timeout: 30, every: 0.02, { node.isReady() }) {
                 up.withLock { $0.append(node) }
             } else {
                 problems.append("opqd #\(index) (restarted on \(data)) did not answer /readyz 200 within 30 s")
@@ -149,7 +149,7 @@ extension ClusterTests {
         var problems: [String] = []
         let first = try start(2, data)
         defer { first.killNow() }
-        guard waitUntil(timeout: 30, every: 0.05, { (try? first.request("GET", "/readyz", timeout: 1))?.status == 200 }),
+        guard waitUntil(timeout: 30, every: 0.05, { first.isReady() }),
             cluster.awaitSpread(among: cluster.nodes + [first], timeout: 30),
             let id = selfID(first)
         else {

@@ -25,7 +25,7 @@ extension ClusterTests {
         var ready: Set<Int> = []
         while ready.count < nodes.count && monotonicSeconds() - t0 < 30 {
             for n in nodes where !ready.contains(n.index) {
-                if (try? n.request("GET", "/readyz", timeout: 2))?.status == 200 { ready.insert(n.index) }
+                if n.isReady(timeout: 2) { ready.insert(n.index) }
             }
             usleep(20_000)
         }
@@ -64,7 +64,7 @@ extension ClusterTests {
 
     static func joinUnderLoad(_ cluster: TestCluster) throws {
         var up = cluster.nodes
-        guard waitUntil(timeout: 30, every: 0.05, { up.allSatisfy { (try? $0.request("GET", "/readyz", timeout: 2))?.status == 200 } }) else {
+        guard waitUntil(timeout: 30, every: 0.05, { up.allSatisfy { $0.isReady(timeout: 2) } }) else {
             cluster.record(["the first two instances did not answer /readyz 200 within 30 s"], "readyz")
             return
         }
@@ -80,7 +80,7 @@ extension ClusterTests {
         var slowest = 0.0
         let start = monotonicSeconds()
         while monotonicSeconds() - start < 30 {
-            if joinedAt == nil, (try? joiner.request("GET", "/readyz", timeout: 1))?.status == 200 {
+            if joinedAt == nil, joiner.isReady() {
                 up.append(joiner)
                 joinedAt = monotonicSeconds()
             }

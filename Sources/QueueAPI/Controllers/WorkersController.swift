@@ -38,8 +38,7 @@ package struct WorkersController: Sendable {
     /// cut again at the byte budget; its `next` says where the merge stopped. nil when a page
     /// is not a 200 with the expected shape.
     package static func mergeWorkers(_ pages: [HTTPResponse], budget: Int) -> HTTPResponse? {
-        typealias Lease = (operation: String, queue: String, since: String, expiresAt: String)
-        var merged: [String: (since: String, leases: [Lease])] = [:]
+        var merged: [String: WorkerEntry] = [:]
         var limit: String?
         for page in pages {
             guard page.status == 200, let top = try? JSONValue.parse(page.body), case let .array(workers)? = top["workers"] else {
@@ -50,22 +49,40 @@ package struct WorkersController: Sendable {
                 guard case let .string(name)? = w["worker"], case let .string(since)? = w["since"], case let .array(leases)? = w["leases"] else {
                     return nil
                 }
-                var entry = merged[name] ?? (since, [])
+                var entry = merged[name] ?? WorkerEntry(since: since)
                 entry.since = min(entry.since, since)
                 for l in leases {
                     guard case let .string(op)? = l["operation"], case let .string(queue)? = l["queue"], case let .string(at)? = l["since"],
                         case let .string(expires)? = l["expiresAt"]
                     else { return nil }
-                    entry.leases.append((op, queue, at, expires))
+                    entry.leases.append(LeaseEntry(operation: op, queue: queue, since: at, expiresAt: expires))
                 }
                 merged[name] = entry
             }
         }
+        return workersPage(merged, budget: budget, through: limit)
+    }
+
+    /// One worker of `GET /v1/workers`, its times as written (RFC 3339, fixed width, so they
+    /// sort as the times do).
+    struct WorkerEntry {
+        var since: String
+        var leases: [LeaseEntry] = []
+    }
+
+    struct LeaseEntry {
+        var operation, queue, since, expiresAt: String
+    }
+
+    /// The page: workers by name up to `through` (when set), each with its leases oldest first,
+    /// cut at the byte budget; `next` is the last worker written when cut, else `through`.
+    static func workersPage(_ workers: [String: WorkerEntry], budget: Int, through limit: String?) -> HTTPResponse {
         var o = JSONOut()
         o.open(); o.key("workers"); o.openArray()
         var next: String? = nil, last: String? = nil
-        for (worker, entry) in merged.sorted(by: { $0.key < $1.key }) {
+        for (worker, entry) in workers.sorted(by: { $0.key < $1.key }) {
             if let limit, worker > limit { break }
+            // A page ends at the byte budget; `next` (a worker name) carries on.
             if last != nil && o.bytes.count > budget { next = last; break }
             last = worker
             o.open()
@@ -366,36 +383,14 @@ package struct WorkersController: Sendable {
     func workers(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after"])
         let after = q.values["after"]
-        var byWorker: [String: [ExternalKind.Lease]] = [:]
-        for l in external.leases where after.map({ l.worker > $0 }) ?? true { byWorker[l.worker, default: []].append(l) }
-        let budget = pageBudget(limits)
-        var o = JSONOut()
-        o.open(); o.key("workers"); o.openArray()
-        var next: String? = nil, last: String? = nil
-        for (worker, leases) in byWorker.sorted(by: { $0.key < $1.key }) {
-            // A page ends at the byte budget; `next` (a worker name) carries on.
-            if last != nil && o.bytes.count > budget { next = last; break }
-            last = worker
-            guard let since = leases.map(\.since).min() else { continue }
-            o.open()
-            o.key("worker"); o.string(worker)
-            o.key("since"); o.time(since)
-            o.key("leases"); o.openArray()
-            for l in leases.sorted(by: { $0.since < $1.since }) {
-                o.open()
-                o.key("operation"); o.string(l.operation.description)
-                o.key("queue"); o.string(l.queue)
-                o.key("since"); o.time(l.since)
-                o.key("expiresAt"); o.time(l.expiresAt)
-                o.close()
-            }
-            o.closeArray()
-            o.close()
+        var byWorker: [String: WorkerEntry] = [:]
+        for l in external.leases where after.map({ l.worker > $0 }) ?? true {
+            let lease = LeaseEntry(operation: l.operation.description, queue: l.queue, since: l.since.rfc3339, expiresAt: l.expiresAt.rfc3339)
+            var entry = byWorker[l.worker] ?? WorkerEntry(since: lease.since)
+            entry.since = min(entry.since, lease.since)
+            entry.leases.append(lease)
+            byWorker[l.worker] = entry
         }
-        o.closeArray()
-        o.key("next")
-        if let next { o.string(next) } else { o.null() }
-        o.close()
-        return .response(json(200, o.bytes))
+        return .response(Self.workersPage(byWorker, budget: pageBudget(limits), through: nil))
     }
 }

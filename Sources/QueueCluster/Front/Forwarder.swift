@@ -46,8 +46,8 @@ package final class Forwarder: Sendable {
         return n
     }
 
-    /// A forwarded request may be forwarded once more, to an instance other than the one that
-    /// sent it: the queue moved on while it was on its way (a handover). Never a third time, so
+    /// A forwarded request may be forwarded once more: the queue moved on while it was on its
+    /// way (a handover), back to its sender too when it moved there. Never a third time, so
     /// instances that disagree on a holder for a moment cannot bounce it between them.
     static let maxHops = 2
 
@@ -102,8 +102,9 @@ package final class Forwarder: Sendable {
     /// client that left is not handed out (its leases go back to the queue at once).
     ///
     /// `undelivered`, when given, takes over the responder, with the answer it would have had,
-    /// when the owner certainly did not handle the request (``neverHandled``): it stopped
-    /// listening, or it is shutting down and refused the request (a handover under way).
+    /// when the owner certainly did not handle the request (``neverHandled``): it refused the
+    /// request unstarted while shutting down (a handover under way), or, for a request that may
+    /// be sent twice, it no longer listens.
     func forward(
         _ request: HTTPRequest, to base: String, undelivered: (@Sendable (HTTPResponder, HTTPResponse) -> Void)? = nil
     ) -> HTTPHandlerResult {

@@ -174,7 +174,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         if begun.wait(timeout: deadline) == .success {
             while DispatchTime.now() < deadline {
                 if held.all.isEmpty {
-                    refreshHolders()
+                    _ = try? readHolders()
                     let map = holderMap
                     // Its partitions held by others, whose URLs are known: they are served again.
                     if had.allSatisfy({ p in map[p].map { $0.instance != selfID && !$0.url.isEmpty } ?? false }) {
@@ -191,12 +191,17 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         return false
     }
 
-    /// Reads who holds each partition now (`holders`), as a period does.
-    private func refreshHolders() {
-        guard let leases = try? membership.partitionLeases(), let urls = try? membership.urls() else { return }
+    /// Reads who holds each partition now, with its URL (a departing instance's too: it still
+    /// holds leases a moment), into `holders`.
+    @discardableResult
+    private func readHolders() throws -> [Int: PlacementHolder] {
+        let urls = try membership.urls()
         var map: [Int: PlacementHolder] = [:]
-        for l in leases where l.live { map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "") }
+        for l in try membership.partitionLeases() where l.live {
+            map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "")
+        }
         holders.withLock { $0 = map }
+        return map
     }
 
     /// Stops the timer and gives every partition up at once (a clean stop), once what was
@@ -330,16 +335,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             let live =
                 departing ? view.instances.map(\.id).filter { $0 != selfID } : PartitionPlanner.live(selfID: selfID, read: view.instances.map(\.id))
             others.withLock { $0 = departing ? !live.isEmpty : live.count > 1 }
-            // Every instance's URL, a departing one's too: it still holds leases a moment.
-            let urls = try membership.urls()
 
             let mine = held.all
-            let leases = try membership.partitionLeases()
-            var map: [Int: PlacementHolder] = [:]
-            for l in leases where l.live {
-                map[l.partition] = PlacementHolder(instance: l.instance, url: urls[l.instance] ?? "")
-            }
-            holders.withLock { $0 = map }
+            let map = try readHolders()
             let names = (try? store.queueNames()) ?? picture.withLock { $0.queues }
             picture.withLock { $0 = (view, names) }
             lastError.withLock { $0 = nil }
