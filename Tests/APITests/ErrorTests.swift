@@ -39,6 +39,15 @@ struct Fixture {
         guard try await server.waitForState(running, "executing"), try await server.waitForState(finished, "finished") else {
             throw Unexpected("fixture did not settle")
         }
+        // A state shows before its events are committed (lastSeq): the fixture is settled once
+        // two looks 50 ms apart agree, so a refused request is the only thing that could move it.
+        var previous = try await server.fingerprint()
+        for _ in 0..<100 {
+            try await Task.sleep(nanoseconds: 50_000_000)
+            let now = try await server.fingerprint()
+            if now == previous { break }
+            previous = now
+        }
         return Fixture(ids: ["a": a, "b": b, "running": running, "finished": finished, "missing": "op-00000000deadbeef"])
     }
 
