@@ -4,9 +4,10 @@ extension EngineCore {
     /// creation event. Does not settle: the caller does, once, after everything it adds, so a
     /// batch starts nothing before all of it is in.
     /// `remote`: unfinished dependencies this engine does not hold (`QueueEngine+Remote`).
+    /// `id`: one set aside for it before (`prepareBatchPart`); nil: the next.
     func insert(
         into q: QueueRecord, req request: OperationRequest, kind: any OperationKind, deps resolved: [OpRecord], remote: [UInt64] = [],
-        barrier: Bool
+        barrier: Bool, id given: UInt64? = nil
     ) -> OpRecord {
         var deps = resolved
         var req = request
@@ -21,12 +22,23 @@ extension EngineCore {
         // Its first state, not a move: ready unless a dependency or `notBefore` holds it back.
         let readyNow = remote.isEmpty && !deps.contains { $0.state != .finished } && (req.options.notBefore.map { $0 <= now } ?? true)
         let op = OpRecord(
-            id: nextID, queue: q, request: req, kind: kind, createdAt: now, isBarrier: barrier,
+            id: given ?? nextID, queue: q, request: req, kind: kind, createdAt: now, isBarrier: barrier,
             state: readyNow ? .ready : .pending)
-        nextID += 1
+        if given == nil { nextID += 1 }
         op.implicitBarrier = implicitBarrier
         ops[op.id] = op
-        q.ops.append(op)
+        if let last = q.ops.last, last.id > op.id {
+            // An id set aside earlier (a batch part across instances, `applyBatchPart`): the
+            // queue's list stays in id order, which its pages' cursors search by.
+            var lo = 0, hi = q.ops.count
+            while lo < hi {
+                let mid = (lo + hi) / 2
+                if q.ops[mid].id < op.id { lo = mid + 1 } else { hi = mid }
+            }
+            q.ops.insert(op, at: lo)
+        } else {
+            q.ops.append(op)
+        }
         q.counts[op.state.index] += 1
         q.unfinished += 1
         bump(q)

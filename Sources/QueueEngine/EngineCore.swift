@@ -52,6 +52,9 @@ final class EngineCore: @unchecked Sendable {
     /// bounded (`QueueEngine.wasReleased`).
     var released = Set<UInt64>()
     var nextID: UInt64 = 1
+    /// Batch parts across instances checked and given ids, not yet added or let go
+    /// (`prepareBatchPart`), by their batch's id.
+    var batchHolds: [String: BatchHold] = [:]
     /// Ids at or above it are not this engine's to hand out (`QueueEngine.useIDs`).
     var idEnd: UInt64 = QueueRecord.idMask + 1
     var nextSeq: UInt64 = 1

@@ -42,29 +42,11 @@ extension QueueEngine {
         var requests: [OperationRequest] = []
         requests.reserveCapacity(elements.count)
         for (i, e) in elements.enumerated() {
-            do throws(EngineError) {
-                guard let kind = kinds[e.request.kind], e.request.kind != "barrier" else {
-                    throw .unknownKind(e.request.kind, allowed: kindNames)
-                }
-                try kind.permit(spec: e.request.spec)
-                try kind.validate(spec: e.request.spec)
-                guard e.dependencies.count <= configuration.maxDependencies else {
-                    throw .invalidArgument(
-                        field: "dependencies",
-                        detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(e.dependencies.count)")
-                }
-                for (j, d) in e.dependencies.enumerated() {
-                    if case let .element(k) = d, !(0..<i).contains(k) {
-                        throw .invalidArgument(field: "dependencies[\(j)]", detail: "may name only an earlier element of the batch")
-                    }
-                }
-                var request = e.request
-                if request.options.retry == nil { request.options.retry = kind.defaultRetry }
-                resolvedKinds.append(kind)
-                requests.append(request)
-            } catch {
-                throw BatchRefusal(index: i, error: error)
-            }
+            let kind = try check(e, at: i)
+            var request = e.request
+            if request.options.retry == nil { request.options.retry = kind.defaultRetry }
+            resolvedKinds.append(kind)
+            requests.append(request)
         }
         let remote: [OperationID: Bool]
         do throws(EngineError) {
@@ -142,5 +124,30 @@ extension QueueEngine {
             throw BatchRefusal(index: 0, error: error)
         }
         return try result.get()
+    }
+
+    /// The checks of element `i` that need no engine state: its kind and spec, and its
+    /// dependencies' count and order. Returns its kind.
+    func check(_ e: BatchElement, at i: Int) throws(BatchRefusal) -> any OperationKind {
+        do throws(EngineError) {
+            guard let kind = kinds[e.request.kind], e.request.kind != "barrier" else {
+                throw .unknownKind(e.request.kind, allowed: kindNames)
+            }
+            try kind.permit(spec: e.request.spec)
+            try kind.validate(spec: e.request.spec)
+            guard e.dependencies.count <= configuration.maxDependencies else {
+                throw .invalidArgument(
+                    field: "dependencies",
+                    detail: "at most \(configuration.maxDependencies) dependencies (--max-dependencies); got \(e.dependencies.count)")
+            }
+            for (j, d) in e.dependencies.enumerated() {
+                if case let .element(k) = d, !(0..<i).contains(k) {
+                    throw .invalidArgument(field: "dependencies[\(j)]", detail: "may name only an earlier element of the batch")
+                }
+            }
+            return kind
+        } catch {
+            throw BatchRefusal(index: i, error: error)
+        }
     }
 }

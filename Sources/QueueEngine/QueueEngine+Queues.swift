@@ -93,6 +93,9 @@ extension QueueEngine {
         try mutate { core throws(EngineError) in
             let q = try core.queue(name)
             if q.unfinished > 0 && !force { throw .queueNotIdle(name, unfinished: q.unfinished) }
+            // Operations a batch across instances may add any moment now (its outcome is being
+            // decided): the queue stays until they are added or let go, a few seconds at most.
+            if q.held > 0 { throw .queueNotIdle(name, unfinished: q.unfinished + q.held) }
             core.cancelAll(of: q)
             q.deleted = true
             // Its operations go with it; executing ones leave the table when they finish.

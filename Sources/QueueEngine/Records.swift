@@ -124,6 +124,9 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     var barrier: OpRecord?
     var idleWaiters: [(UInt64, @Sendable (Bool) -> Void)] = []
     var deleted = false
+    /// Operations set aside for it by batch parts across instances (`prepareBatchPart`) and not
+    /// yet added or let go: while any are, the queue cannot be deleted.
+    var held = 0
 
     init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp, generation: UInt64) {
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt
