@@ -198,11 +198,17 @@ final class PGReader {
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
-                // The dependencies of their unfinished operations that are in other queues.
+                // The dependencies of their unfinished operations that are in other queues, and
+                // those of a committed batch across instances not added yet by their owner
+                // (not finished: `operationStates`).
                 let deps = try c.exec(
                     """
-                    SELECT o.id, o.state = 'finished', o.cascade_at FROM opqd.operations o WHERE NOT (o.queue = ANY($1::text[])) AND o.id IN \
-                    (SELECT unnest(d.dependencies) FROM opqd.operations d WHERE d.queue = ANY($1::text[]) AND d.state <> 'finished')
+                    WITH wanted AS (SELECT DISTINCT unnest(d.dependencies) AS id FROM opqd.operations d \
+                    WHERE d.queue = ANY($1::text[]) AND d.state <> 'finished') \
+                    SELECT o.id, o.state = 'finished', o.cascade_at FROM opqd.operations o JOIN wanted w ON o.id = w.id \
+                    WHERE NOT (o.queue = ANY($1::text[])) \
+                    UNION ALL SELECT w.id, false, NULL FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM opqd.operations o WHERE o.id = w.id) \
+                    AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE w.id = ANY(p.ids))
                     """, [list.parameter])
                 try c.exec("COMMIT")
                 return (qs, os, deps)
@@ -229,7 +235,15 @@ final class PGReader {
         var list = ArrayColumn()
         for id in ids { list.int(Int64(clamping: id.raw)) }
         let r = try withConnection { c throws(PGFailure) in
-            try c.exec("SELECT id, state = 'finished', cascade_at FROM opqd.operations WHERE id = ANY($1::bigint[])", [list.parameter])
+            // One statement, one snapshot: an operation of a committed batch across instances
+            // that its owner has not added yet (its part still in `batch_parts`) exists and is
+            // not finished; its part's row goes only after the operation's row is committed.
+            try c.exec(
+                """
+                SELECT id, state = 'finished', cascade_at FROM opqd.operations WHERE id = ANY($1::bigint[]) \
+                UNION ALL SELECT x, false, NULL FROM unnest($1::bigint[]) AS x \
+                WHERE NOT EXISTS (SELECT 1 FROM opqd.operations o WHERE o.id = x) AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE x = ANY(p.ids))
+                """, [list.parameter])
         }
         return Self.states(r)
     }

@@ -195,6 +195,20 @@ package enum PGSchema {
         ALTER TABLE opqd.operations SET (fillfactor = 85);
         ALTER TABLE opqd.queues SET (fillfactor = 50);
         """,
+        // 8 -> 9: batches across instances (`PostgresStore+Batches`). A batch's outcome is the
+        // row that wins `id`: 'commit', written by the instance that decides it with its whole
+        // body and the ids its owners set aside, fenced by each owner's partitions, and with one
+        // row per partition in `batch_parts` (its ids) until that partition's owner has added its
+        // part; or 'abort', written by an owner that stopped waiting for the decision. `idem`:
+        // the Idempotency-Key's scope a batch was made under (one committed batch per key).
+        """
+        CREATE TABLE opqd.batches (id text PRIMARY KEY, outcome text NOT NULL, decided_at timestamptz NOT NULL DEFAULT now(),
+            idem text, body_hash bytea, body bytea, ids bigint[]);
+        CREATE UNIQUE INDEX batches_idem ON opqd.batches (idem) WHERE idem IS NOT NULL;
+        CREATE INDEX batches_decided ON opqd.batches (decided_at);
+        CREATE TABLE opqd.batch_parts (batch text NOT NULL, part integer NOT NULL, ids bigint[] NOT NULL, PRIMARY KEY (batch, part));
+        CREATE INDEX batch_parts_by_part ON opqd.batch_parts (part);
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.

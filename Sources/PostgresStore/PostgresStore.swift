@@ -32,6 +32,9 @@ public final class PostgresStore: OperationStore {
     /// thread, which must not wait behind history pages or webhook catch-ups on `reader`, or
     /// for minutes on a dead link.
     let feedReader: Lock<PGReader>
+    /// Batches across instances (`PostgresStore+Batches`): their decisions and parts, on a
+    /// bounded connection of their own.
+    let batchConnection: Lock<PGReader>
     private let closed = Lock(false)
 
     /// Connects, takes the database's instance lock, creates or migrates the schema and starts
@@ -93,6 +96,7 @@ public final class PostgresStore: OperationStore {
         }
         reader = Lock(PGReader(url: url, connection: readConnection))
         feedReader = Lock(PGReader(url: url, connection: nil, bounded: true))
+        batchConnection = Lock(PGReader(url: url, connection: nil, bounded: true))
         guard writer.start() else {
             throw PostgresStoreError(.io, url: shown, detail: "cannot start the writer thread")
         }
@@ -241,6 +245,7 @@ public final class PostgresStore: OperationStore {
         writer.stopAndFinish()
         reader.withLock { $0.close() }
         feedReader.withLock { $0.close() }
+        batchConnection.withLock { $0.close() }
     }
 
     // MARK: - reading

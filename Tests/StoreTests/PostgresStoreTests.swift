@@ -144,14 +144,15 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "8")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "9")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns,
             // version 7 the partition of a kept answer, version 8 the purge's index on
-            // finished_at alone (heap-only updates).
+            // finished_at alone (heap-only updates), version 9 the batches across instances and
+            // their parts.
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "13")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "9")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "11")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname IN ('fence', 'fence_parts')") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'opqd' AND indexname = 'idempotency_by_part'") == "1")
@@ -160,7 +161,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 8)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 9)
             }
         }
     }
@@ -403,6 +404,45 @@ extension PostgresStoreTests {
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM opqd.events") == "4")
             // The lost commit's events are not known to the writer: it says so, to be read back.
             #expect(numbered.value.count == 2 && numbered.value.first == [1, 2] && numbered.value.last == .some(nil))
+        }
+    }
+
+    /// A batch across instances (`PostgresStore+Batches`): its outcome is the row that wins.
+    @Test func aBatchIsCommittedOnceOrWrittenOffAndItsPartsCountAsUnfinished() throws {
+        try withTestDatabase { url in
+            let store = try PostgresStore(url: url)
+            defer { store.close() }
+            let ids = [OperationID(raw: 1 << 40 | 1), OperationID(raw: 1 << 40 | 2)]
+            func decision(_ id: String, idem: String? = nil, fences: [(instance: String, scopes: [String], epochs: [Int64])] = []) -> BatchDecision {
+                BatchDecision(
+                    id: id, idem: idem, bodyHash: idem.map { _ in [1, 2, 3] }, body: Array(#"{"operations":[]}"#.utf8), ids: ids,
+                    parts: [(3, [ids[0]]), (5, [ids[1]])], fences: fences)
+            }
+            // Committed, and the same decision again (a lost answer) finds its own row.
+            #expect(try store.decideBatch(decision("aa")) == .committed)
+            #expect(try store.decideBatch(decision("aa")) == .committed)
+            #expect(try store.committedBatch("aa")?.ids == ids)
+            #expect(try store.pendingParts(of: "aa").sorted() == [3, 5])
+            #expect(try store.pendingBatches(parts: [5, 9]) == ["aa"])
+            // Its operations exist for the others and are not finished, until its parts are added.
+            #expect(try store.operationStates(ids).finished == [ids[0]: false, ids[1]: false])
+            #expect(try store.writeOffBatch("aa"), "a committed batch cannot be written off")
+            try store.forgetBatchParts("aa", parts: [3, 5])
+            #expect(try store.pendingBatches(parts: [3, 5]).isEmpty)
+            #expect(try store.operationStates(ids).finished.isEmpty)
+            // Written off first: the decision finds it aborted, and writes no part.
+            #expect(try !store.writeOffBatch("bb"))
+            #expect(try store.decideBatch(decision("bb")) == .aborted)
+            #expect(try store.committedBatch("bb") == nil)
+            #expect(try store.pendingParts(of: "bb").isEmpty)
+            // An owner that does not hold the partitions it named: nothing.
+            #expect(try store.decideBatch(decision("cc", fences: [("nobody", ["p3"], [1])])) == .fenced)
+            #expect(try store.committedBatch("cc") == nil)
+            // One committed batch per Idempotency-Key.
+            #expect(try store.decideBatch(decision("dd", idem: "k")) == .committed)
+            #expect(try store.decideBatch(decision("ee", idem: "k")) == .sameKey(id: "dd"))
+            #expect(try store.batch(withKey: "k")?.id == "dd")
+            #expect(try store.committedBatch("ee") == nil)
         }
     }
 }
