@@ -83,7 +83,7 @@ extension OperationSnapshot {
         o.close()
     }
 
-    var json: [UInt8] {
+    package var json: [UInt8] {
         var o = JSONOut()
         write(to: &o)
         return o.bytes

@@ -51,7 +51,8 @@ info:
       `owner-unavailable` (the owner did not answer: the change may or may not have happened;
       retry with an `Idempotency-Key`), `cluster-unavailable` or `store-unavailable`
       (PostgreSQL cannot be read). `POST /v1/operations:batch` whose queues are owned by
-      different instances answers 409 `spans-instances` (split it by queue); a
+      different instances is decided with them and committed whole, in one PostgreSQL
+      transaction (with `--ownership partitions`, the default); a
       `POST /v1/operations:finish` over several owners' queues is split among them (one
       commit each), and a copy into another owner's queue is made by that owner.
     * Limits are server options with safe defaults; hitting one answers a problem naming
@@ -1188,7 +1189,16 @@ paths:
         dependency is 404, a bad field 422, a limit 429. At most `--max-batch` elements
         (default 1000); more is 422 (`batch-too-large`), counted before any element is read.
         201 with every status, in the request's order, once durable; the events are one
-        creation event per element, in that order.
+        creation event per element, in that order. In a cluster, a batch over queues that
+        different instances own is just as atomic: each owner checks its elements and sets
+        their ids aside, one PostgreSQL transaction (fenced by every owner's partitions)
+        commits the batch, and each owner then adds its elements; the first refused element
+        (by its index) is the answer and nothing changes anywhere. There, the creation events
+        of one owner's elements are in the request's order, those of different owners each in
+        their owner's commit. 503 `no-owner` while a queue of the batch is moving (past a few
+        seconds), `owner-unavailable` when the batch's commit could not be confirmed or an
+        owner did not confirm its part (it may or may not have happened: retry with the same
+        `Idempotency-Key`).
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -1232,6 +1242,20 @@ paths:
           $ref: '#/components/responses/TooMany'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '503':
+          description: |
+            The server is starting or shutting down; or, in a cluster, a queue of the batch has
+            no owner right now (`no-owner`), its owner did not answer or confirm
+            (`owner-unavailable`), or PostgreSQL could not be read (`store-unavailable`).
+            Retry after `Retry-After`, with an `Idempotency-Key`.
+          headers:
+            Retry-After:
+              schema:
+                type: integer
+          content:
+            application/problem+json:
+              schema:
+                $ref: '#/components/schemas/Problem'
 
   /v1/operations/{id}:
     parameters:
@@ -2387,8 +2411,7 @@ components:
         same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
         that is not (or no longer) the caller's (`lease-conflict`), or finishing an
         operation that has already finished (`already-finished`), copying a barrier
-        (`not-copyable`), or, in a cluster, a batch create whose queues are owned by
-        different instances (`spans-instances`).
+        (`not-copyable`).
       content:
         application/problem+json:
           schema:

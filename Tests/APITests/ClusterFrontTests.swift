@@ -103,6 +103,7 @@ struct ClusterFrontTests {
             return "split \(list)[].\(member) of \(elements.count): " + parts.map { "\($0.url) \($0.indices)" }.joined(separator: ", ")
         case let .noOwner(queue): return "503 no-owner \(queue)"
         case let .spansInstances(_, queues): return "409 spans-instances \(queues.joined(separator: ","))"
+        case .across: return "decided across instances"
         case let .storeUnavailable(detail): return "503 store-unavailable \(detail)"
         case let .refused(problem): return "refused \(problem.status)"
         }

@@ -3,7 +3,7 @@ import QueueEngine
 
 extension OperationsController {
     /// Fields an element of a batch may have: a create body's, plus its `queue` and `ref`.
-    static let batchElementFields = ["ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"]
+    package static let batchElementFields = ["ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"]
 
     /// `addOperations(_:waitUntilFinished:)`: `{"operations": [{"ref"?, "queue", …create body…}]}`.
     /// Every element is parsed and checked before the engine is asked, and the engine checks
@@ -11,8 +11,36 @@ extension OperationsController {
     /// `{"operations": [status…]}` in the request's order once durable, or one problem naming
     /// the element (`operations[3].spec.seconds`) and nothing changed.
     func batch(_ req: HTTPRequest) throws -> HTTPResponse {
+        let elements = try batchElements(req)
+        let made: [OperationSnapshot]
+        do {
+            made = try engine.addOperations(elements)
+        } catch {
+            throw Self.naming(element: error.index, error.error)
+        }
+        var o = JSONOut(capacity: 640 * made.count + 32)
+        o.open(); o.key("operations"); o.openArray()
+        for op in made { op.write(to: &o) }
+        o.closeArray()
+        o.close()
+        return json(201, o.bytes)
+    }
+}
+
+extension CreateBodyParsing {
+    /// A batch's elements, each parsed and checked as a create's body (its problem names it:
+    /// `operations[3].spec.seconds`), refs resolved to earlier elements.
+    package func batchElements(_ req: HTTPRequest) throws -> [BatchElement] {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["operations"])
+        return try batchElements(body: req.body, requestID: req.id)
+    }
+
+    /// `batchElements` of a body alone (one kept by the store).
+    package func batchElements(body: [UInt8], requestID: UInt64 = 0) throws -> [BatchElement] {
+        guard !body.isEmpty else { throw Problem.badRequest("a JSON object body is required") }
+        let value: JSONValue
+        do { value = try JSONValue.parse(body) } catch { throw Problem.badRequest(error.description) }
+        let b = try Body(value, field: "body", allowed: ["operations"])
         guard let list = b["operations"] else { throw Problem.invalid("operations", "is required: an array of 1 to \(limits.batch) operations") }
         guard case let .array(items) = list else { throw Problem.invalid("operations", "must be an array of operations; got \(list.typeName)") }
         // Counted before any element is looked at: a body of many tiny elements costs no more
@@ -32,27 +60,16 @@ extension OperationsController {
             do {
                 elements.append(try parseElement(item, index: i, refs: &refs))
             } catch {
-                throw Self.naming(element: i, Problem.from(error, requestID: req.id), field: true)
+                throw OperationsController.naming(element: i, Problem.from(error, requestID: requestID), field: true)
             }
         }
-        let made: [OperationSnapshot]
-        do {
-            made = try engine.addOperations(elements)
-        } catch {
-            throw Self.naming(element: error.index, error.error)
-        }
-        var o = JSONOut(capacity: 640 * made.count + 32)
-        o.open(); o.key("operations"); o.openArray()
-        for op in made { op.write(to: &o) }
-        o.closeArray()
-        o.close()
-        return json(201, o.bytes)
+        return elements
     }
 
     /// One element: its queue, its ref (unique in the batch, registered once it is read, so
     /// only later elements can name it) and its create body.
     func parseElement(_ item: JSONValue, index i: Int, refs: inout [String: Int]) throws -> BatchElement {
-        let e = try Body(item, field: "", allowed: Self.batchElementFields)
+        let e = try Body(item, field: "", allowed: OperationsController.batchElementFields)
         guard let queueValue = e["queue"] else { throw Problem.invalid("queue", "is required: the name of the queue to add this operation to") }
         guard case let .string(queue) = queueValue else { throw Problem.invalid("queue", "must be a queue name string; got \(queueValue.typeName)") }
         var request = try parseRequest(e)
@@ -95,17 +112,19 @@ extension OperationsController {
         }
         return BatchElement(queue: queue, request: request, dependencies: deps)
     }
+}
 
+extension OperationsController {
     /// The problem of element `i`: a field's problem (`spec.seconds: …`) becomes
     /// `operations[i].spec.seconds: …`; a problem of the element as a whole (its queue is
     /// unknown, a limit) says `operations[i]: …`.
-    static func naming(element i: Int, _ p: Problem, field: Bool) -> Problem {
+    package static func naming(element i: Int, _ p: Problem, field: Bool) -> Problem {
         var p = p
         p.detail = field && !p.detail.hasPrefix(":") ? "operations[\(i)].\(p.detail)" : "operations[\(i)]\(p.detail)"
         return p
     }
 
-    static func naming(element i: Int, _ error: EngineError) -> Problem {
+    package static func naming(element i: Int, _ error: EngineError) -> Problem {
         switch error {
         case let .queueNotFound(name):
             return Problem(404, "not-found", "Not Found", "operations[\(i)].queue: no queue named '\(name)'")

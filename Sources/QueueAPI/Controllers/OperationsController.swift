@@ -5,12 +5,12 @@ import StoreKit
 
 /// Operations: create (in a queue), list, read, change, cancel, pause, resume, copy, wait
 /// until finished, bulk cancel in a queue, and one operation's committed events.
-package struct OperationsController: Sendable {
-    let engine: QueueEngine
+package struct OperationsController: CreateBodyParsing, Sendable {
+    package let engine: QueueEngine
     let durability: Durability
     let events: EventLog
     let store: any DurableStore
-    let limits: APILimits
+    package let limits: APILimits
 
     package func addRoutes(to r: inout Router) {
         r.add("POST", "/v1/queues/{name}/operations", scope: .queue(param: 0)) { req, p in try durability.idempotent(req) { try create(req, p[0]) } }
@@ -60,42 +60,6 @@ package struct OperationsController: Sendable {
         request.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies) ?? []
         let op = try engine.addOperation(to: queue, request)
         return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
-    }
-
-    /// The fields of a create body, less `dependencies` (a batch reads those its own way).
-    func parseRequest(_ b: Body) throws -> OperationRequest {
-        // Which kinds exist, what their specs allow, their default retry and their refusals are
-        // the kinds' own business (`OperationKind`); the engine asks them.
-        guard let kind = try b.string("kind", maxLength: 64) else {
-            throw Problem.invalid("kind", "is required: one of \(engine.kindNames.joined(separator: ", "))")
-        }
-        // An unknown kind, or a spec the kind will not run here (403), before the other fields.
-        try engine.checkPermitted(kind: kind, spec: b["spec"])
-        var request = OperationRequest(kind: kind)
-        request.name = try b.string("name", maxLength: 256)
-        request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
-        request.spec = b["spec"]
-        request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
-        if let r = b["retry"] { request.options.retry = try parseRetry(r) }
-        if let nb = b["notBefore"] { request.options.notBefore = try parseTime(nb, field: "notBefore") }
-        return request
-    }
-
-    func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {
-        guard case let .object(members) = v else { throw Problem.invalid("retry", "must be an object {maxAttempts, backoff, multiplier}; got \(v.typeName)") }
-        var p = RetryPolicy()
-        for (k, value) in members {
-            switch (k, value) {
-            case let ("maxAttempts", .number(n)) where n == n.rounded() && n >= 1 && n <= 100: p.maxAttempts = Int(n)
-            case ("maxAttempts", _): throw Problem.invalid("retry.maxAttempts", "must be an integer from 1 to 100; got \(value.text)")
-            case let ("backoff", .number(n)) where n >= 0 && n <= 86400: p.backoff = n
-            case ("backoff", _): throw Problem.invalid("retry.backoff", "must be a number of seconds from 0 to 86400; got \(value.text)")
-            case let ("multiplier", .number(n)) where n >= 1 && n <= 10: p.multiplier = n
-            case ("multiplier", _): throw Problem.invalid("retry.multiplier", "must be a number from 1 to 10; got \(value.text)")
-            default: throw Problem.invalid("retry.\(k)", "unknown field; allowed: maxAttempts, backoff, multiplier")
-            }
-        }
-        return p
     }
 
     func list(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {

@@ -13,12 +13,18 @@ extension ClusterFront {
         let pool = PGReadPool(url: storeURL)
         var readRoutes = Router()
         FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &readRoutes)
-        return ClusterFront(
-            placement: owner, router: router, engine: engine,
-            forwarder: Forwarder(
-                selfID: owner.selfID, maxResponseBytes: max(64 << 20, maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds,
-                maxGatheredBytes: limits.pageBytes * 2 + (64 << 10)),
+        let forwarder = Forwarder(
+            selfID: owner.selfID, maxResponseBytes: max(64 << 20, maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds,
+            maxGatheredBytes: limits.pageBytes * 2 + (64 << 10))
+        var front = ClusterFront(
+            placement: owner, router: router, engine: engine, forwarder: forwarder,
             access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),
             reads: APIDispatcher(router: readRoutes, access: access, log: APIDispatcher.logFailures(logger)))
+        let batches = BatchAcross(
+            engine: engine, store: postgres, parser: BatchParser(engine: engine, limits: limits), owner: owner, forwarder: forwarder, access: access,
+            logger: logger)
+        owner.onTake { parts in try batches.pending(parts) }
+        front.batches = batches
+        return front
     }
 }

@@ -30,6 +30,9 @@ package struct ClusterFront: Sendable {
     /// The dispatcher, for a held request that turns out to be this instance's to answer; nil:
     /// requests for a queue nobody serves are refused at once (503 `no-owner`), not held.
     package var local: (@Sendable (HTTPRequest) -> HTTPHandlerResult)? = nil
+    /// Batches over queues of several instances, decided here or asked of this instance as an
+    /// owner (`BatchAcross`); nil: refused with 409 `spans-instances`.
+    package var batches: BatchAcross? = nil
     /// How long a request for a queue nobody serves right now (its partition moving) is held,
     /// looked at again every `holdEvery` seconds, before it is refused with 503 `no-owner`.
     var holdSeconds = 5.0
@@ -52,6 +55,8 @@ package struct ClusterFront: Sendable {
         case noOwner(queue: String)
         /// 409 `spans-instances`: one change to queues that several instances hold.
         case spansInstances(what: String, queues: [String])
+        /// A batch over queues that several instances hold, decided with them (`BatchAcross`).
+        case across
         /// 503: which queue an operation is in could not be read.
         case storeUnavailable(String)
         /// The caller's token does not allow it: refused before anything is read or relayed.
@@ -60,6 +65,10 @@ package struct ClusterFront: Sendable {
 
     /// nil: answer here.
     package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
+        // A phase of a batch across instances that this instance holds a part of.
+        if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
+            return .routed("batch-part", batches.participate(phase, request))
+        }
         let decision = decide(request)
         let deadline = DispatchTime.now() + holdSeconds
         if case let .noOwner(queue) = decision, let local {
@@ -92,6 +101,9 @@ package struct ClusterFront: Sendable {
             return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
         case let .split(list, member, elements, parts): return finishAcross(request, list: list, member: member, elements: elements, parts: parts)
         case let .gather(merge): return gather(request, merge: merge)
+        case .across:
+            guard let batches else { return nil }
+            return batches.decide(request)
         case let .refused(refusal): problem = refusal
         case let .storeUnavailable(detail): problem = StoreReadUnavailable(detail: detail).problem
         case let .noOwner(queue): problem = Self.noOwner(queue)
@@ -310,6 +322,7 @@ package struct ClusterFront: Sendable {
         if elsewhere.count == names.count && Set(names.map { placement.holder(ofQueue: $0)?.instance ?? "" }).count == 1 {
             return to(queue: first, request)
         }
+        if batches != nil { return .across }
         return .spansInstances(what: what, queues: names.sorted())
     }
 

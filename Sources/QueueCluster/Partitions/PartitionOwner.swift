@@ -67,6 +67,10 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let joined = Atomic<Bool>(false)
     private let stopped = Locking.Lock<Bool>(false)
     private let changed = Locking.Lock<(@Sendable (PlacementChange) -> Void)?>(nil)
+    /// The parts of committed batches across instances in partitions being taken
+    /// (`BatchAcross.pending`): read with their queues, added right after those are loaded,
+    /// before any request of theirs is served.
+    private let batchParts = Locking.Lock<(@Sendable (Set<Int>) throws -> (@Sendable () -> Void))?>(nil)
     /// Partitions being given up (out of `serving`, not yet out of `held`).
     private let leaving = Locking.Lock<Set<Int>>([])
     /// Set by `handOver`: this instance is leaving the cluster (a clean stop). Its periods give
@@ -132,6 +136,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     /// Runs `body` before the queues of partitions won are read, on `work` (tests: a slow load).
     func beforeLoading(_ body: (@Sendable () -> Void)?) { loading.withLock { $0 = body } }
+
+    /// See `batchParts`.
+    func onTake(batches: @escaping @Sendable (Set<Int>) throws -> (@Sendable () -> Void)) { batchParts.withLock { $0 = batches } }
 
     /// A period now (queued on `work`), for a move another instance announced.
     private func tickSoon() {
@@ -386,10 +393,12 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         var recovered: RecoveredState
         let remote: RemoteStates
         let block: Range<UInt64>
+        let addBatches: (@Sendable () -> Void)?
         loading.value?()
         do {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
             (recovered, remote) = try store.load(queues: names)
+            addBatches = try batchParts.value?(Set(won.keys))
             block = try membership.takeIDBlock()
             recovered.poisoned = try countCrashes(recovered, abandoned: abandoned)
         } catch {
@@ -407,6 +416,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         // is durable, and larger than any an earlier owner used.
         recovered.generation = block.lowerBound >> PGMembership.idBlockBits
         engine.adopt(recovered, remote: remote)
+        addBatches?()
         changed.value?(.adopted(partitions: won.keys.sorted()))
         serving.withLock { $0.formUnion(won.keys) }
         holders.withLock { h in for p in won.keys { h[p] = PlacementHolder(instance: selfID, url: "") } }

@@ -1,0 +1,59 @@
+import MicroHTTP
+import QueueEngine
+
+/// What parses the body of a create (and of a batch's elements): the engine, for its kinds
+/// and their refusals, and the limits. `OperationsController` and `BatchParser` parse alike.
+package protocol CreateBodyParsing: Sendable {
+    var engine: QueueEngine { get }
+    var limits: APILimits { get }
+}
+
+/// A batch's elements parsed as `POST /v1/operations:batch` parses them, for the instance that
+/// decides a batch across instances, and for an owner that adds its part from the store.
+package struct BatchParser: CreateBodyParsing {
+    package let engine: QueueEngine
+    package let limits: APILimits
+    package init(engine: QueueEngine, limits: APILimits) {
+        self.engine = engine
+        self.limits = limits
+    }
+}
+
+extension CreateBodyParsing {
+    /// The fields of a create body, less `dependencies` (a batch reads those its own way).
+    func parseRequest(_ b: Body) throws -> OperationRequest {
+        // Which kinds exist, what their specs allow, their default retry and their refusals are
+        // the kinds' own business (`OperationKind`); the engine asks them.
+        guard let kind = try b.string("kind", maxLength: 64) else {
+            throw Problem.invalid("kind", "is required: one of \(engine.kindNames.joined(separator: ", "))")
+        }
+        // An unknown kind, or a spec the kind will not run here (403), before the other fields.
+        try engine.checkPermitted(kind: kind, spec: b["spec"])
+        var request = OperationRequest(kind: kind)
+        request.name = try b.string("name", maxLength: 256)
+        request.queuePriority = try parsePriority(b["queuePriority"]) ?? .normal
+        request.spec = b["spec"]
+        request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
+        if let r = b["retry"] { request.options.retry = try parseRetry(r) }
+        if let nb = b["notBefore"] { request.options.notBefore = try parseTime(nb, field: "notBefore") }
+        return request
+    }
+
+    func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {
+        guard case let .object(members) = v else { throw Problem.invalid("retry", "must be an object {maxAttempts, backoff, multiplier}; got \(v.typeName)") }
+        var p = RetryPolicy()
+        for (k, value) in members {
+            switch (k, value) {
+            case let ("maxAttempts", .number(n)) where n == n.rounded() && n >= 1 && n <= 100: p.maxAttempts = Int(n)
+            case ("maxAttempts", _): throw Problem.invalid("retry.maxAttempts", "must be an integer from 1 to 100; got \(value.text)")
+            case let ("backoff", .number(n)) where n >= 0 && n <= 86400: p.backoff = n
+            case ("backoff", _): throw Problem.invalid("retry.backoff", "must be a number of seconds from 0 to 86400; got \(value.text)")
+            case let ("multiplier", .number(n)) where n >= 1 && n <= 10: p.multiplier = n
+            case ("multiplier", _): throw Problem.invalid("retry.multiplier", "must be a number from 1 to 10; got \(value.text)")
+            default: throw Problem.invalid("retry.\(k)", "unknown field; allowed: maxAttempts, backoff, multiplier")
+            }
+        }
+        return p
+    }
+
+}
