@@ -383,6 +383,13 @@ package enum PGSchema {
     static let deleteQueueEvents = "DELETE FROM opqd.events WHERE operation IN (SELECT id FROM opqd.operations WHERE queue = $1)"
     static let deleteQueueOperations = "DELETE FROM opqd.operations WHERE queue = $1"
     static let deleteQueue = "DELETE FROM opqd.queues WHERE name = $1"
+    /// Batches decided more than a day ago with no part left to add (or written off).
+    static let pruneBatches = """
+        DELETE FROM opqd.batches WHERE id IN (SELECT b.id FROM opqd.batches b WHERE b.decided_at < now() - interval '1 day' \
+        AND NOT EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE p.batch = b.id) LIMIT 100)
+        """
+    /// A batch part added (`StoreRecord.batchPartAdded`), in the commit of its operations.
+    static let forgetBatchPart = "DELETE FROM opqd.batch_parts WHERE batch = $1 AND part = $2"
     /// Up to $2 operations finished before $1, oldest first, with their events; the count of
     /// operations deleted is the statement's row count.
     static let purge = """

@@ -476,6 +476,8 @@ final class PGWriter: @unchecked Sendable {
                 case let .queueDeleted(name):
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
                 case .kept: break
+                case let .batchPartAdded(_, part):
+                    if partitioned { touched.insert(part) }
                 }
                 position += 1
             }
@@ -603,6 +605,9 @@ final class PGWriter: @unchecked Sendable {
                             // Kept with the partition of its change's queue (`IdempotencyRecord.queue`).
                             let part = r.queue.map { PGParameter(QueuePartitions.of(queue: $0)) } ?? .null
                             try send(.upsertIdempotency, idempotencyParameters(r) + [part])
+                        case let .batchPartAdded(batch, part):
+                            // Gone in the commit that adds its operations: a part is added once.
+                            try send(PGSchema.forgetBatchPart, [PGParameter(batch), PGParameter(part)])
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -53,9 +53,23 @@ extension PostgresStore {
         let url = displayURL
         return try batchConnection.withLock { r throws(PostgresStoreError) in
             do throws(PGFailure) {
-                return try r.withConnection { c throws(PGFailure) -> BatchDecisionOutcome in
+                let outcome = try r.withConnection { c throws(PGFailure) -> BatchDecisionOutcome in
                     try c.exec("BEGIN")
                     do throws(PGFailure) {
+                        // The fence share-locks other instances' ownership rows: a session left
+                        // in its transaction (this process paused, its link cut) must not hold
+                        // them past a lease (their renewals and any takeover wait for it).
+                        try c.exec("SET LOCAL idle_in_transaction_session_timeout = '5s'")
+                        try c.exec("SET LOCAL lock_timeout = '5s'")
+                        try c.exec("SET LOCAL tcp_keepalives_idle = 5")
+                        try c.exec("SET LOCAL tcp_keepalives_interval = 2")
+                        try c.exec("SET LOCAL tcp_keepalives_count = 3")
+                        // Tried again after a lost connection: its COMMIT may have landed.
+                        let before = try c.exec("SELECT outcome FROM opqd.batches WHERE id = $1", [PGParameter(d.id)])
+                        if before.rows == 1 {
+                            try c.exec("ROLLBACK")
+                            return before.text(0, 0) == "commit" ? .committed : .aborted
+                        }
                         for f in d.fences {
                             var scopes = ArrayColumn()
                             for s in f.scopes { scopes.text(s) }
@@ -75,15 +89,23 @@ extension PostgresStore {
                                 return .sameKey(id: other)
                             }
                         }
-                        try c.exec(
-                            """
-                            INSERT INTO opqd.batches (id, outcome, idem, body_hash, body, ids) VALUES ($1, 'commit', $2, $3, $4, $5::bigint[]) \
-                            ON CONFLICT (id) DO NOTHING
-                            """,
-                            [
-                                PGParameter(d.id), d.idem.map { PGParameter($0) } ?? .null, d.bodyHash.map { PGParameter(bytea: $0) } ?? .null,
-                                PGParameter(bytea: d.body), ids.parameter,
-                            ])
+                        do throws(PGFailure) {
+                            try c.exec(
+                                """
+                                INSERT INTO opqd.batches (id, outcome, idem, body_hash, body, ids) VALUES ($1, 'commit', $2, $3, $4, $5::bigint[]) \
+                                ON CONFLICT (id) DO NOTHING
+                                """,
+                                [
+                                    PGParameter(d.id), d.idem.map { PGParameter($0) } ?? .null, d.bodyHash.map { PGParameter(bytea: $0) } ?? .null,
+                                    PGParameter(bytea: d.body), ids.parameter,
+                                ])
+                        } catch  where error.sqlState == "23505" {
+                            // The same key committed by another decision that was under way.
+                            try c.exec("ROLLBACK")
+                            let same = try c.exec("SELECT id FROM opqd.batches WHERE idem = $1", [PGParameter(d.idem ?? "")])
+                            guard same.rows == 1, let other = same.text(0, 0) else { throw error }
+                            return .sameKey(id: other)
+                        }
                         let outcome = try c.exec("SELECT outcome FROM opqd.batches WHERE id = $1", [PGParameter(d.id)])
                         guard outcome.rows == 1, outcome.text(0, 0) == "commit" else {
                             try c.exec("ROLLBACK")
@@ -103,6 +125,10 @@ extension PostgresStore {
                         throw error
                     }
                 }
+                // Batches decided more than a day ago whose parts are all added (or that were
+                // written off) go, a few at a time.
+                _ = try? r.withConnection { c throws(PGFailure) in try c.exec(PGSchema.pruneBatches) }
+                return outcome
             } catch {
                 throw PostgresStoreError(error.connectionLost ? .cannotConnect : .io, url: url, detail: error.description)
             }
@@ -158,21 +184,6 @@ extension PostgresStore {
         try onBatchConnection { c throws(PGFailure) -> [Int] in
             let r = try c.exec("SELECT part FROM opqd.batch_parts WHERE batch = $1", [PGParameter(id)])
             return (0..<r.rows).compactMap { r.int64($0, 0).flatMap { Int(exactly: $0) } }
-        }
-    }
-
-    /// The parts of batch `id` in `parts` are added, and committed: their rows go. Batches
-    /// decided more than a day ago with no part left go too (a few at a time).
-    package func forgetBatchParts(_ id: String, parts: [Int]) throws(PostgresStoreError) {
-        var list = ArrayColumn()
-        for p in parts { list.int(p) }
-        try onBatchConnection { c throws(PGFailure) in
-            try c.exec("DELETE FROM opqd.batch_parts WHERE batch = $1 AND part = ANY($2::integer[])", [PGParameter(id), list.parameter])
-            try c.exec(
-                """
-                DELETE FROM opqd.batches WHERE id IN (SELECT b.id FROM opqd.batches b WHERE b.decided_at < now() - interval '1 day' \
-                AND NOT EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE p.batch = b.id) LIMIT 100)
-                """)
         }
     }
 

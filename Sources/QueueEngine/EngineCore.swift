@@ -55,6 +55,8 @@ final class EngineCore: @unchecked Sendable {
     /// Batch parts across instances checked and given ids, not yet added or let go
     /// (`prepareBatchPart`), by their batch's id.
     var batchHolds: [String: BatchHold] = [:]
+    /// Operations set aside by them, in all (counted in the limits on unfinished operations).
+    var heldTotal = 0
     /// Ids at or above it are not this engine's to hand out (`QueueEngine.useIDs`).
     var idEnd: UInt64 = QueueRecord.idMask + 1
     var nextSeq: UInt64 = 1

@@ -70,7 +70,7 @@ extension QueueEngine {
                     }
                     let inQueue = added[ObjectIdentifier(q), default: 0] + 1
                     added[ObjectIdentifier(q)] = inQueue
-                    guard core.unfinishedTotal < core.maxUnfinished - i else {
+                    guard core.unfinishedTotal + core.heldTotal < core.maxUnfinished - i else {
                         return .failure(
                             BatchRefusal(
                                 index: i,
@@ -78,7 +78,7 @@ extension QueueEngine {
                                     "at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished); \(core.unfinishedTotal) now, the batch adds \(elements.count)",
                                     limit: "too-many-operations")))
                     }
-                    guard q.unfinished < configuration.maxUnfinishedPerQueue - (inQueue - 1) else {
+                    guard q.unfinished + q.held < configuration.maxUnfinishedPerQueue - (inQueue - 1) else {
                         return .failure(
                             BatchRefusal(
                                 index: i,

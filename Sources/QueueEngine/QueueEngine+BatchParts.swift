@@ -13,8 +13,9 @@
 /// An owner that takes a part's queues over after the outcome was committed adds the part from
 /// the store (`applyBatchPart` with no hold: the same call).
 struct BatchHold {
-    /// Operations set aside per queue.
-    var queues: [String: Int]
+    /// Operations set aside per queue (the records: a queue given up and taken again is a new
+    /// record, which an old hold does not touch).
+    var queues: [(queue: QueueRecord, count: Int)]
     /// The ids set aside, one per element of the part, in the part's order.
     var ids: [UInt64]
 }
@@ -27,6 +28,7 @@ extension QueueEngine {
     /// `mine`. A refusal names the first element of `mine` that failed, and changes nothing.
     /// `token` names the batch; preparing the same one twice is refused.
     public func prepareBatchPart(_ token: String, _ elements: [BatchElement], mine: [Int]) throws(BatchRefusal) -> [OperationID] {
+        guard !mine.isEmpty else { return [] }
         var named: [[BatchDependency]] = []
         for i in mine {
             guard elements.indices.contains(i) else { throw BatchRefusal(index: 0, error: .invalidArgument(field: "operations", detail: "no element \(i)")) }
@@ -59,7 +61,7 @@ extension QueueEngine {
                     }
                     let inQueue = added[ObjectIdentifier(q), default: 0] + 1
                     added[ObjectIdentifier(q)] = inQueue
-                    let held = core.batchHolds.values.reduce(0) { $0 + $1.ids.count }
+                    let held = core.heldTotal
                     guard core.unfinishedTotal + held < core.maxUnfinished - n else {
                         return .failure(
                             BatchRefusal(
@@ -81,11 +83,11 @@ extension QueueEngine {
                 do throws(EngineError) { try core.reserveIDs(mine.count) } catch { return .failure(BatchRefusal(index: mine.first ?? 0, error: error)) }
                 let first = core.nextID
                 core.nextID += UInt64(mine.count)
-                var hold = BatchHold(queues: [:], ids: (0..<UInt64(mine.count)).map { first + $0 })
-                for q in queues {
-                    q.held += 1
-                    hold.queues[q.name, default: 0] += 1
-                }
+                var counts: [ObjectIdentifier: (queue: QueueRecord, count: Int)] = [:]
+                for q in queues { counts[ObjectIdentifier(q), default: (q, 0)].count += 1 }
+                let hold = BatchHold(queues: Array(counts.values), ids: (0..<UInt64(mine.count)).map { first + $0 })
+                for (q, n) in hold.queues { q.held += n }
+                core.heldTotal += hold.ids.count
                 core.batchHolds[token] = hold
                 return .success(hold.ids.map { OperationID(raw: $0) })
             }
@@ -95,14 +97,15 @@ extension QueueEngine {
         return try result.get()
     }
 
-    /// Lets the part of batch `token` go (its outcome: not committed), if this engine holds it.
-    /// Its ids are given back when nothing was given out after them. Returns whether it held it.
+    /// Lets the part of batch `token` go, if this engine holds it. `giveIDsBack`: the batch is
+    /// known not to be committed (nobody can add it with these ids), so its ids are used again
+    /// when nothing was given out after them. Returns whether it held it.
     @discardableResult
-    public func releaseBatchPart(_ token: String) -> Bool {
+    public func releaseBatchPart(_ token: String, giveIDsBack: Bool = false) -> Bool {
         (try? mutate { core throws(EngineError) -> Bool in
             guard let hold = core.batchHolds.removeValue(forKey: token) else { return false }
             core.unhold(hold)
-            if let first = hold.ids.first, core.nextID == first + UInt64(hold.ids.count) { core.nextID = first }
+            if giveIDsBack, let first = hold.ids.first, core.nextID == first + UInt64(hold.ids.count) { core.nextID = first }
             return true
         }) ?? false
     }
@@ -112,75 +115,77 @@ extension QueueEngine {
         (try? read { core throws(EngineError) in core.batchHolds[token] != nil }) ?? false
     }
 
-    /// Step 2 (see above): adds the elements at `mine` of the committed batch `token`, with
-    /// `ids` (one per element of the whole batch, in its order). Elements whose operation exists
-    /// here already were added before (a repeat, or a part added by this instance before it
-    /// was asked again): their status is answered and nothing changes. A dependency on an
-    /// element outside `mine` that this engine does not hold waits for that operation like one
-    /// held by another instance (its owner adds it with its part). Every queue of `mine` must be
-    /// here; otherwise `notHere` and nothing changes (the part is added by the queue's holder).
-    /// Returns the statuses of `mine`, in its order.
-    public func applyBatchPart(_ token: String, _ elements: [BatchElement], mine: [Int], ids: [OperationID]) throws(EngineError) -> [OperationSnapshot] {
-        guard ids.count == elements.count, mine.allSatisfy({ elements.indices.contains($0) }) else {
+    /// Step 2 (see above): adds the elements of the committed batch `token` in `parts` (each a
+    /// part of the store, with the indices of its elements), with `ids` (one per element of the
+    /// whole batch, in its order), and records each part added (`StoreRecord.batchPartAdded`)
+    /// in the same change. A part whose queues are not all here is left out whole (its holder
+    /// adds it). Elements whose operation exists here already were added before (a repeat):
+    /// their status is answered and nothing changes. A dependency this engine does not hold
+    /// (another part's element, or an operation of another instance) is waited for as one of
+    /// another instance: the look that follows tells whether it has finished. Returns the
+    /// statuses by element index, and the parts left out.
+    public func applyBatchPart(
+        _ token: String, _ elements: [BatchElement], parts: [(part: Int, indices: [Int])], ids: [OperationID]
+    ) throws(EngineError) -> (statuses: [Int: OperationSnapshot], notHere: [Int]) {
+        guard ids.count == elements.count, parts.allSatisfy({ $0.indices.allSatisfy { elements.indices.contains($0) } }) else {
             throw .invalidArgument(field: "batch", detail: "one id per element is needed")
         }
-        var named: [OperationID] = []
-        for i in mine {
-            for d in elements[i].dependencies { if case let .operation(id) = d { named.append(id) } }
-        }
-        let remote = try remoteStates(named)
-        return try mutate { core throws(EngineError) -> [OperationSnapshot] in
-            for i in mine where core.queues[elements[i].queue] == nil && core.ops[ids[i].raw] == nil {
-                throw .notHere(elements[i].queue)
-            }
+        return try mutate { core throws(EngineError) -> (statuses: [Int: OperationSnapshot], notHere: [Int]) in
             if let hold = core.batchHolds.removeValue(forKey: token) { core.unhold(hold) }
-            var made: [OperationSnapshot] = []
-            made.reserveCapacity(mine.count)
-            var records: [UInt64: OpRecord] = [:]
-            for i in mine {
-                if let existing = core.ops[ids[i].raw] {
-                    records[existing.id] = existing
+            var records: [Int: OpRecord] = [:]
+            var notHere: [Int] = []
+            for (part, indices) in parts {
+                guard indices.allSatisfy({ core.queues[elements[$0].queue] != nil || core.ops[ids[$0].raw] != nil }) else {
+                    notHere.append(part)
                     continue
                 }
-                let e = elements[i]
-                guard let q = core.queues[e.queue], let kind = kinds[e.request.kind] else { continue }
-                var deps: [OpRecord] = []
-                var depIDs: [OperationID] = []
-                var remoteWaits: [UInt64] = []
-                for d in e.dependencies {
-                    let id: OperationID
-                    switch d {
-                    case let .operation(named): id = named
-                    case let .element(k):
-                        guard ids.indices.contains(k) else { continue }
-                        id = ids[k]
+                for i in indices.sorted() {
+                    if let existing = core.ops[ids[i].raw] {
+                        records[i] = existing
+                        continue
                     }
-                    depIDs.append(id)
-                    if let op = core.ops[id.raw] {
-                        deps.append(op)
-                    } else if case .element = d {
-                        // Another instance's part: added there, not finished yet (it ends later).
-                        remoteWaits.append(id.raw)
-                    } else if remote[id] == false {
-                        remoteWaits.append(id.raw)
+                    let e = elements[i]
+                    guard let q = core.queues[e.queue], let kind = kinds[e.request.kind] else { continue }
+                    var deps: [OpRecord] = []
+                    var depIDs: [OperationID] = []
+                    var remoteWaits: [UInt64] = []
+                    for d in e.dependencies {
+                        let id: OperationID
+                        switch d {
+                        case let .operation(named): id = named
+                        case let .element(k):
+                            guard ids.indices.contains(k) else { continue }
+                            id = ids[k]
+                        }
+                        depIDs.append(id)
+                        if let op = core.ops[id.raw] { deps.append(op) } else { remoteWaits.append(id.raw) }
                     }
+                    var request = e.request
+                    if request.options.retry == nil { request.options.retry = kind.defaultRetry }
+                    request.dependencies = depIDs
+                    records[i] = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: false, id: ids[i].raw)
                 }
-                var request = e.request
-                if request.options.retry == nil { request.options.retry = kind.defaultRetry }
-                request.dependencies = depIDs
-                let op = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: false, id: ids[i].raw)
-                records[op.id] = op
+                if core.wantsRecords { core.outRecords.append(.batchPartAdded(batch: token, part: part)) }
             }
             core.settle()
-            for i in mine { if let op = records[ids[i].raw] ?? core.ops[ids[i].raw] { made.append(op.snapshot()) } }
-            return made
+            return (records.mapValues { $0.snapshot() }, notHere)
         }
+    }
+
+    /// The statuses of the elements at `indices` of a batch whose ids are `ids`, where this
+    /// engine holds them.
+    public func batchStatuses(_ indices: [Int], ids: [OperationID]) -> [Int: OperationSnapshot] {
+        let known = indices.filter { ids.indices.contains($0) }
+        var out: [Int: OperationSnapshot] = [:]
+        for (i, op) in zip(known, operations(known.map { ids[$0] })) { if let op { out[i] = op } }
+        return out
     }
 }
 
 extension EngineCore {
     /// Lets the queues of a batch part go (`QueueEngine.releaseBatchPart`, `applyBatchPart`).
     func unhold(_ hold: BatchHold) {
-        for (name, n) in hold.queues { if let q = queues[name] { q.held = max(0, q.held - n) } }
+        for (q, n) in hold.queues { q.held = max(0, q.held - n) }
+        heldTotal = max(0, heldTotal - hold.ids.count)
     }
 }

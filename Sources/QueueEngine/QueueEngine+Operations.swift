@@ -41,10 +41,11 @@ extension QueueEngine {
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
             try core.reserveIDs(1)
-            guard core.unfinishedTotal < core.maxUnfinished else {
+            // Operations set aside for batches across instances count (`prepareBatchPart`).
+            guard core.unfinishedTotal + core.heldTotal < core.maxUnfinished else {
                 throw .limitReached("at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished)", limit: "too-many-operations")
             }
-            guard q.unfinished < configuration.maxUnfinishedPerQueue else {
+            guard q.unfinished + q.held < configuration.maxUnfinishedPerQueue else {
                 throw .limitReached(
                     "at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue)",
                     limit: "too-many-operations")

@@ -124,15 +124,19 @@ public enum StoreRecord: Sendable {
     case event(ChangeEvent)
     /// The kept answer to the change before it (`QueueEngine.fill(_:with:)`).
     case kept(IdempotencyRecord)
+    /// The part (a store's partition) of batch `batch` across instances is added: its elements'
+    /// records are in the same change (`QueueEngine.applyBatchPart`), and the store forgets the
+    /// part in the same commit.
+    case batchPartAdded(batch: String, part: Int)
 
-    /// The queue the record belongs to; nil for a kept answer.
+    /// The queue the record belongs to; nil for a kept answer or a batch part.
     public var queueName: String? {
         switch self {
         case let .queue(q): return q.name
         case let .queueDeleted(name): return name
         case let .operation(s): return s.queue
         case let .event(e): return e.queue
-        case .kept: return nil
+        case .kept, .batchPartAdded: return nil
         }
     }
 }

@@ -207,7 +207,7 @@ final class StoreWriter: @unchecked Sendable {
                 switch r {
                 case let .operation(s): lastOperation[s.id.raw] = position
                 case let .queue(q): lastQueue[q.name] = position
-                case .event, .queueDeleted, .kept: break
+                case .event, .queueDeleted, .kept, .batchPartAdded: break
                 }
                 position += 1
             }
@@ -239,6 +239,9 @@ final class StoreWriter: @unchecked Sendable {
                             }
                         case let .kept(record):
                             try binder.write(record, with: upsertIdempotency)
+                        case .batchPartAdded:
+                            // Batches across instances are PostgreSQL's alone.
+                            continue
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -427,9 +427,15 @@ extension PostgresStoreTests {
             // Its operations exist for the others and are not finished, until its parts are added.
             #expect(try store.operationStates(ids).finished == [ids[0]: false, ids[1]: false])
             #expect(try store.writeOffBatch("aa"), "a committed batch cannot be written off")
-            try store.forgetBatchParts("aa", parts: [3, 5])
+            // A part goes in the commit that adds it (`StoreRecord.batchPartAdded`).
+            store.append([.operation(operationSnapshot(ids[0].raw)), .batchPartAdded(batch: "aa", part: 3)], upTo: 1)
+            #expect(waitDurable(store, 1))
+            #expect(try store.pendingParts(of: "aa") == [5])
+            #expect(try store.operationStates(ids).finished[ids[1]] == false)
+            store.append([.operation(operationSnapshot(ids[1].raw)), .batchPartAdded(batch: "aa", part: 5)], upTo: 2)
+            #expect(waitDurable(store, 2))
             #expect(try store.pendingBatches(parts: [3, 5]).isEmpty)
-            #expect(try store.operationStates(ids).finished.isEmpty)
+            #expect(try store.operationStates(ids).finished.count == 2, "the operations' own rows answer now")
             // Written off first: the decision finds it aborted, and writes no part.
             #expect(try !store.writeOffBatch("bb"))
             #expect(try store.decideBatch(decision("bb")) == .aborted)

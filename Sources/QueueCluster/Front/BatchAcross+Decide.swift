@@ -26,12 +26,25 @@ extension BatchAcross {
             key = (SHA256.hex(SHA256.hash(Array((request.path + "\u{0}" + k).utf8))), SHA256.hash(request.body))
         }
         let found = key
+        guard decidingSlots.wait(timeout: .now()) == .success else {
+            return .response(
+                Problem(
+                    503, "busy", "Service Unavailable", "\(Self.maxDeciding) batches across instances are being decided here right now; retry shortly",
+                    headers: [("Retry-After", "1")]
+                ).response)
+        }
         return .routed(
             "batch-across",
             .deferred { responder in
                 // Parts may be committed at the owners any moment: answer, never 503, at shutdown.
-                responder.answerBeforeShutdown()
-                DispatchQueue.global().async { responder.respond(self.run(request, elements, key: found)) }
+                guard responder.answerBeforeShutdown() else {
+                    self.decidingSlots.signal()
+                    return
+                }
+                self.deciding.async {
+                    defer { self.decidingSlots.signal() }
+                    responder.respond(self.run(request, elements, key: found))
+                }
             })
     }
 
@@ -90,7 +103,7 @@ extension BatchAcross {
             if case let .success(a) = result, a.status == 200, let p = Self.prepared(a.body, url: url) {
                 prepared.append(p)
             } else if case let .success(a) = result, (400..<500).contains(a.status), !a.truncated {
-                refusals.append((Self.elementIndex(a.body) ?? Int.max, HTTPResponse(status: a.status, headers: a.headers, body: a.body)))
+                refusals.append((Self.elementIndex(a.body) ?? Int.max, Forwarder.relay(result, maxResponseBytes: forwarder.maxResponseBytes)))
             } else {
                 failed = failed ?? Forwarder.relay(result, maxResponseBytes: forwarder.maxResponseBytes)
             }
@@ -135,7 +148,8 @@ extension BatchAcross {
         }
         switch outcome {
         case .committed:
-            return .answer(collect(id, request, elements, ids: all, deadline: deadline, replayed: false))
+            // Its own time to be added: committed late in the retries, it is still answered.
+            return .answer(collect(id, request, elements, ids: all, deadline: .now() + Self.retryWindow, replayed: false))
         case .aborted, .fenced:
             letGo(id, prepared, request)
             return .again(Problem.noOwner("the queues of this batch moved while it was decided; retry shortly").response)

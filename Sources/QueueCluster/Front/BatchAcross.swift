@@ -51,6 +51,14 @@ package final class BatchAcross: Sendable {
     let forwarder: Forwarder
     let access: Access
     let logger: Logger
+    /// Where an owner adds, lets go and looks up parts (PostgreSQL reads: never on a server
+    /// thread, never on the shared pool), one at a time.
+    let parts = DispatchQueue(label: "opqd.batch-parts")
+    /// Where batches are decided: each holds its thread while it waits for the owners.
+    let deciding = DispatchQueue(label: "opqd.batch-decide", attributes: .concurrent)
+    /// Batches being decided at once, at most (more: 503, retry).
+    let decidingSlots = DispatchSemaphore(value: BatchAcross.maxDeciding)
+    static let maxDeciding = 16
 
     package init(
         engine: QueueEngine, store: PostgresStore, parser: BatchParser, owner: PartitionOwner, forwarder: Forwarder, access: Access, logger: Logger
@@ -69,21 +77,22 @@ package final class BatchAcross: Sendable {
     /// A phase asked of this instance by the one deciding a batch (`phaseHeader`).
     func participate(_ phase: String, _ request: HTTPRequest) -> HTTPHandlerResult {
         let words = phase.split(separator: " ", omittingEmptySubsequences: true)
-        guard request.method == "POST", words.count == 2, let id = Self.validID(words[1]) else {
-            return .response(Problem.badRequest("\(Self.phaseHeader): must be 'prepare <id>', 'apply <id>' or 'abort <id>'").response)
+        guard request.method == "POST", request.path == "/v1/operations:batch", words.count == 2, let id = Self.validID(words[1]) else {
+            return .response(
+                Problem.badRequest("\(Self.phaseHeader): must be 'prepare <id>', 'apply <id>' or 'abort <id>' on POST /v1/operations:batch").response)
         }
         if let refused = access.refusal(request, match: .notFound) { return .response(refused.response) }
         switch words[0] {
         case "prepare": return .response(prepare(id, request))
         case "apply":
             return .deferred { responder in
-                responder.answerBeforeShutdown()
-                DispatchQueue.global().async { self.apply(id, responder) }
+                guard responder.answerBeforeShutdown() else { return }
+                self.parts.async { self.apply(id, responder) }
             }
         case "abort":
             return .deferred { responder in
-                responder.answerBeforeShutdown()
-                DispatchQueue.global().async {
+                guard responder.answerBeforeShutdown() else { return }
+                self.parts.async {
                     self.resolve(id)
                     responder.respond(HTTPResponse(status: 204, headers: [], body: []))
                 }
@@ -93,7 +102,8 @@ package final class BatchAcross: Sendable {
         }
     }
 
-    /// Step 1 at an owner: its part checked and its ids set aside, or the refusal.
+    /// Step 1 at an owner: its part checked and its ids set aside, or the refusal. A batch with
+    /// no element here sets nothing aside.
     private func prepare(_ id: String, _ request: HTTPRequest) -> HTTPResponse {
         let elements: [BatchElement]
         do { elements = try parser.batchElements(request) } catch { return Problem.from(error, requestID: request.id).response }
@@ -107,13 +117,14 @@ package final class BatchAcross: Sendable {
         var epochs: [JSONValue] = []
         for p in Set(mine.map { QueuePartitions.of(queue: elements[$0].queue) }).sorted() {
             guard let epoch = held[p] else {
-                engine.releaseBatchPart(id)
+                // Never answered: nobody can commit these ids.
+                engine.releaseBatchPart(id, giveIDsBack: true)
                 return Problem.noOwner("a partition of this batch is moving; retry shortly").response
             }
             scopes.append(.string(QueuePartitions.scope(p)))
             epochs.append(.number(Double(epoch)))
         }
-        DispatchQueue.global().asyncAfter(deadline: .now() + Self.decisionWait) { [self] in resolve(id) }
+        if !mine.isEmpty { parts.asyncAfter(deadline: .now() + Self.decisionWait) { [self] in resolve(id) } }
         let body = JSONValue.object([
             ("instance", .string(owner.selfID)),
             ("indices", .array(mine.map { .number(Double($0)) })),
@@ -125,7 +136,7 @@ package final class BatchAcross: Sendable {
     }
 
     /// Step 2 at an owner: the parts of committed batch `id` in the partitions it serves are
-    /// added (once), and their statuses answered once durable.
+    /// added (once), and the statuses of its elements here answered once durable.
     private func apply(_ id: String, _ responder: HTTPResponder) {
         let batch: CommittedBatch?
         let pending: Set<Int>
@@ -138,85 +149,65 @@ package final class BatchAcross: Sendable {
         guard let batch else {
             return responder.respond(Problem(409, "batch-not-committed", "Batch not committed", "batch \(id) is not committed").response)
         }
-        let added: (indices: [Int], statuses: [OperationSnapshot], parts: [Int])
-        do {
-            added = try add(id, batch, pending: pending) { owner.serves(queue: $0) }
-        } catch {
+        let statuses: [Int: OperationSnapshot]
+        do { statuses = try add(id, batch, pending: pending) { owner.serves(queue: $0) } } catch {
             return responder.respond(Problem.from(error, requestID: 0).response)
         }
+        let indices = statuses.keys.sorted()
         let body = JSONValue.object([
-            ("indices", .array(added.indices.map { .number(Double($0)) })),
-            ("operations", .array(added.statuses.map { (try? JSONValue.parse($0.json)) ?? .null })),
+            ("indices", .array(indices.map { .number(Double($0)) })),
+            ("operations", .array(indices.map { (try? JSONValue.parse(statuses[$0]?.json ?? [])) ?? .null })),
         ])
-        engine.whenDurable { [self] in
-            responder.respond(json(200, body.bytes))
-            forget(id, parts: added.parts)
-        }
+        engine.whenDurable { responder.respond(json(200, body.bytes)) }
     }
 
-    /// Adds the elements of committed `batch` whose queues `serves` says are here: those of
-    /// partitions still `pending` are added (unless they exist already); the others' statuses
-    /// are answered as they are. Returns the indices answered, their statuses, and the pending
-    /// partitions added.
-    private func add(
-        _ id: String, _ batch: CommittedBatch, pending: Set<Int>, serves: (String) -> Bool
-    ) throws -> (indices: [Int], statuses: [OperationSnapshot], parts: [Int]) {
+    /// Adds the parts of committed `batch` still `pending` whose queues `serves` says are here
+    /// (each part, its rows' removal with it, in one change), and answers the statuses of every
+    /// element here, by index.
+    private func add(_ id: String, _ batch: CommittedBatch, pending: Set<Int>, serves: (String) -> Bool) throws -> [Int: OperationSnapshot] {
         let elements = try parser.batchElements(body: batch.body)
         guard elements.count == batch.ids.count else {
             throw BatchDamaged(description: "batch \(id) has \(elements.count) elements and \(batch.ids.count) ids")
         }
-        let here = elements.indices.filter { serves(elements[$0].queue) }
-        let adding = here.filter { pending.contains(QueuePartitions.of(queue: elements[$0].queue)) }
-        var byIndex: [Int: OperationSnapshot] = [:]
-        if !adding.isEmpty {
-            let made = try engine.applyBatchPart(id, elements, mine: adding, ids: batch.ids)
-            for op in made { if let i = batch.ids.firstIndex(of: op.id) { byIndex[i] = op } }
-        } else {
-            engine.releaseBatchPart(id)
+        var groups: [Int: [Int]] = [:]
+        var here: [Int] = []
+        for (i, e) in elements.enumerated() where serves(e.queue) {
+            here.append(i)
+            let p = QueuePartitions.of(queue: e.queue)
+            if pending.contains(p) { groups[p, default: []].append(i) }
         }
-        let others = here.filter { byIndex[$0] == nil }
-        for (i, op) in zip(others, engine.operations(others.map { batch.ids[$0] })) { if let op { byIndex[i] = op } }
-        let indices = here.filter { byIndex[$0] != nil }
-        return (indices, indices.compactMap { byIndex[$0] }, Set(adding.map { QueuePartitions.of(queue: elements[$0].queue) }).sorted())
+        var statuses: [Int: OperationSnapshot] = [:]
+        if groups.isEmpty {
+            engine.releaseBatchPart(id)
+        } else {
+            statuses = try engine.applyBatchPart(id, elements, parts: groups.keys.sorted().map { ($0, groups[$0] ?? []) }, ids: batch.ids).statuses
+        }
+        for (i, op) in engine.batchStatuses(here.filter { statuses[$0] == nil }, ids: batch.ids) { statuses[i] = op }
+        return statuses
     }
 
     /// A prepared part whose outcome this owner has not heard (or was told to let go): the
-    /// outcome is read, and written off first when there is none yet. Committed: the part is
-    /// added; not: let go. Looked at again in a second while PostgreSQL cannot be reached.
+    /// outcome is read, and written off first when there is none yet. Committed: what is
+    /// here of it is added (the rest by the holders of its queues); not: let go, its ids given
+    /// back. Looked at again in a second while PostgreSQL cannot be reached.
     func resolve(_ id: String) {
         guard engine.holdsBatchPart(id) else { return }
         do {
             guard try store.writeOffBatch(id) else {
-                engine.releaseBatchPart(id)
+                engine.releaseBatchPart(id, giveIDsBack: true)
                 return
             }
             guard let batch = try store.committedBatch(id) else { return }
-            let pending = Set(try store.pendingParts(of: id))
-            let added = try add(id, batch, pending: pending) { owner.serves(queue: $0) }
-            engine.whenDurable { [self] in forget(id, parts: added.parts) }
-        } catch EngineError.notHere {
-            // Its queues moved: their next holder adds the part when it takes them.
-            engine.releaseBatchPart(id)
+            _ = try add(id, batch, pending: Set(try store.pendingParts(of: id))) { owner.serves(queue: $0) }
         } catch {
             logger.warning("cannot settle a batch across instances yet; trying again in a second", metadata: ["batch": "\(id)", "error": "\(error)"])
-            DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in resolve(id) }
-        }
-    }
-
-    /// The partitions' rows of an added part go (their operations are committed).
-    private func forget(_ id: String, parts: [Int]) {
-        guard !parts.isEmpty else { return }
-        DispatchQueue.global().async { [self] in
-            do { try store.forgetBatchParts(id, parts: parts) } catch {
-                // Read again at the next take of these partitions: their operations exist, so
-                // nothing is added twice.
-                logger.warning("cannot clear the parts of a batch across instances", metadata: ["batch": "\(id)", "error": "\(error)"])
-            }
+            parts.asyncAfter(deadline: .now() + 1) { [self] in resolve(id) }
         }
     }
 
     /// For `PartitionOwner.onTake`: the committed batches with parts in `parts` not added yet,
-    /// read now; the returned step adds them (right after the partitions' queues are loaded).
+    /// read now; the returned step adds them (right after the partitions' queues are loaded,
+    /// before they are served).
     func pending(_ parts: Set<Int>) throws -> (@Sendable () -> Void) {
         let ids = try store.pendingBatches(parts: parts.sorted())
         guard !ids.isEmpty else { return {} }
@@ -230,10 +221,9 @@ package final class BatchAcross: Sendable {
             for (id, batch, pending) in found {
                 do {
                     let added = try add(id, batch, pending: pending) { pending.contains(QueuePartitions.of(queue: $0)) }
-                    logger.info(
-                        "parts of a batch across instances added with their partitions", metadata: ["batch": "\(id)", "operations": "\(added.indices.count)"])
-                    engine.whenDurable { [self] in forget(id, parts: added.parts) }
+                    logger.info("parts of a batch across instances added with their partitions", metadata: ["batch": "\(id)", "operations": "\(added.count)"])
                 } catch {
+                    // Only a batch whose body no longer parses (a database edited by hand).
                     logger.error("cannot add a committed batch's part", metadata: ["batch": "\(id)", "error": "\(error)"])
                 }
             }
