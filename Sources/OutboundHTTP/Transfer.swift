@@ -58,8 +58,12 @@ final class Transfer {
         .failure(OutboundError(type: "invalid-url", detail: why))
     }
 
-    /// A configured easy handle for the current hop.
-    func makeHandle() -> Result<UnsafeMutableRawPointer, OutboundError> {
+    /// An easy handle from `pool`, configured for the current hop.
+    ///
+    /// Every option the hop needs is set here, on a handle with libcurl's defaults (new, or reset
+    /// by the pool), so whatever an earlier request set cannot carry over: an option that is not
+    /// set here is libcurl's default.
+    func makeHandle(from pool: inout EasyHandlePool) -> Result<UnsafeMutableRawPointer, OutboundError> {
         let remaining = remainingMilliseconds
         guard remaining > 0 else { return .failure(timeoutError()) }
         if case let .failure(e) = OutboundURL.check(url) { return .failure(e) }
@@ -81,7 +85,7 @@ final class Transfer {
         }
         // No `Expect: 100-continue` round trip for large bodies.
         if !hasExpect { list = curl_slist_append(list, "Expect:") }
-        guard let easy = curl_easy_init() else {
+        guard let easy = pool.take() else {
             if let list { curl_slist_free_all(list) }
             return .failure(OutboundError(type: "network", detail: "libcurl could not create a handle"))
         }
@@ -108,7 +112,7 @@ final class Transfer {
         if request.pathAsIs { _ = CCurl_easy_setopt_long(easy, CURLOPT_PATH_AS_IS, 1) }
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HTTPHEADER, list)
         if CCurl_easy_setopt_string(easy, CURLOPT_URL, url) != CURLE_OK {
-            curl_easy_cleanup(easy)
+            pool.discard(easy)
             return invalid("libcurl refused URL \(OutboundURL.quoted(url))")
         }
         if let body {
@@ -133,9 +137,11 @@ final class Transfer {
         return .success(easy)
     }
 
-    /// Frees what libcurl held for the hop (the easy handle must be out of the multi handle).
-    func release(_ easy: UnsafeMutableRawPointer) {
-        curl_easy_cleanup(easy)
+    /// Hands the hop's easy handle back to `pool` (it must be out of the multi handle; kept for
+    /// another transfer when `reusable`) and frees the hop's header list, which libcurl no
+    /// longer points at once the handle is reset or cleaned up.
+    func release(_ easy: UnsafeMutableRawPointer, to pool: inout EasyHandlePool, reusable: Bool) {
+        pool.giveBack(easy, reusable: reusable)
         if let slist { curl_slist_free_all(slist) }
         slist = nil
     }
