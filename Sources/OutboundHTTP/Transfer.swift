@@ -70,6 +70,7 @@ final class Transfer {
         guard !method.isEmpty, method.utf8.allSatisfy(Self.isTokenByte) else { return invalid("method \(OutboundURL.quoted(method)) is not an HTTP token") }
         var list: UnsafeMutablePointer<curl_slist>?
         var hasExpect = false
+        var complete = true
         for (name, value) in headers {
             guard !name.isEmpty, name.utf8.allSatisfy(Self.isTokenByte) else {
                 if let list { curl_slist_free_all(list) }
@@ -79,15 +80,15 @@ final class Transfer {
                 if let list { curl_slist_free_all(list) }
                 return invalid("header \(name) contains CR, LF or NUL")
             }
-            if name.lowercased() == "expect" { hasExpect = true }
-            // "Name;" is libcurl's way to send a header with an empty value.
-            list = curl_slist_append(list, value.isEmpty ? "\(name);" : "\(name): \(value)")
+            if Self.isExpect(name) { hasExpect = true }
+            complete = Self.append(name, value, to: &list)
+            if !complete { break }
         }
         // No `Expect: 100-continue` round trip for large bodies.
-        if !hasExpect { list = curl_slist_append(list, "Expect:") }
-        guard let easy = pool.take() else {
+        if complete && !hasExpect { complete = Self.append("Expect", nil, to: &list) }
+        guard complete, let easy = pool.take() else {
             if let list { curl_slist_free_all(list) }
-            return .failure(OutboundError(type: "network", detail: "libcurl could not create a handle"))
+            return .failure(OutboundError(type: "network", detail: complete ? "libcurl could not create a handle" : "libcurl could not build the header list"))
         }
         if let slist { curl_slist_free_all(slist) }
         slist = list
@@ -144,6 +145,34 @@ final class Transfer {
         pool.giveBack(easy, reusable: reusable)
         if let slist { curl_slist_free_all(slist) }
         slist = nil
+    }
+
+    /// True when `name` is `Expect` in any case (no lowercased copy: this runs for every field).
+    static func isExpect(_ name: String) -> Bool {
+        name.utf8.count == 6 && zip(name.utf8, "expect".utf8).allSatisfy { $0 | 0x20 == $1 }
+    }
+
+    /// Appends `name: value` to `list` as libcurl's C string, or `name;` for an empty value
+    /// (libcurl's way to send a field with an empty value), or `name:` for nil (libcurl's way to
+    /// send no such field). Written straight into one buffer: no Swift string is built per field.
+    /// False when libcurl could not allocate (the list is then unchanged).
+    static func append(_ name: String, _ value: String?, to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+        let count = name.utf8.count + (value.map { $0.isEmpty ? 1 : 2 + $0.utf8.count } ?? 1) + 1
+        let appended = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { buffer -> UnsafeMutablePointer<curl_slist>? in
+            var i = buffer.initialize(fromContentsOf: name.utf8)
+            if let value, !value.isEmpty {
+                i = buffer[i...].initialize(fromContentsOf: ": ".utf8)
+                i = buffer[i...].initialize(fromContentsOf: value.utf8)
+            } else {
+                buffer[i] = value == nil ? UInt8(ascii: ":") : UInt8(ascii: ";")
+                i += 1
+            }
+            buffer[i] = 0
+            return buffer.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
+        }
+        guard let appended else { return false }
+        list = appended
+        return true
     }
 
     /// Moves to the next hop of a redirect.
