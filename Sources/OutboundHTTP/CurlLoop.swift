@@ -170,7 +170,8 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are to
         if CCurl_easy_getinfo_off_t(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &declared) == CURLE_OK, declared >= 0 {
             length = Int(exactly: declared)
         }
-        let message = transfer.curlMessage(code)
+        // libcurl's message is made a string only for a failure, not for every answer.
+        let message = code == CURLE_OK ? "" : transfer.curlMessage(code)
         drop(easy, reusable: code == CURLE_OK)
         guard !transfer.task.isSettled else { return }
         switch transfer.outcome(code, status: status, message: message) {

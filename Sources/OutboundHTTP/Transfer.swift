@@ -232,19 +232,21 @@ final class Transfer {
     }
 
     /// Success when the hop produced a response (a body cut at the cap counts), else the error.
+    /// `message`: libcurl's (``curlMessage(_:)``), used only when `code` is not `CURLE_OK`.
     func outcome(_ code: CURLcode, status: Int, message: String) -> Result<Void, OutboundError> {
-        let where_ = OutboundURL.quoted(url)
+        // The quoted URL (an Array and a string) is built only for an error, not for every answer.
         if headerOverflow {
-            return .failure(OutboundError(type: "invalid-response", detail: "\(where_): response headers exceed \(request.maxHeaderBytes) bytes"))
+            return .failure(
+                OutboundError(type: "invalid-response", detail: "\(OutboundURL.quoted(url)): response headers exceed \(request.maxHeaderBytes) bytes"))
         }
         if code == CURLE_OK || (code == CURLE_WRITE_ERROR && truncated) {
             guard (100...999).contains(status) else {
-                return .failure(OutboundError(type: "invalid-response", detail: "\(where_): no valid HTTP status"))
+                return .failure(OutboundError(type: "invalid-response", detail: "\(OutboundURL.quoted(url)): no valid HTTP status"))
             }
             return .success(())
         }
         if code == CURLE_OPERATION_TIMEDOUT { return .failure(timeoutError()) }
-        return .failure(hopError(OutboundError(type: Self.errorType(code), detail: "\(where_): \(message)")))
+        return .failure(hopError(OutboundError(type: Self.errorType(code), detail: "\(OutboundURL.quoted(url)): \(message)")))
     }
 
     /// A URL that fails after a redirect is the target's doing, not the caller's request:
