@@ -40,6 +40,9 @@ public struct HTTPRequest: Sendable {
     /// The value of header `name`, matched case-insensitively.
     public func header(_ name: String) -> String? {
         if let value = headers[name] { return value }
+        // The keys are lowercase: a name with no upper-case letter that missed is absent (most
+        // lookups, e.g. of fields a request does not carry, end here without a second hash).
+        guard name.utf8.contains(where: { $0 &- 65 < 26 }) else { return nil }
         return headers[asciiLowercased(name)]
     }
 }
@@ -47,6 +50,8 @@ public struct HTTPRequest: Sendable {
 /// Lowercases ASCII letters only (header names are ASCII tokens), without Foundation.
 @inline(__always)
 func asciiLowercased(_ string: String) -> String {
+    // Most names arrive lowercase already: no copy for them.
+    guard string.utf8.contains(where: { $0 &- 65 < 26 }) else { return string }
     var utf8 = Array(string.utf8)
     var changed = false
     for index in utf8.indices where utf8[index] &- 65 < 26 {

@@ -1,6 +1,7 @@
 import CCurl
 import Dispatch
 import Locking
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -8,7 +9,7 @@ import Glibc
 
 /// The client's thread and libcurl multi handle. Only `submit`, `cancel` and `stop` are
 /// called from other threads; everything else runs on the loop thread.
-final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on the loop thread
+final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are touched only on the loop thread
     struct Inbox {
         var adds: [OutboundTask] = []
         var cancels: [OutboundTask] = []
@@ -22,6 +23,14 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
     private let inbox = Lock(Inbox())
     /// Transfers in libcurl, by easy handle. Loop thread only.
     private var transfers: [UnsafeMutableRawPointer: Transfer] = [:]
+    /// Idle easy handles for the next transfers. Loop thread only.
+    private var handles = EasyHandlePool()
+    /// Easy handles alive (idle or in a transfer) as of the loop's last pass: 0 once the loop
+    /// has ended. For tests (``liveHandleCount``).
+    private let liveHandles = Atomic<Int>(0)
+
+    /// Easy handles alive as of the loop's last pass (it lags a completion by a moment).
+    var liveHandleCount: Int { liveHandles.load(ordering: .relaxed) }
 
     init() {
         _ = Self.globalInit
@@ -113,6 +122,7 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
                 }
             }
             for (easy, code) in done { finished(easy, code) }
+            liveHandles.store(handles.live, ordering: .relaxed)
             _ = curl_multi_poll(multi, nil, 0, 1000, nil)
         }
         let shutdown = OutboundError(type: "cancelled", detail: "the HTTP client is shut down")
@@ -120,6 +130,8 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
             drop(easy)
             transfer.task.deliver(.failure(shutdown))
         }
+        handles.drain()
+        liveHandles.store(handles.live, ordering: .relaxed)
         // Tasks that arrived after the last look at the inbox.
         for task in inbox.withLock({ $0.adds }) { task.deliver(.failure(shutdown)) }
     }
@@ -127,7 +139,7 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
     /// Starts the transfer's current hop, or ends the task when it cannot.
     private func begin(_ transfer: Transfer) {
         guard let multi else { return }
-        switch transfer.makeHandle() {
+        switch transfer.makeHandle(from: &handles) {
         case let .failure(error):
             transfer.task.deliver(.failure(transfer.hopError(error)))
         case let .success(easy):
@@ -139,11 +151,12 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         }
     }
 
-    /// Removes an easy handle from libcurl and frees it.
-    private func drop(_ easy: UnsafeMutableRawPointer) {
+    /// Removes an easy handle from libcurl and from its transfer; keeps it for another transfer
+    /// when `reusable` (its transfer ended normally), else frees it.
+    private func drop(_ easy: UnsafeMutableRawPointer, reusable: Bool = false) {
         guard let transfer = transfers.removeValue(forKey: easy) else { return }
-        if let multi { _ = curl_multi_remove_handle(multi, easy) }
-        transfer.release(easy)
+        let removed = multi.map { curl_multi_remove_handle($0, easy) == CURLM_OK } ?? false
+        transfer.release(easy, to: &handles, reusable: reusable && removed)
     }
 
     /// A hop ended: answer, follow the redirect, or fail.
@@ -157,8 +170,9 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` is touched only on t
         if CCurl_easy_getinfo_off_t(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &declared) == CURLE_OK, declared >= 0 {
             length = Int(exactly: declared)
         }
-        let message = transfer.curlMessage(code)
-        drop(easy)
+        // libcurl's message is made a string only for a failure, not for every answer.
+        let message = code == CURLE_OK ? "" : transfer.curlMessage(code)
+        drop(easy, reusable: code == CURLE_OK)
         guard !transfer.task.isSettled else { return }
         switch transfer.outcome(code, status: status, message: message) {
         case let .failure(error):

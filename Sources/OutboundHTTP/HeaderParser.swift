@@ -14,10 +14,18 @@ public enum HeaderLine: Sendable, Equatable {
 
     /// Parses one line.
     public static func parse<C: Collection>(_ line: C) -> HeaderLine where C.Element == UInt8 {
-        var bytes = Array(line)
-        while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
+        // libcurl's lines (and arrays) are contiguous: parsed in place, not copied first (this
+        // runs for every header line of every response).
+        if let parsed = line.withContiguousStorageIfAvailable(parse(contiguous:)) { return parsed }
+        return Array(line).withUnsafeBufferPointer(parse(contiguous:))
+    }
+
+    private static func parse(contiguous line: UnsafeBufferPointer<UInt8>) -> HeaderLine {
+        var end = line.count
+        while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
+        let bytes = UnsafeBufferPointer(rebasing: line[..<end])
         if bytes.isEmpty { return .end }
-        if bytes.starts(with: Array("HTTP/".utf8)) {
+        if bytes.starts(with: "HTTP/".utf8) {
             // "HTTP/1.1 200 OK": three digits after the first space.
             guard let space = bytes.firstIndex(of: 0x20) else { return .status(nil) }
             let digits = bytes[(space + 1)...].prefix(3)
@@ -30,7 +38,7 @@ public enum HeaderLine: Sendable, Equatable {
         return .field(name: name, value: trimmed(bytes[(colon + 1)...]))
     }
 
-    static func trimmed(_ bytes: ArraySlice<UInt8>) -> String {
+    static func trimmed(_ bytes: Slice<UnsafeBufferPointer<UInt8>>) -> String {
         var s = bytes.startIndex, e = bytes.endIndex
         while s < e, bytes[s] == 0x20 || bytes[s] == 0x09 { s += 1 }
         while e > s, bytes[e - 1] == 0x20 || bytes[e - 1] == 0x09 { e -= 1 }

@@ -11,7 +11,8 @@ import Glibc
 /// One background thread per client drives libcurl's multi interface (`curl_multi_poll`,
 /// woken by `curl_multi_wakeup` when a request is added or cancelled), so many requests in
 /// flight cost one thread. libcurl keeps finished connections in the multi handle's cache
-/// (up to 64), so requests to the same origin reuse a keep-alive connection. Redirects are
+/// (up to 64), so requests to the same origin reuse a keep-alive connection; the client keeps up
+/// to 64 finished easy handles, reset, for the next requests (`EasyHandlePool`). Redirects are
 /// followed by this client, not libcurl (unless ``OutboundRequest/followRedirects`` is off): at most
 /// ``RedirectPolicy/maxRedirects``, http/https only, each `Location` resolved and checked
 /// with libcurl's URL API (see ``RedirectPolicy``). Bodies are cut at

@@ -58,14 +58,19 @@ final class Transfer {
         .failure(OutboundError(type: "invalid-url", detail: why))
     }
 
-    /// A configured easy handle for the current hop.
-    func makeHandle() -> Result<UnsafeMutableRawPointer, OutboundError> {
+    /// An easy handle from `pool`, configured for the current hop.
+    ///
+    /// Every option the hop needs is set here, on a handle with libcurl's defaults (new, or reset
+    /// by the pool), so whatever an earlier request set cannot carry over: an option that is not
+    /// set here is libcurl's default.
+    func makeHandle(from pool: inout EasyHandlePool) -> Result<UnsafeMutableRawPointer, OutboundError> {
         let remaining = remainingMilliseconds
         guard remaining > 0 else { return .failure(timeoutError()) }
         if case let .failure(e) = OutboundURL.check(url) { return .failure(e) }
         guard !method.isEmpty, method.utf8.allSatisfy(Self.isTokenByte) else { return invalid("method \(OutboundURL.quoted(method)) is not an HTTP token") }
         var list: UnsafeMutablePointer<curl_slist>?
         var hasExpect = false
+        var complete = true
         for (name, value) in headers {
             guard !name.isEmpty, name.utf8.allSatisfy(Self.isTokenByte) else {
                 if let list { curl_slist_free_all(list) }
@@ -75,15 +80,15 @@ final class Transfer {
                 if let list { curl_slist_free_all(list) }
                 return invalid("header \(name) contains CR, LF or NUL")
             }
-            if name.lowercased() == "expect" { hasExpect = true }
-            // "Name;" is libcurl's way to send a header with an empty value.
-            list = curl_slist_append(list, value.isEmpty ? "\(name);" : "\(name): \(value)")
+            if Self.isExpect(name) { hasExpect = true }
+            complete = Self.append(name, value, to: &list)
+            if !complete { break }
         }
         // No `Expect: 100-continue` round trip for large bodies.
-        if !hasExpect { list = curl_slist_append(list, "Expect:") }
-        guard let easy = curl_easy_init() else {
+        if complete && !hasExpect { complete = Self.append("Expect", nil, to: &list) }
+        guard complete, let easy = pool.take() else {
             if let list { curl_slist_free_all(list) }
-            return .failure(OutboundError(type: "network", detail: "libcurl could not create a handle"))
+            return .failure(OutboundError(type: "network", detail: complete ? "libcurl could not create a handle" : "libcurl could not build the header list"))
         }
         if let slist { curl_slist_free_all(slist) }
         slist = list
@@ -108,7 +113,7 @@ final class Transfer {
         if request.pathAsIs { _ = CCurl_easy_setopt_long(easy, CURLOPT_PATH_AS_IS, 1) }
         _ = CCurl_easy_setopt_pointer(easy, CURLOPT_HTTPHEADER, list)
         if CCurl_easy_setopt_string(easy, CURLOPT_URL, url) != CURLE_OK {
-            curl_easy_cleanup(easy)
+            pool.discard(easy)
             return invalid("libcurl refused URL \(OutboundURL.quoted(url))")
         }
         if let body {
@@ -133,11 +138,41 @@ final class Transfer {
         return .success(easy)
     }
 
-    /// Frees what libcurl held for the hop (the easy handle must be out of the multi handle).
-    func release(_ easy: UnsafeMutableRawPointer) {
-        curl_easy_cleanup(easy)
+    /// Hands the hop's easy handle back to `pool` (it must be out of the multi handle; kept for
+    /// another transfer when `reusable`) and frees the hop's header list, which libcurl no
+    /// longer points at once the handle is reset or cleaned up.
+    func release(_ easy: UnsafeMutableRawPointer, to pool: inout EasyHandlePool, reusable: Bool) {
+        pool.giveBack(easy, reusable: reusable)
         if let slist { curl_slist_free_all(slist) }
         slist = nil
+    }
+
+    /// True when `name` is `Expect` in any case (no lowercased copy: this runs for every field).
+    static func isExpect(_ name: String) -> Bool {
+        name.utf8.count == 6 && zip(name.utf8, "expect".utf8).allSatisfy { $0 | 0x20 == $1 }
+    }
+
+    /// Appends `name: value` to `list` as libcurl's C string, or `name;` for an empty value
+    /// (libcurl's way to send a field with an empty value), or `name:` for nil (libcurl's way to
+    /// send no such field). Written straight into one buffer: no Swift string is built per field.
+    /// False when libcurl could not allocate (the list is then unchanged).
+    static func append(_ name: String, _ value: String?, to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+        let count = name.utf8.count + (value.map { $0.isEmpty ? 1 : 2 + $0.utf8.count } ?? 1) + 1
+        let appended = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { buffer -> UnsafeMutablePointer<curl_slist>? in
+            var i = buffer.initialize(fromContentsOf: name.utf8)
+            if let value, !value.isEmpty {
+                i = buffer[i...].initialize(fromContentsOf: ": ".utf8)
+                i = buffer[i...].initialize(fromContentsOf: value.utf8)
+            } else {
+                buffer[i] = value == nil ? UInt8(ascii: ":") : UInt8(ascii: ";")
+                i += 1
+            }
+            buffer[i] = 0
+            return buffer.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
+        }
+        guard let appended else { return false }
+        list = appended
+        return true
     }
 
     /// Moves to the next hop of a redirect.
@@ -197,19 +232,21 @@ final class Transfer {
     }
 
     /// Success when the hop produced a response (a body cut at the cap counts), else the error.
+    /// `message`: libcurl's (``curlMessage(_:)``), used only when `code` is not `CURLE_OK`.
     func outcome(_ code: CURLcode, status: Int, message: String) -> Result<Void, OutboundError> {
-        let where_ = OutboundURL.quoted(url)
+        // The quoted URL (an Array and a string) is built only for an error, not for every answer.
         if headerOverflow {
-            return .failure(OutboundError(type: "invalid-response", detail: "\(where_): response headers exceed \(request.maxHeaderBytes) bytes"))
+            return .failure(
+                OutboundError(type: "invalid-response", detail: "\(OutboundURL.quoted(url)): response headers exceed \(request.maxHeaderBytes) bytes"))
         }
         if code == CURLE_OK || (code == CURLE_WRITE_ERROR && truncated) {
             guard (100...999).contains(status) else {
-                return .failure(OutboundError(type: "invalid-response", detail: "\(where_): no valid HTTP status"))
+                return .failure(OutboundError(type: "invalid-response", detail: "\(OutboundURL.quoted(url)): no valid HTTP status"))
             }
             return .success(())
         }
         if code == CURLE_OPERATION_TIMEDOUT { return .failure(timeoutError()) }
-        return .failure(hopError(OutboundError(type: Self.errorType(code), detail: "\(where_): \(message)")))
+        return .failure(hopError(OutboundError(type: Self.errorType(code), detail: "\(OutboundURL.quoted(url)): \(message)")))
     }
 
     /// A URL that fails after a redirect is the target's doing, not the caller's request:

@@ -145,6 +145,20 @@ extension Result {
         #expect(other.requests.first?.headers["cookie"] == nil)
     }
 
+    @Test func headerFieldsGoOutAsGiven() throws {
+        let server = try HostileServer(["/echo": Self.echo])
+        defer { server.stop() }
+        let fields = [("X-Empty", ""), ("X-Inner", "a  b"), ("X-Utf8", "é ü"), ("x-lower", "1")]
+        let r = try #require(exchange(client, OutboundRequest(method: "GET", url: "\(server.base)/echo", headers: fields)))
+        #expect(r.response?.status == 200, "\(r)")
+        let seen = try #require(server.requests.last).headers
+        for (name, value) in fields { #expect(seen.values(name) == [value], "\(name): \(seen)") }
+        #expect(seen["expect"] == nil)
+        // The caller's own Expect goes out instead of none.
+        _ = try #require(exchange(client, OutboundRequest(method: "POST", url: "\(server.base)/echo", headers: [("EXPECT", "x-custom")], body: [1])))
+        #expect(try #require(server.requests.last).headers["expect"] == "x-custom")
+    }
+
     static let endless: HostileServer.Route = { _, out in
         guard out.write("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n") else { return }
         let chunk = [UInt8](repeating: UInt8(ascii: "x"), count: 1024)
