@@ -56,6 +56,8 @@ public func buildService(
             })
         return try buildApplication(configuration: configuration, logger: logger, role: .partitioned(setup))
     }
+    // Partitions do everything it did since batches across owners are atomic (README).
+    if handoff == nil { logger.warning("--ownership one is deprecated: --ownership partitions (the default) does all it does, and it will go") }
     var won: (epoch: Int64, token: String)?
     if let epoch = handoff?.epoch, let token = handoff?.token, try membership.confirm(epoch: epoch, token: token) {
         won = (epoch, token)

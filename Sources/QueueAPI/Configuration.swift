@@ -153,7 +153,7 @@ public struct OpqdConfiguration: Sendable {
         Option(
             flag: "--ownership", env: "OPQD_OWNERSHIP",
             help:
-                "with a postgres:// store: partitions (queues spread over the instances; default) or one (one instance owns every queue, the others forward to it)"
+                "with a postgres:// store: partitions (queues spread over the instances; default) or one (deprecated: one instance owns every queue, the others forward to it)"
         ) { c, v in
             guard v == "one" || v == "partitions" else { throw ConfigurationError("--ownership must be one or partitions; got '\(v.prefix(100))'") }
             c.partitioned = v == "partitions"
