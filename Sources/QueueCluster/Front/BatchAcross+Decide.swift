@@ -26,16 +26,17 @@ extension BatchAcross {
             key = (SHA256.hex(SHA256.hash(Array((request.path + "\u{0}" + k).utf8))), SHA256.hash(request.body))
         }
         let found = key
-        guard decidingSlots.wait(timeout: .now()) == .success else {
-            return .response(
-                Problem(
-                    503, "busy", "Service Unavailable", "\(Self.maxDeciding) batches across instances are being decided here right now; retry shortly",
-                    headers: [("Retry-After", "1")]
-                ).response)
-        }
         return .routed(
             "batch-across",
             .deferred { responder in
+                guard self.decidingSlots.wait(timeout: .now()) == .success else {
+                    return responder.respond(
+                        Problem(
+                            503, "busy", "Service Unavailable",
+                            "\(Self.maxDeciding) batches across instances are being decided here right now; retry shortly",
+                            headers: [("Retry-After", "1")]
+                        ).response)
+                }
                 // Parts may be committed at the owners any moment: answer, never 503, at shutdown.
                 guard responder.answerBeforeShutdown() else {
                     self.decidingSlots.signal()
@@ -48,7 +49,7 @@ extension BatchAcross {
             })
     }
 
-    /// The whole exchange (blocking: it runs on a global queue).
+    /// The whole exchange (blocking: it runs on `deciding`).
     private func run(_ request: HTTPRequest, _ elements: [BatchElement], key: (scope: String, bodyHash: [UInt8])?) -> HTTPResponse {
         let deadline = DispatchTime.now() + Self.retryWindow
         if let key {
