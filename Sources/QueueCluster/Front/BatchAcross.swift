@@ -24,7 +24,9 @@ import QueueEngine
 ///    (`Opqd-Batch: apply <id>`), by the next holder of its partition when it takes the
 ///    partition (`pending`), or by the owner itself when nobody tells it within
 ///    `decisionWait` (it then writes the batch off unless it is committed: the first of the
-///    two rows wins). Each part is added once: an operation whose id exists is not added again.
+///    two rows wins). Each part is added once: the commit that adds it deletes its partition's
+///    row (`StoreRecord.batchPartAdded`, fenced like every commit), and an operation whose id
+///    exists here is not added again.
 ///
 /// The answer is 201 with every element's status in order once every part is added and
 /// durable. While partitions move (a prepare that finds a queue gone, a fence that fails) the
