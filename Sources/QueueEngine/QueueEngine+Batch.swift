@@ -58,35 +58,10 @@ extension QueueEngine {
         do {
             result = try mutate { core throws(EngineError) -> Result<[OperationSnapshot], BatchRefusal> in
                 // Every check that needs the engine's state, before anything is added.
-                var queues: [QueueRecord] = []
-                queues.reserveCapacity(elements.count)
-                var added: [ObjectIdentifier: Int] = [:]
-                for (i, e) in elements.enumerated() {
-                    guard let q = core.queues[e.queue] else { return .failure(BatchRefusal(index: i, error: .queueNotFound(e.queue))) }
-                    for d in e.dependencies {
-                        if case let .operation(id) = d, core.ops[id.raw] == nil, remote[id] == nil {
-                            return .failure(BatchRefusal(index: i, error: .operationNotFound(id.description)))
-                        }
-                    }
-                    let inQueue = added[ObjectIdentifier(q), default: 0] + 1
-                    added[ObjectIdentifier(q)] = inQueue
-                    guard core.unfinishedTotal + core.heldTotal < core.maxUnfinished - i else {
-                        return .failure(
-                            BatchRefusal(
-                                index: i,
-                                error: .limitReached(
-                                    "at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished); \(core.unfinishedTotal) now, the batch adds \(elements.count)",
-                                    limit: "too-many-operations")))
-                    }
-                    guard q.unfinished + q.held < configuration.maxUnfinishedPerQueue - (inQueue - 1) else {
-                        return .failure(
-                            BatchRefusal(
-                                index: i,
-                                error: .limitReached(
-                                    "at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue); \(q.unfinished) now, the batch adds \(inQueue) or more",
-                                    limit: "too-many-operations")))
-                    }
-                    queues.append(q)
+                let queues: [QueueRecord]
+                switch room(core, elements, at: Array(elements.indices), remote: remote) {
+                case let .success(found): queues = found
+                case let .failure(refusal): return .failure(refusal)
                 }
                 do throws(EngineError) { try core.reserveIDs(elements.count) } catch { return .failure(BatchRefusal(index: 0, error: error)) }
                 // Then all of it, in order. Edges to earlier elements resolve to their new records.
@@ -149,5 +124,44 @@ extension QueueEngine {
         } catch {
             throw BatchRefusal(index: i, error: error)
         }
+    }
+
+    /// The checks of elements `indices` (in order) that need the engine's state: each one's
+    /// queue and named operations exist, and the limits on unfinished operations have room
+    /// for them all, ids set aside for batches across instances counted. Returns their queues,
+    /// or the first refusal. Called under the engine's lock.
+    func room(_ core: EngineCore, _ elements: [BatchElement], at indices: [Int], remote: [OperationID: Bool]) -> Result<[QueueRecord], BatchRefusal> {
+        var queues: [QueueRecord] = []
+        queues.reserveCapacity(indices.count)
+        var added: [ObjectIdentifier: Int] = [:]
+        for (n, i) in indices.enumerated() {
+            let e = elements[i]
+            guard let q = core.queues[e.queue] else { return .failure(BatchRefusal(index: i, error: .queueNotFound(e.queue))) }
+            for d in e.dependencies {
+                if case let .operation(id) = d, core.ops[id.raw] == nil, remote[id] == nil {
+                    return .failure(BatchRefusal(index: i, error: .operationNotFound(id.description)))
+                }
+            }
+            let inQueue = added[ObjectIdentifier(q), default: 0] + 1
+            added[ObjectIdentifier(q)] = inQueue
+            guard core.unfinishedTotal + core.heldTotal < core.maxUnfinished - n else {
+                return .failure(
+                    BatchRefusal(
+                        index: i,
+                        error: .limitReached(
+                            "at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished); \(core.unfinishedTotal + core.heldTotal) now, the batch adds \(indices.count)",
+                            limit: "too-many-operations")))
+            }
+            guard q.unfinished + q.held < configuration.maxUnfinishedPerQueue - (inQueue - 1) else {
+                return .failure(
+                    BatchRefusal(
+                        index: i,
+                        error: .limitReached(
+                            "at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue); \(q.unfinished + q.held) now, the batch adds \(inQueue) or more",
+                            limit: "too-many-operations")))
+            }
+            queues.append(q)
+        }
+        return .success(queues)
     }
 }

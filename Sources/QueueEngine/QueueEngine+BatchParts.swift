@@ -49,36 +49,10 @@ extension QueueEngine {
                     return .failure(
                         BatchRefusal(index: mine.first ?? 0, error: .invalidArgument(field: "batch", detail: "this batch is being decided already")))
                 }
-                var added: [ObjectIdentifier: Int] = [:]
-                var queues: [QueueRecord] = []
-                for (n, i) in mine.enumerated() {
-                    let e = elements[i]
-                    guard let q = core.queues[e.queue] else { return .failure(BatchRefusal(index: i, error: .queueNotFound(e.queue))) }
-                    for d in e.dependencies {
-                        if case let .operation(id) = d, core.ops[id.raw] == nil, remote[id] == nil {
-                            return .failure(BatchRefusal(index: i, error: .operationNotFound(id.description)))
-                        }
-                    }
-                    let inQueue = added[ObjectIdentifier(q), default: 0] + 1
-                    added[ObjectIdentifier(q)] = inQueue
-                    let held = core.heldTotal
-                    guard core.unfinishedTotal + held < core.maxUnfinished - n else {
-                        return .failure(
-                            BatchRefusal(
-                                index: i,
-                                error: .limitReached(
-                                    "at most \(core.maxUnfinished) unfinished operations in all queues (--max-unfinished); \(core.unfinishedTotal + held) now, the batch adds \(mine.count) here",
-                                    limit: "too-many-operations")))
-                    }
-                    guard q.unfinished + q.held < configuration.maxUnfinishedPerQueue - (inQueue - 1) else {
-                        return .failure(
-                            BatchRefusal(
-                                index: i,
-                                error: .limitReached(
-                                    "at most \(configuration.maxUnfinishedPerQueue) unfinished operations in queue '\(q.name)' (--max-unfinished-per-queue); \(q.unfinished + q.held) now, the batch adds \(inQueue) or more",
-                                    limit: "too-many-operations")))
-                    }
-                    queues.append(q)
+                let queues: [QueueRecord]
+                switch room(core, elements, at: mine, remote: remote) {
+                case let .success(found): queues = found
+                case let .failure(refusal): return .failure(refusal)
                 }
                 do throws(EngineError) { try core.reserveIDs(mine.count) } catch { return .failure(BatchRefusal(index: mine.first ?? 0, error: error)) }
                 let first = core.nextID
