@@ -475,7 +475,7 @@ final class PGWriter: @unchecked Sendable {
                     if partitioned { touched.insert(QueuePartitions.of(queue: e.queue)) }
                 case let .queueDeleted(name):
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
-                case .kept: break
+                case .kept, .limiter, .limiterDeleted: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
                 }
@@ -608,6 +608,9 @@ final class PGWriter: @unchecked Sendable {
                         case let .batchPartAdded(batch, part):
                             // Gone in the commit that adds its operations: a part is added once.
                             try send(PGSchema.forgetBatchPart, [PGParameter(batch), PGParameter(part)])
+                        case .limiter, .limiterDeleted:
+                            // PLACEHOLDER: limiters are persisted by the store change that follows.
+                            continue
                         }
                     }
                 case let .purge(cutoff, limit, reply):

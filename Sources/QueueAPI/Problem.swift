@@ -54,6 +54,8 @@ extension EngineError: ProblemConvertible {
             return Problem(429, limit, "Too Many Requests", detail, headers: [("Retry-After", "5")])
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
+        case let .limiterNotFound(name): return .notFound("no limiter named '\(name)'")
+        case let .conflict(slug, detail): return Problem(409, slug, "Conflict", detail)
         case let .notHere(queue):
             return .noOwner("queue '\(queue)' is moving to another instance of the cluster; retry shortly, with an Idempotency-Key for changes")
         }

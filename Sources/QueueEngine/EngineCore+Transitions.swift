@@ -35,6 +35,7 @@ extension EngineCore {
             }
         }
         guard from != to else { return effect }
+        if !op.limitKeys.isEmpty { flowLeft(op, from) }
         switch from {
         case .ready:
             op.heapKey = 0  // its heap entry goes stale
@@ -62,6 +63,7 @@ extension EngineCore {
         case .pending:
             break
         }
+        if !op.limitKeys.isEmpty { flowEntered(op, to) }
         return effect
     }
 

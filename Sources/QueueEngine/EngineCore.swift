@@ -13,6 +13,8 @@ enum Effect {
     case timeout(OperationID, token: UInt32, seconds: Double)
     /// Start attempt `token` again after `seconds` (retry backoff).
     case retry(OperationID, token: UInt32, seconds: Double)
+    /// Look at a queue's rate or a limiter key again after `seconds` (a token is due).
+    case flowWake(EngineCore.FlowWake, seconds: Double)
 }
 
 /// What one locked section hands to the thread that ran it.
@@ -45,6 +47,7 @@ final class EngineCore: @unchecked Sendable {
     unowned(unsafe) var engine: QueueEngine!
 
     var queues: [String: QueueRecord] = [:]
+    var limiters: [String: LimiterRecord] = [:]
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]
@@ -256,15 +259,6 @@ final class EngineCore: @unchecked Sendable {
 
     // MARK: - scheduling
 
-    /// Starts ready operations while the queue has free slots. Only ready operations are
-    /// looked at (a heap per queue); operations blocked on dependencies are never scanned.
-    func schedule(_ q: QueueRecord) {
-        if q.deleted { return }
-        while !q.isSuspended && q.executing < limit(q), let op = q.popReady(ops) {
-            startOp(op)
-        }
-    }
-
     func startOp(_ op: OpRecord) {
         let resume = op.resumeOnStart
         op.resumeOnStart = false
@@ -289,6 +283,7 @@ final class EngineCore: @unchecked Sendable {
     /// Hands a run to the kind, with its timeout armed.
     func beginRun(_ op: OpRecord, resume: Bool) {
         op.inBackoff = false
+        op.backoffUntil = nil
         effects.append(.start(op.kind, context(op, resume: resume)))
         if let t = op.options.timeout {
             let left = t - Double(op.executedNanos) / 1e9
@@ -312,7 +307,9 @@ final class EngineCore: @unchecked Sendable {
             emit(op, .attempt, .int(old), .int(op.attempt))
             record(op)
             op.inBackoff = true
-            effects.append(.retry(op.operationID, token: op.runToken, seconds: retry.delay(beforeAttempt: op.attempt)))
+            let delay = retry.delay(beforeAttempt: op.attempt)
+            op.backoffUntil = now.adding(seconds: delay)
+            effects.append(.retry(op.operationID, token: op.runToken, seconds: delay))
             return
         }
         completeOp(op, completion)

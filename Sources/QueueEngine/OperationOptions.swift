@@ -26,8 +26,13 @@ public struct OperationOptions: Sendable, Equatable {
     public var retry: RetryPolicy?
     /// Not started before this time.
     public var notBefore: Timestamp?
-    public init(timeout: Double? = nil, retry: RetryPolicy? = nil, notBefore: Timestamp? = nil) {
+    /// The limiters it needs room in to start (API.md "Flow control"), as given.
+    public var limits: [LimitRef]
+    /// Its tenant for the queue's round-robin among ready operations of one priority; nil is `""`.
+    public var fairnessKey: String?
+    public init(timeout: Double? = nil, retry: RetryPolicy? = nil, notBefore: Timestamp? = nil, limits: [LimitRef] = [], fairnessKey: String? = nil) {
         self.timeout = timeout; self.retry = retry; self.notBefore = notBefore
+        self.limits = limits; self.fairnessKey = fairnessKey
     }
 }
 

@@ -53,6 +53,11 @@ public enum EngineError: Error, Sendable, Equatable {
     /// The queue is not this engine's to run (a cluster instance that does not own its
     /// partition, or no longer does): retry shortly, the request reaches its owner then.
     case notHere(String)
+    /// No limiter of this name.
+    case limiterNotFound(String)
+    /// The change conflicts with what exists now (a duplicate limiter, a limiter in use);
+    /// `slug` names the case.
+    case conflict(slug: String, detail: String)
 }
 
 /// What a move does beyond changing the state; the engine acts on it (`EngineCore.apply`).

@@ -78,11 +78,14 @@ extension QueueEngine {
     /// in the archive's order (an element that depends on a later one comes after it), the
     /// paused ones paused and each given its attempt, before anything can start.
     public func restoreArchive(
-        into name: String, maxConcurrentOperationCount: Int, isSuspended: Bool, _ elements: [ArchiveElement]
+        into name: String, maxConcurrentOperationCount: Int, isSuspended: Bool, rateLimit: RateLimit? = nil,
+        fairnessWeights: [String: Int] = [:], _ elements: [ArchiveElement]
     ) throws(ArchiveRefusal) -> ArchiveRestore {
         do throws(EngineError) {
             try Self.validateQueueName(name)
             try Self.validateMax(maxConcurrentOperationCount)
+            if let rateLimit { try Self.validateRate(rateLimit, field: "queue.rateLimit") }
+            try Self.validateFairnessWeights(fairnessWeights)
         } catch {
             throw .queue(error)
         }
@@ -113,6 +116,7 @@ extension QueueEngine {
                     }
                 }
                 guard e.attempt >= 0 else { throw .invalidArgument(field: "attempt", detail: "must not be negative") }
+                try Self.validateFlow(e.request.options)
                 var request = e.request
                 if request.options.retry == nil && !e.isBarrier { request.options.retry = kind.defaultRetry }
                 resolvedKinds.append(kind)
@@ -153,13 +157,25 @@ extension QueueEngine {
                                 limit: "too-many-operations")))
                 }
                 do throws(EngineError) { try core.reserveIDs(elements.count) } catch { return .failure(.queue(error)) }
+                var newKeys: [String: Set<String>] = [:]
+                for (i, e) in elements.enumerated() {
+                    do throws(EngineError) {
+                        try core.checkLimits(e.request.options.limits, pending: &newKeys)
+                    } catch {
+                        return .failure(.element(i, error))
+                    }
+                }
                 // Then all of it.
                 let q: QueueRecord
                 if let existing {
                     q = existing
-                    if q.maxConcurrent != maxConcurrentOperationCount || q.isSuspended != isSuspended {
+                    if q.maxConcurrent != maxConcurrentOperationCount || q.isSuspended != isSuspended || q.rate?.limit != rateLimit
+                        || q.fairnessWeights != fairnessWeights
+                    {
                         q.maxConcurrent = maxConcurrentOperationCount
                         q.isSuspended = isSuspended
+                        if q.rate?.limit != rateLimit { q.rate = rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) } }
+                        q.fairnessWeights = fairnessWeights
                         core.bump(q)
                         core.dirty.append(q)
                     }
@@ -167,6 +183,8 @@ extension QueueEngine {
                     q = QueueRecord(
                         name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now,
                         generation: core.generation)
+                    q.rate = rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
+                    q.fairnessWeights = fairnessWeights
                     core.queues[name] = q
                     core.touch(q)
                 }
@@ -213,7 +231,7 @@ extension QueueEngine {
                 core.settle()
                 return .success(
                     ArchiveRestore(
-                        queue: q.snapshot(defaultMax: core.defaultMaxConcurrent), operations: made.compactMap { $0?.snapshot() },
+                        queue: q.snapshot(defaultMax: core.defaultMaxConcurrent), operations: made.compactMap { $0.map(core.status) },
                         droppedDependencies: dropped))
             }
         } catch {

@@ -92,7 +92,7 @@ extension QueueEngine {
                         core.insert(into: queues[i], req: request, kind: resolvedKinds[i], deps: deps, remote: remoteWaits, barrier: false))
                 }
                 core.settle()
-                return .success(made.map { $0.snapshot() })
+                return .success(made.map(core.status))
             }
         } catch {
             // The body answers refusals as a value; nothing in it throws.
@@ -110,6 +110,7 @@ extension QueueEngine {
             }
             try kind.permit(spec: e.request.spec)
             try kind.validate(spec: e.request.spec)
+            try Self.validateFlow(e.request.options)
             guard e.dependencies.count <= configuration.maxDependencies else {
                 throw .invalidArgument(
                     field: "dependencies",
@@ -134,9 +135,15 @@ extension QueueEngine {
         var queues: [QueueRecord] = []
         queues.reserveCapacity(indices.count)
         var added: [ObjectIdentifier: Int] = [:]
+        var newKeys: [String: Set<String>] = [:]
         for (n, i) in indices.enumerated() {
             let e = elements[i]
             guard let q = core.queues[e.queue] else { return .failure(BatchRefusal(index: i, error: .queueNotFound(e.queue))) }
+            do throws(EngineError) {
+                try core.checkLimits(e.request.options.limits, pending: &newKeys)
+            } catch {
+                return .failure(BatchRefusal(index: i, error: error))
+            }
             for d in e.dependencies {
                 if case let .operation(id) = d, core.ops[id.raw] == nil, remote[id] == nil {
                     return .failure(BatchRefusal(index: i, error: .operationNotFound(id.description)))

@@ -142,7 +142,7 @@ extension QueueEngine {
                 if core.wantsRecords { core.outRecords.append(.batchPartAdded(batch: token, part: part)) }
             }
             core.settle()
-            return (records.mapValues { $0.snapshot() }, notHere)
+            return (records.mapValues(core.status), notHere)
         }
     }
 

@@ -7,9 +7,17 @@ public struct CopyOverrides: Sendable, Equatable {
     public var dependencies: [OperationID]?
     /// `.some(nil)` clears the source's `notBefore`.
     public var notBefore: Timestamp??
+    /// Replaces the source's limits (`[]`: none).
+    public var limits: [LimitRef]?
+    /// `.some(nil)` clears the source's fairness key.
+    public var fairnessKey: String??
 
-    public init(queue: String? = nil, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil, notBefore: Timestamp?? = nil) {
+    public init(
+        queue: String? = nil, queuePriority: QueuePriority? = nil, dependencies: [OperationID]? = nil, notBefore: Timestamp?? = nil,
+        limits: [LimitRef]? = nil, fairnessKey: String?? = nil
+    ) {
         self.queue = queue; self.queuePriority = queuePriority; self.dependencies = dependencies; self.notBefore = notBefore
+        self.limits = limits; self.fairnessKey = fairnessKey
     }
 }
 
@@ -66,9 +74,11 @@ extension QueueEngine {
         if let p = overrides.queuePriority { request.queuePriority = p }
         if let d = overrides.dependencies { request.dependencies = d }
         if let nb = overrides.notBefore { request.options.notBefore = nb }
+        if let l = overrides.limits { request.options.limits = l }
+        if let f = overrides.fairnessKey { request.options.fairnessKey = f }
         // The kind may no longer permit the spec here (a command's executable taken off the
         // allow list since): the same first check as a create.
         try checkPermitted(kind: request.kind, spec: request.spec)
-        return try add(to: overrides.queue ?? sourceQueue, request, barrier: false) { $0.snapshot() }
+        return try add(to: overrides.queue ?? sourceQueue, request, barrier: false) { core, op in core.status(op) }
     }
 }

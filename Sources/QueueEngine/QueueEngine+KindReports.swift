@@ -40,6 +40,12 @@ extension QueueEngine {
     func retryFired(_ id: OperationID, token: UInt32) {
         try? mutate { core throws(EngineError) in
             guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing, !op.isCancelled else { return }
+            // Each attempt is a start: it waits for its queue's and its limiters' tokens.
+            let wait = core.attemptWait(op)
+            if wait > 0 {
+                core.effects.append(.retry(id, token: token, seconds: wait.asSeconds + 0.0005))
+                return
+            }
             op.runStartedAt = core.now.nanoseconds
             core.beginRun(op, resume: false)
         }

@@ -4,20 +4,20 @@ extension QueueEngine {
     /// Adds an operation (Foundation's `addOperation`).
     @discardableResult
     public func addOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, request, barrier: false) { $0.snapshot() }
+        try add(to: queueName, request, barrier: false) { core, op in core.status(op) }
     }
 
     /// Adds an operation and returns only its id: the cheap form for bulk callers.
     @discardableResult
     public func addOperationID(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationID {
-        try add(to: queueName, request, barrier: false) { $0.operationID }
+        try add(to: queueName, request, barrier: false) { _, op in op.operationID }
     }
 
     /// `addBarrierBlock`: starts after every operation added before it has finished, and every
     /// operation added after it waits for it.
     @discardableResult
     public func addBarrier(to queueName: String, name: String? = nil) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { $0.snapshot() }
+        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { core, op in core.status(op) }
     }
 
     /// The first check of a create: the kind exists and permits this spec (`OperationKind.permit`),
@@ -30,16 +30,19 @@ extension QueueEngine {
     /// The kinds a client may name, sorted (the barrier kind is internal).
     public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
 
-    func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (OpRecord) -> T) throws(EngineError) -> T {
+    func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (EngineCore, OpRecord) -> T) throws(EngineError) -> T {
         guard let kind = kinds[request.kind], barrier || request.kind != "barrier" else {
             throw .unknownKind(request.kind, allowed: kindNames)
         }
         try kind.validate(spec: request.spec)
+        try Self.validateFlow(request.options)
         var request = request
         if request.options.retry == nil { request.options.retry = kind.defaultRetry }
         let remote = try remoteStates(request.dependencies)
         return try mutate { core throws(EngineError) in
             let q = try core.queue(queueName)
+            var newKeys: [String: Set<String>] = [:]
+            try core.checkLimits(request.options.limits, pending: &newKeys)
             try core.reserveIDs(1)
             // Operations set aside for batches across instances count (`prepareBatchPart`).
             guard core.unfinishedTotal + core.heldTotal < core.maxUnfinished else {
@@ -74,18 +77,18 @@ extension QueueEngine {
             }
             let op = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: barrier)
             core.settle()
-            return answer(op)
+            return answer(core, op)
         }
     }
 
     /// The operation's status.
     public func operation(_ id: OperationID) throws(EngineError) -> OperationSnapshot {
-        try read { core throws(EngineError) in try core.op(id).snapshot() }
+        try read { core throws(EngineError) in try core.status(core.op(id)) }
     }
 
     /// Several operations' statuses in one locked read (nil for an id it does not have).
     public func operations(_ ids: [OperationID]) -> [OperationSnapshot?] {
-        (try? read { core throws(EngineError) in ids.map { core.ops[$0.raw]?.snapshot() } }) ?? ids.map { _ in nil }
+        (try? read { core throws(EngineError) in ids.map { id in core.ops[id.raw].map(core.status) } }) ?? ids.map { _ in nil }
     }
 
     /// The operation's revision (for ETags), without building its status.
@@ -128,7 +131,7 @@ extension QueueEngine {
             var i = lo
             while i < q.ops.count && page.count < limit && budget > 0 {
                 let op = q.ops[i]
-                if filter.matches(op) { page.append(op.snapshot()) }
+                if filter.matches(op) { page.append(core.status(op)) }
                 i += 1
                 budget -= 1
             }
@@ -280,7 +283,7 @@ extension QueueEngine {
             let op = try core.op(id)
             try body(core, op)
             core.settle()
-            return op.snapshot()
+            return core.status(op)
         }
     }
 }

@@ -5,9 +5,14 @@ extension QueueEngine {
 
     /// Creates a queue. `maxConcurrentOperationCount` is positive or -1.
     @discardableResult
-    public func createQueue(name: String, maxConcurrentOperationCount: Int = -1, isSuspended: Bool = false) throws(EngineError) -> QueueSnapshot {
+    public func createQueue(
+        name: String, maxConcurrentOperationCount: Int = -1, isSuspended: Bool = false, rateLimit: RateLimit? = nil,
+        fairnessWeights: [String: Int] = [:]
+    ) throws(EngineError) -> QueueSnapshot {
         try Self.validateQueueName(name)
         try Self.validateMax(maxConcurrentOperationCount)
+        if let rateLimit { try Self.validateRate(rateLimit, field: "rateLimit") }
+        try Self.validateFairnessWeights(fairnessWeights)
         return try mutate { core throws(EngineError) in
             guard core.queues[name] == nil else { throw .queueExists(name) }
             if let only = queueFilter.value, !only(name) { throw .notHere(name) }
@@ -16,6 +21,8 @@ extension QueueEngine {
             }
             let q = QueueRecord(
                 name: name, maxConcurrent: maxConcurrentOperationCount, isSuspended: isSuspended, createdAt: core.now, generation: core.generation)
+            q.rate = rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
+            q.fairnessWeights = fairnessWeights
             core.queues[name] = q
             core.touch(q)
             core.settle()
@@ -52,13 +59,24 @@ extension QueueEngine {
 
     /// Changes settings; takes effect at once (a resumed or widened queue starts work).
     @discardableResult
-    public func updateQueue(_ name: String, maxConcurrentOperationCount: Int? = nil, isSuspended: Bool? = nil) throws(EngineError) -> QueueSnapshot {
+    public func updateQueue(
+        _ name: String, maxConcurrentOperationCount: Int? = nil, isSuspended: Bool? = nil, rateLimit: RateLimit?? = nil,
+        fairnessWeights: [String: Int]? = nil
+    ) throws(EngineError) -> QueueSnapshot {
         if let m = maxConcurrentOperationCount { try Self.validateMax(m) }
+        if let r = rateLimit, let r { try Self.validateRate(r, field: "rateLimit") }
+        if let w = fairnessWeights { try Self.validateFairnessWeights(w) }
         return try mutate { core throws(EngineError) in
             let q = try core.queue(name)
             var changed = false
             if let m = maxConcurrentOperationCount, m != q.maxConcurrent { q.maxConcurrent = m; changed = true }
             if let s = isSuspended, s != q.isSuspended { q.isSuspended = s; changed = true }
+            // A new rate takes effect at once with a full bucket (API.md "Queue rate").
+            if let r = rateLimit, r != q.rate?.limit {
+                q.rate = r.map { TokenBucket($0, now: core.now.nanoseconds) }
+                changed = true
+            }
+            if let w = fairnessWeights, w != q.fairnessWeights { q.fairnessWeights = w; changed = true }
             if changed {
                 core.bump(q)
                 core.dirty.append(q)

@@ -24,6 +24,11 @@ extension QueueEngine {
             core.nextSeq = max(core.nextSeq, min(recovered.lastSeq, UInt64.max >> 2) + 1)
             // Never back: an adoption (a cluster instance) brings the generation it took for it.
             core.generation = max(core.generation, recovered.generation)
+            for ls in recovered.limiters where core.limiters[ls.name] == nil {
+                let l = LimiterRecord(name: ls.name, settings: ls.settings, createdAt: ls.createdAt)
+                l.revision = min(ls.revision, UInt64.max >> 2) + 1
+                core.limiters[ls.name] = l
+            }
             for qs in recovered.queues where core.queues[qs.name] == nil {
                 let q = QueueRecord(
                     name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt,
@@ -34,6 +39,9 @@ extension QueueEngine {
                 // shown but never committed, lost in a crash, can come again; its ETag, which names
                 // the generation, cannot.)
                 q.revision = min(qs.revision, UInt64.max >> 2) + 1
+                // Buckets start full after a restart (their tokens are not stored).
+                q.rate = qs.rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
+                q.fairnessWeights = qs.fairnessWeights
                 core.queues[qs.name] = q
                 core.touch(q)
             }
@@ -73,6 +81,7 @@ extension QueueEngine {
                     core.unfinishedTotal += 1
                     if op.isBarrier { q.barrier = op }
                 }
+                core.attachFlow(op)
                 restored.append(op)
             }
             // Edges: every unfinished operation waits for its unfinished dependencies, here or

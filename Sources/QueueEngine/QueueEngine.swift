@@ -27,6 +27,10 @@ public struct EngineConfiguration: Sendable {
     /// then not started here, and the closure has the owner give its role up (the next owner
     /// restarts it).
     public var mayStart: (@Sendable () -> Bool)?
+    /// Limiters, at most (`--max-limiters`).
+    public var maxLimiters: Int = 1_000
+    /// Keys in use per limiter, at most (`--max-limiter-keys`).
+    public var maxLimiterKeys: Int = 100_000
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
         maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false,
@@ -144,6 +148,11 @@ public final class QueueEngine: Sendable {
             scheduler.after(seconds: seconds) { [self] in timeoutFired(id, token: token) }
         case let .retry(id, token, seconds):
             scheduler.after(seconds: seconds) { [self] in retryFired(id, token: token) }
+        case let .flowWake(wake, seconds):
+            // Half a millisecond late, so the token is whole when it is read.
+            scheduler.after(seconds: seconds + 0.0005) { [self] in
+                try? mutate { core throws(EngineError) in core.flowWakeFired(wake) }
+            }
         case let .wake(id, seconds):
             // A millisecond late: Dispatch's clock is not the wall clock `notBefore` is read
             // on, and a wake-up that comes early only arms another one.

@@ -47,6 +47,13 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var implicitBarrier: UInt64?
     /// When a cascade cancelled it (`OperationSnapshot.cascadeAt`).
     var cascadeAt: Timestamp?
+    /// The limiter keys it names (`options.limits`, resolved; `EngineCore.attachFlow`).
+    var limitKeys: [LimiterKey] = []
+    /// Ready but parked on this key, which had no room (`EngineCore.schedule`).
+    var parkedOn: LimiterKey?
+    var parkKey: UInt64 = 0
+    /// When its next attempt is due, while `inBackoff`.
+    var backoffUntil: Timestamp?
 
     init(
         id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
@@ -127,6 +134,13 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     /// Operations set aside for it by batch parts across instances (`prepareBatchPart`) and not
     /// yet added or let go: while any are, the queue cannot be deleted.
     var held = 0
+    /// Its start rate's bucket (`rateLimit`), and whether a wake-up for its next token is armed.
+    var rate: TokenBucket?
+    var rateWakeArmed = false
+    var fairnessWeights: [String: Int] = [:]
+    /// Its ready operations in fair order, once one of them carried a fairness key; until
+    /// then, `heap` (the same order when every key is `""`).
+    var fair: FairReady?
 
     init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp, generation: UInt64) {
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt
@@ -137,7 +151,13 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
 
     func push(_ op: OpRecord) {
         let key = op.priority.rank << 60 | op.id
+        if let parked = op.parkedOn { parked.forget(op) }
+        if fair == nil, let f = op.options.fairnessKey, !f.isEmpty { becomeFair() }
         op.heapKey = key
+        if fair != nil {
+            fair?.push(op, key: key)
+            return
+        }
         heap.append(key)
         var i = heap.count - 1
         while i > 0 {
@@ -149,8 +169,18 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         heap[i] = key
     }
 
+    /// From now on, ready operations take turns by fairness key: those in the heap move over.
+    private func becomeFair() {
+        var f = FairReady()
+        heap = []
+        // The live entries: ready operations whose key is set (parked ones have none).
+        for op in ops where op.state == .ready && op.heapKey != 0 { f.push(op, key: op.heapKey) }
+        fair = f
+    }
+
     /// Pops the next live ready entry, skipping stale ones (paused, cancelled, re-prioritised).
     func popReady(_ table: OpTable) -> OpRecord? {
+        if fair != nil { return fair?.pop(table) }
         while let top = heap.first {
             removeTop()
             if let op = table[top & Self.idMask], op.heapKey == top, op.state == .ready {
@@ -178,6 +208,8 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         heap[i] = last
     }
 
+    var rateLimit: RateLimit? { rate?.limit }
+
     func snapshot(defaultMax: Int) -> QueueSnapshot {
         var byState: [OperationState: Int] = [:]
         for s in OperationState.allCases { byState[s] = counts[s.index] }
@@ -185,7 +217,7 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
             name: name, maxConcurrentOperationCount: maxConcurrent,
             effectiveMaxConcurrentOperationCount: maxConcurrent < 0 ? defaultMax : maxConcurrent,
             isSuspended: isSuspended, operationCount: unfinished, counts: byState, revision: revision, createdAt: createdAt,
-            generation: generation)
+            generation: generation, rateLimit: rate?.limit, fairnessWeights: fairnessWeights)
     }
 }
 

@@ -18,11 +18,17 @@ public struct QueueSnapshot: Sendable, Equatable {
     /// The run of the engine that made this revision (`RecoveredState.generation`): with
     /// `createdAt` and `revision` it names one content for good, also across restarts (ETags).
     public var generation: UInt64
+    /// Its start rate (API.md "Queue rate"); nil: none.
+    public var rateLimit: RateLimit? = nil
+    /// Weights of fairness keys in its round-robin (default 1).
+    public var fairnessWeights: [String: Int] = [:]
 
     public init(
         name: String, maxConcurrentOperationCount: Int, effectiveMaxConcurrentOperationCount: Int, isSuspended: Bool,
-        operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp, generation: UInt64 = 0
+        operationCount: Int, counts: [OperationState: Int], revision: UInt64, createdAt: Timestamp, generation: UInt64 = 0,
+        rateLimit: RateLimit? = nil, fairnessWeights: [String: Int] = [:]
     ) {
+        self.rateLimit = rateLimit; self.fairnessWeights = fairnessWeights
         self.name = name; self.maxConcurrentOperationCount = maxConcurrentOperationCount
         self.effectiveMaxConcurrentOperationCount = effectiveMaxConcurrentOperationCount; self.isSuspended = isSuspended
         self.operationCount = operationCount; self.counts = counts; self.revision = revision; self.createdAt = createdAt
@@ -59,6 +65,9 @@ public struct OperationSnapshot: Sendable, Equatable {
     /// operations that depended on it then are cancelled too, also those another cluster
     /// instance holds, which learn of it from this durable mark.
     public var cascadeAt: Timestamp? = nil
+    /// What holds it back now (API.md `waitingOn`): set on statuses the engine answers, not
+    /// stored; nil on records and on finished operations.
+    public var waitingOn: [WaitReason]? = nil
 
     public init(
         id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
@@ -128,6 +137,9 @@ public enum StoreRecord: Sendable {
     /// records are in the same change (`QueueEngine.applyBatchPart`), and the store forgets the
     /// part in the same commit.
     case batchPartAdded(batch: String, part: Int)
+    /// A limiter was created or its settings changed.
+    case limiter(LimiterSnapshot)
+    case limiterDeleted(String)
 
     /// The queue the record belongs to; nil for a kept answer or a batch part.
     public var queueName: String? {
@@ -136,7 +148,7 @@ public enum StoreRecord: Sendable {
         case let .queueDeleted(name): return name
         case let .operation(s): return s.queue
         case let .event(e): return e.queue
-        case .kept, .batchPartAdded: return nil
+        case .kept, .batchPartAdded, .limiter, .limiterDeleted: return nil
         }
     }
 }
@@ -179,7 +191,9 @@ public struct RecoveredState: Sendable {
     /// every earlier run's (the service counts its starts in the store's meta). Queue statuses
     /// carry it (`QueueSnapshot.generation`); 0 when nobody counts (tests, memory).
     public var generation: UInt64 = 0
-    public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0) {
-        self.queues = queues; self.operations = operations; self.lastSeq = lastSeq
+    /// Every limiter (restored before the operations that name them).
+    public var limiters: [LimiterSnapshot] = []
+    public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = []) {
+        self.queues = queues; self.operations = operations; self.lastSeq = lastSeq; self.limiters = limiters
     }
 }

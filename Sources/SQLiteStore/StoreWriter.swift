@@ -207,7 +207,7 @@ final class StoreWriter: @unchecked Sendable {
                 switch r {
                 case let .operation(s): lastOperation[s.id.raw] = position
                 case let .queue(q): lastQueue[q.name] = position
-                case .event, .queueDeleted, .kept, .batchPartAdded: break
+                case .event, .queueDeleted, .kept, .batchPartAdded, .limiter, .limiterDeleted: break
                 }
                 position += 1
             }
@@ -241,6 +241,9 @@ final class StoreWriter: @unchecked Sendable {
                             try binder.write(record, with: upsertIdempotency)
                         case .batchPartAdded:
                             // Batches across instances are PostgreSQL's alone.
+                            continue
+                        case .limiter, .limiterDeleted:
+                            // PLACEHOLDER: limiters are persisted by the store change that follows.
                             continue
                         }
                     }

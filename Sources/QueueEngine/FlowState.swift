@@ -1,0 +1,331 @@
+/// The engine's flow-control state, under its lock: token buckets, limiters with their keys,
+/// and the fair order of a queue's ready operations.
+
+/// A token bucket, read lazily: its tokens are worked out from the time of the last read.
+struct TokenBucket {
+    var limit: RateLimit
+    var tokens: Double
+    var last: Int64
+
+    init(_ limit: RateLimit, now: Int64) {
+        self.limit = limit
+        tokens = Double(limit.burst)
+        last = now
+    }
+
+    mutating func refill(_ now: Int64) {
+        guard now > last else { return }
+        let add = Double(now &- last) / 1e9 * limit.perSecond
+        tokens = Swift.min(Double(limit.burst), tokens + add)
+        last = now
+    }
+
+    /// A token is there (after a refill to `now`).
+    mutating func has(_ now: Int64) -> Bool {
+        refill(now)
+        return tokens >= 1
+    }
+
+    mutating func take() { tokens -= 1 }
+
+    var isFull: Bool { tokens >= Double(limit.burst) }
+
+    /// Nanoseconds from the last refill until a whole token is there (0 when one is).
+    var untilToken: Int64 {
+        if tokens >= 1 { return 0 }
+        let s = (1 - tokens) / limit.perSecond
+        return Swift.max(1, Int64(saturating: (s * 1e9).rounded(.up)))
+    }
+
+    /// A new setting: the bucket starts full (API.md).
+    mutating func reset(_ limit: RateLimit, now: Int64) { self = TokenBucket(limit, now: now) }
+}
+
+/// A limiter with the keys in use.
+final class LimiterRecord: @unchecked Sendable {  // guarded by the engine lock
+    let name: String
+    let createdAt: Timestamp
+    var settings: LimiterSettings
+    var revision: UInt64 = 1
+    var keys: [String: LimiterKey] = [:]
+    var running = 0
+    var waiting = 0
+    /// Unfinished operations that name it: while any do, it cannot be deleted.
+    var refs = 0
+
+    init(name: String, settings: LimiterSettings, createdAt: Timestamp) {
+        self.name = name; self.settings = settings; self.createdAt = createdAt
+    }
+
+    func snapshot() -> LimiterSnapshot {
+        LimiterSnapshot(
+            name: name, settings: settings, createdAt: createdAt, revision: revision, running: running, waiting: waiting,
+            keys: keys.count)
+    }
+}
+
+/// One key of a limiter: its own slots and bucket, and the ready operations it holds back.
+final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
+    unowned let limiter: LimiterRecord
+    let key: String
+    var running = 0
+    var waiting = 0
+    /// Unfinished operations that name it; the key is forgotten once none do, nothing runs and
+    /// its bucket is full.
+    var refs = 0
+    var bucket: TokenBucket?
+    /// Operations parked here: ready, taken off their queue's ready order because this key had
+    /// no room. Keys as in the queue's heap (priority rank, then id); stale ones are skipped.
+    var parked: [UInt64] = []
+    var parkedOps: [UInt64: OpRecord] = [:]
+    /// A refill wake-up is armed for this key.
+    var wakeArmed = false
+
+    init(limiter: LimiterRecord, key: String) { self.limiter = limiter; self.key = key }
+
+    var budget: LimiterBudget { limiter.settings.budget(for: key) }
+
+    /// Makes the bucket match the budget's rate (kept while unchanged).
+    func syncBucket(now: Int64) {
+        let rate = budget.rate
+        if rate != bucket?.limit {
+            bucket = rate.map { TokenBucket($0, now: now) }
+        }
+    }
+
+    /// Why this key cannot start one more operation now; nil when it can.
+    func blocked(now: Int64) -> WaitReason.LimiterWaitReason? {
+        let b = budget
+        if let c = b.concurrency, running >= c { return .concurrency }
+        if b.rate != nil {
+            syncBucket(now: now)
+            if bucket?.has(now) == false { return .rate }
+        }
+        return nil
+    }
+
+    /// How many more may start now (concurrency and whole tokens).
+    func room(now: Int64) -> Int {
+        let b = budget
+        var r = Int.max
+        if let c = b.concurrency { r = Swift.max(0, c - running) }
+        if b.rate != nil {
+            syncBucket(now: now)
+            if var bucket {
+                bucket.refill(now)
+                self.bucket = bucket
+                r = Swift.min(r, Int(Swift.max(0, Swift.min(bucket.tokens, 1e9))))
+            }
+        }
+        return r
+    }
+
+    /// Nothing names it, nothing runs, and its bucket is full: it can be forgotten.
+    func isIdle(now: Int64) -> Bool {
+        guard refs == 0 && running == 0 else { return false }
+        guard var bucket else { return true }
+        bucket.refill(now)
+        return bucket.isFull
+    }
+
+    func park(_ op: OpRecord) {
+        let k = op.priority.rank << 60 | op.id
+        op.parkedOn = self
+        op.parkKey = k
+        parkedOps[op.id] = op
+        parked.append(k)
+        var i = parked.count - 1
+        while i > 0 {
+            let parent = (i - 1) >> 1
+            if parked[parent] <= k { break }
+            parked[i] = parked[parent]
+            i = parent
+        }
+        parked[i] = k
+    }
+
+    /// The next live parked operation, taken off.
+    func unpark() -> OpRecord? {
+        while let top = parked.first {
+            removeTop()
+            if let op = parkedOps[top & QueueRecord.idMask], op.parkKey == top {
+                parkedOps[op.id] = nil
+                op.parkedOn = nil
+                op.parkKey = 0
+                if op.state == .ready { return op }
+            }
+        }
+        return nil
+    }
+
+    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale.
+    func forget(_ op: OpRecord) {
+        parkedOps[op.id] = nil
+        op.parkedOn = nil
+        op.parkKey = 0
+        if parkedOps.isEmpty { parked.removeAll(keepingCapacity: false) }
+    }
+
+    private func removeTop() {
+        let last = parked.removeLast()
+        let n = parked.count
+        if n == 0 { return }
+        var i = 0
+        while true {
+            let l = 2 * i + 1
+            if l >= n { break }
+            var c = l
+            if l + 1 < n && parked[l + 1] < parked[l] { c = l + 1 }
+            if parked[c] >= last { break }
+            parked[i] = parked[c]
+            i = c
+        }
+        parked[i] = last
+    }
+}
+
+/// A queue's ready operations in fair order (API.md "Fairness"): per priority level, the
+/// fairness keys with a ready operation take turns by stride scheduling: the key with the
+/// smallest `pass` goes next, and each start adds `1 / weight` to its key's pass. A key that
+/// comes back after a pause joins at the level's current pass, so it cannot save up turns.
+/// Within a key, oldest first. Entries go stale instead of being removed, as in the queue's heap.
+struct FairReady {
+    final class Key {
+        let name: String
+        let order: UInt64
+        var heap: [UInt64] = []
+        var pass: Double = 0
+        var active = false
+        init(name: String, order: UInt64) { self.name = name; self.order = order }
+    }
+
+    struct Level {
+        var keys: [String: Key] = [:]
+        /// Active keys, a min-heap by (pass, order).
+        var active: [Key] = []
+        var pass: Double = 0
+    }
+
+    var levels: [Level] = Array(repeating: Level(), count: 5)
+    var nextOrder: UInt64 = 0
+
+    mutating func push(_ op: OpRecord, key heapKey: UInt64) {
+        let level = Int(heapKey >> 60)
+        let name = op.options.fairnessKey ?? ""
+        let k: Key
+        if let found = levels[level].keys[name] {
+            k = found
+        } else {
+            k = Key(name: name, order: nextOrder)
+            nextOrder &+= 1
+            levels[level].keys[name] = k
+        }
+        Self.heapPush(&k.heap, heapKey)
+        if !k.active {
+            k.active = true
+            k.pass = Swift.max(k.pass, levels[level].pass)
+            levels[level].active.append(k)
+            siftUp(level, levels[level].active.count - 1)
+        }
+    }
+
+    /// The next live ready operation in fair order, taken off (its key's turn is charged only
+    /// when it starts: `charge`).
+    mutating func pop(_ table: OpTable) -> OpRecord? {
+        for level in 0..<5 {
+            while let k = levels[level].active.first {
+                while let top = k.heap.first {
+                    Self.heapRemoveTop(&k.heap)
+                    if let op = table[top & QueueRecord.idMask], op.heapKey == top, op.state == .ready {
+                        op.heapKey = 0
+                        return op
+                    }
+                }
+                // Nothing ready under this key any more: it leaves the turns.
+                // It rejoins at the level's pass, like a new key: memory stays bounded by the
+                // keys with ready operations.
+                k.active = false
+                removeActiveTop(level)
+                levels[level].keys[k.name] = nil
+            }
+        }
+        return nil
+    }
+
+    /// `op` started: its key's turn is used.
+    mutating func charge(_ op: OpRecord, weight: Int) {
+        let level = Int(op.priority.rank)
+        guard let k = levels[level].keys[op.options.fairnessKey ?? ""] else { return }
+        levels[level].pass = Swift.max(levels[level].pass, k.pass)
+        k.pass += 1 / Double(Swift.max(1, weight))
+        guard k.active else { return }
+        // Almost always the top: its operation was just taken off.
+        if levels[level].active.first === k {
+            siftDown(level, 0)
+        } else if let i = levels[level].active.firstIndex(where: { $0 === k }) {
+            siftDown(level, i)
+        }
+    }
+
+    private static func less(_ a: Key, _ b: Key) -> Bool { a.pass < b.pass || (a.pass == b.pass && a.order < b.order) }
+
+    private mutating func siftUp(_ level: Int, _ start: Int) {
+        var i = start
+        while i > 0 {
+            let p = (i - 1) >> 1
+            if !Self.less(levels[level].active[i], levels[level].active[p]) { break }
+            levels[level].active.swapAt(i, p)
+            i = p
+        }
+    }
+
+    private mutating func siftDown(_ level: Int, _ start: Int) {
+        var i = start
+        let n = levels[level].active.count
+        while true {
+            let l = 2 * i + 1
+            if l >= n { break }
+            var c = l
+            if l + 1 < n && Self.less(levels[level].active[l + 1], levels[level].active[l]) { c = l + 1 }
+            if !Self.less(levels[level].active[c], levels[level].active[i]) { break }
+            levels[level].active.swapAt(i, c)
+            i = c
+        }
+    }
+
+    private mutating func removeActiveTop(_ level: Int) {
+        let last = levels[level].active.removeLast()
+        if levels[level].active.isEmpty { return }
+        levels[level].active[0] = last
+        siftDown(level, 0)
+    }
+
+    static func heapPush(_ heap: inout [UInt64], _ key: UInt64) {
+        heap.append(key)
+        var i = heap.count - 1
+        while i > 0 {
+            let parent = (i - 1) >> 1
+            if heap[parent] <= key { break }
+            heap[i] = heap[parent]
+            i = parent
+        }
+        heap[i] = key
+    }
+
+    static func heapRemoveTop(_ heap: inout [UInt64]) {
+        let last = heap.removeLast()
+        let n = heap.count
+        if n == 0 { return }
+        var i = 0
+        while true {
+            let l = 2 * i + 1
+            if l >= n { break }
+            var c = l
+            if l + 1 < n && heap[l + 1] < heap[l] { c = l + 1 }
+            if heap[c] >= last { break }
+            heap[i] = heap[c]
+            i = c
+        }
+        heap[i] = last
+    }
+}

@@ -1,0 +1,207 @@
+extension QueueEngine {
+    // MARK: - limiters (API.md "Flow control")
+
+    /// Creates a limiter. At least one of `concurrency` and `rate`; a duplicate name is a conflict.
+    @discardableResult
+    public func createLimiter(name: String, settings: LimiterSettings) throws(EngineError) -> LimiterSnapshot {
+        try Self.validateLimiterName(name, field: "name")
+        try Self.validateLimiterSettings(settings)
+        return try mutate { core throws(EngineError) in
+            guard core.limiters[name] == nil else {
+                throw .conflict(slug: "limiter-exists", detail: "a limiter named '\(name)' already exists")
+            }
+            guard core.limiters.count < configuration.maxLimiters else {
+                throw .limitReached("at most \(configuration.maxLimiters) limiters (--max-limiters)", limit: "too-many-limiters")
+            }
+            let l = LimiterRecord(name: name, settings: settings, createdAt: core.now)
+            core.limiters[name] = l
+            core.recordLimiter(l)
+            return l.snapshot()
+        }
+    }
+
+    /// Changes a limiter's settings: each non-nil argument replaces that field (`.some(nil)`
+    /// removes it). It takes effect at once: buckets whose rate changed start full, and keys
+    /// with more room let their parked operations go.
+    @discardableResult
+    public func updateLimiter(
+        _ name: String, concurrency: Int?? = nil, rate: RateLimit?? = nil, overrides: [String: LimiterBudget]? = nil
+    ) throws(EngineError) -> LimiterSnapshot {
+        try mutate { core throws(EngineError) in
+            guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
+            var s = l.settings
+            if let concurrency { s.concurrency = concurrency }
+            if let rate { s.rate = rate }
+            if let overrides { s.overrides = overrides }
+            try Self.validateLimiterSettings(s)
+            guard s != l.settings else { return l.snapshot() }
+            l.settings = s
+            l.revision += 1
+            let t = core.now.nanoseconds
+            for k in l.keys.values {
+                k.syncBucket(now: t)
+                if !k.parkedOps.isEmpty { core.keyGotRoom(k) }
+            }
+            core.recordLimiter(l)
+            core.settle()
+            return l.snapshot()
+        }
+    }
+
+    /// Deletes a limiter; refused while an unfinished operation names it.
+    public func deleteLimiter(_ name: String) throws(EngineError) {
+        try mutate { core throws(EngineError) in
+            guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
+            guard l.refs == 0 else {
+                throw .conflict(
+                    slug: "limiter-in-use",
+                    detail: "limiter '\(name)' is named by \(l.refs) unfinished operation(s); it can be deleted once they finish or are cancelled")
+            }
+            core.limiters[name] = nil
+            core.ticket &+= 1
+            if core.wantsRecords { core.outRecords.append(.limiterDeleted(name)) }
+        }
+    }
+
+    /// One limiter with its totals.
+    public func limiter(named name: String) throws(EngineError) -> LimiterSnapshot {
+        try read { core throws(EngineError) in
+            guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
+            core.sweepIdleKeys(l)
+            return l.snapshot()
+        }
+    }
+
+    /// Every limiter, sorted by name.
+    public func limiters() -> [LimiterSnapshot] {
+        state.withLock { core in
+            core.limiters.values.map { l in
+                core.sweepIdleKeys(l)
+                return l.snapshot()
+            }
+        }.sorted { $0.name < $1.name }
+    }
+
+    /// A page of a limiter's keys in use, sorted, after `after`; `next` is the last key of a
+    /// full page when more follow.
+    public func limiterKeys(_ name: String, after: String? = nil, limit: Int = 100) throws(EngineError) -> (keys: [LimiterKeyStatus], next: String?) {
+        try read { core throws(EngineError) in
+            guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
+            let t = core.now.nanoseconds
+            core.sweepIdleKeys(l)
+            // Sorted on each read: a listing is rare and the keys are bounded (--max-limiter-keys).
+            var names = l.keys.keys.filter { k in after.map { k > $0 } ?? true }
+            names.sort()
+            let n = max(1, limit)
+            let page = names.prefix(n)
+            let out = page.compactMap { key -> LimiterKeyStatus? in
+                guard let k = l.keys[key] else { return nil }
+                var tokens: Double? = nil
+                var next: Timestamp? = nil
+                if k.budget.rate != nil {
+                    k.syncBucket(now: t)
+                    if var b = k.bucket {
+                        b.refill(t)
+                        k.bucket = b
+                        tokens = b.tokens
+                        if !b.isFull {
+                            let frac = b.tokens - b.tokens.rounded(.down)
+                            let s = (1 - frac) / b.limit.perSecond
+                            next = Timestamp(nanoseconds: t.saturatingAdd(Int64(saturating: s * 1e9)))
+                        }
+                    }
+                }
+                return LimiterKeyStatus(key: key, running: k.running, waiting: k.waiting, tokens: tokens, nextTokenAt: next)
+            }
+            return (out, names.count > n ? page.last : nil)
+        }
+    }
+
+    // MARK: - checks
+
+    static func validateLimiterName(_ name: String, field: String) throws(EngineError) {
+        do throws(EngineError) {
+            try validateQueueName(name)
+        } catch {
+            throw .invalidArgument(field: field, detail: "must match [A-Za-z0-9._-]{1,64}")
+        }
+    }
+
+    static func validateRate(_ r: RateLimit, field: String) throws(EngineError) {
+        guard r.perSecond.isFinite, RateLimit.perSecondRange.contains(r.perSecond) else {
+            throw .invalidArgument(field: "\(field).perSecond", detail: "must be a number from 0.001 to 100000; got \(r.perSecond)")
+        }
+        guard RateLimit.burstRange.contains(r.burst) else {
+            throw .invalidArgument(field: "\(field).burst", detail: "must be an integer from 1 to 1000000000; got \(r.burst)")
+        }
+    }
+
+    static func validateLimiterSettings(_ s: LimiterSettings) throws(EngineError) {
+        guard s.concurrency != nil || s.rate != nil else {
+            throw .invalidArgument(field: "concurrency", detail: "a limiter needs at least one of concurrency and rate")
+        }
+        if let c = s.concurrency, !LimiterBudget.concurrencyRange.contains(c) {
+            throw .invalidArgument(field: "concurrency", detail: "must be an integer from 1 to 1000000000; got \(c)")
+        }
+        if let r = s.rate { try validateRate(r, field: "rate") }
+        guard s.overrides.count <= LimiterSettings.maxOverrides else {
+            throw .invalidArgument(field: "overrides", detail: "at most \(LimiterSettings.maxOverrides) keys; got \(s.overrides.count)")
+        }
+        for key in s.overrides.keys.sorted() {
+            guard let o = s.overrides[key] else { continue }
+            guard key.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(field: "overrides", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.count)")
+            }
+            guard o.concurrency != nil || o.rate != nil else {
+                throw .invalidArgument(field: "overrides.\(key)", detail: "names neither concurrency nor rate")
+            }
+            if let c = o.concurrency, !LimiterBudget.concurrencyRange.contains(c) {
+                throw .invalidArgument(field: "overrides.\(key).concurrency", detail: "must be an integer from 1 to 1000000000; got \(c)")
+            }
+            if let r = o.rate { try validateRate(r, field: "overrides.\(key).rate") }
+        }
+    }
+
+    /// The checks of an operation's flow options that need no engine state: at most 8 limits,
+    /// each named once with a key of at most 128 characters, and a fairness key of at most 128.
+    static func validateFlow(_ options: OperationOptions) throws(EngineError) {
+        let limits = options.limits
+        guard limits.count <= LimitRef.maxPerOperation else {
+            throw .invalidArgument(field: "limits", detail: "at most \(LimitRef.maxPerOperation) limits; got \(limits.count)")
+        }
+        var seen = Set<LimitRef>()
+        for (i, ref) in limits.enumerated() {
+            try validateLimiterName(ref.limiter, field: "limits[\(i)].limiter")
+            guard ref.key.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(field: "limits[\(i)].key", detail: "at most \(LimitRef.maxKeyLength) characters; got \(ref.key.count)")
+            }
+            guard seen.insert(ref).inserted else {
+                throw .invalidArgument(field: "limits[\(i)]", detail: "names limiter '\(ref.limiter)' with key '\(ref.key)' a second time")
+            }
+        }
+        if let f = options.fairnessKey, f.count > LimitRef.maxKeyLength {
+            throw .invalidArgument(field: "fairnessKey", detail: "at most \(LimitRef.maxKeyLength) characters; got \(f.count)")
+        }
+    }
+
+    static func validateFairnessWeights(_ w: [String: Int]) throws(EngineError) {
+        guard w.count <= LimiterSettings.maxOverrides else {
+            throw .invalidArgument(field: "fairnessWeights", detail: "at most \(LimiterSettings.maxOverrides) keys; got \(w.count)")
+        }
+        for key in w.keys.sorted() {
+            guard key.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(field: "fairnessWeights", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.count)")
+            }
+            if let v = w[key], !(1...1000).contains(v) {
+                throw .invalidArgument(field: "fairnessWeights.\(key)", detail: "must be an integer from 1 to 1000; got \(v)")
+            }
+        }
+    }
+}
+
+extension EngineCore {
+    func recordLimiter(_ l: LimiterRecord) {
+        ticket &+= 1
+        if wantsRecords { outRecords.append(.limiter(l.snapshot())) }
+    }
+}

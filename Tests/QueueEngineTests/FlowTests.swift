@@ -1,0 +1,171 @@
+import QueueEngine
+import Testing
+
+/// Flow control in the engine, on a manual clock: queue rates, limiters per key, parking,
+/// fairness and `waitingOn` (API.md "Flow control", "Why is it not running?").
+extension Engine {
+    @Suite struct Flow {
+        func add(_ f: Fixture, _ queue: String, limits: [LimitRef] = [], fairness: String? = nil, priority: QueuePriority = .normal) throws -> OperationID {
+            try f.engine.addOperationID(
+                to: queue, OperationRequest(kind: "manual", queuePriority: priority, options: OperationOptions(limits: limits, fairnessKey: fairness)))
+        }
+
+        @Test func queueRateIsATokenBucket() throws {
+            let f = Fixture()
+            try f.engine.createQueue(name: "q", maxConcurrentOperationCount: 100, rateLimit: RateLimit(perSecond: 2, burst: 3))
+            for _ in 0..<20 { _ = try add(f, "q") }
+            #expect(f.kind.started.count == 3, "the burst starts at once")
+            f.clock.advance(seconds: 0.49)
+            #expect(f.kind.started.count == 3)
+            f.clock.advance(seconds: 0.02)
+            #expect(f.kind.started.count == 4, "one token every half second")
+            f.clock.advance(seconds: 4.5)
+            #expect(f.kind.started.count == 13, "burst + perSecond × t: 3 + 2 × 5")
+            let waiting = try f.engine.operations(in: "q", state: .ready).operations
+            #expect(waiting.allSatisfy { $0.waitingOn?.contains { if case .rate = $0 { return true } else { return false } } == true })
+        }
+
+        @Test func aBlockedKeyDoesNotStallAnotherAcrossQueues() throws {
+            let f = Fixture()
+            try f.queue("a", max: 10)
+            try f.queue("b", max: 10)
+            try f.engine.createLimiter(name: "stripe", settings: LimiterSettings(concurrency: 2))
+            var busy: [OperationID] = []
+            for i in 0..<6 { busy.append(try add(f, i % 2 == 0 ? "a" : "b", limits: [LimitRef(limiter: "stripe", key: "acct-1")])) }
+            let other = try add(f, "a", limits: [LimitRef(limiter: "stripe", key: "acct-2")])
+            #expect(f.kind.started == [busy[0], busy[1], other], "acct-1 has 2 slots across both queues; acct-2 is not held back")
+            let s = try f.engine.limiter(named: "stripe")
+            #expect(s.running == 3 && s.waiting == 4 && s.keys == 2)
+            let w = try f.snapshot(busy[2]).waitingOn
+            #expect(w == [.limiter(name: "stripe", key: "acct-1", reason: .concurrency, until: nil)])
+            f.kind.finish(busy[0])
+            #expect(f.kind.started.last == busy[2], "a freed slot lets the oldest parked one go")
+            #expect(throws: EngineError.self) { try f.engine.deleteLimiter("stripe") }
+            let keys = try f.engine.limiterKeys("stripe").keys
+            #expect(keys.map(\.key) == ["acct-1", "acct-2"])
+            #expect(keys[0].running == 2 && keys[0].waiting == 3)
+        }
+
+        @Test func anOverrideReplacesOneKeysBudget() throws {
+            let f = Fixture()
+            try f.queue("q", max: 10)
+            try f.engine.createLimiter(name: "mail", settings: LimiterSettings(concurrency: 1, overrides: ["vip": LimiterBudget(concurrency: 3)]))
+            for _ in 0..<4 { _ = try add(f, "q", limits: [LimitRef(limiter: "mail", key: "vip")]) }
+            for _ in 0..<4 { _ = try add(f, "q", limits: [LimitRef(limiter: "mail", key: "std")]) }
+            #expect(f.kind.started.count == 4, "3 for vip, 1 for std")
+            try f.engine.updateLimiter("mail", concurrency: .some(2))
+            #expect(f.kind.started.count == 5, "a wider budget lets a parked one go at once")
+        }
+
+        @Test func aKeyRateRefillsByItself() throws {
+            let f = Fixture()
+            try f.queue("q", max: 100)
+            try f.engine.createLimiter(name: "api", settings: LimiterSettings(rate: RateLimit(perSecond: 1, burst: 1)))
+            for _ in 0..<5 { _ = try add(f, "q", limits: [LimitRef(limiter: "api", key: "k")]) }
+            _ = try add(f, "q")
+            #expect(f.kind.started.count == 2, "one token for k; the unlimited one runs")
+            f.clock.advance(seconds: 1.01)
+            #expect(f.kind.started.count == 3)
+            f.clock.advance(seconds: 3.01)
+            #expect(f.kind.started.count == 6)
+        }
+
+        @Test func oneTenantsFloodDelaysAnotherByAFewStarts() throws {
+            let f = Fixture()
+            try f.queue("q", max: 1)
+            var first: OperationID?
+            for i in 0..<1000 {
+                let id = try add(f, "q", fairness: "big")
+                if i == 0 { first = id }
+            }
+            let small = try add(f, "q", fairness: "small")
+            #expect(f.kind.started == [first].compactMap { $0 })
+            var n = 0
+            while !f.kind.wasStarted(small) && n < 10 {
+                if let last = f.kind.started.last { f.kind.finish(last) }
+                n += 1
+            }
+            #expect(n <= 2, "the small tenant's one operation went after \(n) more starts, not 1000")
+        }
+
+        @Test func weightsShareStarts() throws {
+            let f = Fixture()
+            try f.engine.createQueue(name: "q", maxConcurrentOperationCount: 1, fairnessWeights: ["a": 3])
+            var key: [OperationID: String] = [:]
+            for _ in 0..<40 { key[try add(f, "q", fairness: "a")] = "a" }
+            for _ in 0..<40 { key[try add(f, "q", fairness: "b")] = "b" }
+            for _ in 0..<40 {
+                if let last = f.kind.started.last { f.kind.finish(last) }
+            }
+            let counts = Dictionary(grouping: f.kind.started.prefix(40).compactMap { key[$0] }, by: { $0 }).mapValues(\.count)
+            #expect(counts["a"] == 30 && counts["b"] == 10, "\(counts)")
+        }
+
+        @Test func priorityStillComesFirst() throws {
+            let f = Fixture()
+            try f.queue("q", max: 1, suspended: true)
+            _ = try add(f, "q", fairness: "a")
+            let high = try add(f, "q", fairness: "b", priority: .high)
+            try f.engine.resumeQueue("q")
+            #expect(f.kind.started == [high])
+        }
+
+        @Test func waitingOnNamesEveryReason() throws {
+            let f = Fixture()
+            try f.queue("q", max: 1)
+            let running = try f.add("q")
+            let dep = try f.add("q", after: [running])
+            #expect(try f.snapshot(dep).waitingOn == [.dependencies(count: 1)])
+            #expect(try f.snapshot(running).waitingOn == [])
+            let later = f.clock.now().adding(seconds: 60)
+            let timed = try f.add("q", notBefore: later)
+            #expect(try f.snapshot(timed).waitingOn == [.notBefore(until: later)])
+            let ready = try f.add("q")
+            #expect(try f.snapshot(ready).waitingOn == [.concurrency])
+            try f.engine.pause(ready)
+            #expect(try f.snapshot(ready).waitingOn == [.paused])
+            try f.engine.resume(ready)
+            try f.engine.suspend("q")
+            #expect(try f.snapshot(ready).waitingOn == [.suspended, .concurrency])
+            f.kind.finish(running)
+            #expect(try f.snapshot(running).waitingOn == nil)
+        }
+
+        @Test func refusalsChangeNothing() throws {
+            let f = Fixture(
+                configuration: {
+                    var c = EngineConfiguration(); c.maxLimiterKeys = 2; return c
+                }())
+            try f.queue("q", max: 1)
+            try f.engine.createLimiter(name: "l", settings: LimiterSettings(concurrency: 1))
+            #expect(throws: EngineError.invalidArgument(field: "limits[0].limiter", detail: "no limiter named 'nope'; create it with POST /v1/limiters first"))
+            {
+                try add(f, "q", limits: [LimitRef(limiter: "nope")])
+            }
+            _ = try add(f, "q", limits: [LimitRef(limiter: "l", key: "1")])
+            _ = try add(f, "q", limits: [LimitRef(limiter: "l", key: "2")])
+            #expect(throws: EngineError.self) { try add(f, "q", limits: [LimitRef(limiter: "l", key: "3")]) }
+            #expect(throws: EngineError.self) { try add(f, "q", limits: Array(repeating: LimitRef(limiter: "l"), count: 9)) }
+            #expect(throws: EngineError.self) { try add(f, "q", limits: [LimitRef(limiter: "l", key: String(repeating: "k", count: 129))]) }
+            #expect(throws: EngineError.self) { try f.engine.createLimiter(name: "bad", settings: LimiterSettings()) }
+            #expect(throws: EngineError.self) { try f.engine.createLimiter(name: "l", settings: LimiterSettings(concurrency: 1)) }
+            #expect(throws: EngineError.self) {
+                try f.engine.createLimiter(name: "r", settings: LimiterSettings(rate: RateLimit(perSecond: 0, burst: 1)))
+            }
+            #expect(try f.engine.queue(named: "q").operationCount == 2)
+        }
+
+        @Test func aRetryIsAStartAndWaitsForAToken() throws {
+            let f = Fixture()
+            try f.engine.createQueue(name: "q", maxConcurrentOperationCount: 10, rateLimit: RateLimit(perSecond: 1, burst: 1))
+            let id = try f.engine.addOperationID(
+                to: "q", OperationRequest(kind: "manual", options: OperationOptions(retry: RetryPolicy(maxAttempts: 3, backoff: 0.1, multiplier: 1))))
+            f.kind.finish(id, .failed(type: "x", detail: "x"))
+            f.clock.advance(seconds: 0.2)
+            #expect(f.kind.calls(.start, for: id).count == 1, "the backoff is over but the bucket is empty")
+            if case .rate? = try f.snapshot(id).waitingOn?.first {} else { Issue.record("waitingOn: \(String(describing: try f.snapshot(id).waitingOn))") }
+            f.clock.advance(seconds: 1)
+            #expect(f.kind.calls(.start, for: id).count == 2)
+        }
+    }
+}
