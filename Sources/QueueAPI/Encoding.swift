@@ -74,6 +74,22 @@ extension OperationSnapshot {
             o.close()
         }
         if let nb = options.notBefore { o.key("notBefore"); o.time(nb) }
+        if !options.limits.isEmpty {
+            o.key("limits"); o.openArray()
+            for l in options.limits {
+                o.open()
+                o.key("limiter"); o.string(l.limiter)
+                o.key("key"); o.string(l.key)
+                o.close()
+            }
+            o.closeArray()
+        }
+        if let f = options.fairnessKey { o.key("fairnessKey"); o.string(f) }
+        if let waitingOn {
+            o.key("waitingOn"); o.openArray()
+            for w in waitingOn { w.write(to: &o) }
+            o.closeArray()
+        }
         if let result { o.key("result"); o.value(result) }
         if let error { o.key("error"); o.value(error) }
         o.key("createdAt"); o.time(createdAt)
@@ -116,6 +132,18 @@ extension QueueSnapshot {
             JSONWriter.integer(counts[s] ?? 0, to: &o.bytes)
         }
         o.close()
+        o.key("rateLimit")
+        if let rateLimit { rateLimit.write(to: &o) } else { o.null() }
+        if !fairnessWeights.isEmpty {
+            o.key("fairnessWeights"); o.open()
+            for key in fairnessWeights.keys.sorted() {
+                o.comma()
+                JSONWriter.string(key, to: &o.bytes)
+                o.bytes.append(UInt8(ascii: ":"))
+                JSONWriter.integer(fairnessWeights[key] ?? 1, to: &o.bytes)
+            }
+            o.close()
+        }
         o.key("revision"); o.int(revision)
         o.key("createdAt"); o.time(createdAt)
         o.close()

@@ -10,6 +10,23 @@ package func json(_ status: Int, _ body: [UInt8], _ headers: [(String, String)] 
 /// Conditional GETs: `ETag`s and `If-None-Match`.
 enum ETag {
     static func operation(_ rev: UInt64) -> String { "\"r\(rev)\"" }
+    /// An operation's ETag: its revision, and for an unfinished one what holds it back
+    /// (`waitingOn` changes with its queue and limiters, not with its revision).
+    static func operation(_ op: OperationSnapshot) -> String {
+        guard let w = op.waitingOn, !w.isEmpty else { return operation(op.revision) }
+        return "\"r\(op.revision)-w\(String(waitingHash(w), radix: 36))\""
+    }
+
+    /// FNV-1a of the encoded `waitingOn`.
+    static func waitingHash(_ w: [WaitReason]) -> UInt64 {
+        var o = JSONOut(capacity: 128)
+        o.openArray()
+        for r in w { r.write(to: &o) }
+        o.closeArray()
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in o.bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        return h
+    }
     /// A queue's ETag from durable data alone, so that an owner and a cluster follower reading
     /// the queue's row give the same: its creation stamp, the generation (the run of the engine
     /// that made the revision, counted durably before anything is served) and the revision

@@ -57,6 +57,13 @@ struct RouteScopeTests {
         "GET /v1/events/stream": "instance",
         // This instance's leases only, in a cluster too (see the report of issue 23).
         "GET /v1/workers": "every instance, merged",
+        // Limiters: this instance's engine (one budget per cluster is issue 25's open part).
+        "POST /v1/limiters": "instance",
+        "GET /v1/limiters": "instance",
+        "GET /v1/limiters/{name}": "instance",
+        "PATCH /v1/limiters/{name}": "instance",
+        "DELETE /v1/limiters/{name}": "instance",
+        "GET /v1/limiters/{name}/keys": "instance",
 
         "GET /v1/queues": "every queue, from the store",
         "POST /v1/queues": "queue in body.name",
@@ -139,6 +146,9 @@ struct RouteScopeTests {
                 #expect(d.hasPrefix("queue {name}"), "\(route.label): \(d)")
             } else if route.pattern.hasPrefix("/v1/operations/{id}") {
                 #expect(d.hasPrefix("operation {id}"), "\(route.label): \(d)")
+            } else if route.pattern.hasPrefix("/v1/limiters/{name}") {
+                // A limiter is no queue: answered by this instance's engine (issue 25's cluster part).
+                #expect(d == "instance", "\(route.label): \(d)")
             } else if route.pattern.contains("{") {
                 Issue.record("\(route.label): a parameter outside /v1/queues/{name} and /v1/operations/{id}; give it a rule here")
             } else if route.pattern.hasPrefix("/v1/queues") || route.pattern.hasPrefix("/v1/operations") {

@@ -9,9 +9,9 @@ import QueueEngine
 /// format name, and this one must keep restoring: see the golden fixture in the tests):
 /// ```
 /// {"format":"opqd-archive/1","exportedAt":"<RFC 3339>",
-///  "queue":{"name","maxConcurrentOperationCount","isSuspended"},
+///  "queue":{"name","maxConcurrentOperationCount","isSuspended","rateLimit"?,"fairnessWeights"?},
 ///  "operations":[{"id","name"?,"kind","spec"?,"queuePriority","dependencies":[ids],
-///                 "isPaused","attempt","timeout"?,"retry"?,"notBefore"?,"createdAt"}…]}
+///                 "isPaused","attempt","timeout"?,"retry"?,"notBefore"?,"limits"?,"fairnessKey"?,"createdAt"}…]}
 /// ```
 /// Operations are in creation order (the order the queue starts those of equal priority), with
 /// only their unfinished dependencies.
@@ -32,9 +32,10 @@ package struct ArchiveController: Sendable {
 
     static let format = "opqd-archive/1"
     static let documentFields = ["format", "exportedAt", "exportedFrom", "queue", "operations"]
-    static let queueFields = ["name", "maxConcurrentOperationCount", "isSuspended"]
+    static let queueFields = ["name", "maxConcurrentOperationCount", "isSuspended", "rateLimit", "fairnessWeights"]
     static let operationFields = [
-        "id", "name", "kind", "spec", "queuePriority", "dependencies", "isPaused", "attempt", "timeout", "retry", "notBefore", "createdAt",
+        "id", "name", "kind", "spec", "queuePriority", "dependencies", "isPaused", "attempt", "timeout", "retry", "notBefore", "limits",
+        "fairnessKey", "createdAt",
     ]
     /// A barrier has no spec or options of its own.
     static let barrierFields = ["id", "name", "kind", "queuePriority", "dependencies", "isPaused", "attempt", "createdAt"]
@@ -65,6 +66,17 @@ package struct ArchiveController: Sendable {
         o.key("name"); o.string(archive.queue.name)
         o.key("maxConcurrentOperationCount"); o.int(archive.queue.maxConcurrentOperationCount)
         o.key("isSuspended"); o.bool(archive.queue.isSuspended)
+        if let r = archive.queue.rateLimit { o.key("rateLimit"); r.write(to: &o) }
+        if !archive.queue.fairnessWeights.isEmpty {
+            o.key("fairnessWeights"); o.open()
+            for key in archive.queue.fairnessWeights.keys.sorted() {
+                o.comma()
+                JSONWriter.string(key, to: &o.bytes)
+                o.bytes.append(UInt8(ascii: ":"))
+                JSONWriter.integer(archive.queue.fairnessWeights[key] ?? 1, to: &o.bytes)
+            }
+            o.close()
+        }
         o.close()
         o.key("operations"); o.openArray()
         for op in archive.operations {
@@ -102,6 +114,17 @@ package struct ArchiveController: Sendable {
             o.close()
         }
         if let nb = op.options.notBefore { o.key("notBefore"); o.time(nb) }
+        if !op.options.limits.isEmpty {
+            o.key("limits"); o.openArray()
+            for l in op.options.limits {
+                o.open()
+                o.key("limiter"); o.string(l.limiter)
+                o.key("key"); o.string(l.key)
+                o.close()
+            }
+            o.closeArray()
+        }
+        if let f = op.options.fairnessKey { o.key("fairnessKey"); o.string(f) }
         o.key("createdAt"); o.time(op.createdAt)
         o.close()
     }
@@ -130,7 +153,7 @@ package struct ArchiveController: Sendable {
             }
             foreign = s != serverID
         }
-        let (maxConcurrent, suspended) = try parseQueue(b["queue"])
+        let (maxConcurrent, suspended, rate, weights) = try parseQueue(b["queue"])
         guard let list = b["operations"] else { throw Problem.invalid("operations", "is required: an array of at most \(limits.batch) operations") }
         guard case let .array(items) = list else { throw Problem.invalid("operations", "must be an array of operations; got \(list.typeName)") }
         // Counted before any element is looked at, like a batch.
@@ -177,7 +200,8 @@ package struct ArchiveController: Sendable {
         }
         let restored: ArchiveRestore
         do {
-            restored = try engine.restoreArchive(into: name, maxConcurrentOperationCount: maxConcurrent, isSuspended: suspended, elements)
+            restored = try engine.restoreArchive(
+                into: name, maxConcurrentOperationCount: maxConcurrent, isSuspended: suspended, rateLimit: rate, fairnessWeights: weights, elements)
         } catch {
             switch error {
             case let .queue(.queueNotIdle(queue, n)):
@@ -210,7 +234,7 @@ package struct ArchiveController: Sendable {
     }
 
     /// `queue`: its settings. `name` is read but the path's name wins.
-    func parseQueue(_ v: JSONValue?) throws -> (Int, Bool) {
+    func parseQueue(_ v: JSONValue?) throws -> (Int, Bool, RateLimit?, [String: Int]) {
         guard let v else { throw Problem.invalid("queue", "is required: {\"name\", \"maxConcurrentOperationCount\", \"isSuspended\"}") }
         guard case .object = v else { throw Problem.invalid("queue", "must be a JSON object; got \(v.typeName)") }
         do throws(Problem) {
@@ -218,7 +242,9 @@ package struct ArchiveController: Sendable {
             _ = try q.string("name", maxLength: 1000)
             let max = try q.int("maxConcurrentOperationCount", in: -1...1_000_000, what: QueuesController.maxConcurrentRule) ?? -1
             if max == 0 { throw Problem.invalid("maxConcurrentOperationCount", "must be \(QueuesController.maxConcurrentRule); got 0") }
-            return (max, try q.bool("isSuspended") ?? false)
+            let rate = try q["rateLimit"].flatMap { v throws(Problem) in try FlowParsing.queueRate(v) }
+            let weights = try q["fairnessWeights"].map { v throws(Problem) in try FlowParsing.weights(v) } ?? [:]
+            return (max, try q.bool("isSuspended") ?? false, rate, weights)
         } catch {
             var p = error
             p.detail = "queue.\(p.detail)"

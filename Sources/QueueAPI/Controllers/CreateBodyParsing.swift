@@ -36,6 +36,8 @@ extension CreateBodyParsing {
         request.options.timeout = try b.number("timeout", in: 0.001...31_536_000, what: "a number of seconds from 0.001 to 31536000")
         if let r = b["retry"] { request.options.retry = try parseRetry(r) }
         if let nb = b["notBefore"] { request.options.notBefore = try parseTime(nb, field: "notBefore") }
+        if let l = b["limits"] { request.options.limits = try FlowParsing.limits(l) }
+        if let f = b["fairnessKey"] { request.options.fairnessKey = try FlowParsing.fairnessKey(f) }
         return request
     }
 

@@ -3,7 +3,9 @@ import QueueEngine
 
 extension OperationsController {
     /// Fields an element of a batch may have: a create body's, plus its `queue` and `ref`.
-    package static let batchElementFields = ["ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"]
+    package static let batchElementFields = [
+        "ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore", "limits", "fairnessKey",
+    ]
 
     /// `addOperations(_:waitUntilFinished:)`: `{"operations": [{"ref"?, "queue", …create body…}]}`.
     /// Every element is parsed and checked before the engine is asked, and the engine checks

@@ -55,11 +55,11 @@ package struct OperationsController: CreateBodyParsing, Sendable {
 
     func create(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore"])
+        let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore", "limits", "fairnessKey"])
         var request = try parseRequest(b)
         request.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies) ?? []
         let op = try engine.addOperation(to: queue, request)
-        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
     }
 
     func list(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {
@@ -85,7 +85,9 @@ package struct OperationsController: CreateBodyParsing, Sendable {
         let parameters = "\(queue)|\(filter.state?.rawValue ?? "")|\(filter.kind ?? "")|\(filter.namePrefix ?? "")|\(after?.raw ?? 0)|\(limit)"
         let etag = ETag.list(
             [(parameters, UInt64(page.next?.raw ?? 0), UInt64(0))]
-                + page.operations.map { ($0.id.description, UInt64(bitPattern: $0.createdAt.nanoseconds), $0.revision) })
+                + page.operations.map {
+                    ($0.id.description, UInt64(bitPattern: $0.createdAt.nanoseconds), $0.revision ^ ($0.waitingOn.map(ETag.waitingHash) ?? 0))
+                })
         if ETag.matches(req, etag) { return ETag.notModified(etag) }
         var o = JSONOut(capacity: min(512 * page.operations.count + 64, limits.pageBytes))
         o.open(); o.key("operations"); o.openArray()
@@ -119,12 +121,12 @@ package struct OperationsController: CreateBodyParsing, Sendable {
     package static func status(_ req: HTTPRequest, _ idText: String, from reads: some OperationReads) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
         let id = try parseOperationID(idText)
-        if req.header("if-none-match") != nil {
-            let etag = ETag.operation(try reads.revision(of: id))
-            if ETag.matches(req, etag) { return ETag.notModified(etag) }
-        }
+        // The status is read even for a conditional GET: an unfinished operation's tag names
+        // what holds it back, which moves without its revision. Only the encoding is saved.
         let op = try reads.operation(id)
-        return .response(json(200, op.json, [("ETag", ETag.operation(op.revision))]))
+        let etag = ETag.operation(op)
+        if ETag.matches(req, etag) { return ETag.notModified(etag) }
+        return .response(json(200, op.json, [("ETag", etag)]))
     }
 
     func patch(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
@@ -134,7 +136,7 @@ package struct OperationsController: CreateBodyParsing, Sendable {
         let priority = try parsePriority(b["queuePriority"])
         let deps = try parseDependencies(b["dependencies"], limit: limits.dependencies)
         let op = try engine.update(id, queuePriority: priority, dependencies: deps)
-        return durability.ack(json(200, op.json, [("ETag", ETag.operation(op.revision))]))
+        return durability.ack(json(200, op.json, [("ETag", ETag.operation(op))]))
     }
 
     func action(_ req: HTTPRequest, _ idText: String, query: [String] = [], _ action: (OperationID) throws(EngineError) -> OperationSnapshot) throws
@@ -144,7 +146,7 @@ package struct OperationsController: CreateBodyParsing, Sendable {
         let id = try parseOperationID(idText)
         try requireNoBody(req)
         let op = try action(id)
-        return durability.ack(json(200, op.json, [("ETag", ETag.operation(op.revision))]))
+        return durability.ack(json(200, op.json, [("ETag", ETag.operation(op))]))
     }
 
     func history(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
@@ -271,7 +273,7 @@ extension OperationsController {
     }
 
     static func status(_ op: OperationSnapshot) -> HTTPResponse {
-        json(200, op.json, [("ETag", ETag.operation(op.revision))])
+        json(200, op.json, [("ETag", ETag.operation(op))])
     }
 
     /// `NSCopying`: a new operation from this one (any state), with the body's fields instead
@@ -280,7 +282,7 @@ extension OperationsController {
     func copy(_ req: HTTPRequest, _ idText: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
         let id = try parseOperationID(idText)
-        let b = try Body(req, allowed: ["queue", "queuePriority", "dependencies", "notBefore"], emptyIsObject: true)
+        let b = try Body(req, allowed: ["queue", "queuePriority", "dependencies", "notBefore", "limits", "fairnessKey"], emptyIsObject: true)
         var overrides = CopyOverrides()
         if let v = b["queue"] {
             guard case let .string(name) = v else { throw Problem.invalid("queue", "must be a queue name string; got \(v.typeName)") }
@@ -296,8 +298,12 @@ extension OperationsController {
             default: overrides.notBefore = .some(try parseTime(nb, field: "notBefore", nullAllowed: true))
             }
         }
+        if let l = b["limits"] { overrides.limits = try FlowParsing.limits(l) }
+        if let f = b["fairnessKey"] {
+            if case .null = f { overrides.fairnessKey = .some(nil) } else { overrides.fairnessKey = .some(try FlowParsing.fairnessKey(f)) }
+        }
         let op = try engine.copyOperation(id, overrides)
-        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
     }
 
     /// Bulk cancel of a queue's unfinished operations that match, in one engine call (one

@@ -37,13 +37,16 @@ package struct QueuesController: Sendable {
 
     func create(_ req: HTTPRequest) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["name", "maxConcurrentOperationCount", "isSuspended"])
+        let b = try Body(req, allowed: ["name", "maxConcurrentOperationCount", "isSuspended", "rateLimit", "fairnessWeights"])
         guard let name = try b.string("name", maxLength: 1000) else {
             throw Problem.invalid("name", "is required: [A-Za-z0-9._-]{1,64}")
         }
         let max = try maxConcurrent(b)
         let suspended = try b.bool("isSuspended") ?? false
-        let q = try engine.createQueue(name: name, maxConcurrentOperationCount: max ?? -1, isSuspended: suspended)
+        let rate = try b["rateLimit"].flatMap { v throws(Problem) in try FlowParsing.queueRate(v) }
+        let weights = try b["fairnessWeights"].map { v throws(Problem) in try FlowParsing.weights(v) } ?? [:]
+        let q = try engine.createQueue(
+            name: name, maxConcurrentOperationCount: max ?? -1, isSuspended: suspended, rateLimit: rate, fairnessWeights: weights)
         return json(201, q.json, [("Location", "/v1/queues/\(name)"), ("ETag", ETag.queue(q))])
     }
 
@@ -92,10 +95,12 @@ package struct QueuesController: Sendable {
 
     func patch(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["maxConcurrentOperationCount", "isSuspended"])
+        let b = try Body(req, allowed: ["maxConcurrentOperationCount", "isSuspended", "rateLimit", "fairnessWeights"])
         let max = try maxConcurrent(b)
         let suspended = try b.bool("isSuspended")
-        let q = try engine.updateQueue(name, maxConcurrentOperationCount: max, isSuspended: suspended)
+        let rate: RateLimit?? = try b["rateLimit"].map { v throws(Problem) in try FlowParsing.queueRate(v) }
+        let weights = try b["fairnessWeights"].map { v throws(Problem) in try FlowParsing.weights(v) }
+        let q = try engine.updateQueue(name, maxConcurrentOperationCount: max, isSuspended: suspended, rateLimit: rate, fairnessWeights: weights)
         return durability.ack(json(200, q.json, [("ETag", ETag.queue(q))]))
     }
 
@@ -153,7 +158,7 @@ package struct QueuesController: Sendable {
         _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["name"], emptyIsObject: true)
         let op = try engine.addBarrier(to: queue, name: try b.string("name"))
-        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op.revision))])
+        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
     }
 }
 
