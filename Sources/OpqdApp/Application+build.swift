@@ -117,13 +117,14 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     let kinds = standardKinds(KindsConfiguration(allowCommands: configuration.allowCommands, maxCommands: limits.commands), external: external)
     let commands = kinds["command"] as? CommandKind
     let mayStart: (@Sendable () -> Bool)? = placement.startsAfterCommit ? { @Sendable in placement.mayStart() } : nil
-    let engine = QueueEngine(
-        kinds: kinds, store: store.engineStore,
-        configuration: EngineConfiguration(
-            defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
-            maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
-            maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies,
-            startAfterCommit: placement.startsAfterCommit, mayStart: mayStart))
+    var engineConfiguration = EngineConfiguration(
+        defaultMaxConcurrentOperationCount: configuration.defaultMaxConcurrent,
+        maxUnfinishedOperations: limits.unfinished, maxQueues: limits.queues,
+        maxUnfinishedPerQueue: limits.unfinishedPerQueue, maxDependencies: limits.dependencies,
+        startAfterCommit: placement.startsAfterCommit, mayStart: mayStart)
+    engineConfiguration.maxLimiters = limits.limiters
+    engineConfiguration.maxLimiterKeys = limits.limiterKeys
+    let engine = QueueEngine(kinds: kinds, store: store.engineStore, configuration: engineConfiguration)
 
     let lastSeq = recovered?.lastSeq ?? 0
     // PostgreSQL numbers events in the commit, and a commit that failed leaves its seqs unused:

@@ -22,5 +22,8 @@ public struct APILimits: Sendable {
     public var pageBytes = 1 << 20
     /// Bytes an SSE client may fall behind before it is cut off.
     public var sseBacklog = 1 << 20
+    /// Limiters (`--max-limiters`), and keys in use per limiter (`--max-limiter-keys`).
+    public var limiters = 1_000
+    public var limiterKeys = 100_000
     public init() {}
 }

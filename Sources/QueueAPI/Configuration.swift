@@ -222,6 +222,15 @@ public struct OpqdConfiguration: Sendable {
         ) { c, v in
             c.limits.unfinishedPerQueue = try int(v, "--max-unfinished-per-queue", 1...100_000_000)
         },
+        Option(flag: "--max-limiters", env: "OPQD_MAX_LIMITERS", help: "limiters (default 1000)") { c, v in
+            c.limits.limiters = try int(v, "--max-limiters", 1...1_000_000)
+        },
+        Option(
+            flag: "--max-limiter-keys", env: "OPQD_MAX_LIMITER_KEYS",
+            help: "keys in use per limiter; a key with nothing running or waiting and a full bucket is forgotten (default 100000)"
+        ) { c, v in
+            c.limits.limiterKeys = try int(v, "--max-limiter-keys", 1...10_000_000)
+        },
         Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
             c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
         },

@@ -116,6 +116,23 @@ package final class Metrics: Sendable {
             out.histogram("opqd_operation_duration_seconds", "queue=\"\(prometheusEscaped(queue))\"", Self.operationBounds, series.duration)
         }
 
+        let flow = engine.flowMetrics()
+        out.family("opqd_limiter_running", .gauge, "Executing operations that name the limiter, over all its keys.")
+        for l in flow.limiters { out.sample("opqd_limiter_running", "limiter=\"\(prometheusEscaped(l.name))\"", l.running) }
+        out.family("opqd_limiter_waiting", .gauge, "Ready operations that name the limiter and have not started, over all its keys.")
+        for l in flow.limiters { out.sample("opqd_limiter_waiting", "limiter=\"\(prometheusEscaped(l.name))\"", l.waiting) }
+        out.family("opqd_limiter_keys", .gauge, "Keys of the limiter in use.")
+        for l in flow.limiters { out.sample("opqd_limiter_keys", "limiter=\"\(prometheusEscaped(l.name))\"", l.keys) }
+        out.family("opqd_limiter_tokens", .gauge, "Tokens in the rate buckets of the limiter's keys in use, summed (limiters with a rate).")
+        for l in flow.limiters {
+            if let t = l.tokens { out.sample("opqd_limiter_tokens", "limiter=\"\(prometheusEscaped(l.name))\"", t) }
+        }
+        out.family("opqd_starts_delayed_by_rate_total", .counter, "Starts held back by a rate limit, each start once, by what held it (queue or limiter).")
+        out.sample("opqd_starts_delayed_by_rate_total", "by=\"queue\"", flow.counters.delayedByQueueRate)
+        out.sample("opqd_starts_delayed_by_rate_total", "by=\"limiter\"", flow.counters.delayedByLimiterRate)
+        out.family("opqd_limiter_parked_total", .counter, "Ready operations parked on a limiter key that had no room for them.")
+        out.sample("opqd_limiter_parked_total", "", flow.counters.parked)
+
         out.family("opqd_events_total", .counter, "Changes reported (each is one event of the feed); events per second is rate() of it.")
         out.sample("opqd_events_total", "", totalEvents)
         out.family("opqd_event_sequence", .gauge, "The newest durable change's sequence number.")

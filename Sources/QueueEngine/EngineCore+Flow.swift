@@ -7,6 +7,16 @@
 /// waits. The key puts it back (O(log n)) when it gets room: a running operation of that key
 /// stops executing, its bucket refills (one timer per key), or its limiter's settings change.
 /// Blocked operations are never scanned.
+/// Counts of flow control since the start (`/metrics`).
+public struct FlowCounters: Sendable {
+    /// Starts held back by a queue's rate limit (each start counted once).
+    public var delayedByQueueRate: UInt64 = 0
+    /// Starts held back by a limiter key's rate (each start counted once).
+    public var delayedByLimiterRate: UInt64 = 0
+    /// Operations parked on a limiter key without room.
+    public var parked: UInt64 = 0
+}
+
 extension EngineCore {
     /// Where a flow timer points (`Effect.flowWake`).
     enum FlowWake {
@@ -127,6 +137,10 @@ extension EngineCore {
             // A resume continues a run: it takes a slot, not a token (API.md "A start").
             let counts = !op.resumeOnStart
             if counts, q.rate?.has(now.nanoseconds) == false {
+                if !op.rateDelayed {
+                    op.rateDelayed = true
+                    flowCounters.delayedByQueueRate &+= 1
+                }
                 q.push(op)
                 armRateWake(q)
                 return
@@ -141,6 +155,7 @@ extension EngineCore {
                 }
             }
             if counts { q.rate?.take() }
+            op.rateDelayed = false
             q.fair?.charge(op, weight: q.fairnessWeights[op.options.fairnessKey ?? ""] ?? 1)
             startOp(op)
         }
@@ -160,8 +175,15 @@ extension EngineCore {
 
     private func park(_ op: OpRecord, on k: LimiterKey) {
         k.park(op)
+        flowCounters.parked &+= 1
         // A key held back by its rate alone comes back by itself when a token is there.
-        if k.blocked(now: now.nanoseconds) == .rate { armKeyWake(k) }
+        if k.blocked(now: now.nanoseconds) == .rate {
+            if !op.rateDelayed {
+                op.rateDelayed = true
+                flowCounters.delayedByLimiterRate &+= 1
+            }
+            armKeyWake(k)
+        }
     }
 
     /// `k` may have room: as many of its parked operations as it has room for go back to

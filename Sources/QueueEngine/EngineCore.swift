@@ -48,6 +48,7 @@ final class EngineCore: @unchecked Sendable {
 
     var queues: [String: QueueRecord] = [:]
     var limiters: [String: LimiterRecord] = [:]
+    var flowCounters = FlowCounters()
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]

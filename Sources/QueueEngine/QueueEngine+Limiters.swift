@@ -117,6 +117,31 @@ extension QueueEngine {
         }
     }
 
+    /// Per limiter for `/metrics`: running, waiting, keys, and the tokens of its keys in use
+    /// (summed; nil without a rate); and the flow counters.
+    public func flowMetrics() -> (limiters: [(name: String, running: Int, waiting: Int, keys: Int, tokens: Double?)], counters: FlowCounters) {
+        state.withLock { core in
+            let t = core.now.nanoseconds
+            let all = core.limiters.values.sorted { $0.name < $1.name }.map { l -> (String, Int, Int, Int, Double?) in
+                var tokens: Double? = nil
+                if l.settings.rate != nil || l.settings.overrides.values.contains(where: { $0.rate != nil }) {
+                    var sum = 0.0
+                    for k in l.keys.values {
+                        k.syncBucket(now: t)
+                        if var b = k.bucket {
+                            b.refill(t)
+                            k.bucket = b
+                            sum += b.tokens
+                        }
+                    }
+                    tokens = sum
+                }
+                return (l.name, l.running, l.waiting, l.keys.count, tokens)
+            }
+            return (all.map { (name: $0.0, running: $0.1, waiting: $0.2, keys: $0.3, tokens: $0.4) }, core.flowCounters)
+        }
+    }
+
     // MARK: - checks
 
     static func validateLimiterName(_ name: String, field: String) throws(EngineError) {

@@ -54,6 +54,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var parkKey: UInt64 = 0
     /// When its next attempt is due, while `inBackoff`.
     var backoffUntil: Timestamp?
+    /// Its coming start was held back by a rate (counted once per start, `FlowCounters`).
+    var rateDelayed = false
 
     init(
         id: UInt64, queue: QueueRecord, request: OperationRequest, kind: any OperationKind, createdAt: Timestamp, isBarrier: Bool,
