@@ -734,6 +734,25 @@
     }
   }
 
+  // One entry of waitingOn in words (API.md "Why is it not running?").
+  function waitingText(w) {
+    const until = w.until ? ' until ' + w.until : '';
+    switch (w.type) {
+      case 'dependencies': return w.count + ' unfinished ' + (w.count === 1 ? 'dependency' : 'dependencies');
+      case 'paused': return 'paused';
+      case 'notBefore': return 'not before ' + w.until;
+      case 'backoff': return 'retry backoff' + until;
+      case 'suspended': return 'its queue is suspended';
+      case 'concurrency': return 'its queue has no free slot';
+      case 'rate': return "its queue's rate limit" + until;
+      case 'limiter': return 'limiter ' + w.limiter + ', key ' + (w.key === '' ? '""' : w.key) + ': ' +
+        (w.reason === 'rate' ? 'no token' + until : 'every slot is running');
+      case 'host': return 'host ' + w.host + ' is ' + w.state + until;
+      case 'debounce': return 'debounce' + until;
+      default: return w.type;
+    }
+  }
+
   function renderOp(o) {
     if (!o) return;
     S.op.data = o;
@@ -755,6 +774,9 @@
     add('Attempt', o.attempt + (o.retry ? ' of ' + o.retry.maxAttempts : ''));
     if (o.progress) add('Progress', o.progress.completed + ' / ' + o.progress.total + ' (' + Math.round(o.progress.fractionCompleted * 100) + '%)');
     add('Flags', ['isReady', 'isExecuting', 'isFinished', 'isCancelled', 'isPaused'].filter((k) => o[k]).join(', ') || 'none');
+    if (o.waitingOn) add('Waiting on', o.waitingOn.length ? o.waitingOn.map(waitingText).join('; ') : 'nothing: it runs or is next for a slot');
+    if (o.limits) add('Limits', o.limits.map((l) => l.limiter + (l.key ? ' (key ' + l.key + ')' : '')).join(', '));
+    add('Fairness key', o.fairnessKey);
     add('Timeout', o.timeout !== undefined ? o.timeout + ' s' : null);
     add('Not before', o.notBefore);
     add('Created', o.createdAt);

@@ -388,6 +388,13 @@ def run_basic(binary, browser, screenshot):
                       "document.querySelectorAll('#op-events-body tr').length > 0")
         check(browser.eval("document.getElementById('op-state').textContent") == op["state"],
               f"the operation view shows state {op['state']}")
+        # Why an operation waits, in words (waitingOn).
+        server.must("POST", "/v1/queues", {"name": "held", "isSuspended": True})
+        held = server.must("POST", "/v1/queues/held/operations", {"kind": "delay", "spec": {"seconds": 1}})["id"]
+        browser.eval(f"location.hash = '#/op/{held}'")
+        browser.until("why it waits", f"document.getElementById('op-id').textContent === '{held}' && "
+                      "document.getElementById('op-fields').textContent.includes('its queue is suspended')")
+        check(True, "an operation's waitingOn is shown in words")
         # A failed operation shows its error; a succeeded one its result.
         failed_op = server.must("POST", "/v1/queues/reports/operations",
                                 {"kind": "http", "name": "unreachable", "spec": {"method": "GET", "url": "http://127.0.0.1:1/"}})["id"]
