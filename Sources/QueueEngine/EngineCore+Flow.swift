@@ -37,7 +37,12 @@ extension EngineCore {
             if l.keys[ref.key] != nil || pending[ref.limiter]?.contains(ref.key) == true { continue }
             let max = engine.configuration.maxLimiterKeys
             let adding = pending[ref.limiter]?.count ?? 0
-            if l.keys.count + adding >= max { sweepIdleKeys(l) }
+            // At most one sweep a second per limiter: a client at the limit must not make
+            // every create walk every key.
+            if l.keys.count + adding >= max, now.nanoseconds.saturatingSubtract(l.lastSweep) >= 1_000_000_000 {
+                l.lastSweep = now.nanoseconds
+                sweepIdleKeys(l)
+            }
             guard l.keys.count + adding < max else {
                 throw .limitReached(
                     "limiter '\(l.name)' has \(l.keys.count) keys in use, the most allowed (--max-limiter-keys \(max)); key '\(ref.key)' would be one more",
@@ -100,6 +105,8 @@ extension EngineCore {
                 k.limiter.refs -= 1
                 if k.refs == 0 && k.isIdle(now: now.nanoseconds) { k.limiter.keys[k.key] = nil }
             }
+            // A finished operation holds on to no key.
+            op.limitKeys = []
         case .pending, .paused:
             break
         }

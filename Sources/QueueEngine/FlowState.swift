@@ -52,6 +52,8 @@ final class LimiterRecord: @unchecked Sendable {  // guarded by the engine lock
     var waiting = 0
     /// Unfinished operations that name it: while any do, it cannot be deleted.
     var refs = 0
+    /// When idle keys were last swept (`EngineCore.checkLimits`).
+    var lastSweep: Int64 = .min
 
     init(name: String, settings: LimiterSettings, createdAt: Timestamp) {
         self.name = name; self.settings = settings; self.createdAt = createdAt

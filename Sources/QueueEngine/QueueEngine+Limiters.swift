@@ -67,19 +67,13 @@ extension QueueEngine {
     public func limiter(named name: String) throws(EngineError) -> LimiterSnapshot {
         try read { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
-            core.sweepIdleKeys(l)
             return l.snapshot()
         }
     }
 
     /// Every limiter, sorted by name.
     public func limiters() -> [LimiterSnapshot] {
-        state.withLock { core in
-            core.limiters.values.map { l in
-                core.sweepIdleKeys(l)
-                return l.snapshot()
-            }
-        }.sorted { $0.name < $1.name }
+        state.withLock { core in core.limiters.values.map { $0.snapshot() } }.sorted { $0.name < $1.name }
     }
 
     /// A page of a limiter's keys in use, sorted, after `after`; `next` is the last key of a
@@ -118,7 +112,7 @@ extension QueueEngine {
     }
 
     /// Per limiter for `/metrics`: running, waiting, keys, and the tokens of its keys in use
-    /// (summed; nil without a rate); and the flow counters.
+    /// (summed over at most 10,000 of them; nil without a rate); and the flow counters.
     public func flowMetrics() -> (limiters: [(name: String, running: Int, waiting: Int, keys: Int, tokens: Double?)], counters: FlowCounters) {
         state.withLock { core in
             let t = core.now.nanoseconds
@@ -126,7 +120,8 @@ extension QueueEngine {
                 var tokens: Double? = nil
                 if l.settings.rate != nil || l.settings.overrides.values.contains(where: { $0.rate != nil }) {
                     var sum = 0.0
-                    for k in l.keys.values {
+                    // Bounded work under the lock per scrape: the first 10,000 keys.
+                    for k in l.keys.values.prefix(10_000) {
                         k.syncBucket(now: t)
                         if var b = k.bucket {
                             b.refill(t)
