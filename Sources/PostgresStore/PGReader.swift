@@ -164,17 +164,18 @@ final class PGReader {
         return rows(r, PGRecordDecoder.idempotency)
     }
 
-    /// One repeatable-read transaction, so queues, operations and the seq are one consistent
-    /// snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
+    /// One repeatable-read transaction, so limiters, queues, operations and the seq are one
+    /// consistent snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
     func load(lastSeq known: UInt64) throws -> RecoveredState {
-        let (qs, os, seqs) = try withConnection { c throws(PGFailure) in
+        let (ls, qs, os, seqs) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
+                let ls = try c.exec(PGSchema.selectLimiters)
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues ORDER BY name")
                 let os = try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations ORDER BY id")
                 let seqs = try c.exec(PGSchema.lastSeq)
                 try c.exec("COMMIT")
-                return (qs, os, seqs)
+                return (ls, qs, os, seqs)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
@@ -182,19 +183,21 @@ final class PGReader {
         }
         let (queues, operations) = try Self.decode(qs, os)
         let stored = try Self.lastSeq(seqs)
-        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
+        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: try Self.limiters(ls))
     }
 
     /// The queues named (those that exist) with their operations, and for every dependency of
     /// theirs outside them whether it exists and is finished (and whether a cascade cancelled
-    /// it): what a cluster instance adopts when it becomes the owner of more partitions. One
-    /// repeatable-read snapshot.
+    /// it): what a cluster instance adopts when it becomes the owner of more partitions. Every
+    /// limiter comes too, whoever wrote it: limiters belong to no partition, and the operations
+    /// taken in may name any of them (the engine keeps those it has). One repeatable-read snapshot.
     func load(queues names: [String]) throws -> (RecoveredState, RemoteStates) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
-        let (qs, os, deps) = try withConnection { c throws(PGFailure) in
+        let (ls, qs, os, deps) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
+                let ls = try c.exec(PGSchema.selectLimiters)
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
@@ -211,14 +214,14 @@ final class PGReader {
                     AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE w.id = ANY(p.ids))
                     """, [list.parameter])
                 try c.exec("COMMIT")
-                return (qs, os, deps)
+                return (ls, qs, os, deps)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
             }
         }
         let (queues, operations) = try Self.decode(qs, os)
-        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0), Self.states(deps))
+        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls)), Self.states(deps))
     }
 
     /// The queue of operation `id`, nil when there is none.
@@ -323,6 +326,14 @@ final class PGReader {
             operations.append(op)
         }
         return (queues, operations)
+    }
+
+    /// Decoded limiter rows; a row that does not decode fails the whole read.
+    static func limiters(_ r: PGResult) throws(DecodeFailure) -> [LimiterSnapshot] {
+        var out: [LimiterSnapshot] = []
+        out.reserveCapacity(r.rows)
+        for i in 0..<r.rows { out.append(try PGRecordDecoder.limiter(r, i)) }
+        return out
     }
 
     /// The newest seq ever written, from the result of `PGSchema.lastSeq`.

@@ -56,7 +56,18 @@ enum PGRecordDecoder {
         }
         guard let executed = r.double(row, 22), executed.isFinite, executed >= 0 else { throw fail("executed_seconds", "is \(r.text(row, 22) ?? "NULL")") }
         guard let created = r.int64(row, 15) else { throw fail("created_at", "is not a time") }
-        let options = OperationOptions(timeout: timeout, retry: retry, notBefore: try time(r, row, 21, fail("not_before", "is not a time")))
+        let limits: [LimitRef]
+        do throws(FlowText.Refusal) { limits = try FlowText.limits(r.withBytes(row, 25) { Array($0) }) } catch { throw fail("limits", error.why) }
+        var fairnessKey: String?
+        if !r.isNull(row, 26) {
+            guard let b = r.bytea(row, 26) else { throw fail("fairness_key", "is not bytea") }
+            do throws(FlowText.Refusal) { fairnessKey = try FlowText.fairnessKey(String(decoding: b, as: UTF8.self)) } catch {
+                throw fail("fairness_key", error.why)
+            }
+        }
+        let options = OperationOptions(
+            timeout: timeout, retry: retry, notBefore: try time(r, row, 21, fail("not_before", "is not a time")), limits: limits,
+            fairnessKey: fairnessKey)
         return OperationSnapshot(
             id: OperationID(raw: raw), queue: queue, name: name, kind: kind,
             spec: try json(r, row, 4, fail("spec", "is not JSON")),
@@ -97,10 +108,62 @@ enum PGRecordDecoder {
         let operationCount = try count("operation_count", 7)
         var counts: [OperationState: Int] = [:]
         for (i, s) in OperationState.allCases.enumerated() { counts[s] = try count("count_\(s.rawValue)", 8 + i) }
+        let rate: RateLimit?
+        do throws(FlowText.Refusal) { rate = try Self.rate(r, row, 13) } catch {
+            throw DecodeFailure(detail: "queues row \(name): column \(error.rateColumn) \(error.why)")
+        }
+        let weights: [String: Int]
+        do throws(FlowText.Refusal) { weights = try FlowText.weights(r.withBytes(row, 15) { Array($0) }) } catch {
+            throw DecodeFailure(detail: "queues row \(name): column fairness_weights \(error.why)")
+        }
         return QueueSnapshot(
             name: name, maxConcurrentOperationCount: maxConcurrent, effectiveMaxConcurrentOperationCount: effective,
             isSuspended: suspended, operationCount: operationCount, counts: counts, revision: revision,
-            createdAt: Timestamp(nanoseconds: created), generation: generation)
+            createdAt: Timestamp(nanoseconds: created), generation: generation, rateLimit: rate, fairnessWeights: weights)
+    }
+
+    /// Its settings, in `PGSchema.limiterColumns` order; `running`, `waiting` and `keys` are the
+    /// engine's to count (0 here).
+    static func limiter(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> LimiterSnapshot {
+        guard let name = r.text(row, 0) else { throw DecodeFailure(detail: "limiters row with a NULL name") }
+        func fail(_ column: String, _ why: String) -> DecodeFailure {
+            DecodeFailure(detail: "limiters row \(name.debugDescription): column \(column) \(why)")
+        }
+        guard FlowText.isName(name) else { throw fail("name", "is not a limiter name") }
+        var settings = LimiterSettings()
+        if !r.isNull(row, 1) {
+            do throws(FlowText.Refusal) {
+                guard let n = r.int64(row, 1) else { throw FlowText.Refusal("is not an integer") }
+                settings.concurrency = try FlowText.concurrency(n)
+            } catch {
+                throw fail("concurrency", error.why)
+            }
+        }
+        do throws(FlowText.Refusal) { settings.rate = try Self.rate(r, row, 2) } catch { throw fail(error.rateColumn, error.why) }
+        guard settings.concurrency != nil || settings.rate != nil else { throw fail("concurrency", "and the rate are both NULL") }
+        do throws(FlowText.Refusal) { settings.overrides = try FlowText.overrides(r.withBytes(row, 4) { Array($0) }) } catch {
+            throw fail("overrides", error.why)
+        }
+        guard let created = r.int64(row, 5) else { throw fail("created_at", "is not a time") }
+        guard let rv = r.int64(row, 6), let revision = UInt64(exactly: rv), revision <= RecordLimits.maxCounter else {
+            throw fail("revision", "is \(r.text(row, 6) ?? "NULL")")
+        }
+        return LimiterSnapshot(name: name, settings: settings, createdAt: Timestamp(nanoseconds: created), revision: revision)
+    }
+
+    /// A rate in columns `column` (per second) and `column + 1` (burst).
+    private static func rate(_ r: PGResult, _ row: Int, _ column: Int) throws(FlowText.Refusal) -> RateLimit? {
+        var perSecond: Double?
+        var burst: Int64?
+        if !r.isNull(row, column) {
+            guard let p = r.double(row, column) else { throw FlowText.Refusal("is not a number") }
+            perSecond = p
+        }
+        if !r.isNull(row, column + 1) {
+            guard let b = r.int64(row, column + 1) else { throw FlowText.Refusal("is not an integer", inBurst: true) }
+            burst = b
+        }
+        return try FlowText.rate(perSecond: perSecond, burst: burst)
     }
 
     /// The seq of an events row (column 0), if it is one opqd could have written.

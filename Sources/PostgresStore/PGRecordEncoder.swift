@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 /// One column of a bulk statement: a PostgreSQL array literal (`{1,"a b",NULL}`) built in place,
 /// sent as one text parameter. Elements are quoted and escaped by the array syntax's own rules
@@ -98,11 +99,11 @@ struct ArrayColumn {
 
 /// The rows of one bulk statement per table, column by column.
 struct BulkRows {
-    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 25)
+    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 27)
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
-    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 13)
+    var queues = [ArrayColumn](repeating: ArrayColumn(), count: 16)
     var operationCount = 0, eventCount = 0, queueCount = 0
     /// The last queue added (a batch of one is sent with plain parameters, `PGSchema.upsertQueue`).
     var lastQueue: QueueSnapshot?
@@ -162,6 +163,13 @@ struct BulkRows {
         operations[22].double(s.executedSeconds)
         Self.json(s.kindState, &operations[23], &scratch)
         operations[24].int(s.cascadeAt?.nanoseconds)
+        // Most operations name no limiter: NULL, with nothing written.
+        if s.options.limits.isEmpty {
+            operations[25].null()
+        } else {
+            operations[25].text(&scratch) { FlowText.writeLimits(s.options.limits, to: &$0) }
+        }
+        operations[26].bytea(s.options.fairnessKey?.utf8)
     }
 
     mutating func add(_ q: QueueSnapshot) {
@@ -176,6 +184,13 @@ struct BulkRows {
         queues[6].counter(q.generation)
         queues[7].int(q.operationCount)
         for (i, s) in OperationState.allCases.enumerated() { queues[8 + i].int(q.counts[s] ?? 0) }
+        queues[13].double(q.rateLimit?.perSecond)
+        queues[14].int(q.rateLimit?.burst)
+        if q.fairnessWeights.isEmpty {
+            queues[15].null()
+        } else {
+            queues[15].text(&scratch) { FlowText.writeWeights(q.fairnessWeights, to: &$0) }
+        }
     }
 
     mutating func add(_ e: ChangeEvent) {

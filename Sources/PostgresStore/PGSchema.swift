@@ -1,4 +1,5 @@
 import QueueEngine
+import StoreKit
 
 /// The store's tables in PostgreSQL, all in the schema `opqd`, and how an older schema is brought
 /// up to date.
@@ -209,6 +210,27 @@ package enum PGSchema {
         CREATE TABLE opqd.batch_parts (batch text NOT NULL, part integer NOT NULL, ids bigint[] NOT NULL, PRIMARY KEY (batch, part));
         CREATE INDEX batch_parts_by_part ON opqd.batch_parts (part);
         """,
+        // 9 -> 10: flow control (API.md "Flow control"), as the SQLite store keeps it: a queue's
+        // rate (both columns or neither) and fairness weights (JSON), an operation's limits
+        // (JSON) and fairness key (bytea: a client's string), and the limiters. Limiters belong
+        // to no queue, so to no partition: one global table, written by whichever instance
+        // made the change (`PGWriter` fences such a commit like one of meta alone), and read
+        // whole by every instance that restores or takes partitions. Rows written before have
+        // none of them (NULL), which is what they mean.
+        """
+        ALTER TABLE opqd.queues ADD COLUMN rate_per_second double precision, ADD COLUMN rate_burst bigint,
+            ADD COLUMN fairness_weights text;
+        ALTER TABLE opqd.operations ADD COLUMN limits text, ADD COLUMN fairness_key bytea;
+        CREATE TABLE opqd.limiters (
+            name            text PRIMARY KEY,
+            concurrency     bigint,
+            rate_per_second double precision,
+            rate_burst      bigint,
+            overrides       text,
+            created_at      bigint NOT NULL,
+            revision        bigint NOT NULL
+        );
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -255,22 +277,23 @@ package enum PGSchema {
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key
         """
     /// The array type each operation column is sent as, in `operationColumns` order.
     static let operationArrayTypes = [
         "bigint[]", "text[]", "bytea[]", "text[]", "text[]", "integer[]", "text[]", "text[]", "boolean[]", "text[]",
         "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
-        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]",
+        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]", "text[]", "bytea[]",
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]
     /// The counts follow `OperationState.allCases` (pending, ready, executing, paused, finished).
     static let queueColumns = """
         name, max_concurrent, effective_max, is_suspended, revision, created_at, generation, operation_count, \
-        count_pending, count_ready, count_executing, count_paused, count_finished
+        count_pending, count_ready, count_executing, count_paused, count_finished, rate_per_second, rate_burst, fairness_weights
         """
-    static let queueArrayTypes = ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"] + Array(repeating: "bigint[]", count: 7)
+    static let queueArrayTypes =
+        ["text[]", "bigint[]", "bigint[]", "boolean[]", "bigint[]", "bigint[]"] + Array(repeating: "bigint[]", count: 7) + ["float8[]", "bigint[]", "text[]"]
     /// One queue's row (a follower's `GET /v1/queues/{name}`).
     static let selectQueue = "SELECT \(queueColumns) FROM opqd.queues WHERE name = $1"
     /// Every queue's row, in the order the engine lists them (by name, bytewise: names are ASCII).
@@ -371,6 +394,44 @@ package enum PGSchema {
             PGParameter(Int64(bitPattern: q.generation)), PGParameter(q.operationCount),
         ]
         for s in OperationState.allCases { out.append(PGParameter(q.counts[s] ?? 0)) }
+        out += rateParameters(q.rateLimit)
+        if q.fairnessWeights.isEmpty {
+            out.append(.null)
+        } else {
+            var json: [UInt8] = []
+            FlowText.writeWeights(q.fairnessWeights, to: &json)
+            out.append(PGParameter(bytes: json + [0]))
+        }
+        return out
+    }
+
+    /// A rate as two parameters (per second, burst); NULL in both for none.
+    static func rateParameters(_ r: RateLimit?) -> [PGParameter] {
+        guard let r else { return [.null, .null] }
+        return [PGParameter(String(r.perSecond)), PGParameter(r.burst)]
+    }
+
+    static let limiterColumns = "name, concurrency, rate_per_second, rate_burst, overrides, created_at, revision"
+    /// Every limiter, whichever instance wrote it (they belong to no partition).
+    static let selectLimiters = "SELECT \(limiterColumns) FROM opqd.limiters ORDER BY name"
+    static let upsertLimiter = """
+        INSERT INTO opqd.limiters (\(limiterColumns)) VALUES ($1, $2::bigint, $3::float8, $4::bigint, $5, $6::bigint, $7::bigint) \
+        ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate_per_second = excluded.rate_per_second, \
+        rate_burst = excluded.rate_burst, overrides = excluded.overrides, created_at = excluded.created_at, revision = excluded.revision
+        """
+    static let deleteLimiter = "DELETE FROM opqd.limiters WHERE name = $1"
+    /// `upsertLimiter`'s parameters. `running`, `waiting` and `keys` are the engine's to count.
+    static func limiterParameters(_ l: LimiterSnapshot) -> [PGParameter] {
+        var out = [PGParameter(l.name), l.settings.concurrency.map { PGParameter($0) } ?? .null]
+        out += rateParameters(l.settings.rate)
+        if l.settings.overrides.isEmpty {
+            out.append(.null)
+        } else {
+            var json: [UInt8] = []
+            FlowText.writeOverrides(l.settings.overrides, to: &json)
+            out.append(PGParameter(bytes: json + [0]))
+        }
+        out += [PGParameter(l.createdAt.nanoseconds), PGParameter(Int64(bitPattern: l.revision))]
         return out
     }
 

@@ -65,6 +65,7 @@ final class PGWriter: @unchecked Sendable {
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
     private var lastEvent: [UInt64: Int] = [:]
+    private var lastLimiter: [String: Int] = [:]
     private var thread: pthread_t?
 
     /// How long an idle writer waits before checking its connection (so readiness notices a
@@ -450,7 +451,8 @@ final class PGWriter: @unchecked Sendable {
     /// One transaction for everything in `jobs`, in order. An operation, queue or event seq
     /// written several times is written once, at its last position (the upserts replace whole
     /// rows, so that is the same result as writing each), which also keeps every key to one row
-    /// per statement as `ON CONFLICT DO UPDATE` requires.
+    /// per statement as `ON CONFLICT DO UPDATE` requires. A limiter's row is its last record's
+    /// too: the last upsert, or a delete after it.
     /// `batch`: this writer's number for the batch (the same on every attempt), which its mark
     /// holds once committed.
     private func apply(_ jobs: [WriteJob], on conn: PGConnection, batch: UInt64, catchUp: Bool) throws(PGFailure) -> Outcome {
@@ -458,6 +460,7 @@ final class PGWriter: @unchecked Sendable {
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
         lastEvent.removeAll(keepingCapacity: true)
+        lastLimiter.removeAll(keepingCapacity: true)
         var position = 0
         let partitioned = fence?.partitions != nil
         var touched = Set<Int>()
@@ -475,7 +478,9 @@ final class PGWriter: @unchecked Sendable {
                     if partitioned { touched.insert(QueuePartitions.of(queue: e.queue)) }
                 case let .queueDeleted(name):
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
-                case .kept, .limiter, .limiterDeleted: break
+                case let .limiter(l): lastLimiter[l.name] = position
+                case let .limiterDeleted(name): lastLimiter[name] = position
+                case .kept: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
                 }
@@ -495,12 +500,13 @@ final class PGWriter: @unchecked Sendable {
                 }
                 partitionEpochs[p] = e
             }
-            // Meta writes (counts of unclean stops, observers and their cursors) name no
-            // partition: a batch with one and no other fence is fenced by any one of the
-            // partitions held (`PGSchema.fenceAny`), so an instance cut off past its leases,
-            // whose partitions all went to others, writes none, while one partition given up
-            // meanwhile does not fence a healthy instance's write.
-            if touched.isEmpty, Self.hasMeta(jobs) { anyOf = all }
+            // Meta writes (counts of unclean stops, observers and their cursors) and limiters
+            // (global, `opqd.limiters`) name no partition: a batch with one and no other fence
+            // is fenced by any one of the partitions held (`PGSchema.fenceAny`), so an instance
+            // cut off past its leases, whose partitions all went to others, writes none, while
+            // one partition given up meanwhile does not fence a healthy instance's write. (An
+            // instance that holds no partition yet sends no fence: it writes them unfenced.)
+            if touched.isEmpty, !lastLimiter.isEmpty || Self.hasMeta(jobs) { anyOf = all }
         }
         var sent = 0
         /// Statement index -> the reply that gets its row count.
@@ -562,7 +568,7 @@ final class PGWriter: @unchecked Sendable {
                         try send(.fenceParts, fencing)
                     }
                 } else if !anyOf.isEmpty {
-                    // A commit of meta alone: any one partition held (`PGSchema.fenceAny`).
+                    // A commit of meta or limiters alone: any one partition held (`PGSchema.fenceAny`).
                     try send(PGSchema.fenceAny, fencing(anyOf))
                 }
             } else if let fence {
@@ -608,9 +614,11 @@ final class PGWriter: @unchecked Sendable {
                         case let .batchPartAdded(batch, part):
                             // Gone in the commit that adds its operations: a part is added once.
                             try send(PGSchema.forgetBatchPart, [PGParameter(batch), PGParameter(part)])
-                        case .limiter, .limiterDeleted:
-                            // PLACEHOLDER: limiters are persisted by the store change that follows.
-                            continue
+                        case let .limiter(l):
+                            // Global, not partitioned: fenced with the rest of the commit.
+                            if lastLimiter[l.name] == position { try send(PGSchema.upsertLimiter, PGSchema.limiterParameters(l)) }
+                        case let .limiterDeleted(name):
+                            if lastLimiter[name] == position { try send(PGSchema.deleteLimiter, [PGParameter(name)]) }
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -52,6 +52,13 @@ struct RecordBinder {
         st.bind(23, s.executedSeconds)
         addJSON(s.kindState, 24, st)
         bindTime(s.cascadeAt, 25, st)
+        // Most operations name no limiter: NULL, with nothing written.
+        if s.options.limits.isEmpty {
+            st.bindNull(26)
+        } else {
+            row.add(26) { FlowText.writeLimits(s.options.limits, to: &$0) }
+        }
+        if let f = s.options.fairnessKey { row.add(27, f) } else { st.bindNull(27) }
         try st.run(binding: row)
     }
 
@@ -63,7 +70,40 @@ struct RecordBinder {
         st.bind(4, q.isSuspended)
         st.bind(5, q.revision)
         st.bind(6, q.createdAt.nanoseconds)
+        bindRate(q.rateLimit, 7, st)
+        if q.fairnessWeights.isEmpty {
+            st.bindNull(9)
+        } else {
+            row.add(9) { FlowText.writeWeights(q.fairnessWeights, to: &$0) }
+        }
         try st.run(binding: row)
+    }
+
+    /// `running`, `waiting` and `keys` are counted again by the engine: not stored.
+    mutating func write(_ l: LimiterSnapshot, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        row.add(1, l.name)
+        if let c = l.settings.concurrency { st.bind(2, c) } else { st.bindNull(2) }
+        bindRate(l.settings.rate, 3, st)
+        if l.settings.overrides.isEmpty {
+            st.bindNull(5)
+        } else {
+            row.add(5) { FlowText.writeOverrides(l.settings.overrides, to: &$0) }
+        }
+        st.bind(6, l.createdAt.nanoseconds)
+        st.bind(7, l.revision)
+        try st.run(binding: row)
+    }
+
+    /// A rate in columns `i` (per second) and `i + 1` (burst); NULL in both for none.
+    private func bindRate(_ r: RateLimit?, _ i: Int32, _ st: SQLiteStatement) {
+        if let r {
+            st.bind(i, r.perSecond)
+            st.bind(i + 1, r.burst)
+        } else {
+            st.bindNull(i)
+            st.bindNull(i + 1)
+        }
     }
 
     mutating func write(_ e: ChangeEvent, with st: SQLiteStatement) throws(SQLiteFailure) {
@@ -172,7 +212,11 @@ package enum RecordDecoder {
         guard revision <= RecordLimits.maxCounter else { throw fail("revision", "is \(revision)") }
         let executed = st.double(22)
         guard executed.isFinite, executed >= 0 else { throw fail("executed_seconds", "is \(executed)") }
-        let options = OperationOptions(timeout: timeout, retry: retry, notBefore: time(st, 21))
+        let limits: [LimitRef]
+        do throws(FlowText.Refusal) { limits = try FlowText.limits(st.bytes(25)) } catch { throw fail("limits", error.why) }
+        let fairnessKey: String?
+        do throws(FlowText.Refusal) { fairnessKey = try FlowText.fairnessKey(st.text(26)) } catch { throw fail("fairness_key", error.why) }
+        let options = OperationOptions(timeout: timeout, retry: retry, notBefore: time(st, 21), limits: limits, fairnessKey: fairnessKey)
         return OperationSnapshot(
             id: OperationID(raw: raw), queue: queue, name: st.text(2), kind: kind,
             spec: try json(st, 4, fail("spec", "is not JSON")),
@@ -194,13 +238,43 @@ package enum RecordDecoder {
             throw DecodeFailure(detail: "queues row \(name): column max_concurrent is \(maxConcurrent)")
         }
         guard revision <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "queues row \(name): column revision is \(revision)") }
+        let rate: RateLimit?
+        do throws(FlowText.Refusal) { rate = try FlowText.rate(perSecond: optionalDouble(st, 6), burst: optionalInt(st, 7)) } catch {
+            throw DecodeFailure(detail: "queues row \(name): column \(error.rateColumn) \(error.why)")
+        }
+        let weights: [String: Int]
+        do throws(FlowText.Refusal) { weights = try FlowText.weights(st.bytes(8)) } catch {
+            throw DecodeFailure(detail: "queues row \(name): column fairness_weights \(error.why)")
+        }
         var counts: [OperationState: Int] = [:]
         for s in OperationState.allCases { counts[s] = 0 }
         return QueueSnapshot(
             name: name, maxConcurrentOperationCount: maxConcurrent, effectiveMaxConcurrentOperationCount: st.int(2),
             isSuspended: st.int64(3) != 0, operationCount: 0, counts: counts, revision: revision,
-            createdAt: Timestamp(nanoseconds: st.int64(5)))
+            createdAt: Timestamp(nanoseconds: st.int64(5)), rateLimit: rate, fairnessWeights: weights)
     }
+
+    /// Its settings; `running`, `waiting` and `keys` are the engine's to count (0 here).
+    static func limiter(_ st: SQLiteStatement) throws(DecodeFailure) -> LimiterSnapshot {
+        guard let name = st.text(0) else { throw DecodeFailure(detail: "limiters row with a NULL name") }
+        func fail(_ column: String, _ why: String) -> DecodeFailure {
+            DecodeFailure(detail: "limiters row \(name.debugDescription): column \(column) \(why)")
+        }
+        guard FlowText.isName(name) else { throw fail("name", "is not a limiter name") }
+        var settings = LimiterSettings()
+        do throws(FlowText.Refusal) { settings.concurrency = try FlowText.concurrency(optionalInt(st, 1)) } catch { throw fail("concurrency", error.why) }
+        do throws(FlowText.Refusal) { settings.rate = try FlowText.rate(perSecond: optionalDouble(st, 2), burst: optionalInt(st, 3)) } catch {
+            throw fail(error.rateColumn, error.why)
+        }
+        guard settings.concurrency != nil || settings.rate != nil else { throw fail("concurrency", "and the rate are both NULL") }
+        do throws(FlowText.Refusal) { settings.overrides = try FlowText.overrides(st.bytes(4)) } catch { throw fail("overrides", error.why) }
+        let revision = st.uint64(6)
+        guard revision <= RecordLimits.maxCounter else { throw fail("revision", "is \(revision)") }
+        return LimiterSnapshot(name: name, settings: settings, createdAt: Timestamp(nanoseconds: st.int64(5)), revision: revision)
+    }
+
+    private static func optionalDouble(_ st: SQLiteStatement, _ i: Int32) -> Double? { st.isNull(i) ? nil : st.double(i) }
+    private static func optionalInt(_ st: SQLiteStatement, _ i: Int32) -> Int64? { st.isNull(i) ? nil : st.int64(i) }
 
     static func event(_ st: SQLiteStatement) throws(DecodeFailure) -> ChangeEvent {
         let seq = st.uint64(0)

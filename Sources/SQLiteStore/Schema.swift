@@ -79,15 +79,35 @@ enum Schema {
         """,
         // 1 -> 2: when a cascade cancelled the operation (OperationSnapshot.cascadeAt), ns.
         "ALTER TABLE operations ADD COLUMN cascade_at INTEGER;",
+        // 2 -> 3: flow control (API.md "Flow control"). A queue's rate (both columns or
+        // neither) and fairness weights; an operation's limits and fairness key, as given; and
+        // the limiters. Rows written before have none of them (NULL), which is what they mean.
+        """
+        ALTER TABLE queues ADD COLUMN rate_per_second REAL;
+        ALTER TABLE queues ADD COLUMN rate_burst INTEGER;
+        ALTER TABLE queues ADD COLUMN fairness_weights TEXT;   -- JSON {"key": weight}; NULL = none
+        ALTER TABLE operations ADD COLUMN limits TEXT;         -- JSON [{"limiter","key"}]; NULL = none
+        ALTER TABLE operations ADD COLUMN fairness_key TEXT;
+        CREATE TABLE limiters (
+            name            TEXT PRIMARY KEY NOT NULL,
+            concurrency     INTEGER,
+            rate_per_second REAL,
+            rate_burst      INTEGER,
+            overrides       TEXT,                  -- JSON {"key": {"concurrency"?, "rate"?: {"perSecond","burst"}}}; NULL = none
+            created_at      INTEGER NOT NULL,
+            revision        INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """,
     ]
 
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key
         """
     static let eventColumns = "seq, time, queue, operation, key, old, new, state"
-    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at"
+    static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at, rate_per_second, rate_burst, fairness_weights"
+    static let limiterColumns = "name, concurrency, rate_per_second, rate_burst, overrides, created_at, revision"
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
 
     static func placeholders(_ n: Int) -> String { (1...n).map { "?\($0)" }.joined(separator: ", ") }
@@ -95,14 +115,16 @@ enum Schema {
     // An upsert updates the row in place; OR REPLACE would delete and re-insert it (and its
     // index entries), which also needs a statement journal.
     static let upsertOperation = """
-        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(25))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
+        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(27))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
         """
 
     /// `a = excluded.a, b = excluded.b, ...` for every column but the first (the key).
     static func updateAll(_ columns: String) -> String {
         columns.split(separator: ",").dropFirst().map { $0.trimmingCharacters() }.map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
     }
-    static let upsertQueue = "INSERT OR REPLACE INTO queues (\(queueColumns)) VALUES (\(placeholders(6)))"
+    static let upsertQueue = "INSERT OR REPLACE INTO queues (\(queueColumns)) VALUES (\(placeholders(9)))"
+    static let upsertLimiter = "INSERT OR REPLACE INTO limiters (\(limiterColumns)) VALUES (\(placeholders(7)))"
+    static let deleteLimiter = "DELETE FROM limiters WHERE name = ?1"
     // Plain INSERT: OR REPLACE costs a statement journal per row (about a microsecond).
     static let insertEvent = "INSERT INTO events (\(eventColumns)) VALUES (\(placeholders(8)))"
     /// For the rare batch that repeats a seq (an engine that was not restored): the newer wins.

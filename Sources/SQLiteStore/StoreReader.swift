@@ -110,7 +110,7 @@ final class StoreReader {
         return try rows(st, RecordDecoder.idempotency)
     }
 
-    /// One read transaction, so queues, operations and the seq are one consistent snapshot.
+    /// One read transaction, so limiters, queues, operations and the seq are one consistent snapshot.
     /// Unlike the feed readers, a row that does not decode fails the whole load.
     func load(lastSeq known: UInt64) throws -> RecoveredState {
         try ensureOpen()
@@ -136,8 +136,12 @@ final class StoreReader {
             }
             operations.append(op)
         }
+        var limiters: [LimiterSnapshot] = []
+        let ls = try connection.prepare("SELECT \(Schema.limiterColumns) FROM limiters ORDER BY name")
+        defer { ls.finalize() }
+        while try ls.step() { limiters.append(try RecordDecoder.limiter(ls)) }
         let stored = UInt64(bitPattern: try connection.integer(Schema.lastSeq))
         guard stored <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "the last event seq \(stored) is out of range") }
-        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known))
+        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters)
     }
 }

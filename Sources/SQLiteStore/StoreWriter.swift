@@ -38,12 +38,14 @@ final class StoreWriter: @unchecked Sendable {
     private let connection: SQLiteConnection
     private let begin, commit, rollback: SQLiteStatement
     private let upsertOperation, upsertQueue, insertEvent, replaceEvent, upsertIdempotency, setLastSeq: SQLiteStatement
+    private let upsertLimiter, deleteLimiter: SQLiteStatement
     private let deleteQueueEvents, deleteQueueOperations, deleteQueue: SQLiteStatement
     private let selectPurgeable, deleteOperationEvents, deleteOperation, deleteOldIdempotency: SQLiteStatement
     private let upsertMeta, deleteMeta, deleteMetaPrefix: SQLiteStatement
     private var binder = RecordBinder()
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
+    private var lastLimiter: [String: Int] = [:]
     private var purgeIDs: [Int64] = []
     /// Set once by `start`, before the store is shared.
     private var thread: pthread_t?
@@ -62,6 +64,8 @@ final class StoreWriter: @unchecked Sendable {
         replaceEvent = try connection.prepare(Schema.replaceEvent)
         upsertIdempotency = try connection.prepare(Schema.upsertIdempotency)
         setLastSeq = try connection.prepare(Schema.setLastSeq)
+        upsertLimiter = try connection.prepare(Schema.upsertLimiter)
+        deleteLimiter = try connection.prepare(Schema.deleteLimiter)
         deleteQueueEvents = try connection.prepare(Schema.deleteQueueEvents)
         deleteQueueOperations = try connection.prepare(Schema.deleteQueueOperations)
         deleteQueue = try connection.prepare(Schema.deleteQueue)
@@ -196,18 +200,22 @@ final class StoreWriter: @unchecked Sendable {
 
     /// One transaction for everything in `jobs`, in order. An operation or queue written
     /// several times is written once, at its last position: upserts replace the whole row,
-    /// so that gives the same result as writing each, even around a queue's deletion.
+    /// so that gives the same result as writing each, even around a queue's deletion. A
+    /// limiter's row is its last record's too: the last upsert, or a delete after it.
     private func apply(_ jobs: [WriteJob], replacingEvents: Bool) throws(SQLiteFailure) -> Outcome {
         var out = Outcome()
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
+        lastLimiter.removeAll(keepingCapacity: true)
         var position = 0
         for case let .records(records, _) in jobs {
             for r in records {
                 switch r {
                 case let .operation(s): lastOperation[s.id.raw] = position
                 case let .queue(q): lastQueue[q.name] = position
-                case .event, .queueDeleted, .kept, .batchPartAdded, .limiter, .limiterDeleted: break
+                case let .limiter(l): lastLimiter[l.name] = position
+                case let .limiterDeleted(name): lastLimiter[name] = position
+                case .event, .queueDeleted, .kept, .batchPartAdded: break
                 }
                 position += 1
             }
@@ -242,9 +250,13 @@ final class StoreWriter: @unchecked Sendable {
                         case .batchPartAdded:
                             // Batches across instances are PostgreSQL's alone.
                             continue
-                        case .limiter, .limiterDeleted:
-                            // PLACEHOLDER: limiters are persisted by the store change that follows.
-                            continue
+                        case let .limiter(l):
+                            guard lastLimiter[l.name] == position else { continue }
+                            try binder.write(l, with: upsertLimiter)
+                        case let .limiterDeleted(name):
+                            guard lastLimiter[name] == position else { continue }
+                            deleteLimiter.bind(1, text: name)
+                            try deleteLimiter.run()
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -63,6 +63,56 @@ import Testing
         }
     }
 
+    /// Flow control's columns (API.md "Flow control") hold only what the engine accepts.
+    @Test(arguments: [
+        ("limits", "'not json'"), ("limits", "'{}'"), ("limits", "'[1]'"), ("limits", #"'[{"limiter":"a"}]'"#),
+        ("limits", #"'[{"limiter":"a","key":5}]'"#), ("limits", #"'[{"limiter":"a","key":"k","x":1}]'"#),
+        ("limits", #"'[{"limiter":"bad name","key":""}]'"#), ("limits", #"'[{"limiter":"a","key":"k"},{"limiter":"a","key":"k"}]'"#),
+        ("limits", "'[" + (0..<9).map { #"{"limiter":"l\#($0)","key":""}"# }.joined(separator: ",") + "]'"),
+        ("limits", #"'[{"limiter":"a","key":"\#(String(repeating: "k", count: 129))"}]'"#),
+        ("fairness_key", "'\(String(repeating: "f", count: 129))'"),
+    ])
+    func aDamagedFlowColumnOfAnOperationFailsTheLoad(column: String, value: String) throws {
+        try withTemporaryDirectory { dir in
+            try damaged(dir, "UPDATE operations SET \(column) = \(value) WHERE id = 2")
+            try expectCorruptLoad(dir, mentioning: "operations row op-0000000000000002: column \(column) ")
+        }
+    }
+
+    @Test(arguments: [
+        ("rate_per_second = 0, rate_burst = 1", "rate_per_second"), ("rate_per_second = -1, rate_burst = 1", "rate_per_second"),
+        ("rate_per_second = 100001, rate_burst = 1", "rate_per_second"), ("rate_per_second = 9e999, rate_burst = 1", "rate_per_second"),
+        ("rate_per_second = 'NaN', rate_burst = 1", "rate_per_second"), ("rate_per_second = 1, rate_burst = 0", "rate_burst"),
+        ("rate_per_second = 1, rate_burst = -3", "rate_burst"), ("rate_per_second = 1", "rate_burst"), ("rate_burst = 2", "rate_per_second"),
+        ("fairness_weights = '[]'", "fairness_weights"), (#"fairness_weights = '{"a":0}'"#, "fairness_weights"),
+        (#"fairness_weights = '{"a":1.5}'"#, "fairness_weights"), (#"fairness_weights = '{"a":"x"}'"#, "fairness_weights"),
+        ("fairness_weights = '{'", "fairness_weights"),
+    ])
+    func aDamagedFlowColumnOfAQueueFailsTheLoad(set: String, column: String) throws {
+        try withTemporaryDirectory { dir in
+            try damaged(dir, "UPDATE queues SET \(set)")
+            try expectCorruptLoad(dir, mentioning: "queues row q: column \(column) ")
+        }
+    }
+
+    @Test(arguments: [
+        ("'bad name', 1, NULL, NULL, NULL, 0, 1", "name"), ("'l', 0, NULL, NULL, NULL, 0, 1", "concurrency"),
+        ("'l', -1, NULL, NULL, NULL, 0, 1", "concurrency"), ("'l', NULL, NULL, NULL, NULL, 0, 1", "concurrency"),
+        ("'l', NULL, 0.0001, 1, NULL, 0, 1", "rate_per_second"), ("'l', NULL, 1, 0, NULL, 0, 1", "rate_burst"),
+        ("'l', NULL, 1, NULL, NULL, 0, 1", "rate_burst"), ("'l', NULL, NULL, 4, NULL, 0, 1", "rate_per_second"), ("'l', 1, NULL, NULL, 'x', 0, 1", "overrides"),
+        (#"'l', 1, NULL, NULL, '{"k":{}}', 0, 1"#, "overrides"), (#"'l', 1, NULL, NULL, '{"k":{"concurrency":0}}', 0, 1"#, "overrides"),
+        (#"'l', 1, NULL, NULL, '{"k":{"rate":{"perSecond":0,"burst":1}}}', 0, 1"#, "overrides"),
+        (#"'l', 1, NULL, NULL, '{"k":{"rate":{"perSecond":1}}}', 0, 1"#, "overrides"), (#"'l', 1, NULL, NULL, '[]', 0, 1"#, "overrides"),
+        ("'l', 1, NULL, NULL, NULL, 0, -1", "revision"),
+    ])
+    func aDamagedLimiterRowFailsTheLoad(values: String, column: String) throws {
+        let name = values.hasPrefix("'bad name'") ? "bad name" : "l"
+        try withTemporaryDirectory { dir in
+            try damaged(dir, "INSERT INTO limiters VALUES (\(values))")
+            try expectCorruptLoad(dir, mentioning: "limiters row \"\(name)\": column \(column) ")
+        }
+    }
+
     @Test func aNegativeSchemaVersionIsRefused() throws {
         try withTemporaryDirectory { dir in
             try damaged(dir, "PRAGMA user_version = -1")

@@ -25,6 +25,26 @@ func makeStore(in dir: TemporaryDirectory, operations: Int = 300) throws {
     store.close()
 }
 
+/// A file as schema `version` wrote it, made by that version's own migrations (they are only
+/// ever appended to), with a queue `q` and operations 1...3 (each with one event) in the
+/// columns every version has.
+func makeOldStore(in dir: TemporaryDirectory, version: Int) throws {
+    try FileManager.default.createDirectory(atPath: dir.path, withIntermediateDirectories: true)
+    let conn = try SQLiteConnection(path: dir.database, create: true)
+    defer { conn.close() }
+    for v in 0..<version { try conn.execute(Schema.migrations[v]) }
+    try conn.execute("PRAGMA user_version = \(version); PRAGMA application_id = \(Schema.applicationID)")
+    try conn.execute("INSERT INTO queues VALUES ('q', -1, 4, 0, 1, \(t0.nanoseconds))")
+    for i in 1...3 {
+        try conn.execute(
+            """
+            INSERT INTO operations (id, queue, kind, spec, priority, state, is_cancelled, dependencies, attempt, created_at, revision, \
+            executed_seconds) VALUES (\(i), 'q', 'delay', '{"seconds":1}', 0, 'ready', 0, '[]', 0, \(t0.nanoseconds), 1, 0);
+            INSERT INTO events VALUES (\(i), \(t0.nanoseconds), 'q', \(i), 'isReady', NULL, 'true', 'ready');
+            """)
+    }
+}
+
 /// Opens the store expecting a `StoreError`; returns it.
 func openFailure(_ dir: String) -> StoreError? {
     do {
@@ -82,18 +102,16 @@ func openFailure(_ dir: String) -> StoreError? {
             try conn.execute("PRAGMA user_version = 99")
             conn.close()
             let error = try #require(openFailure(dir.path))
-            #expect(error.reason == .newerSchema(found: 99, supported: 2))
+            #expect(error.reason == .newerSchema(found: 99, supported: Schema.version))
+            #expect(Schema.version == 3)
             #expect(error.description.contains("99"))
         }
     }
 
     @Test func aFileOfTheFirstSchemaIsMigrated() throws {
         try withTemporaryDirectory { dir in
-            try makeStore(in: dir, operations: 3)
             // The file as the first schema wrote it: no cascade_at column, user_version 1.
-            let conn = try SQLiteConnection(path: dir.database, create: false)
-            try conn.execute("ALTER TABLE operations DROP COLUMN cascade_at; PRAGMA user_version = 1")
-            conn.close()
+            try makeOldStore(in: dir, version: 1)
             let store = try SQLiteStore(directory: dir.path)
             let state = try store.load()
             #expect(state.operations.count == 3)
@@ -108,7 +126,43 @@ func openFailure(_ dir: String) -> StoreError? {
             #expect(try again.load().operations.last?.cascadeAt == t0)
             let check = try SQLiteConnection(path: dir.database, create: false)
             defer { check.close() }
-            #expect(try check.integer("PRAGMA user_version") == 2)
+            #expect(try check.integer("PRAGMA user_version") == Int64(Schema.version))
+        }
+    }
+
+    /// Schema 2, before flow control: its rows come back with none (no rate, no weights, no
+    /// limits, no fairness key, no limiters), and the migrated file keeps what flow control adds.
+    @Test func aFileOfTheSchemaBeforeFlowControlIsMigrated() throws {
+        try withTemporaryDirectory { dir in
+            try makeOldStore(in: dir, version: 2)
+            let store = try SQLiteStore(directory: dir.path)
+            let state = try store.load()
+            #expect(state.queues.map(\.name) == ["q"])
+            #expect(state.queues.first?.rateLimit == nil && state.queues.first?.fairnessWeights == [:])
+            #expect(state.operations.map(\.id.raw) == [1, 2, 3])
+            #expect(state.operations.allSatisfy { $0.options == OperationOptions() })
+            #expect(state.limiters.isEmpty)
+            #expect(state.lastSeq == 3)
+            var q = queueSnapshot("q", revision: 2)
+            q.rateLimit = RateLimit(perSecond: 7.5, burst: 8)
+            q.fairnessWeights = ["a": 2]
+            var op = operationSnapshot(2)
+            op.options = OperationOptions(limits: [LimitRef(limiter: "l", key: "k")], fairnessKey: "a")
+            let l = LimiterSnapshot(
+                name: "l", settings: LimiterSettings(concurrency: 1, overrides: ["k": LimiterBudget(concurrency: 2)]), createdAt: t0, revision: 1)
+            store.append([.limiter(l), .queue(q), .operation(op)], upTo: 5)
+            #expect(waitDurable(store, 5))
+            store.close()
+            let again = try SQLiteStore(directory: dir.path)
+            defer { again.close() }
+            let migrated = try again.load()
+            #expect(migrated.limiters == [l])
+            #expect(migrated.queues.first?.rateLimit == q.rateLimit && migrated.queues.first?.fairnessWeights == q.fairnessWeights)
+            #expect(migrated.operations.first { $0.id.raw == 2 } == op)
+            #expect(migrated.operations.count == 3)
+            let check = try SQLiteConnection(path: dir.database, create: false)
+            defer { check.close() }
+            #expect(try check.integer("PRAGMA user_version") == 3)
         }
     }
 

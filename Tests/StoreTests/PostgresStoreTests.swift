@@ -144,15 +144,19 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "9")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "10")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns,
             // version 7 the partition of a kept answer, version 8 the purge's index on
             // finished_at alone (heap-only updates), version 9 the batches across instances and
-            // their parts.
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "13")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "11")
+            // their parts, version 10 flow control (queue rates and fairness weights, operation
+            // limits and fairness keys, the limiters).
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "16")
+            #expect(
+                try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'operations'") == "27")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "12")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'limiters'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname IN ('fence', 'fence_parts')") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'opqd' AND indexname = 'idempotency_by_part'") == "1")
@@ -161,7 +165,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 9)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 10)
             }
         }
     }

@@ -76,6 +76,15 @@ final class ManualKind: OperationKind {
     }
 }
 
+/// A kind whose runs never end by themselves and are resumed after a restart: what was
+/// executing is executing again, holding what it held.
+final class ResumingKind: OperationKind {
+    func start(_ context: ExecutionContext) {}
+    func cancel(_ context: ExecutionContext) {}
+    func pause(_ context: ExecutionContext) {}
+    func recover(_ operation: OperationSnapshot) -> Recovery { .resume }
+}
+
 /// A semaphore with a timeout in seconds.
 final class DispatchSemaphoreBox: Sendable {
     private let semaphore = DispatchSemaphore(value: 0)
