@@ -72,7 +72,7 @@ extension EngineCore {
             if let found = l.keys[ref.key] {
                 k = found
             } else {
-                k = LimiterKey(limiter: l, key: ref.key)
+                k = LimiterKey(limiter: l, key: ref.key, shared: sharedLimiters)
                 l.keys[ref.key] = k
             }
             keys.append(k)
@@ -126,7 +126,12 @@ extension EngineCore {
             for k in op.limitKeys {
                 k.running -= 1
                 k.limiter.running -= 1
-                if !k.parkedOps.isEmpty { keyGotRoom(k) }
+                if !k.parkedOps.isEmpty {
+                    keyGotRoom(k)
+                } else if k.shared && k.lease.slots > k.running {
+                    // Slots this instance no longer uses go back to the shared budget.
+                    askLease(k)
+                }
             }
         case .pending, .paused, .finished:
             break
@@ -158,7 +163,7 @@ extension EngineCore {
                     continue
                 }
                 if counts {
-                    for k in op.limitKeys { k.bucket?.take() }
+                    for k in op.limitKeys { k.takeStart() }
                 }
             }
             if counts { q.rate?.take() }
@@ -183,6 +188,11 @@ extension EngineCore {
     private func park(_ op: OpRecord, on k: LimiterKey) {
         k.park(op)
         flowCounters.parked &+= 1
+        if k.shared {
+            // The shared budget is asked; its answer lets the key's operations go.
+            askLease(k)
+            return
+        }
         // A key held back by its rate alone comes back by itself when a token is there.
         if k.blocked(now: now.nanoseconds) == .rate {
             if !op.rateDelayed {
@@ -204,6 +214,10 @@ extension EngineCore {
             dirty.append(op.queue)
             room -= 1
             letGo += 1
+        }
+        if k.shared {
+            if !k.parkedOps.isEmpty { askLease(k) }
+            return
         }
         // Those let go take the tokens there are: the ones still parked need the token after.
         if !k.parkedOps.isEmpty, let b = k.bucket, k.budget.concurrency.map({ k.running < $0 }) ?? true {
@@ -248,13 +262,22 @@ extension EngineCore {
             if !b.has(t) { wait = max(wait, b.untilToken) }
             op.queue.rate = b
         }
-        for k in op.limitKeys where k.budget.rate != nil {
+        for k in op.limitKeys {
+            if k.shared {
+                // Asked for, and looked at again shortly.
+                if k.leaseDimensions.tokens && k.lease.tokens < 1 {
+                    askLease(k)
+                    wait = max(wait, 100_000_000)
+                }
+                continue
+            }
+            guard k.budget.rate != nil else { continue }
             k.syncBucket(now: t)
             if k.bucket?.has(t) == false { wait = max(wait, k.bucket?.untilToken ?? 0) }
         }
         guard wait == 0 else { return wait }
         op.queue.rate?.take()
-        for k in op.limitKeys { k.bucket?.take() }
+        for k in op.limitKeys { k.takeStart() }
         return 0
     }
 
@@ -297,6 +320,12 @@ extension EngineCore {
             if !b.has(t) { out.append(.rate(until: Timestamp(nanoseconds: b.last.saturatingAdd(b.untilToken)))) }
         }
         for k in op.limitKeys {
+            if k.shared {
+                if let why = k.blocked(now: t), slots || why == .rate, why == .concurrency || !op.resumeOnStart {
+                    out.append(.limiter(name: k.limiter.name, key: k.key, reason: why, until: nil))
+                }
+                continue
+            }
             let budget = k.budget
             if slots, let c = budget.concurrency, k.running >= c {
                 out.append(.limiter(name: k.limiter.name, key: k.key, reason: .concurrency, until: nil))

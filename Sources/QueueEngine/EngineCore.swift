@@ -48,6 +48,8 @@ final class EngineCore: @unchecked Sendable {
 
     var queues: [String: QueueRecord] = [:]
     var limiters: [String: LimiterRecord] = [:]
+    /// Limiter budgets are shared with other instances and leased (`QueueEngine.setLeaseClient`).
+    var sharedLimiters = false
     var flowCounters = FlowCounters()
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).

@@ -82,8 +82,11 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     var parkedOps: [UInt64: OpRecord] = [:]
     /// A refill wake-up is armed for this key.
     var wakeArmed = false
+    /// Its lease of the shared budget, when the budgets are shared (`EngineCore.sharedLimiters`).
+    var lease = KeyLease()
+    let shared: Bool
 
-    init(limiter: LimiterRecord, key: String) { self.limiter = limiter; self.key = key }
+    init(limiter: LimiterRecord, key: String, shared: Bool) { self.limiter = limiter; self.key = key; self.shared = shared }
 
     var budget: LimiterBudget { limiter.settings.budget(for: key) }
 
@@ -97,6 +100,12 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
 
     /// Why this key cannot start one more operation now; nil when it can.
     func blocked(now: Int64) -> WaitReason.LimiterWaitReason? {
+        if shared {
+            let (slots, tokens) = leaseDimensions
+            if slots && running >= lease.slots { return .concurrency }
+            if tokens && lease.tokens < 1 { return .rate }
+            return nil
+        }
         let b = budget
         if let c = b.concurrency, running >= c { return .concurrency }
         if b.rate != nil {
@@ -108,6 +117,13 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
 
     /// How many more may start now (concurrency and whole tokens).
     func room(now: Int64) -> Int {
+        if shared {
+            let (slots, tokens) = leaseDimensions
+            var r = Int.max
+            if slots { r = Swift.max(0, lease.slots - running) }
+            if tokens { r = Swift.min(r, Swift.max(0, lease.tokens)) }
+            return r
+        }
         let b = budget
         var r = Int.max
         if let c = b.concurrency { r = Swift.max(0, c - running) }
@@ -125,9 +141,20 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     /// Nothing names it, nothing runs, and its bucket is full: it can be forgotten.
     func isIdle(now: Int64) -> Bool {
         guard refs == 0 && running == 0 else { return false }
+        // Slots held from a shared budget go back first (`EngineCore.askLease`).
+        if shared { return lease.slots == 0 && !lease.asking }
         guard var bucket else { return true }
         bucket.refill(now)
         return bucket.isFull
+    }
+
+    /// A start takes a token: from the bucket, or from the lease of a shared budget.
+    func takeStart() {
+        if shared {
+            if leaseDimensions.tokens { lease.tokens -= 1 }
+        } else {
+            bucket?.take()
+        }
     }
 
     func park(_ op: OpRecord) {

@@ -39,7 +39,7 @@ extension QueueEngine {
             l.revision += 1
             let t = core.now.nanoseconds
             for k in l.keys.values {
-                k.syncBucket(now: t)
+                if !k.shared { k.syncBucket(now: t) }
                 if !k.parkedOps.isEmpty { core.keyGotRoom(k) }
             }
             core.recordLimiter(l)

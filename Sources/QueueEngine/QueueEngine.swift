@@ -66,6 +66,8 @@ public final class QueueEngine: Sendable {
     public let scheduler: any EngineScheduler
     /// Answers for operations this engine does not hold (`setRemoteOperations`).
     let remoteDirectory = Lock<(any RemoteOperations)?>(nil)
+    /// Where shared limiter budgets are leased (`setLeaseClient`); nil: every budget is this engine's.
+    let leaseClient = Lock<(any LimiterLeaseClient)?>(nil)
     /// The queues this engine may create (`onlyQueues`); nil: any.
     let queueFilter = Lock<(@Sendable (String) -> Bool)?>(nil)
 

@@ -169,3 +169,111 @@ extension Engine {
         }
     }
 }
+
+/// A shared budget for tests: what a cluster keeps in PostgreSQL, here in memory, leased by
+/// several engines through `LimiterLeaseClient`, answered when the test says (`pump`).
+final class FakeSharedBudget: @unchecked Sendable {
+    let lock = Locked<(held: [String: [String: Int]], tokens: Int, wants: [(Int, String, String)])>(([:], 0, []))
+    let concurrency: Int?
+    let rate: RateLimit?
+    var engines: [QueueEngine] = []
+    init(concurrency: Int?, rate: RateLimit? = nil, tokens: Int = 0) {
+        self.concurrency = concurrency
+        self.rate = rate
+        lock.withLock { $0.tokens = tokens }
+    }
+
+    struct Client: LimiterLeaseClient {
+        let budget: FakeSharedBudget
+        let index: Int
+        func want(limiter: String, key: String) { budget.lock.withLock { $0.wants.append((index, limiter, key)) } }
+    }
+
+    func client(_ i: Int) -> Client { Client(budget: self, index: i) }
+
+    func addTokens(_ n: Int) { lock.withLock { $0.tokens += n } }
+
+    /// Answers every want so far, as the store's exchange would.
+    func pump() {
+        let wants = lock.withLock { s -> [(Int, String, String)] in
+            let w = s.wants
+            s.wants = []
+            return w
+        }
+        for (i, limiter, key) in wants {
+            guard let need = engines[i].leaseNeeds([(limiter, key)]).first else { continue }
+            let grant = lock.withLock { s -> LeaseGrant in
+                let me = "e\(i)"
+                let others = s.held[key, default: [:]].filter { $0.key != me }.values.reduce(0, +)
+                var slots = need.keepSlots + need.wantSlots
+                if let c = concurrency { slots = max(0, min(slots, c - others)) }
+                s.held[key, default: [:]][me] = slots
+                let give = rate == nil ? need.wantTokens : min(s.tokens, need.wantTokens)
+                if rate != nil { s.tokens -= give }
+                return LeaseGrant(limiter: limiter, key: key, slots: slots, tokens: give, concurrency: concurrency, rate: rate)
+            }
+            engines[i].leaseGranted([grant])
+        }
+    }
+
+    var totalHeld: Int { lock.withLock { $0.held.values.flatMap(\.values).reduce(0, +) } }
+}
+
+extension Engine.Flow {
+    @Test func aSharedBudgetIsOneAcrossEngines() throws {
+        let budget = FakeSharedBudget(concurrency: 3)
+        let a = Fixture(), b = Fixture()
+        budget.engines = [a.engine, b.engine]
+        a.engine.setLeaseClient(budget.client(0))
+        b.engine.setLeaseClient(budget.client(1))
+        for f in [a, b] {
+            try f.queue("q", max: 50)
+            try f.engine.createLimiter(name: "stripe", settings: LimiterSettings(concurrency: 3))
+        }
+        var ids: [[OperationID]] = [[], []]
+        for (i, f) in [a, b].enumerated() {
+            for _ in 0..<5 { ids[i].append(try add(f, "q", limits: [LimitRef(limiter: "stripe", key: "acct")])) }
+        }
+        #expect(a.kind.started.isEmpty && b.kind.started.isEmpty, "nothing starts before a lease")
+        #expect(try a.snapshot(ids[0][0]).waitingOn == [.limiter(name: "stripe", key: "acct", reason: .concurrency, until: nil)])
+        budget.pump()
+        #expect(a.kind.started.count + b.kind.started.count == 3, "one budget of 3 for both engines")
+        #expect(budget.totalHeld == 3)
+        // Finishing all of a's: its slots go back, and b's parked operations get them.
+        for _ in 0..<10 {
+            for (i, f) in [a, b].enumerated() {
+                for id in ids[i] where f.kind.wasStarted(id) {
+                    if try f.state(id) == .executing { f.kind.finish(id) }
+                }
+            }
+            budget.pump()
+            budget.pump()
+            let running = try ids[0].filter { try a.state($0) == .executing }.count + ids[1].filter { try b.state($0) == .executing }.count
+            #expect(running <= 3)
+            #expect(budget.totalHeld <= 3)
+        }
+        let done = try ids[0].filter { try a.state($0) == .finished }.count + ids[1].filter { try b.state($0) == .finished }.count
+        #expect(done == 10, "every operation ran, three at a time at most")
+        budget.pump()
+        #expect(budget.totalHeld == 0, "idle keys give their slots back")
+    }
+
+    @Test func aSharedRateIsLeasedAsTokens() throws {
+        let budget = FakeSharedBudget(concurrency: nil, rate: RateLimit(perSecond: 1, burst: 2), tokens: 2)
+        let a = Fixture(), b = Fixture()
+        budget.engines = [a.engine, b.engine]
+        a.engine.setLeaseClient(budget.client(0))
+        b.engine.setLeaseClient(budget.client(1))
+        for f in [a, b] {
+            try f.queue("q", max: 50)
+            try f.engine.createLimiter(name: "api", settings: LimiterSettings(rate: RateLimit(perSecond: 1, burst: 2)))
+            for _ in 0..<3 { _ = try add(f, "q", limits: [LimitRef(limiter: "api", key: "k")]) }
+        }
+        budget.pump()
+        #expect(a.kind.started.count + b.kind.started.count == 2, "the burst of 2, shared")
+        budget.addTokens(1)
+        budget.pump()
+        budget.pump()
+        #expect(a.kind.started.count + b.kind.started.count == 3)
+    }
+}

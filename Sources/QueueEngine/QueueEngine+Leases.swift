@@ -1,0 +1,134 @@
+import Locking
+
+/// What this engine asks of a limiter's shared budget for one key (several instances: the
+/// budget is one for the whole cluster, kept elsewhere, and leased in small batches).
+public struct LeaseNeed: Sendable, Equatable {
+    public var limiter: String
+    public var key: String
+    /// Slots this instance keeps: those its running operations use.
+    public var keepSlots: Int
+    /// More slots it could use now (its parked operations).
+    public var wantSlots: Int
+    /// Tokens it could use now.
+    public var wantTokens: Int
+}
+
+/// What the shared budget gave for one key.
+public struct LeaseGrant: Sendable, Equatable {
+    public var limiter: String
+    public var key: String
+    /// Slots this instance now holds (may be fewer than it keeps: then it starts nothing more
+    /// until its running operations drop below).
+    public var slots: Int
+    /// Tokens given (added to those it holds).
+    public var tokens: Int
+    /// The key's budget as the shared store has it (the limiter's settings may have changed on
+    /// another instance).
+    public var concurrency: Int?
+    public var rate: RateLimit?
+    public init(limiter: String, key: String, slots: Int, tokens: Int, concurrency: Int?, rate: RateLimit?) {
+        self.limiter = limiter; self.key = key; self.slots = slots; self.tokens = tokens
+        self.concurrency = concurrency; self.rate = rate
+    }
+}
+
+/// Where an engine with shared limiter budgets sends its wants (`QueueEngine.setLeaseClient`).
+public protocol LimiterLeaseClient: Sendable {
+    /// The key has parked operations and no room, or holds slots it no longer uses: ask the
+    /// shared budget (`QueueEngine.leaseNeeds`, then `leaseGranted`), soon and batched.
+    func want(limiter: String, key: String)
+}
+
+/// A key's lease of a shared budget.
+struct KeyLease {
+    /// Slots held from the shared budget.
+    var slots = 0
+    /// Tokens held, each one start.
+    var tokens = 0
+    /// A want is out (`LimiterLeaseClient.want`) and not answered yet.
+    var asking = false
+    /// The budget as last granted (nil before the first grant: the local settings say which
+    /// budgets apply).
+    var concurrency: Int?
+    var rate: RateLimit?
+    var granted = false
+}
+
+extension QueueEngine {
+    /// Makes every limiter's budget a shared one, leased through `client` (a cluster).
+    public func setLeaseClient(_ client: any LimiterLeaseClient) {
+        leaseClient.withLock { $0 = client }
+        state.withLock { $0.sharedLimiters = true }
+    }
+
+    /// The current needs of these keys (a key this engine no longer has keeps and wants nothing:
+    /// its slots go back).
+    public func leaseNeeds(_ keys: [(limiter: String, key: String)]) -> [LeaseNeed] {
+        state.withLock { core in
+            keys.map { lk in
+                guard let k = core.limiters[lk.limiter]?.keys[lk.key] else {
+                    return LeaseNeed(limiter: lk.limiter, key: lk.key, keepSlots: 0, wantSlots: 0, wantTokens: 0)
+                }
+                let parked = k.parkedOps.count
+                let (usesSlots, usesTokens) = k.leaseDimensions
+                let batch = min(parked, 64)
+                return LeaseNeed(
+                    limiter: lk.limiter, key: lk.key, keepSlots: usesSlots ? k.running : 0,
+                    wantSlots: usesSlots ? min(batch, max(0, parked - max(0, k.lease.slots - k.running))) : 0,
+                    wantTokens: usesTokens ? max(0, batch - k.lease.tokens) : 0)
+            }
+        }
+    }
+
+    /// Takes the shared budget's answers: keys with room let their parked operations go.
+    /// Returns the keys that still have parked operations and no room (ask again later).
+    @discardableResult
+    public func leaseGranted(_ grants: [LeaseGrant]) -> [(limiter: String, key: String)] {
+        var unsatisfied: [(limiter: String, key: String)] = []
+        try? mutate { core throws(EngineError) in
+            for g in grants {
+                guard let k = core.limiters[g.limiter]?.keys[g.key] else { continue }
+                k.lease.asking = false
+                k.lease.slots = max(0, g.slots)
+                k.lease.tokens = min(1_000_000, k.lease.tokens + max(0, g.tokens))
+                k.lease.concurrency = g.concurrency
+                k.lease.rate = g.rate
+                k.lease.granted = true
+                if !k.parkedOps.isEmpty { core.keyGotRoom(k) }
+                if !k.parkedOps.isEmpty && k.room(now: core.now.nanoseconds) == 0 { unsatisfied.append((g.limiter, g.key)) }
+                // Its slots went back and nothing names it: forgotten, as an idle key is.
+                if k.refs == 0 && k.isIdle(now: core.now.nanoseconds) { k.limiter.keys[k.key] = nil }
+            }
+        }
+        return unsatisfied
+    }
+
+    /// Every key that holds slots from the shared budget, with what it holds (renewal, display).
+    public func heldLeases() -> [(limiter: String, key: String, slots: Int)] {
+        state.withLock { core in
+            core.limiters.values.flatMap { l in
+                l.keys.values.filter { $0.lease.slots > 0 }.map { (l.name, $0.key, $0.lease.slots) }
+            }
+        }
+    }
+}
+
+extension LimiterKey {
+    /// Which budgets apply to this key: slots, tokens.
+    var leaseDimensions: (slots: Bool, tokens: Bool) {
+        if lease.granted { return (lease.concurrency != nil, lease.rate != nil) }
+        let b = budget
+        return (b.concurrency != nil, b.rate != nil)
+    }
+}
+
+extension EngineCore {
+    /// Asks the shared budget for `k` once (until it answers).
+    func askLease(_ k: LimiterKey) {
+        guard sharedLimiters, !k.lease.asking else { return }
+        k.lease.asking = true
+        let (limiter, key) = (k.limiter.name, k.key)
+        guard let client = engine.leaseClient.withLock({ $0 }) else { return }
+        effects.append(.call({ client.want(limiter: limiter, key: key) }))
+    }
+}
