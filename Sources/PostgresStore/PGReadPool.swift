@@ -172,6 +172,43 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         return out
     }
 
+    /// The committed limiter `name`, or nil when there is none (a cluster's instances learn of a
+    /// limiter another one made from here).
+    public func limiter(named name: String) throws -> LimiterSnapshot? {
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.execPrepared("opqd_read_limiter", "SELECT \(PGSchema.limiterColumns) FROM opqd.limiters WHERE name = $1", [PGParameter(name)])
+            }
+        }
+        guard r.rows > 0 else { return nil }
+        do { return try PGRecordDecoder.limiter(r, 0) } catch { throw PGReadDamaged(description: error.detail) }
+    }
+
+    /// Every committed limiter, sorted by name.
+    public func limiters() throws -> [LimiterSnapshot] {
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in try c.execPrepared("opqd_read_limiters", PGSchema.selectLimiters, []) }
+        }
+        do { return try PGReader.limiters(r) } catch { throw PGReadDamaged(description: error.detail) }
+    }
+
+    /// How many committed unfinished operations name limiter `name`, on any instance, counted up
+    /// to 1,000 (a delete is refused while any does). The limits column is written by one
+    /// encoder (`FlowText.writeLimits`), so the literal `"limiter":"<name>"` finds them.
+    public func operationsNaming(limiter name: String) throws -> Int {
+        var needle: [UInt8] = Array(#""limiter":"#.utf8)
+        JSONWriter.string(name, to: &needle)
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.execPrepared(
+                    "opqd_read_limiter_users",
+                    "SELECT count(*) FROM (SELECT 1 FROM opqd.operations WHERE state <> 'finished' AND limits IS NOT NULL AND strpos(limits, $1) > 0 LIMIT 1000) x",
+                    [PGParameter(String(decoding: needle, as: UTF8.self))])
+            }
+        }
+        return Int(r.int64(0, 0) ?? 0)
+    }
+
     /// Closes the idle connections; a read under way closes its own when it ends.
     public func close() {
         let readers = idle.withLock { s -> [PGReader] in

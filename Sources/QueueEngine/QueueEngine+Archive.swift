@@ -128,6 +128,7 @@ extension QueueEngine {
         let order = try Self.archiveOrder(elements)
         let remote: [OperationID: Bool]
         do throws(EngineError) {
+            try ensureLimiters(elements.flatMap { $0.request.options.limits.map(\.limiter) })
             remote = try remoteStates(named: elements.map(\.dependencies))
         } catch {
             throw .queue(error)

@@ -50,6 +50,7 @@ extension QueueEngine {
         }
         let remote: [OperationID: Bool]
         do throws(EngineError) {
+            try ensureLimiters(elements.flatMap { $0.request.options.limits.map(\.limiter) })
             remote = try remoteStates(named: elements.map(\.dependencies))
         } catch {
             throw BatchRefusal(index: 0, error: error)

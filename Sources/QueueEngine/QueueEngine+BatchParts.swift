@@ -38,6 +38,7 @@ extension QueueEngine {
         }
         let remote: [OperationID: Bool]
         do throws(EngineError) {
+            try ensureLimiters(mine.flatMap { elements[$0].request.options.limits.map(\.limiter) })
             remote = try remoteStates(named: named)
         } catch {
             throw BatchRefusal(index: mine.first ?? 0, error: error)

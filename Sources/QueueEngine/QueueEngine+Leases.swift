@@ -132,3 +132,64 @@ extension EngineCore {
         effects.append(.call({ client.want(limiter: limiter, key: key) }))
     }
 }
+
+/// Where an instance of a cluster reads the limiters every instance shares (their committed rows).
+public protocol LimiterDirectory: Sendable {
+    func limiter(named name: String) throws -> LimiterSnapshot?
+    func limiters() throws -> [LimiterSnapshot]
+    /// Committed unfinished operations that name the limiter, on any instance.
+    func operationsNaming(limiter name: String) throws -> Int
+}
+
+extension QueueEngine {
+    /// Limiters are shared with other instances: their committed rows are read from `directory`.
+    public func setLimiterDirectory(_ directory: any LimiterDirectory) {
+        limiterDirectory.withLock { $0 = directory }
+    }
+
+    var directory: (any LimiterDirectory)? { limiterDirectory.withLock { $0 } }
+
+    /// Loads the limiters of `names` this engine does not know yet from the directory (another
+    /// instance made them). Outside the lock; a name the directory does not have either is left
+    /// for the engine's own check to refuse.
+    func ensureLimiters(_ names: some Sequence<String>) throws(EngineError) {
+        guard let directory else { return }
+        let unknown = state.withLock { core in Set(names.filter { core.limiters[$0] == nil }) }
+        for name in unknown.sorted() {
+            let found: LimiterSnapshot?
+            do { found = try directory.limiter(named: name) } catch { throw .unavailable("the cluster's limiters cannot be read now: \(error)") }
+            if let found { install(found) }
+        }
+    }
+
+    /// The directory's copy of limiter `name` replaces this engine's (settings changed on another
+    /// instance); one the directory no longer has is forgotten here unless something names it.
+    func refreshLimiter(_ name: String) throws(EngineError) {
+        guard let directory else { return }
+        let found: LimiterSnapshot?
+        do { found = try directory.limiter(named: name) } catch { throw .unavailable("the cluster's limiters cannot be read now: \(error)") }
+        if let found {
+            install(found)
+        } else {
+            state.withLock { core in
+                if let l = core.limiters[name], l.refs == 0 { core.limiters[name] = nil }
+            }
+        }
+    }
+
+    /// Puts a committed limiter into this engine (no record: it is durable already).
+    func install(_ s: LimiterSnapshot) {
+        try? mutate { core throws(EngineError) in
+            if let l = core.limiters[s.name] {
+                guard l.settings != s.settings || l.revision != s.revision else { return }
+                l.settings = s.settings
+                l.revision = max(l.revision, s.revision)
+                for k in l.keys.values where !k.parkedOps.isEmpty { core.keyGotRoom(k) }
+            } else {
+                let l = LimiterRecord(name: s.name, settings: s.settings, createdAt: s.createdAt)
+                l.revision = s.revision
+                core.limiters[s.name] = l
+            }
+        }
+    }
+}

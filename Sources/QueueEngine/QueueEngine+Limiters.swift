@@ -6,6 +6,8 @@ extension QueueEngine {
     public func createLimiter(name: String, settings: LimiterSettings) throws(EngineError) -> LimiterSnapshot {
         try Self.validateLimiterName(name, field: "name")
         try Self.validateLimiterSettings(settings)
+        // Another instance's limiter of this name is a duplicate too.
+        try ensureLimiters([name])
         return try mutate { core throws(EngineError) in
             guard core.limiters[name] == nil else {
                 throw .conflict(slug: "limiter-exists", detail: "a limiter named '\(name)' already exists")
@@ -27,7 +29,8 @@ extension QueueEngine {
     public func updateLimiter(
         _ name: String, concurrency: Int?? = nil, rate: RateLimit?? = nil, overrides: [String: LimiterBudget]? = nil
     ) throws(EngineError) -> LimiterSnapshot {
-        try mutate { core throws(EngineError) in
+        try refreshLimiter(name)
+        return try mutate { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
             var s = l.settings
             if let concurrency { s.concurrency = concurrency }
@@ -50,6 +53,19 @@ extension QueueEngine {
 
     /// Deletes a limiter; refused while an unfinished operation names it.
     public func deleteLimiter(_ name: String) throws(EngineError) {
+        try refreshLimiter(name)
+        if let directory {
+            // Operations other instances hold name it too.
+            let n: Int
+            do { n = try directory.operationsNaming(limiter: name) } catch { throw .unavailable("the cluster's operations cannot be read now: \(error)") }
+            if n > 0 {
+                throw .conflict(
+                    slug: "limiter-in-use",
+                    detail:
+                        "limiter '\(name)' is named by \(n >= 1000 ? "1000 or more" : String(n)) unfinished operation(s); it can be deleted once they finish or are cancelled"
+                )
+            }
+        }
         try mutate { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
             guard l.refs == 0 else {
@@ -65,21 +81,32 @@ extension QueueEngine {
 
     /// One limiter with its totals.
     public func limiter(named name: String) throws(EngineError) -> LimiterSnapshot {
-        try read { core throws(EngineError) in
+        try refreshLimiter(name)
+        return try read { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
             return l.snapshot()
         }
     }
 
     /// Every limiter, sorted by name.
-    public func limiters() -> [LimiterSnapshot] {
-        state.withLock { core in core.limiters.values.map { $0.snapshot() } }.sorted { $0.name < $1.name }
+    public func limiters() throws(EngineError) -> [LimiterSnapshot] {
+        if let directory {
+            let all: [LimiterSnapshot]
+            do { all = try directory.limiters() } catch { throw .unavailable("the cluster's limiters cannot be read now: \(error)") }
+            for l in all { install(l) }
+            let names = Set(all.map(\.name))
+            state.withLock { core in
+                for (name, l) in core.limiters where !names.contains(name) && l.refs == 0 { core.limiters[name] = nil }
+            }
+        }
+        return state.withLock { core in core.limiters.values.map { $0.snapshot() } }.sorted { $0.name < $1.name }
     }
 
     /// A page of a limiter's keys in use, sorted, after `after`; `next` is the last key of a
     /// full page when more follow.
     public func limiterKeys(_ name: String, after: String? = nil, limit: Int = 100) throws(EngineError) -> (keys: [LimiterKeyStatus], next: String?) {
-        try read { core throws(EngineError) in
+        try ensureLimiters([name])
+        return try read { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
             let t = core.now.nanoseconds
             core.sweepIdleKeys(l)

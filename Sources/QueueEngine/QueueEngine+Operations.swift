@@ -36,6 +36,7 @@ extension QueueEngine {
         }
         try kind.validate(spec: request.spec)
         try Self.validateFlow(request.options)
+        try ensureLimiters(request.options.limits.map(\.limiter))
         var request = request
         if request.options.retry == nil { request.options.retry = kind.defaultRetry }
         let remote = try remoteStates(request.dependencies)

@@ -68,6 +68,9 @@ public final class QueueEngine: Sendable {
     let remoteDirectory = Lock<(any RemoteOperations)?>(nil)
     /// Where shared limiter budgets are leased (`setLeaseClient`); nil: every budget is this engine's.
     let leaseClient = Lock<(any LimiterLeaseClient)?>(nil)
+    /// Where the limiters other instances made are read (`setLimiterDirectory`); nil: only this
+    /// engine makes limiters.
+    let limiterDirectory = Lock<(any LimiterDirectory)?>(nil)
     /// The queues this engine may create (`onlyQueues`); nil: any.
     let queueFilter = Lock<(@Sendable (String) -> Bool)?>(nil)
 

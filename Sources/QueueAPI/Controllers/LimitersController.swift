@@ -52,7 +52,7 @@ package struct LimitersController: Sendable {
 
     func list(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         _ = try Query(req, allowed: [])
-        let all = engine.limiters()
+        let all = try engine.limiters()
         var o = JSONOut(capacity: 256 * all.count + 32)
         o.open(); o.key("limiters"); o.openArray()
         for l in all { l.write(to: &o) }

@@ -1,0 +1,130 @@
+import Dispatch
+import Locking
+import Logging
+import PostgresStore
+import QueueEngine
+
+/// The shared budgets of limiters, where a cluster keeps them (PostgreSQL: `PGLimiterLeases`).
+package protocol LeaseExchange: Sendable {
+    /// One exchange for many keys: each key's holding set to what it keeps and wants, within
+    /// the budget, and tokens taken.
+    func exchange(_ needs: [LeaseNeed]) throws -> [LeaseGrant]
+    /// Extends this instance's holdings (they lapse after a lease: an instance that stops
+    /// without giving them back holds them no longer than that).
+    func renew() throws
+    /// Gives every holding back (a clean stop).
+    func releaseAll() throws
+}
+
+/// An engine's lease client (`LimiterLeaseClient`): wants are gathered for a moment and sent
+/// in one exchange; a key still short afterwards asks again a little later (other instances
+/// give slots back, buckets refill), and holdings are renewed a few times per lease.
+package final class LimiterLeasing: LimiterLeaseClient, Sendable {
+    private struct State {
+        var wanted: Set<Pair> = []
+        var flushing = false
+        var stopped = false
+    }
+
+    private struct Pair: Hashable, Comparable {
+        let limiter: String
+        let key: String
+        static func < (a: Pair, b: Pair) -> Bool { (a.limiter, a.key) < (b.limiter, b.key) }
+    }
+
+    private let state = Lock(State())
+    private let store: any LeaseExchange
+    private let queue = DispatchQueue(label: "opqd.limiter-leases")
+    private let leaseSeconds: Double
+    private let logger: Logger
+    /// Set once, before any want (`attach`).
+    private let engineBox = Lock<QueueEngine?>(nil)
+
+    package init(store: any LeaseExchange, leaseSeconds: Double, logger: Logger) {
+        self.store = store
+        self.leaseSeconds = leaseSeconds
+        self.logger = logger
+    }
+
+    /// Makes `engine` lease its limiters' budgets here, and starts renewing.
+    package func attach(to engine: QueueEngine) {
+        engineBox.withLock { $0 = engine }
+        engine.setLeaseClient(self)
+        scheduleRenewal()
+    }
+
+    package func want(limiter: String, key: String) {
+        let start = state.withLock { s -> Bool in
+            if s.stopped { return false }
+            s.wanted.insert(Pair(limiter: limiter, key: key))
+            if s.flushing { return false }
+            s.flushing = true
+            return true
+        }
+        // A millisecond to gather the wants of one burst of changes into one exchange.
+        if start { queue.asyncAfter(deadline: .now() + .milliseconds(1)) { [self] in flush() } }
+    }
+
+    private func flush() {
+        guard let engine = engineBox.withLock({ $0 }) else { return }
+        while true {
+            let pairs = state.withLock { s -> [Pair] in
+                let p = s.wanted.sorted()
+                s.wanted = []
+                if p.isEmpty { s.flushing = false }
+                return p
+            }
+            if pairs.isEmpty { return }
+            // At most 256 keys per exchange: one bounded transaction.
+            for chunk in stride(from: 0, to: pairs.count, by: 256).map({ Array(pairs[$0..<min($0 + 256, pairs.count)]) }) {
+                let needs = engine.leaseNeeds(chunk.map { ($0.limiter, $0.key) })
+                let grants: [LeaseGrant]
+                do {
+                    grants = try store.exchange(needs)
+                } catch {
+                    logger.warning("limiter leases: exchange failed, retrying in 0.5 s: \(error)")
+                    later(0.5, chunk)
+                    continue
+                }
+                let short = Set(engine.leaseGranted(grants).map { Pair(limiter: $0.limiter, key: $0.key) })
+                // Short of slots: other instances hold them, and give them back as their
+                // operations finish; short of tokens: the bucket refills at its rate.
+                for g in grants where short.contains(Pair(limiter: g.limiter, key: g.key)) {
+                    let delay = g.rate.map { max(0.005, min(0.1, 1 / $0.perSecond)) } ?? 0.05
+                    later(delay, [Pair(limiter: g.limiter, key: g.key)])
+                }
+            }
+        }
+    }
+
+    private func later(_ seconds: Double, _ pairs: [Pair]) {
+        queue.asyncAfter(deadline: .now() + .milliseconds(Int(max(1, seconds * 1000)))) { [self] in
+            for p in pairs { want(limiter: p.limiter, key: p.key) }
+        }
+    }
+
+    private func scheduleRenewal() {
+        let every = max(0.1, leaseSeconds / 3)
+        queue.asyncAfter(deadline: .now() + .milliseconds(Int(every * 1000))) { [self] in
+            if state.withLock({ $0.stopped }) { return }
+            do { try store.renew() } catch { logger.warning("limiter leases: renewal failed: \(error)") }
+            scheduleRenewal()
+        }
+    }
+
+    /// Gives every holding back and stops asking (a clean stop, after the last start).
+    package func stop() {
+        state.withLock { $0.stopped = true }
+        queue.sync {}
+        do { try store.releaseAll() } catch { logger.warning("limiter leases: could not give the holdings back (they lapse after a lease): \(error)") }
+    }
+}
+
+/// The limiters every instance of a cluster shares, read from their committed rows.
+package struct PostgresLimiterDirectory: LimiterDirectory {
+    let pool: PGReadPool
+    package init(pool: PGReadPool) { self.pool = pool }
+    package func limiter(named name: String) throws -> LimiterSnapshot? { try pool.limiter(named: name) }
+    package func limiters() throws -> [LimiterSnapshot] { try pool.limiters() }
+    package func operationsNaming(limiter name: String) throws -> Int { try pool.operationsNaming(limiter: name) }
+}
