@@ -42,8 +42,13 @@
 #     within its maxLength in characters but over the limit in UTF-8 bytes (limits are in
 #     bytes), and in a batch (POST /v1/operations:batch) the same refusals of an element, a
 #     `ref` used twice, or a `"ref:<ref>"` dependency that names no earlier element. A
-#     batch naming a queue or dependency that does not exist is 404, as a create's is. Any
-#     other 422 for valid data still is.
+#     batch naming a queue or dependency that does not exist is 404, as a create's is.
+#     Flow control: `limits` naming a limiter that does not exist (422 `limits[i].limiter`,
+#     as a state-dependent refusal like an unknown dependency) or one limiter and key twice
+#     where one leaves `key` out (it means ""), in a create, a batch, an archive or a copy;
+#     and a limiter PATCH that would leave neither `concurrency` nor `rate` (it depends on
+#     the limiter's settings). A limiter's keys over `--max-limiter-keys` is 429, which
+#     valid data may get anyway. Any other 422 for valid data still is.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
@@ -131,7 +136,9 @@ fi
 
 # The stateful phase runs by default. Its two false reports seen before are handled in the
 # hooks: an Idempotency-Key replay of a queue deleted since (each request gets a fresh key)
-# and a 404 for a dependency that does not exist (filtered as the documented answer).
+# and a 404 for a dependency that does not exist (filtered as the documented answer). Its
+# links reach operations that name a real limiter: createQueue -> createLimiter (named like
+# the queue) -> addOperation / addOperations in that queue naming it.
 phases="examples,coverage,fuzzing"
 [[ "${ST_STATEFUL:-1}" == 1 ]] && phases="$phases,stateful"
 

@@ -47,8 +47,8 @@ enum FlowParsing {
         }
         var out: [String: Int] = [:]
         for (k, value) in members {
-            guard k.count <= LimitRef.maxKeyLength else {
-                throw Problem.invalid(field, "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(k.count)")
+            guard k.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                throw Problem.invalid(field, "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(k.unicodeScalars.count)")
             }
             guard out[k] == nil else { throw Problem.invalid("\(field).\(shown(k))", "appears more than once") }
             guard case let .number(n) = value, let i = Int(exactly: n), (1...1000).contains(i) else {
@@ -82,8 +82,8 @@ enum FlowParsing {
                     guard case let .string(s) = value else {
                         throw Problem.invalid("\(f).key", "must be a string of at most 128 characters; got \(value.typeName)")
                     }
-                    guard s.count <= LimitRef.maxKeyLength else {
-                        throw Problem.invalid("\(f).key", "must be at most \(LimitRef.maxKeyLength) characters; got \(s.count)")
+                    guard s.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                        throw Problem.invalid("\(f).key", "must be at most \(LimitRef.maxKeyLength) characters; got \(s.unicodeScalars.count)")
                     }
                     key = s
                 default:
@@ -99,8 +99,8 @@ enum FlowParsing {
     /// `fairnessKey`: a string of at most 128 characters.
     static func fairnessKey(_ v: JSONValue, field: String = "fairnessKey") throws(Problem) -> String {
         guard case let .string(s) = v else { throw Problem.invalid(field, "must be a string of at most 128 characters; got \(v.typeName)") }
-        guard s.count <= LimitRef.maxKeyLength else {
-            throw Problem.invalid(field, "must be at most \(LimitRef.maxKeyLength) characters; got \(s.count)")
+        guard s.unicodeScalars.count <= LimitRef.maxKeyLength else {
+            throw Problem.invalid(field, "must be at most \(LimitRef.maxKeyLength) characters; got \(s.unicodeScalars.count)")
         }
         return s
     }
@@ -122,8 +122,8 @@ enum FlowParsing {
         }
         var out: [String: LimiterBudget] = [:]
         for (key, value) in members {
-            guard key.count <= LimitRef.maxKeyLength else {
-                throw Problem.invalid("overrides", "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.count)")
+            guard key.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                throw Problem.invalid("overrides", "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.unicodeScalars.count)")
             }
             let f = "overrides.\(shown(key))"
             guard out[key] == nil else { throw Problem.invalid(f, "appears more than once") }

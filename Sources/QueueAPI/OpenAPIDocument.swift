@@ -64,7 +64,10 @@ info:
       `--max-idempotency-bytes` (429 `too-many-idempotency-keys`), `--max-result-bytes`
       (422 `result-too-large`), `--max-page-bytes` (a list answer never passes it; `next`
       carries on), `--sse-max-backlog` (an event-stream client that falls that far behind
-      and stops reading is cut off after the last whole event).
+      and stops reading is cut off after the last whole event), `--max-limiters` (default
+      1000; 429 `too-many-limiters`), `--max-limiter-keys` (keys in use per limiter, default
+      100000; a create that would add one more is 429 `too-many-limiter-keys`; a key with
+      nothing running or waiting and a full bucket is forgotten).
     * A `Content-Length` that is not one decimal number, or that comes with
       `Transfer-Encoding`, gets 400 (`bad-framing`).
     * When the server is started with `--token` (`OPQD_TOKEN`), every request on every
@@ -91,8 +94,15 @@ info:
     * A method the path does not offer gets 405 with an `Allow` header listing the
       methods it does (405 is not repeated under each path below). `HEAD` is answered
       like `GET` on every `GET` route. An unknown path gets 404.
-    * Status answers carry an `ETag`; `GET /v1/operations/{id}` and
-      `GET /v1/queues/{name}` answer 304 to a matching `If-None-Match`.
+    * Status answers carry an `ETag`; `GET /v1/operations/{id}`, `GET /v1/queues/{name}`
+      and `GET /v1/limiters/{name}` answer 304 to a matching `If-None-Match`.
+    * Flow control (`docs/API.md` "Flow control") decides only when an operation starts,
+      never what it does: a queue's `rateLimit` and `fairnessWeights`, limiters
+      (`/v1/limiters`) with budgets per key that operations name in `limits`, and an
+      operation's `fairnessKey`. An operation held back stays `ready` (or `pending`), keeps
+      its place and holds back nobody else; every unfinished operation's status says in
+      `waitingOn` what holds it back now. A start is a move to `executing` (every attempt
+      counts; a resume of a paused executing operation does not).
     * While the server starts or stops, any route may answer 503 (problem+json).
     * Kind `command` is off unless the server was started with `--allow-command PATH`
       (repeatable; `OPQD_ALLOW_COMMANDS` takes a colon-separated list): an operation whose
@@ -111,6 +121,7 @@ tags:
   - name: operations
   - name: observation
   - name: workers
+  - name: limiters
   - name: service
 
 paths:
@@ -466,6 +477,13 @@ paths:
             Claim:
               operationId: claimOperation
               parameters:
+                name: '$response.body#/name'
+            CreateLimiter:
+              operationId: createLimiter
+              description: |
+                A limiter named like the queue (names follow the same rule); its
+                `AddOperationNamingIt` link then adds operations to this queue that name it.
+              requestBody:
                 name: '$response.body#/name'
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -1540,7 +1558,7 @@ paths:
       summary: NSCopying
       description: |
         Adds a new operation with the source's kind, name, spec, options (`timeout`,
-        `retry`, `notBefore`), priority and dependencies, in the source's queue unless
+        `retry`, `notBefore`, `limits`, `fairnessKey`), priority and dependencies, in the source's queue unless
         `queue` names another; the body's fields replace the source's. The copy starts
         afresh (no attempt, result, error or progress yet): this is how a failed or
         cancelled operation is run again. The source may be in any state and is not
@@ -2041,6 +2059,255 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+  /v1/limiters:
+    post:
+      operationId: createLimiter
+      tags: [limiters]
+      summary: Create a limiter
+      description: |
+        A limiter shared by any number of queues: budgets (`concurrency`, `rate`) that apply
+        per key to the operations that name it in their `limits`, with `overrides` for single
+        keys. At least one of `concurrency` and `rate`. A duplicate name is 409
+        (`limiter-exists`); past `--max-limiters` limiters, 429 (`too-many-limiters`).
+        Answered once durable. Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/LimiterCreate'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '201':
+          description: Created. A replayed `Idempotency-Key` answers the first response again.
+          headers:
+            Location:
+              $ref: '#/components/headers/Location'
+            ETag:
+              $ref: '#/components/headers/ETag'
+            Idempotent-Replayed:
+              $ref: '#/components/headers/IdempotentReplayed'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Limiter'
+          links:
+            GetLimiter:
+              operationId: getLimiter
+              parameters:
+                name: '$response.body#/name'
+            UpdateLimiter:
+              operationId: updateLimiter
+              parameters:
+                name: '$response.body#/name'
+            DeleteLimiter:
+              operationId: deleteLimiter
+              parameters:
+                name: '$response.body#/name'
+            ListLimiterKeys:
+              operationId: listLimiterKeys
+              parameters:
+                name: '$response.body#/name'
+            AddOperationNamingIt:
+              operationId: addOperation
+              description: |
+                An operation that names this limiter, added to the queue of the same name (one
+                made with `createQueue`'s `CreateLimiter` link has one).
+              parameters:
+                name: '$response.body#/name'
+              requestBody:
+                limits:
+                  - limiter: '$response.body#/name'
+            AddOperationsNamingIt:
+              operationId: addOperations
+              description: A batch whose first element names this limiter, in the queue of the same name.
+              requestBody:
+                operations:
+                  - queue: '$response.body#/name'
+                    limits:
+                      - limiter: '$response.body#/name'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '429':
+          $ref: '#/components/responses/TooMany'
+    get:
+      operationId: listLimiters
+      tags: [limiters]
+      summary: List all limiters
+      description: Every limiter with its settings and totals, sorted by name. Refuses unknown query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The limiters.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/LimiterList'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/limiters/{name}:
+    parameters:
+      - $ref: '#/components/parameters/LimiterNamePath'
+    get:
+      operationId: getLimiter
+      tags: [limiters]
+      summary: One limiter
+      description: |
+        Its settings, and totals over all keys: `running` and `waiting` operations and `keys`
+        in use. Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The limiter.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Limiter'
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    patch:
+      operationId: updateLimiter
+      tags: [limiters]
+      summary: Change a limiter's settings
+      description: |
+        Replaces the fields the body names; `null` removes `concurrency` or `rate`, one of
+        which must remain (else 422, nothing changed). Takes effect at once. Answered once
+        durable. Refuses unknown query parameters.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/LimiterUpdate'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The limiter after the change.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Limiter'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    delete:
+      operationId: deleteLimiter
+      tags: [limiters]
+      summary: Delete a limiter
+      description: |
+        Deletes a limiter no unfinished operation names; while one does, 409
+        (`limiter-in-use`), nothing changed. Answered once durable. Refuses unknown query
+        parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '204':
+          description: Deleted.
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/limiters/{name}/keys:
+    parameters:
+      - $ref: '#/components/parameters/LimiterNamePath'
+    get:
+      operationId: listLimiterKeys
+      tags: [limiters]
+      summary: A limiter's keys in use
+      description: |
+        The keys in use, sorted, a page at a time: each with its `running` and `waiting`
+        operations, the `tokens` in its bucket and when the next one comes. A key with nothing
+        running or waiting and a full bucket is forgotten. Refuses unknown query parameters.
+      parameters:
+        - name: after
+          in: query
+          required: false
+          description: The `next` of the previous page (a key); keys after it.
+          schema:
+            type: string
+            maxLength: 128
+        - name: limit
+          in: query
+          required: false
+          description: Page size, 1 to 1000 (default 100).
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 1000
+            default: 100
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: One page of keys.
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/LimiterKeyPage'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
   /v1/workers:
     get:
       operationId: listWorkers
@@ -2212,6 +2479,13 @@ components:
       description: The queue's name (its id). A name that matches no queue is 404.
       schema:
         $ref: '#/components/schemas/QueueName'
+    LimiterNamePath:
+      name: name
+      in: path
+      required: true
+      description: The limiter's name. A name that matches no limiter is 404.
+      schema:
+        $ref: '#/components/schemas/LimiterName'
     OperationIdPath:
       name: id
       in: path
@@ -2255,11 +2529,13 @@ components:
     ETag:
       required: true
       description: |
-        Changes whenever the resource's `revision` does; a listing's whenever any item in it
-        (or the set of items) changes. Opaque: compare, never parse.
+        Changes whenever the resource's `revision` does (an unfinished operation's also when
+        its `waitingOn` does, a limiter's also when its `running`, `waiting` or `keys` do); a
+        listing's whenever any item in it (or the set of items) changes. Opaque: compare,
+        never parse.
       schema:
         type: string
-        pattern: '^"(r[0-9]+|q-?[0-9]+-[0-9a-z]+-[0-9]+|l([0-9a-z]+-)?[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+)"$'
+        pattern: '^"(r[0-9]+(-w[0-9a-z]+)?|q-?[0-9]+-[0-9a-z]+-[0-9]+|l([0-9a-z]+-)?[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+|m-?[0-9]+-[0-9]+-[0-9]+-[0-9]+-[0-9]+)"$'
     Location:
       required: true
       description: Path of the created resource.
@@ -2388,7 +2664,7 @@ components:
           schema:
             $ref: '#/components/schemas/Problem'
     NotFound:
-      description: Unknown queue or operation (including a string that is not an operation id).
+      description: Unknown queue, operation or limiter (including a string that is not an operation id).
       content:
         application/problem+json:
           schema:
@@ -2411,7 +2687,8 @@ components:
         same `Idempotency-Key` still in progress (`idempotency-in-progress`), a lease
         that is not (or no longer) the caller's (`lease-conflict`), or finishing an
         operation that has already finished (`already-finished`), copying a barrier
-        (`not-copyable`).
+        (`not-copyable`), a duplicate limiter name (`limiter-exists`), deleting a limiter
+        that an unfinished operation names (`limiter-in-use`).
       content:
         application/problem+json:
           schema:
@@ -2431,9 +2708,10 @@ components:
     Unprocessable:
       description: |
         Wrong type, unknown or repeated field, value out of range, unknown query
-        parameter, a `command` `cwd` that is not an existing directory, or an
-        `Idempotency-Key` reused with another body (`invalid-field`); `detail` names the
-        field and what is allowed.
+        parameter, a `command` `cwd` that is not an existing directory, a `limits[i].limiter`
+        that names no limiter, the same limiter and key twice in `limits`, a limiter change
+        that would leave it neither `concurrency` nor `rate`, or an `Idempotency-Key` reused
+        with another body (`invalid-field`); `detail` names the field and what is allowed.
       content:
         application/problem+json:
           schema:
@@ -2445,7 +2723,9 @@ components:
         (`too-many-operations`), a barrier that would need more dependencies than
         `--max-dependencies` (`too-many-dependencies`), webhook observers per operation,
         queue or in total (`too-many-observers`), kept idempotency keys by count or bytes
-        (`too-many-idempotency-keys`). `detail` names the limit and its value.
+        (`too-many-idempotency-keys`), limiters (`too-many-limiters`, `--max-limiters`), keys
+        in use of a limiter that an operation would add one to (`too-many-limiter-keys`,
+        `--max-limiter-keys`). `detail` names the limit and its value.
       headers:
         Retry-After:
           $ref: '#/components/headers/RetryAfter'
@@ -2595,7 +2875,8 @@ components:
       enum: [pending, ready, executing, paused, finished]
       description: |
         `pending`: some dependency is unfinished (or `notBefore` is ahead). `ready`:
-        waiting for a free slot in a queue that is not suspended.
+        waiting for a free slot in a queue that is not suspended, and for room in its
+        queue's rate limit and the limiters it names (`waitingOn` says what holds it back).
 
     Outcome:
       type: string
@@ -2607,6 +2888,157 @@ components:
       description: |
         Foundation's KVO keys, plus `isPaused`, `queuePriority`, `progress`, and `attempt`
         (a failed attempt is retried; `old` and `new` are attempt numbers).
+
+    RateLimitSetting:
+      type: object
+      additionalProperties: false
+      required: [perSecond]
+      description: |
+        A token bucket: at most `burst` tokens, `perSecond` added continuously, one taken by
+        each start. In any window of `t` seconds at most `burst + perSecond × t` starts. A
+        bucket starts full, also when its setting changes.
+      properties:
+        perSecond:
+          type: number
+          minimum: 0.001
+          maximum: 100000
+          description: Tokens added per second; may be fractional (0.001 to 100000).
+        burst:
+          type: integer
+          minimum: 1
+          maximum: 1000000000
+          description: The bucket's size (default `max(1, ceil(perSecond))`).
+
+    RateLimit:
+      type: object
+      additionalProperties: false
+      required: [perSecond, burst]
+      description: A token bucket as set (`RateLimitSetting`), its default `burst` filled in.
+      properties:
+        perSecond:
+          type: number
+        burst:
+          type: integer
+          minimum: 1
+
+    FairnessWeights:
+      type: object
+      maxProperties: 1000
+      propertyNames:
+        maxLength: 128
+      additionalProperties:
+        type: integer
+        minimum: 1
+        maximum: 1000
+      description: |
+        A queue's weight for each fairness key (`fairnessKey` of its operations; keys up to 128
+        characters, at most 1000 of them): among ready operations of the same priority, starts
+        go round-robin over the fairness keys that have one, this many turns per round (default
+        1). `{}` (or none given) weighs every key 1.
+
+    FairnessKey:
+      type: string
+      maxLength: 128
+      description: |
+        The operation's fairness key (up to 128 characters): the queue's starts of one priority
+        go round-robin over the keys that have a ready operation, weighted by the queue's
+        `fairnessWeights`, oldest first within a key. Operations without one share the key `""`.
+
+    LimiterName:
+      type: string
+      pattern: '^[A-Za-z0-9._-]{1,64}$'
+      minLength: 1
+      maxLength: 64
+      description: A limiter's name, also its id in paths; the same rule as a queue's.
+
+    LimitRef:
+      type: object
+      additionalProperties: false
+      required: [limiter]
+      properties:
+        limiter:
+          allOf:
+            - $ref: '#/components/schemas/LimiterName'
+          description: An existing limiter; one that does not exist is 422 naming `limits[i].limiter`.
+        key:
+          type: string
+          maxLength: 128
+          default: ''
+          description: The budget key (up to 128 characters; absent means `""`).
+
+    Limits:
+      type: array
+      maxItems: 8
+      uniqueItems: true
+      items:
+        $ref: '#/components/schemas/LimitRef'
+      description: |
+        The limiters the operation needs room in (at most 8): it starts only when each of them
+        has room for its key (a concurrency slot and a token, as the limiter has them), and its
+        queue's own limits hold too. A limiter that does not exist is 422 naming
+        `limits[i].limiter`; the same limiter and key named twice (a missing key is `""`) is
+        422 naming the second. Creating it may add a key to a limiter: past
+        `--max-limiter-keys` keys in use that is 429 `too-many-limiter-keys`.
+
+    LimitRefShown:
+      type: object
+      additionalProperties: false
+      required: [limiter, key]
+      properties:
+        limiter:
+          $ref: '#/components/schemas/LimiterName'
+        key:
+          type: string
+          description: The budget key (`""` when none was given).
+
+    WaitReason:
+      description: |
+        One thing that holds an unfinished operation back now, by `type`: `dependencies` (with
+        `count`, the unfinished ones), `paused`, `notBefore` (until its time), `backoff` (until
+        its next attempt, whatever its state), `suspended` (its queue), `concurrency` (its queue
+        is full), `rate` (its queue's rate limit: the next token comes at `until`), `limiter`
+        (a limiter it names has no room for its key: a slot, `reason` `concurrency`, or a
+        token, `reason` `rate`, which comes at `until`).
+      oneOf:
+        - type: object
+          additionalProperties: false
+          required: [type, count]
+          properties:
+            type:
+              const: dependencies
+            count:
+              type: integer
+              minimum: 1
+        - type: object
+          additionalProperties: false
+          required: [type]
+          properties:
+            type:
+              enum: [paused, suspended, concurrency]
+        - type: object
+          additionalProperties: false
+          required: [type, until]
+          properties:
+            type:
+              enum: [notBefore, backoff, rate]
+            until:
+              $ref: '#/components/schemas/Timestamp'
+        - type: object
+          additionalProperties: false
+          required: [type, limiter, key, reason]
+          properties:
+            type:
+              const: limiter
+            limiter:
+              $ref: '#/components/schemas/LimiterName'
+            key:
+              type: string
+            reason:
+              enum: [concurrency, rate]
+            until:
+              allOf:
+                - $ref: '#/components/schemas/Timestamp'
+              description: When the next token comes (`reason` `rate` only).
 
     QueueCreate:
       type: object
@@ -2620,21 +3052,40 @@ components:
         isSuspended:
           type: boolean
           default: false
+        rateLimit:
+          description: The queue's rate limit on starts, or `null` (the default) for none.
+          oneOf:
+            - $ref: '#/components/schemas/RateLimitSetting'
+            - type: 'null'
+        fairnessWeights:
+          $ref: '#/components/schemas/FairnessWeights'
 
     QueueUpdate:
       type: object
       additionalProperties: false
+      description: Each field given replaces the setting; the others stay.
       properties:
         maxConcurrentOperationCount:
           $ref: '#/components/schemas/MaxConcurrentOperationCount'
         isSuspended:
           type: boolean
+        rateLimit:
+          description: |
+            A new rate limit on starts (its bucket starts full), or `null` to remove it. Takes
+            effect at once.
+          oneOf:
+            - $ref: '#/components/schemas/RateLimitSetting'
+            - type: 'null'
+        fairnessWeights:
+          allOf:
+            - $ref: '#/components/schemas/FairnessWeights'
+          description: 'Replaces every weight (`{}`: every key weighs 1).'
 
     Queue:
       type: object
       additionalProperties: false
       required: [name, maxConcurrentOperationCount, effectiveMaxConcurrentOperationCount, isSuspended,
-                 operationCount, counts, revision, createdAt]
+                 operationCount, counts, rateLimit, revision, createdAt]
       properties:
         name:
           $ref: '#/components/schemas/QueueName'
@@ -2669,6 +3120,19 @@ components:
             every restart or takeover (past every committed value: it is stored with each change).
         createdAt:
           $ref: '#/components/schemas/Timestamp'
+        rateLimit:
+          description: The queue's rate limit on starts, or `null` for none.
+          oneOf:
+            - $ref: '#/components/schemas/RateLimit'
+            - type: 'null'
+        fairnessWeights:
+          type: object
+          minProperties: 1
+          additionalProperties:
+            type: integer
+            minimum: 1
+            maximum: 1000
+          description: The queue's fairness weights; absent when it has none.
 
     WaitResult:
       type: object
@@ -2771,6 +3235,10 @@ components:
             except `external`, which defaults to `{"maxAttempts": 3, "backoff": 0, "multiplier": 1}`.
         notBefore:
           $ref: '#/components/schemas/NotBefore'
+        limits:
+          $ref: '#/components/schemas/Limits'
+        fairnessKey:
+          $ref: '#/components/schemas/FairnessKey'
       allOf:
         - if:
             required: [kind]
@@ -2865,6 +3333,10 @@ components:
             except `external`, which defaults to `{"maxAttempts": 3, "backoff": 0, "multiplier": 1}`.
         notBefore:
           $ref: '#/components/schemas/NotBefore'
+        limits:
+          $ref: '#/components/schemas/Limits'
+        fairnessKey:
+          $ref: '#/components/schemas/FairnessKey'
       allOf:
         - if:
             required: [kind]
@@ -2967,6 +3439,15 @@ components:
             isSuspended:
               type: boolean
               default: false
+            rateLimit:
+              description: The queue's rate limit (exported only when it has one; `null` is none).
+              oneOf:
+                - $ref: '#/components/schemas/RateLimitSetting'
+                - type: 'null'
+            fairnessWeights:
+              allOf:
+                - $ref: '#/components/schemas/FairnessWeights'
+              description: The queue's fairness weights (exported only when it has some).
         operations:
           type: array
           maxItems: 1000
@@ -2981,8 +3462,8 @@ components:
       description: |
         One operation of an archive: a create body (`OperationCreate`) plus its `id` where it
         was exported, whether it is paused, the attempt it is at, and when it was created
-        (informational). Kind `barrier` (`addBarrierBlock`) has no spec or options; it is
-        restored as a barrier of the queue.
+        (informational). Kind `barrier` (`addBarrierBlock`) has no spec or options (nor
+        `limits` or `fairnessKey`); it is restored as a barrier of the queue.
       properties:
         id:
           type: string
@@ -3025,6 +3506,10 @@ components:
           $ref: '#/components/schemas/RetryPolicy'
         notBefore:
           $ref: '#/components/schemas/NotBefore'
+        limits:
+          $ref: '#/components/schemas/Limits'
+        fairnessKey:
+          $ref: '#/components/schemas/FairnessKey'
         createdAt:
           allOf:
             - $ref: '#/components/schemas/NotBefore'
@@ -3081,6 +3566,8 @@ components:
                 - required: [timeout]
                 - required: [retry]
                 - required: [notBefore]
+                - required: [limits]
+                - required: [fairnessKey]
         - if:
             required: [kind]
             properties:
@@ -3251,6 +3738,15 @@ components:
           oneOf:
             - $ref: '#/components/schemas/NotBefore'
             - type: 'null'
+        limits:
+          allOf:
+            - $ref: '#/components/schemas/Limits'
+          description: Replaces the source's `limits` (`[]` for none); checked as at a create.
+        fairnessKey:
+          description: Replaces the source's `fairnessKey`; `null` removes it.
+          oneOf:
+            - $ref: '#/components/schemas/FairnessKey'
+            - type: 'null'
 
     KindFilter:
       type: string
@@ -3330,6 +3826,16 @@ components:
         Optional fields are omitted when they have no value.
       required: [id, queue, kind, state, isReady, isExecuting, isFinished, isCancelled, isPaused,
                  queuePriority, dependencies, attempt, createdAt, revision]
+      if:
+        required: [state]
+        properties:
+          state:
+            const: finished
+      then:
+        not:
+          required: [waitingOn]
+      else:
+        required: [waitingOn]
       properties:
         id:
           $ref: '#/components/schemas/OperationId'
@@ -3389,6 +3895,24 @@ components:
               minimum: 1
         notBefore:
           $ref: '#/components/schemas/Timestamp'
+        limits:
+          type: array
+          minItems: 1
+          items:
+            $ref: '#/components/schemas/LimitRefShown'
+          description: The limiters it needs room in, as given (a missing key shown as `""`); absent when none.
+        fairnessKey:
+          type: string
+          description: Its fairness key, as given; absent when none.
+        waitingOn:
+          type: array
+          items:
+            $ref: '#/components/schemas/WaitReason'
+          description: |
+            On every unfinished operation (never on a finished one): everything that holds it
+            back right now; empty when nothing does (it is executing, or it is next for a
+            slot). Waiting for any of these never uses an
+            attempt.
         result:
           description: 'The kind''s result once it succeeded: `{"seconds": n}` for `delay`, `null` for a barrier.'
         error:
@@ -3868,5 +4392,192 @@ components:
                 $ref: '#/components/schemas/Timestamp'
               expiresAt:
                 $ref: '#/components/schemas/Timestamp'
+
+    LimiterConcurrency:
+      type: integer
+      minimum: 1
+      maximum: 1000000000
+      description: Executing operations at most, per key (across all queues).
+
+    LimiterBudget:
+      type: object
+      additionalProperties: false
+      minProperties: 1
+      description: One key's budgets, replacing the limiter's for the fields it names (at least one).
+      properties:
+        concurrency:
+          $ref: '#/components/schemas/LimiterConcurrency'
+        rate:
+          $ref: '#/components/schemas/RateLimitSetting'
+
+    LimiterOverrides:
+      type: object
+      maxProperties: 1000
+      propertyNames:
+        maxLength: 128
+      additionalProperties:
+        $ref: '#/components/schemas/LimiterBudget'
+      description: |
+        Budgets for single keys (keys up to 128 characters, at most 1000 of them): an entry
+        replaces, for its key, the budgets it names; the others stay the limiter's.
+
+    LimiterCreate:
+      type: object
+      additionalProperties: false
+      required: [name]
+      description: |
+        A limiter: budgets that apply per key, to the executing operations (of any queue) that
+        name it with that key in their `limits`. At least one of `concurrency` and `rate`
+        (`null` counts as not given).
+      properties:
+        name:
+          $ref: '#/components/schemas/LimiterName'
+        concurrency:
+          description: Executing operations at most per key, or `null` for no such budget.
+          oneOf:
+            - $ref: '#/components/schemas/LimiterConcurrency'
+            - type: 'null'
+        rate:
+          description: A token bucket per key for starts, or `null` for none.
+          oneOf:
+            - $ref: '#/components/schemas/RateLimitSetting'
+            - type: 'null'
+        overrides:
+          $ref: '#/components/schemas/LimiterOverrides'
+      anyOf:
+        - required: [concurrency]
+          properties:
+            concurrency:
+              type: integer
+        - required: [rate]
+          properties:
+            rate:
+              type: object
+
+    LimiterUpdate:
+      type: object
+      additionalProperties: false
+      description: |
+        Each field given replaces the limiter's (`overrides` replaces them all; `{}` for none);
+        `null` removes `concurrency` or `rate`. A limiter keeps at least one of them: a change
+        that would leave neither is 422 (naming `concurrency`), nothing changed. Takes effect at
+        once: a key whose rate changed starts with a full bucket, and operations that now have
+        room start.
+      properties:
+        concurrency:
+          oneOf:
+            - $ref: '#/components/schemas/LimiterConcurrency'
+            - type: 'null'
+        rate:
+          oneOf:
+            - $ref: '#/components/schemas/RateLimitSetting'
+            - type: 'null'
+        overrides:
+          $ref: '#/components/schemas/LimiterOverrides'
+      not:
+        required: [concurrency, rate]
+        properties:
+          concurrency:
+            type: 'null'
+          rate:
+            type: 'null'
+
+    Limiter:
+      type: object
+      additionalProperties: false
+      required: [name, concurrency, rate, overrides, running, waiting, keys, createdAt, revision]
+      properties:
+        name:
+          $ref: '#/components/schemas/LimiterName'
+        concurrency:
+          type: [integer, 'null']
+          minimum: 1
+          description: Executing operations at most per key; `null` for none.
+        rate:
+          description: The token bucket each key has; `null` for none.
+          oneOf:
+            - $ref: '#/components/schemas/RateLimit'
+            - type: 'null'
+        overrides:
+          type: object
+          description: Budgets for single keys (`{}` when none).
+          additionalProperties:
+            type: object
+            additionalProperties: false
+            minProperties: 1
+            properties:
+              concurrency:
+                type: integer
+                minimum: 1
+              rate:
+                $ref: '#/components/schemas/RateLimit'
+        running:
+          type: integer
+          minimum: 0
+          description: Executing operations that name it, over all keys.
+        waiting:
+          type: integer
+          minimum: 0
+          description: Ready operations that name it and have not started, over all keys.
+        keys:
+          type: integer
+          minimum: 0
+          description: Keys in use (`GET /v1/limiters/{name}/keys` lists them).
+        createdAt:
+          $ref: '#/components/schemas/Timestamp'
+        revision:
+          type: integer
+          minimum: 1
+          description: Grows with every change of its settings.
+
+    LimiterList:
+      type: object
+      additionalProperties: false
+      required: [limiters]
+      properties:
+        limiters:
+          type: array
+          description: Every limiter, sorted by name.
+          items:
+            $ref: '#/components/schemas/Limiter'
+
+    LimiterKey:
+      type: object
+      additionalProperties: false
+      required: [key, running, waiting, tokens, nextTokenAt]
+      properties:
+        key:
+          type: string
+        running:
+          type: integer
+          minimum: 0
+          description: Executing operations that name the limiter with this key.
+        waiting:
+          type: integer
+          minimum: 0
+          description: Ready operations that name it with this key and have not started.
+        tokens:
+          type: [number, 'null']
+          minimum: 0
+          description: Tokens in the key's bucket now (rounded down to 0.001); `null` when the key has no rate.
+        nextTokenAt:
+          description: When the next token comes; `null` when the bucket is full or the key has no rate.
+          oneOf:
+            - $ref: '#/components/schemas/Timestamp'
+            - type: 'null'
+
+    LimiterKeyPage:
+      type: object
+      additionalProperties: false
+      required: [keys, next]
+      properties:
+        keys:
+          type: array
+          description: Keys in use, sorted, at most `limit`.
+          items:
+            $ref: '#/components/schemas/LimiterKey'
+        next:
+          type: [string, 'null']
+          description: The key to pass as `after` for the next page; `null` on the last page.
 
 """#

@@ -24,7 +24,8 @@ public struct LimitRef: Sendable, Hashable {
     public init(limiter: String, key: String = "") { self.limiter = limiter; self.key = key }
     /// At most this many per operation.
     public static let maxPerOperation = 8
-    /// Keys (and fairness keys) are at most this many characters.
+    /// Keys (and fairness keys) are at most this many characters, counted as Unicode scalars
+    /// (what JSON Schema's `maxLength` counts), not grapheme clusters.
     public static let maxKeyLength = 128
 }
 

@@ -196,8 +196,9 @@ extension QueueEngine {
         }
         for key in s.overrides.keys.sorted() {
             guard let o = s.overrides[key] else { continue }
-            guard key.count <= LimitRef.maxKeyLength else {
-                throw .invalidArgument(field: "overrides", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.count)")
+            guard key.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(
+                    field: "overrides", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.unicodeScalars.count)")
             }
             guard o.concurrency != nil || o.rate != nil else {
                 throw .invalidArgument(field: "overrides.\(key)", detail: "names neither concurrency nor rate")
@@ -219,15 +220,15 @@ extension QueueEngine {
         var seen = Set<LimitRef>()
         for (i, ref) in limits.enumerated() {
             try validateLimiterName(ref.limiter, field: "limits[\(i)].limiter")
-            guard ref.key.count <= LimitRef.maxKeyLength else {
-                throw .invalidArgument(field: "limits[\(i)].key", detail: "at most \(LimitRef.maxKeyLength) characters; got \(ref.key.count)")
+            guard ref.key.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(field: "limits[\(i)].key", detail: "at most \(LimitRef.maxKeyLength) characters; got \(ref.key.unicodeScalars.count)")
             }
             guard seen.insert(ref).inserted else {
                 throw .invalidArgument(field: "limits[\(i)]", detail: "names limiter '\(ref.limiter)' with key '\(ref.key)' a second time")
             }
         }
-        if let f = options.fairnessKey, f.count > LimitRef.maxKeyLength {
-            throw .invalidArgument(field: "fairnessKey", detail: "at most \(LimitRef.maxKeyLength) characters; got \(f.count)")
+        if let f = options.fairnessKey, f.unicodeScalars.count > LimitRef.maxKeyLength {
+            throw .invalidArgument(field: "fairnessKey", detail: "at most \(LimitRef.maxKeyLength) characters; got \(f.unicodeScalars.count)")
         }
     }
 
@@ -236,8 +237,9 @@ extension QueueEngine {
             throw .invalidArgument(field: "fairnessWeights", detail: "at most \(LimiterSettings.maxOverrides) keys; got \(w.count)")
         }
         for key in w.keys.sorted() {
-            guard key.count <= LimitRef.maxKeyLength else {
-                throw .invalidArgument(field: "fairnessWeights", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.count)")
+            guard key.unicodeScalars.count <= LimitRef.maxKeyLength else {
+                throw .invalidArgument(
+                    field: "fairnessWeights", detail: "a key is at most \(LimitRef.maxKeyLength) characters; got one of \(key.unicodeScalars.count)")
             }
             if let v = w[key], !(1...1000).contains(v) {
                 throw .invalidArgument(field: "fairnessWeights.\(key)", detail: "must be an integer from 1 to 1000; got \(v)")

@@ -91,7 +91,7 @@ package struct LimitersController: Sendable {
     func keys(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after", "limit"])
         let limit = try q.int("limit", in: 1...1000) ?? 100
-        if let a = q.values["after"], a.count > LimitRef.maxKeyLength {
+        if let a = q.values["after"], a.unicodeScalars.count > LimitRef.maxKeyLength {
             throw Problem.invalid("after", "must be a key from a previous page's next (at most \(LimitRef.maxKeyLength) characters)")
         }
         let page = try engine.limiterKeys(name, after: q.values["after"], limit: limit)
