@@ -53,7 +53,9 @@ enum FlowBench {
         let rounds_ = max(1, rounds ?? (quick ? 1 : 3))
         let sizes =
             quick
-            ? Sizes(flatN: 100_000, countN: (20_000, 5_000), flowN: 100_000, samples: 20_000, decideCount: (10_000, 2_000), blocked: [10_000, 100_000])
+            // Under 30 s: callgrind runs ~50x slower, so --quick counts fewer operations, and its
+            // blocked cases are 1,000 and 10,000 (still 10x apart) so that their set-up is cheap.
+            ? Sizes(flatN: 100_000, countN: (10_000, 2_000), flowN: 100_000, samples: 20_000, decideCount: (5_000, 1_000), blocked: [1_000, 10_000])
             : Sizes(
                 flatN: 1_000_000, countN: (50_000, 10_000), flowN: 100_000, samples: 100_000, decideCount: (40_000, 10_000),
                 blocked: [10_000, 100_000])

@@ -75,7 +75,8 @@ let usage = """
                          and in PATH (an opqd-bench built without flow control; scripts/bench-flow.sh builds
                          one), ops/s and instructions per op (perf, else callgrind); starts/s with one limiter
                          of 10,000 keys and with 1,000 fairness keys (100,000 ops); one start decision at
-                         p50/p99, alone and with 10,000 and 100,000 operations blocked. --quick: fewer samples.
+                         p50/p99, alone and with 10,000 and 100,000 operations blocked. --quick (< 30 s): fewer
+                         samples and counted operations, and 1,000 and 10,000 blocked.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
