@@ -28,6 +28,11 @@ extension FlowBench {
             afterIPO = perUnit(method, me, flat, sizes.countN, failures)
             if let baseline { beforeIPO = perUnit(method, baseline, flat, sizes.countN, failures) }
         }
+        // Memory per queued operation (EngineBench's engine-mem child, in both binaries): time
+        // can lose more than instructions do when each operation takes more cache lines.
+        let memArgs = ["engine-mem", "engine"] + (quick ? ["--quick"] : [])
+        let afterBytes = num(child(me, memArgs, failures)["bytes_per_op"])
+        let beforeBytes = baseline.map { num(child($0, memArgs, failures)["bytes_per_op"]) } ?? 0
 
         // 2, 3. Starts/s, each beside the same queue without flow options.
         let n = sizes.flowN
@@ -93,6 +98,8 @@ extension FlowBench {
                     ["ops/s (\(F.grouped(Double(sizes.flatN))) ops, median of \(rounds))", g(flatBefore), g(flatAfter), r3(ratio(flatAfter, flatBefore))], w1))
         let countLabel = "instructions/op (\(F.grouped(Double(sizes.countN.0))) − \(F.grouped(Double(sizes.countN.1))) ops)"
         print("   " + row([countLabel, g(beforeIPO), g(afterIPO), r3(ratio(afterIPO, beforeIPO))], w1))
+        let memLabel = "bytes per queued op (RSS, \(quick ? "100,000" : "1,000,000") suspended)"
+        print("   " + row([memLabel, g(beforeBytes), g(afterBytes), r3(ratio(afterBytes, beforeBytes))], w1))
         print("   instructions counted with: \(methodNote)")
         let slower = ratio(afterIPO, beforeIPO)
         if slower > 0 {
@@ -169,6 +176,7 @@ extension FlowBench {
                 ("quick", quick), ("rounds", rounds), ("baseline", baseline ?? NSNull()),
                 ("flat_ops", sizes.flatN), ("flat_before_ops_per_s", flatBefore.rounded()), ("flat_after_ops_per_s", flatAfter.rounded()),
                 ("flat_ops_per_s_ratio", F.round3(ratio(flatAfter, flatBefore))),
+                ("flat_before_bytes_per_op", beforeBytes.rounded()), ("flat_after_bytes_per_op", afterBytes.rounded()),
                 ("instructions_method", methodNote), ("flat_before_instructions_per_op", beforeIPO.rounded()),
                 ("flat_after_instructions_per_op", afterIPO.rounded()), ("flat_instructions_ratio", F.round3(slower)),
                 ("starts_ops", n), ("limiter_keys", 10_000), ("limiter_starts_per_s", limited.starts.rounded()),

@@ -5,8 +5,8 @@ import Foundation
 /// every measurement in a fresh child process:
 ///
 /// 1. the engine flat benchmark with no limits configured, in this binary and in a baseline
-///    built without flow control (`--baseline-bin`; scripts/bench-flow.sh builds one): ops/s
-///    and instructions per operation;
+///    built without flow control (`--baseline-bin`; scripts/bench-flow.sh builds one): ops/s,
+///    instructions per operation and bytes per queued operation;
 /// 2. starts/s with one limiter of 10,000 keys (concurrency 1 per key) and 100,000 operations;
 /// 3. starts/s with 1,000 fairness keys in one queue;
 /// 4. one start decision at p50 and p99;

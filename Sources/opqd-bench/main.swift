@@ -73,7 +73,7 @@ let usage = """
       flow [--baseline-bin PATH] [--rounds 3] [--no-instructions] [--quick]
                          what flow control costs the engine: the flat benchmark with no limits in this binary
                          and in PATH (an opqd-bench built without flow control; scripts/bench-flow.sh builds
-                         one), ops/s and instructions per op (perf, else callgrind); starts/s with one limiter
+                         one), ops/s, instructions per op (perf, else callgrind) and bytes per queued op; starts/s with one limiter
                          of 10,000 keys and with 1,000 fairness keys (100,000 ops); one start decision at
                          p50/p99, alone and with 10,000 and 100,000 operations blocked. --quick (< 30 s): fewer
                          samples and counted operations, and 1,000 and 10,000 blocked.
