@@ -53,7 +53,7 @@ extension EngineCore {
             for id in remote { waitRemote(op, for: id) }
             effects.append(.watchRemote(remote.map { OperationID(raw: $0) }))
         }
-        attachFlow(op)
+        if !op.options.limits.isEmpty { attachFlow(op) }
         if readyNow {
             q.push(op)
             dirty.append(q)

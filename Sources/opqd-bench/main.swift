@@ -10,10 +10,14 @@
 //   opqd-bench pgstore --postgres U  --store postgres:// vs SQLite --sync full, HTTP and store alone (PGStoreBench.swift)
 //   opqd-bench cluster --postgres U  1, 2, 3 instances on one PostgreSQL vs one on SQLite (ClusterBench.swift)
 //   opqd-bench feed-order --postgres U  a global event seq from K writers: cost and feed skips (FeedOrderBench.swift)
+//   opqd-bench flow [--baseline-bin B]  what flow control costs the engine (FlowBench.swift; scripts/bench-flow.sh)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
 //   opqd-bench engine-run engine|foundation flat|chain|fanin|chain-suspended|fanin-suspended N
+// by `flow` (and run in the baseline binary too: `engine-run` must keep its form):
+//   opqd-bench flow-run limiter|fair N KEYS
+//   opqd-bench flow-run decide SAMPLES BLOCKED
 // and by `store` to build a big data dir in a child process:
 //   opqd-bench store-build DIR N
 #if canImport(Glibc)
@@ -66,6 +70,13 @@ let usage = """
                          (b) advisory lock + nextval, (c) one-row counter; commits/s, events/s, commit
                          latency p50/p99, and events a polling feed reader skipped (fresh database on URL).
                          --notify: every commit also sends one pg_notify, as opqd's writer does.
+      flow [--baseline-bin PATH] [--rounds 3] [--no-instructions] [--quick]
+                         what flow control costs the engine: the flat benchmark with no limits in this binary
+                         and in PATH (an opqd-bench built without flow control; scripts/bench-flow.sh builds
+                         one), ops/s, instructions per op (perf, else callgrind) and bytes per queued op; starts/s with one limiter
+                         of 10,000 keys and with 1,000 fairness keys (100,000 ops); one start decision at
+                         p50/p99, alone and with 10,000 and 100,000 operations blocked. --quick (< 30 s): fewer
+                         samples and counted operations, and 1,000 and 10,000 blocked.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -102,6 +113,10 @@ case "cluster":
     exit(ClusterBench.main(args))
 case "feed-order":
     exit(FeedOrderBench.main(args))
+case "flow":
+    exit(FlowBench.main(args))
+case "flow-run":
+    exit(FlowBench.runChild(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
