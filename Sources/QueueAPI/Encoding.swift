@@ -79,7 +79,8 @@ extension OperationSnapshot {
             for l in options.limits {
                 o.open()
                 o.key("limiter"); o.string(l.limiter)
-                o.key("key"); o.string(l.key)
+                // A key left out is the key "": shown as given.
+                if !l.key.isEmpty { o.key("key"); o.string(l.key) }
                 o.close()
             }
             o.closeArray()

@@ -20,8 +20,8 @@ public struct FlowCounters: Sendable {
 extension EngineCore {
     /// Where a flow timer points (`Effect.flowWake`).
     enum FlowWake {
-        case queue(String)
-        case key(limiter: String, key: String)
+        case queue(String, generation: UInt64)
+        case key(limiter: String, key: String, generation: UInt64)
     }
 
     // MARK: - limits of an operation
@@ -215,6 +215,10 @@ extension EngineCore {
             room -= 1
             letGo += 1
         }
+        if letGo > 0 && !k.rechecking && !k.parkedOps.isEmpty {
+            k.rechecking = true
+            flowRecheck.append(k)
+        }
         if k.shared {
             if !k.parkedOps.isEmpty { askLease(k) }
             return
@@ -229,24 +233,24 @@ extension EngineCore {
     private func armRateWake(_ q: QueueRecord) {
         guard !q.rateWakeArmed, let b = q.rate else { return }
         q.rateWakeArmed = true
-        effects.append(.flowWake(.queue(q.name), seconds: b.untilToken.asSeconds))
+        effects.append(.flowWake(.queue(q.name, generation: q.rateWakeGeneration), seconds: b.untilToken.asSeconds))
     }
 
     private func armKeyWake(_ k: LimiterKey, seconds: Double? = nil) {
         guard !k.wakeArmed, let b = k.bucket else { return }
         k.wakeArmed = true
-        effects.append(.flowWake(.key(limiter: k.limiter.name, key: k.key), seconds: seconds ?? b.untilToken.asSeconds))
+        effects.append(.flowWake(.key(limiter: k.limiter.name, key: k.key, generation: k.wakeGeneration), seconds: seconds ?? b.untilToken.asSeconds))
     }
 
     /// A flow timer fired: the queue or key looks again.
     func flowWakeFired(_ wake: FlowWake) {
         switch wake {
-        case let .queue(name):
-            guard let q = queues[name] else { return }
+        case let .queue(name, generation):
+            guard let q = queues[name], q.rateWakeGeneration == generation else { return }
             q.rateWakeArmed = false
             dirty.append(q)
-        case let .key(limiter, key):
-            guard let k = limiters[limiter]?.keys[key] else { return }
+        case let .key(limiter, key, generation):
+            guard let k = limiters[limiter]?.keys[key], k.wakeGeneration == generation else { return }
             k.wakeArmed = false
             keyGotRoom(k)
         }
@@ -304,6 +308,8 @@ extension EngineCore {
         }
         if op.unfinishedDependencies > 0 { out.append(.dependencies(count: op.unfinishedDependencies)) }
         if op.state == .paused { out.append(.paused) }
+        // Paused between attempts: its next attempt is still due then.
+        if let until = op.backoffUntil, until > now { out.append(.backoff(until: until)) }
         if op.waitingForTime, let nb = op.options.notBefore { out.append(.notBefore(until: nb)) }
         if q.isSuspended { out.append(.suspended) }
         guard op.state == .ready else { return out }

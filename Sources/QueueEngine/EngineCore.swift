@@ -51,6 +51,8 @@ final class EngineCore: @unchecked Sendable {
     /// Limiter budgets are shared with other instances and leased (`QueueEngine.setLeaseClient`).
     var sharedLimiters = false
     var flowCounters = FlowCounters()
+    /// Keys that let operations go in this locked section (`settle`).
+    var flowRecheck: [LimiterKey] = []
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]
@@ -104,7 +106,20 @@ final class EngineCore: @unchecked Sendable {
 
     /// Starts what the change made startable, so answers show the state after it.
     func settle() {
-        while let q = dirty.popLast() { schedule(q) }
+        while true {
+            while let q = dirty.popLast() { schedule(q) }
+            // Keys that let parked operations go look again once their queues have started
+            // what they could: room one of them did not use (its queue is suspended or full,
+            // another of its limits has none) goes to the next parked one (`keyGotRoom`).
+            guard !flowRecheck.isEmpty else { return }
+            let keys = flowRecheck
+            flowRecheck = []
+            for k in keys {
+                k.rechecking = false
+                if !k.parkedOps.isEmpty { keyGotRoom(k) }
+            }
+            if dirty.isEmpty { return }
+        }
     }
 
     /// Ends a locked section: settles, takes the effects, and takes the outbox too when no

@@ -54,6 +54,9 @@ final class LimiterRecord: @unchecked Sendable {  // guarded by the engine lock
     var refs = 0
     /// When idle keys were last swept (`EngineCore.checkLimits`).
     var lastSweep: Int64 = .min
+    /// The keys sorted for the keys listing, and when (rebuilt at most once a second).
+    var sortedKeys: [String] = []
+    var sortedAt: Int64 = .min
 
     init(name: String, settings: LimiterSettings, createdAt: Timestamp) {
         self.name = name; self.settings = settings; self.createdAt = createdAt
@@ -80,8 +83,12 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     /// no room. Keys as in the queue's heap (priority rank, then id); stale ones are skipped.
     var parked: [UInt64] = []
     var parkedOps: [UInt64: OpRecord] = [:]
-    /// A refill wake-up is armed for this key.
+    /// A refill wake-up is armed for this key; `wakeGeneration` names the current one (a new
+    /// bucket makes an armed one stale).
     var wakeArmed = false
+    var wakeGeneration: UInt64 = 0
+    /// Listed in `EngineCore.flowRecheck`.
+    var rechecking = false
     /// Its lease of the shared budget, when the budgets are shared (`EngineCore.sharedLimiters`).
     var lease = KeyLease()
     let shared: Bool
@@ -90,11 +97,14 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
 
     var budget: LimiterBudget { limiter.settings.budget(for: key) }
 
-    /// Makes the bucket match the budget's rate (kept while unchanged).
+    /// Makes the bucket match the budget's rate (kept while unchanged). A new bucket makes an
+    /// armed wake-up stale: the next park arms one for it.
     func syncBucket(now: Int64) {
         let rate = budget.rate
         if rate != bucket?.limit {
             bucket = rate.map { TokenBucket($0, now: now) }
+            wakeArmed = false
+            wakeGeneration &+= 1
         }
     }
 
@@ -187,12 +197,18 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
         return nil
     }
 
-    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale.
+    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale. Stale
+    /// entries are dropped once they outnumber the live ones (plus a margin): the heap stays
+    /// bounded by what is parked.
     func forget(_ op: OpRecord) {
         parkedOps[op.id] = nil
         op.parkedOn = nil
         op.parkKey = 0
-        if parkedOps.isEmpty { parked.removeAll(keepingCapacity: false) }
+        if parkedOps.isEmpty {
+            parked.removeAll(keepingCapacity: false)
+        } else if parked.count > 2 * parkedOps.count + 64 {
+            parked = parkedOps.values.map(\.parkKey).sorted()
+        }
     }
 
     private func removeTop() {

@@ -43,7 +43,7 @@ extension QueueEngine {
             // Each attempt is a start: it waits for its queue's and its limiters' tokens.
             let wait = core.attemptWait(op)
             if wait > 0 {
-                core.effects.append(.retry(id, token: token, seconds: wait.asSeconds + 0.0005))
+                core.effects.append(.retry(id, token: token, seconds: wait.asSeconds + 0.00005))
                 return
             }
             op.runStartedAt = core.now.nanoseconds

@@ -109,12 +109,30 @@ extension QueueEngine {
         return try read { core throws(EngineError) in
             guard let l = core.limiters[name] else { throw .limiterNotFound(name) }
             let t = core.now.nanoseconds
-            core.sweepIdleKeys(l)
-            // Sorted on each read: a listing is rare and the keys are bounded (--max-limiter-keys).
-            var names = l.keys.keys.filter { k in after.map { k > $0 } ?? true }
-            names.sort()
+            // Sorted at most once a second per limiter: a client paging or polling the keys
+            // costs a binary search and a page under the lock, not a sort of every key. A key
+            // added since shows within a second; one gone is left out.
+            if t.saturatingSubtract(l.sortedAt) >= 1_000_000_000 || l.sortedKeys.count < min(l.keys.count, 1) {
+                l.sortedKeys = l.keys.keys.sorted()
+                l.sortedAt = t
+            }
+            let names = l.sortedKeys
+            var lo = 0
+            if let after {
+                var hi = names.count
+                while lo < hi {
+                    let mid = (lo + hi) / 2
+                    if names[mid] <= after { lo = mid + 1 } else { hi = mid }
+                }
+            }
             let n = max(1, limit)
-            let page = names.prefix(n)
+            var page: [String] = []
+            var i = lo
+            while i < names.count && page.count < n {
+                if l.keys[names[i]] != nil { page.append(names[i]) }
+                i += 1
+            }
+            let more = i < names.count
             let out = page.compactMap { key -> LimiterKeyStatus? in
                 guard let k = l.keys[key] else { return nil }
                 var tokens: Double? = nil
@@ -134,21 +152,23 @@ extension QueueEngine {
                 }
                 return LimiterKeyStatus(key: key, running: k.running, waiting: k.waiting, tokens: tokens, nextTokenAt: next)
             }
-            return (out, names.count > n ? page.last : nil)
+            return (out, more && page.count == n ? page.last : nil)
         }
     }
 
     /// Per limiter for `/metrics`: running, waiting, keys, and the tokens of its keys in use
-    /// (summed over at most 10,000 of them; nil without a rate); and the flow counters.
+    /// (summed over at most 10,000 keys in all limiters; nil without a rate); and the flow counters.
     public func flowMetrics() -> (limiters: [(name: String, running: Int, waiting: Int, keys: Int, tokens: Double?)], counters: FlowCounters) {
         state.withLock { core in
             let t = core.now.nanoseconds
+            var budget = 10_000
             let all = core.limiters.values.sorted { $0.name < $1.name }.map { l -> (String, Int, Int, Int, Double?) in
                 var tokens: Double? = nil
                 if l.settings.rate != nil || l.settings.overrides.values.contains(where: { $0.rate != nil }) {
                     var sum = 0.0
-                    // Bounded work under the lock per scrape: the first 10,000 keys.
-                    for k in l.keys.values.prefix(10_000) {
+                    // Bounded work under the lock per scrape: 10,000 keys in all limiters.
+                    for k in l.keys.values.prefix(max(0, budget)) {
+                        budget -= 1
                         k.syncBucket(now: t)
                         if var b = k.bucket {
                             b.refill(t)

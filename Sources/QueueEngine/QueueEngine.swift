@@ -154,8 +154,9 @@ public final class QueueEngine: Sendable {
         case let .retry(id, token, seconds):
             scheduler.after(seconds: seconds) { [self] in retryFired(id, token: token) }
         case let .flowWake(wake, seconds):
-            // Half a millisecond late, so the token is whole when it is read.
-            scheduler.after(seconds: seconds + 0.0005) { [self] in
+            // 50 µs late, so the token is whole when it is read (one early re-arms itself); any
+            // more is lost from the rate when the burst is small.
+            scheduler.after(seconds: seconds + 0.00005) { [self] in
                 try? mutate { core throws(EngineError) in core.flowWakeFired(wake) }
             }
         case let .wake(id, seconds):

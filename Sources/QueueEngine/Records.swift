@@ -137,12 +137,23 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     /// yet added or let go: while any are, the queue cannot be deleted.
     var held = 0
     /// Its start rate's bucket (`rateLimit`), and whether a wake-up for its next token is armed.
-    var rate: TokenBucket?
+    var rate: TokenBucket? {
+        didSet {
+            // A new setting: an armed wake-up of the old bucket is stale.
+            if oldValue?.limit != rate?.limit {
+                rateWakeArmed = false
+                rateWakeGeneration &+= 1
+            }
+        }
+    }
     var rateWakeArmed = false
+    var rateWakeGeneration: UInt64 = 0
     var fairnessWeights: [String: Int] = [:]
     /// Its ready operations in fair order, once one of them carried a fairness key; until
     /// then, `heap` (the same order when every key is `""`).
     var fair: FairReady?
+    /// Entries pushed into `fair` since it was built (live and stale).
+    var fairEntries = 0
 
     init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp, generation: UInt64) {
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt
@@ -158,7 +169,14 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         op.heapKey = key
         if fair != nil {
             fair?.push(op, key: key)
+            fairEntries += 1
+            // Stale entries (cancelled, paused, re-prioritised) are dropped once they outnumber
+            // the ready operations (plus a margin): memory follows what is ready.
+            if fairEntries > 2 * counts[1] + 1024 { becomeFair() }
             return
+        }
+        if heap.count >= 2 * counts[1] + 1024 {
+            heap = ops.compactMap { $0.state == .ready && $0.heapKey != 0 && $0 !== op ? $0.heapKey : nil }.sorted()
         }
         heap.append(key)
         var i = heap.count - 1
@@ -176,7 +194,11 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
         var f = FairReady()
         heap = []
         // The live entries: ready operations whose key is set (parked ones have none).
-        for op in ops where op.state == .ready && op.heapKey != 0 { f.push(op, key: op.heapKey) }
+        fairEntries = 0
+        for op in ops where op.state == .ready && op.heapKey != 0 {
+            f.push(op, key: op.heapKey)
+            fairEntries += 1
+        }
         fair = f
     }
 

@@ -277,3 +277,74 @@ extension Engine.Flow {
         #expect(a.kind.started.count + b.kind.started.count == 3)
     }
 }
+
+extension Engine.Flow {
+    /// Room a key let one operation have, that it could not use, goes to the next one.
+    @Test func roomUnusedByOneLetGoGoesToTheNext() throws {
+        let f = Fixture()
+        try f.queue("q", max: 10)
+        try f.engine.createLimiter(name: "LA", settings: LimiterSettings(concurrency: 1))
+        try f.engine.createLimiter(name: "LB", settings: LimiterSettings(concurrency: 1))
+        let x1 = try add(f, "q", limits: [LimitRef(limiter: "LA")])
+        _ = try add(f, "q", limits: [LimitRef(limiter: "LB")])
+        let o1 = try add(f, "q", limits: [LimitRef(limiter: "LA"), LimitRef(limiter: "LB")])
+        let o2 = try add(f, "q", limits: [LimitRef(limiter: "LA")])
+        f.kind.finish(x1)
+        #expect(try f.state(o1) == .ready, "o1 also needs LB, which is busy")
+        #expect(try f.state(o2) == .executing, "LA's free slot went on to o2")
+        // The same across queues: one let go into a suspended queue does not keep the slot.
+        try f.queue("open", max: 10)
+        try f.queue("held", max: 10)
+        try f.engine.createLimiter(name: "LC", settings: LimiterSettings(concurrency: 1))
+        let x = try add(f, "open", limits: [LimitRef(limiter: "LC")])
+        let a = try add(f, "held", limits: [LimitRef(limiter: "LC")])
+        let b = try add(f, "open", limits: [LimitRef(limiter: "LC")])
+        try f.engine.suspend("held")
+        f.kind.finish(x)
+        #expect(try f.state(a) == .ready)
+        #expect(try f.state(b) == .executing, "the slot went to the queue that can start it")
+        #expect(try f.engine.limiter(named: "LC").running == 1)
+    }
+
+    /// A new rate takes effect at once, also when a wake-up of the old one is far away.
+    @Test func aNewRateIsNotHeldBackByTheOldWakeUp() throws {
+        let f = Fixture()
+        try f.engine.createQueue(name: "q", maxConcurrentOperationCount: 10, rateLimit: RateLimit(perSecond: 0.001, burst: 1))
+        for _ in 0..<2 { _ = try add(f, "q") }
+        #expect(f.kind.started.count == 1)
+        try f.engine.updateQueue("q", rateLimit: .some(RateLimit(perSecond: 2, burst: 1)))
+        #expect(f.kind.started.count == 2, "the new bucket starts full")
+        for _ in 0..<2 { _ = try add(f, "q") }
+        f.clock.advance(seconds: 1.1)
+        #expect(f.kind.started.count == 4, "two more tokens in 1.1 s at 2 per second")
+        try f.engine.createLimiter(name: "LR", settings: LimiterSettings(rate: RateLimit(perSecond: 0.001, burst: 1)))
+        try f.queue("k", max: 10)
+        for _ in 0..<3 { _ = try add(f, "k", limits: [LimitRef(limiter: "LR")]) }
+        #expect(f.kind.started.count == 5)
+        try f.engine.updateLimiter("LR", rate: .some(RateLimit(perSecond: 2, burst: 1)))
+        f.clock.advance(seconds: 1.1)
+        #expect(f.kind.started.count == 7, "the key refills at the new rate")
+    }
+
+    /// Stale entries of cancelled operations do not pile up while a key or a queue stays blocked.
+    @Test func staleEntriesStayBounded() throws {
+        let f = Fixture()
+        try f.queue("q", max: 10)
+        try f.engine.createLimiter(name: "L", settings: LimiterSettings(concurrency: 1))
+        _ = try add(f, "q", limits: [LimitRef(limiter: "L")])
+        _ = try add(f, "q", limits: [LimitRef(limiter: "L")])
+        for _ in 0..<5000 {
+            let id = try add(f, "q", limits: [LimitRef(limiter: "L")])
+            try f.engine.cancel(id)
+        }
+        let parked = f.engine.parkedEntries(limiter: "L", key: "")
+        #expect(parked <= 2 * 1 + 64, "the parked heap holds \(parked) entries for 1 parked operation")
+        try f.queue("s", max: 1, suspended: true)
+        for i in 0..<5000 {
+            let id = try add(f, "s", fairness: "k\(i)")
+            try f.engine.cancel(id)
+        }
+        let keys = f.engine.fairKeys(queue: "s")
+        #expect(keys <= 1100, "the fair order keeps \(keys) keys for no ready operation")
+    }
+}

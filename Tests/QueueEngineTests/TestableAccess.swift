@@ -4,3 +4,10 @@ extension QueueEngine {
     /// Slots of the engine's operation table (for memory tests).
     var tableSpan: Int { state.withLock { $0.ops.span } }
 }
+
+extension QueueEngine {
+    /// Entries in the parked heap of a limiter key (stale ones included).
+    func parkedEntries(limiter: String, key: String) -> Int { state.withLock { $0.limiters[limiter]?.keys[key]?.parked.count ?? -1 } }
+    /// Fairness keys a queue's fair order keeps, over all priorities.
+    func fairKeys(queue: String) -> Int { state.withLock { core in core.queues[queue]?.fair?.levels.map(\.keys.count).reduce(0, +) ?? -1 } }
+}

@@ -119,7 +119,8 @@ package struct ArchiveController: Sendable {
             for l in op.options.limits {
                 o.open()
                 o.key("limiter"); o.string(l.limiter)
-                o.key("key"); o.string(l.key)
+                // A key left out is the key "": shown as given.
+                if !l.key.isEmpty { o.key("key"); o.string(l.key) }
                 o.close()
             }
             o.closeArray()
