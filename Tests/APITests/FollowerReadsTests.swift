@@ -74,10 +74,36 @@ struct FollowerReadsTests {
         let a = try owner.request("GET", path, headers: headers)
         let b = try follower.request("GET", path, headers: headers)
         #expect(a.status == b.status, "\(path): owner \(a.status), follower \(b.status)")
-        #expect(a.text == b.text, "\(path):\nowner    \(a.text)\nfollower \(b.text)")
+        #expect(withoutWaitingOn(a.text) == b.text, "\(path):\nowner    \(a.text)\nfollower \(b.text)")
         for name in ["content-type", "etag", "retry-after", "www-authenticate", "allow", "location"] {
-            #expect(a.headers[name] == b.headers[name], "\(path): \(name) owner \(a.headers[name] ?? "-"), follower \(b.headers[name] ?? "-")")
+            let owners = name == "etag" ? a.headers[name].map(withoutWaitingOnTag) : a.headers[name]
+            #expect(owners == b.headers[name], "\(path): \(name) owner \(a.headers[name] ?? "-"), follower \(b.headers[name] ?? "-")")
         }
+    }
+
+    /// The one designed difference (README, "Limiters and a cluster"): a follower answers from
+    /// the committed row, and `waitingOn` is the holder's engine's alone. Everything else is the
+    /// same byte for byte.
+    static func withoutWaitingOn(_ text: String) -> String {
+        guard let start = text.range(of: #","waitingOn":["#) else { return text }
+        var depth = 0
+        var i = start.upperBound
+        while i < text.endIndex {
+            let c = text[i]
+            if c == "[" { depth += 1 }
+            if c == "]" {
+                if depth == 0 { return String(text[..<start.lowerBound]) + String(text[text.index(after: i)...]) }
+                depth -= 1
+            }
+            i = text.index(after: i)
+        }
+        return text
+    }
+
+    /// `"r7-w…"` less its `waitingOn` part: `"r7"`.
+    static func withoutWaitingOnTag(_ tag: String) -> String {
+        guard let w = tag.range(of: "-w") else { return tag }
+        return String(tag[..<w.lowerBound]) + "\""
     }
 
     @Test("the follower answers an operation's status and history itself, byte for byte as the owner, refusals included")
@@ -228,7 +254,7 @@ struct FollowerReadsTests {
             // The change was committed before the answer: the follower reads it at once.
             let after = try follower.request("GET", "/v1/operations/\(pending)", headers: write).expecting(200)
             #expect(after.string("queuePriority") == "low")
-            #expect(after.text == patched.text)
+            #expect(after.text == Self.withoutWaitingOn(patched.text))
         }
     }
 
