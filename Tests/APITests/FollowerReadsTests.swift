@@ -74,10 +74,11 @@ struct FollowerReadsTests {
         let a = try owner.request("GET", path, headers: headers)
         let b = try follower.request("GET", path, headers: headers)
         #expect(a.status == b.status, "\(path): owner \(a.status), follower \(b.status)")
-        #expect(withoutWaitingOn(a.text) == b.text, "\(path):\nowner    \(a.text)\nfollower \(b.text)")
+        #expect(withoutWaitingOn(a.text) == withoutWaitingOn(b.text), "\(path):\nowner    \(a.text)\nfollower \(b.text)")
         for name in ["content-type", "etag", "retry-after", "www-authenticate", "allow", "location"] {
             let owners = name == "etag" ? a.headers[name].map(withoutWaitingOnTag) : a.headers[name]
-            #expect(owners == b.headers[name], "\(path): \(name) owner \(a.headers[name] ?? "-"), follower \(b.headers[name] ?? "-")")
+            let followers = name == "etag" ? b.headers[name].map(withoutWaitingOnTag) : b.headers[name]
+            #expect(owners == followers, "\(path): \(name) owner \(a.headers[name] ?? "-"), follower \(b.headers[name] ?? "-")")
         }
     }
 
@@ -85,6 +86,15 @@ struct FollowerReadsTests {
     /// the committed row, and `waitingOn` is the holder's engine's alone. Everything else is the
     /// same byte for byte.
     static func withoutWaitingOn(_ text: String) -> String {
+        var out = text
+        while true {
+            let next = withoutFirstWaitingOn(out)
+            if next == out { return out }
+            out = next
+        }
+    }
+
+    static func withoutFirstWaitingOn(_ text: String) -> String {
         guard let start = text.range(of: #","waitingOn":["#) else { return text }
         var depth = 0
         var i = start.upperBound
