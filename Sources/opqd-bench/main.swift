@@ -10,6 +10,7 @@
 //   opqd-bench pgstore --postgres U  --store postgres:// vs SQLite --sync full, HTTP and store alone (PGStoreBench.swift)
 //   opqd-bench cluster --postgres U  1, 2, 3 instances on one PostgreSQL vs one on SQLite (ClusterBench.swift)
 //   opqd-bench feed-order --postgres U  a global event seq from K writers: cost and feed skips (FeedOrderBench.swift)
+//   opqd-bench limiter-leases --postgres U  limiter lease exchanges, 1 and 50 keys: round trip (LimiterLeaseBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -66,6 +67,10 @@ let usage = """
                          (b) advisory lock + nextval, (c) one-row counter; commits/s, events/s, commit
                          latency p50/p99, and events a polling feed reader skipped (fresh database on URL).
                          --notify: every commit also sends one pg_notify, as opqd's writer does.
+      limiter-leases --postgres URL [--samples 200]
+                         limiter budgets shared by a cluster (PGLimiterLeases): the round trip of one lease
+                         exchange of 1 and of 50 keys (p50/p99), one statement vs a pipeline of one per key,
+                         a limiter with 1,000 overrides, a renewal; a fresh database on URL.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -102,6 +107,8 @@ case "cluster":
     exit(ClusterBench.main(args))
 case "feed-order":
     exit(FeedOrderBench.main(args))
+case "limiter-leases":
+    exit(LimiterLeaseBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
