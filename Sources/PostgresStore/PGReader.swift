@@ -9,6 +9,8 @@ final class PGReader {
     private var closed = false
     /// Connects as `PGConnection(boundedReads:)` (the read pool's and the owner's feed readers).
     private let bounded: Bool
+    /// Connections made so far: a caller that sets session state tells a new one by it.
+    private(set) var connections = 0
 
     /// `connection` nil: opened on the first read.
     init(url: String, connection: PGConnection?, bounded: Bool = false) {
@@ -36,6 +38,7 @@ final class PGReader {
                 connection = nil
                 c = bounded ? try PGConnection(url: url, connectTimeoutSeconds: 2, boundedReads: true) : try PGConnection(url: url)
                 connection = c
+                connections += 1
             }
             do throws(PGFailure) {
                 return try body(c)

@@ -231,10 +231,270 @@ package enum PGSchema {
             revision        bigint NOT NULL
         );
         """,
+        // 10 -> 11: limiters' budgets shared by the instances of a cluster (API.md "Flow control":
+        // one budget for the whole cluster). The budget lives here; each instance leases slots and
+        // tokens of a key in small batches (`PGLimiterLeases`) and starts operations within them.
+        // `limiter_buckets`: a key's token bucket (tokens, when last refilled, ns by the database's
+        // clock, and the rate it was filled under: a bucket whose rate changed starts full, as the
+        // engine's do); its row is also the key's lock, so every key that was exchanged has one.
+        // `limiter_slots`: the slots each instance holds for a key, until `expires_at` (ns): the
+        // rows of a crashed instance stop counting when their lease runs out. Keys are `bytea`:
+        // a client's string. `opqd.limiter_exchange` does one key's exchange (see `PGLimiterLeases`
+        // for the protocol) with a limiter's settings as `opqd.read_limiter` reads them once per
+        // statement (its overrides' JSON parsed once, not once per key), and `opqd.limiter_budget`
+        // merges a key's override; both refuse a row opqd could not have written (state
+        // 'damaged', with the reason) rather than fail the transaction of every key.
+        // PostgreSQL's JSON cannot hold U+0000, which an override's key can: `\u0000` in the
+        // document and NUL in the key are both read as U+FFFD for the lookup. Run as one script.
+        #"""
+        CREATE TABLE opqd.limiter_buckets (
+            limiter         text NOT NULL,
+            key             bytea NOT NULL,
+            tokens          double precision NOT NULL,
+            refilled_at     bigint NOT NULL,
+            rate_per_second double precision,
+            rate_burst      bigint,
+            PRIMARY KEY (limiter, key)
+        );
+        CREATE TABLE opqd.limiter_slots (
+            limiter    text NOT NULL,
+            key        bytea NOT NULL,
+            instance   text NOT NULL,
+            slots      integer NOT NULL,
+            expires_at bigint NOT NULL,
+            PRIMARY KEY (limiter, key, instance)
+        );
+        CREATE INDEX limiter_slots_by_instance ON opqd.limiter_slots (instance);
+        CREATE FUNCTION opqd.clock_ns() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+            SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint
+        $$;
+        CREATE TYPE opqd.limiter_settings AS (state text, detail text, concurrency bigint, per_second double precision,
+            burst bigint, overrides jsonb);
+        -- A limiter's row, checked, its overrides parsed (once per exchange, however many keys):
+        -- state 'ok', 'missing' (no such limiter) or 'damaged' (detail says why).
+        CREATE FUNCTION opqd.read_limiter(lim text) RETURNS opqd.limiter_settings LANGUAGE plpgsql AS $$
+        DECLARE
+            l opqd.limiters%ROWTYPE;
+            s opqd.limiter_settings;
+            doc text;
+        BEGIN
+            SELECT * INTO l FROM opqd.limiters li WHERE li.name = lim;
+            IF NOT FOUND THEN
+                s.state := 'missing';
+                RETURN s;
+            END IF;
+            s.state := 'damaged';
+            IF l.concurrency IS NOT NULL AND l.concurrency NOT BETWEEN 1 AND 1000000000 THEN
+                s.detail := format('column concurrency is %s', l.concurrency);
+            ELSIF (l.rate_per_second IS NULL) <> (l.rate_burst IS NULL) THEN
+                s.detail := 'columns rate_per_second and rate_burst are not both set';
+            -- NaN is above every number in PostgreSQL: refused here too.
+            ELSIF l.rate_per_second IS NOT NULL AND NOT (l.rate_per_second BETWEEN 0.001 AND 100000) THEN
+                s.detail := format('column rate_per_second is %s, not from 0.001 to 100000', l.rate_per_second);
+            ELSIF l.rate_burst IS NOT NULL AND l.rate_burst NOT BETWEEN 1 AND 1000000000 THEN
+                s.detail := format('column rate_burst is %s, not from 1 to 1000000000', l.rate_burst);
+            ELSIF l.concurrency IS NULL AND l.rate_per_second IS NULL THEN
+                s.detail := 'columns concurrency and rate_per_second are both NULL';
+            END IF;
+            IF s.detail IS NOT NULL THEN
+                RETURN s;
+            END IF;
+            IF l.overrides IS NOT NULL THEN
+                -- \u0000 (outside an escaped backslash) becomes \ufffd, which jsonb can hold.
+                doc := l.overrides;
+                IF strpos(doc, '\u0000') > 0 THEN
+                    doc := regexp_replace(doc, '(?<!\\)((?:\\\\)*)\\u0000', '\1\\ufffd', 'g');
+                END IF;
+                BEGIN
+                    s.overrides := doc::jsonb;
+                EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+                    s.detail := 'column overrides is not JSON: ' || SQLERRM;
+                    RETURN s;
+                END;
+                IF jsonb_typeof(s.overrides) <> 'object' THEN
+                    s.detail := 'column overrides is not a JSON object';
+                    s.overrides := NULL;
+                    RETURN s;
+                END IF;
+            END IF;
+            s.state := 'ok';
+            s.concurrency := l.concurrency;
+            s.per_second := l.rate_per_second;
+            s.burst := l.rate_burst;
+            RETURN s;
+        END $$;
+        -- Key k's budget under settings s: an override's fields replace the limiter's. State and
+        -- detail as read_limiter's; an override opqd could not have written is 'damaged'.
+        CREATE FUNCTION opqd.limiter_budget(s opqd.limiter_settings, k bytea, OUT b_state text, OUT b_detail text,
+            OUT b_concurrency bigint, OUT b_per_second double precision, OUT b_burst bigint) LANGUAGE plpgsql AS $$
+        DECLARE
+            o jsonb;
+            v jsonb;
+            n numeric;
+            ps numeric;
+            lookup bytea := k;
+            p integer;
+            shown text;
+        BEGIN
+            b_state := s.state;
+            b_detail := s.detail;
+            IF s.state IS DISTINCT FROM 'ok' THEN
+                RETURN;
+            END IF;
+            b_concurrency := s.concurrency;
+            b_per_second := s.per_second;
+            b_burst := s.burst;
+            IF s.overrides IS NULL THEN
+                RETURN;
+            END IF;
+            -- NUL is read as U+FFFD, as in the document (text cannot hold NUL).
+            LOOP
+                p := position('\x00'::bytea IN lookup);
+                EXIT WHEN p = 0;
+                lookup := overlay(lookup PLACING '\xefbfbd'::bytea FROM p FOR 1);
+            END LOOP;
+            shown := convert_from(lookup, 'UTF8');
+            o := s.overrides -> shown;
+            IF o IS NULL THEN
+                RETURN;
+            END IF;
+            b_state := 'damaged';
+            shown := to_json(shown)::text;
+            IF jsonb_typeof(o) <> 'object' THEN
+                b_detail := format('column overrides has no budget for %s', shown);
+                RETURN;
+            END IF;
+            IF o -> 'concurrency' IS NULL AND o -> 'rate' IS NULL THEN
+                b_detail := format('column overrides names neither concurrency nor rate for %s', shown);
+                RETURN;
+            END IF;
+            v := o -> 'concurrency';
+            IF v IS NOT NULL THEN
+                -- Compared as numeric before any cast: no value can make this function fail.
+                IF jsonb_typeof(v) <> 'number' THEN
+                    b_detail := format('column overrides has concurrency %s for %s', v, shown);
+                    RETURN;
+                END IF;
+                n := v::numeric;
+                IF n <> trunc(n) OR n NOT BETWEEN 1 AND 1000000000 THEN
+                    b_detail := format('column overrides has concurrency %s for %s', v, shown);
+                    RETURN;
+                END IF;
+                b_concurrency := n::bigint;
+            END IF;
+            v := o -> 'rate';
+            IF v IS NOT NULL THEN
+                IF jsonb_typeof(v) <> 'object' OR jsonb_typeof(v -> 'perSecond') IS DISTINCT FROM 'number'
+                    OR jsonb_typeof(v -> 'burst') IS DISTINCT FROM 'number' THEN
+                    b_detail := format('column overrides has a rate without perSecond and burst for %s', shown);
+                    RETURN;
+                END IF;
+                ps := (v -> 'perSecond')::numeric;
+                n := (v -> 'burst')::numeric;
+                IF ps NOT BETWEEN 0.001 AND 100000 OR n <> trunc(n) OR n NOT BETWEEN 1 AND 1000000000 THEN
+                    b_detail := format('column overrides has rate %s for %s', v, shown);
+                    RETURN;
+                END IF;
+                b_per_second := ps::double precision;
+                b_burst := n::bigint;
+            END IF;
+            b_state := 'ok';
+        END $$;
+        -- One key's exchange for instance `who` (see PGLimiterLeases): at most keep + want slots
+        -- beside the other instances' live ones, until now + lease_ns; up to want_tokens tokens.
+        -- s: read_limiter(lim), read once per statement. Keys of one transaction must be taken
+        -- in one order (limiter, then key, bytewise): their bucket rows are locked to the end.
+        CREATE FUNCTION opqd.limiter_exchange(who text, lim text, k bytea, keep bigint, want bigint, want_tokens bigint,
+            lease_ns bigint, s opqd.limiter_settings,
+            OUT g_slots bigint, OUT g_tokens bigint, OUT g_concurrency bigint, OUT g_per_second double precision, OUT g_burst bigint,
+            OUT g_bucket double precision, OUT g_state text, OUT g_detail text) LANGUAGE plpgsql AS $$
+        DECLARE
+            b record;
+            now_ns bigint;
+            used bigint;
+            dead bigint;
+            t double precision;
+            tries integer := 0;
+        BEGIN
+            SELECT * INTO g_state, g_detail, g_concurrency, g_per_second, g_burst FROM opqd.limiter_budget(s, k);
+            IF g_state IS DISTINCT FROM 'ok' THEN
+                -- Nothing for a limiter that is gone or unreadable, and what was held goes back.
+                g_state := coalesce(g_state, 'missing');
+                g_slots := 0;
+                g_tokens := 0;
+                g_concurrency := NULL;
+                g_per_second := NULL;
+                g_burst := NULL;
+                DELETE FROM opqd.limiter_slots x WHERE x.limiter = lim AND x.key = k AND x.instance = who;
+                RETURN;
+            END IF;
+            -- The key's lock: its bucket row, made (full) on its first exchange.
+            LOOP
+                SELECT lb.tokens, lb.refilled_at, lb.rate_per_second, lb.rate_burst INTO b
+                    FROM opqd.limiter_buckets lb WHERE lb.limiter = lim AND lb.key = k FOR UPDATE;
+                EXIT WHEN FOUND;
+                tries := tries + 1;
+                IF tries > 3 THEN
+                    RAISE EXCEPTION 'opqd.limiter_exchange: the row of limiter % key % keeps vanishing', lim, k;
+                END IF;
+                INSERT INTO opqd.limiter_buckets (limiter, key, tokens, refilled_at, rate_per_second, rate_burst)
+                    VALUES (lim, k, coalesce(g_burst, 0), opqd.clock_ns(), g_per_second, g_burst) ON CONFLICT DO NOTHING;
+            END LOOP;
+            now_ns := opqd.clock_ns();
+            IF g_concurrency IS NULL THEN
+                DELETE FROM opqd.limiter_slots x WHERE x.limiter = lim AND x.key = k AND x.instance = who;
+                g_slots := 1000000000;
+            ELSE
+                -- The others' rows are locked too: a renewal under way (which does not take the
+                -- key's lock) finishes first and is counted, or finds the expired row deleted.
+                SELECT coalesce(sum(greatest(x.slots, 0)) FILTER (WHERE x.expires_at > now_ns), 0),
+                       count(*) FILTER (WHERE x.expires_at <= now_ns)
+                    INTO used, dead
+                    FROM (SELECT o.slots, o.expires_at FROM opqd.limiter_slots o
+                          WHERE o.limiter = lim AND o.key = k AND o.instance <> who FOR UPDATE) x;
+                IF dead > 0 THEN
+                    DELETE FROM opqd.limiter_slots x WHERE x.limiter = lim AND x.key = k AND x.instance <> who AND x.expires_at <= now_ns;
+                END IF;
+                g_slots := greatest(0, least(keep + want, g_concurrency - used));
+                IF g_slots = 0 THEN
+                    DELETE FROM opqd.limiter_slots x WHERE x.limiter = lim AND x.key = k AND x.instance = who;
+                ELSE
+                    INSERT INTO opqd.limiter_slots AS x (limiter, key, instance, slots, expires_at) VALUES (lim, k, who, g_slots, now_ns + lease_ns)
+                        ON CONFLICT (limiter, key, instance) DO UPDATE SET slots = excluded.slots, expires_at = excluded.expires_at;
+                END IF;
+            END IF;
+            IF g_per_second IS NULL THEN
+                g_tokens := want_tokens;
+                IF b.rate_per_second IS NOT NULL OR b.rate_burst IS NOT NULL THEN
+                    UPDATE opqd.limiter_buckets lb SET tokens = 0, refilled_at = now_ns, rate_per_second = NULL, rate_burst = NULL
+                        WHERE lb.limiter = lim AND lb.key = k;
+                END IF;
+            ELSE
+                IF b.rate_per_second IS DISTINCT FROM g_per_second OR b.rate_burst IS DISTINCT FROM g_burst THEN
+                    -- A new rate (or the first): the bucket starts full, as the engine's do.
+                    t := g_burst;
+                ELSE
+                    -- A row edited by hand: NaN or below 0 holds nothing, a refill time ahead
+                    -- adds nothing (both heal with this exchange's write).
+                    t := b.tokens;
+                    IF t = 'NaN'::double precision OR t < 0 THEN
+                        t := 0;
+                    END IF;
+                    t := least(g_burst::double precision,
+                        t + greatest(0, now_ns::double precision - b.refilled_at::double precision) / 1e9 * g_per_second);
+                END IF;
+                g_tokens := least(floor(t), want_tokens::double precision)::bigint;
+                t := t - g_tokens;
+                UPDATE opqd.limiter_buckets lb SET tokens = t, refilled_at = now_ns, rate_per_second = g_per_second, rate_burst = g_burst
+                    WHERE lb.limiter = lim AND lb.key = k;
+                g_bucket := t;
+            END IF;
+        END $$;
+        """#,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
-    static let scriptMigrations: Set<Int> = [1, 2, 3]
+    static let scriptMigrations: Set<Int> = [1, 2, 3, 10]
 
     /// The SQLSTATE `opqd.fence` raises: this instance's commit was refused because another
     /// instance took the queues (a higher epoch).

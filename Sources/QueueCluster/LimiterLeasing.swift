@@ -8,7 +8,7 @@ import QueueEngine
 package protocol LeaseExchange: Sendable {
     /// One exchange for many keys: each key's holding set to what it keeps and wants, within
     /// the budget, and tokens taken.
-    func exchange(_ needs: [LeaseNeed]) throws -> [LeaseGrant]
+    func exchange(_ needs: [LimiterLeaseNeed]) throws -> [LimiterLeaseGrant]
     /// Extends this instance's holdings (they lapse after a lease: an instance that stops
     /// without giving them back holds them no longer than that).
     func renew() throws
@@ -78,7 +78,7 @@ package final class LimiterLeasing: LimiterLeaseClient, Sendable {
             // At most 256 keys per exchange: one bounded transaction.
             for chunk in stride(from: 0, to: pairs.count, by: 256).map({ Array(pairs[$0..<min($0 + 256, pairs.count)]) }) {
                 let needs = engine.leaseNeeds(chunk.map { ($0.limiter, $0.key) })
-                let grants: [LeaseGrant]
+                let grants: [LimiterLeaseGrant]
                 do {
                     grants = try store.exchange(needs)
                 } catch {
@@ -127,4 +127,26 @@ package struct PostgresLimiterDirectory: LimiterDirectory {
     package func limiter(named name: String) throws -> LimiterSnapshot? { try pool.limiter(named: name) }
     package func limiters() throws -> [LimiterSnapshot] { try pool.limiters() }
     package func operationsNaming(limiter name: String) throws -> Int { try pool.operationsNaming(limiter: name) }
+}
+
+/// The shared budgets in PostgreSQL (`PGLimiterLeases`, schema 11) as the lease client uses them.
+package struct PostgresLeaseExchange: LeaseExchange {
+    let leases: PGLimiterLeases
+    package init(_ leases: PGLimiterLeases) { self.leases = leases }
+
+    package func exchange(_ needs: [LimiterLeaseNeed]) throws -> [LimiterLeaseGrant] {
+        let grants = try leases.exchange(
+            needs.map { LeaseRequest(limiter: $0.limiter, key: $0.key, keepSlots: $0.keepSlots, wantSlots: $0.wantSlots, wantTokens: $0.wantTokens) })
+        return grants.map { g in
+            if case .damaged = g.refusal {
+                // A row opqd could not have written: nothing starts under it (no slot of none).
+                return LimiterLeaseGrant(limiter: g.limiter, key: g.key, slots: 0, tokens: 0, concurrency: 0, rate: nil)
+            }
+            // A limiter that is gone limits nothing any more, as after a restart.
+            return LimiterLeaseGrant(limiter: g.limiter, key: g.key, slots: g.slots, tokens: g.tokens, concurrency: g.concurrency, rate: g.rate)
+        }
+    }
+
+    package func renew() throws { try leases.renew() }
+    package func releaseAll() throws { try leases.releaseAll() }
 }

@@ -2,7 +2,7 @@ import Locking
 
 /// What this engine asks of a limiter's shared budget for one key (several instances: the
 /// budget is one for the whole cluster, kept elsewhere, and leased in small batches).
-public struct LeaseNeed: Sendable, Equatable {
+public struct LimiterLeaseNeed: Sendable, Equatable {
     public var limiter: String
     public var key: String
     /// Slots this instance keeps: those its running operations use.
@@ -14,7 +14,7 @@ public struct LeaseNeed: Sendable, Equatable {
 }
 
 /// What the shared budget gave for one key.
-public struct LeaseGrant: Sendable, Equatable {
+public struct LimiterLeaseGrant: Sendable, Equatable {
     public var limiter: String
     public var key: String
     /// Slots this instance now holds (may be fewer than it keeps: then it starts nothing more
@@ -63,16 +63,16 @@ extension QueueEngine {
 
     /// The current needs of these keys (a key this engine no longer has keeps and wants nothing:
     /// its slots go back).
-    public func leaseNeeds(_ keys: [(limiter: String, key: String)]) -> [LeaseNeed] {
+    public func leaseNeeds(_ keys: [(limiter: String, key: String)]) -> [LimiterLeaseNeed] {
         state.withLock { core in
             keys.map { lk in
                 guard let k = core.limiters[lk.limiter]?.keys[lk.key] else {
-                    return LeaseNeed(limiter: lk.limiter, key: lk.key, keepSlots: 0, wantSlots: 0, wantTokens: 0)
+                    return LimiterLeaseNeed(limiter: lk.limiter, key: lk.key, keepSlots: 0, wantSlots: 0, wantTokens: 0)
                 }
                 let parked = k.parkedOps.count
                 let (usesSlots, usesTokens) = k.leaseDimensions
                 let batch = min(parked, 64)
-                return LeaseNeed(
+                return LimiterLeaseNeed(
                     limiter: lk.limiter, key: lk.key, keepSlots: usesSlots ? k.running : 0,
                     wantSlots: usesSlots ? min(batch, max(0, parked - max(0, k.lease.slots - k.running))) : 0,
                     wantTokens: usesTokens ? max(0, batch - k.lease.tokens) : 0)
@@ -83,7 +83,7 @@ extension QueueEngine {
     /// Takes the shared budget's answers: keys with room let their parked operations go.
     /// Returns the keys that still have parked operations and no room (ask again later).
     @discardableResult
-    public func leaseGranted(_ grants: [LeaseGrant]) -> [(limiter: String, key: String)] {
+    public func leaseGranted(_ grants: [LimiterLeaseGrant]) -> [(limiter: String, key: String)] {
         var unsatisfied: [(limiter: String, key: String)] = []
         try? mutate { core throws(EngineError) in
             for g in grants {

@@ -11,6 +11,7 @@
 //   opqd-bench cluster --postgres U  1, 2, 3 instances on one PostgreSQL vs one on SQLite (ClusterBench.swift)
 //   opqd-bench feed-order --postgres U  a global event seq from K writers: cost and feed skips (FeedOrderBench.swift)
 //   opqd-bench flow [--baseline-bin B]  what flow control costs the engine (FlowBench.swift; scripts/bench-flow.sh)
+//   opqd-bench limiter-leases --postgres U  limiter lease exchanges, 1 and 50 keys: round trip (LimiterLeaseBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -77,6 +78,10 @@ let usage = """
                          of 10,000 keys and with 1,000 fairness keys (100,000 ops); one start decision at
                          p50/p99, alone and with 10,000 and 100,000 operations blocked. --quick (< 30 s): fewer
                          samples and counted operations, and 1,000 and 10,000 blocked.
+      limiter-leases --postgres URL [--samples 200]
+                         limiter budgets shared by a cluster (PGLimiterLeases): the round trip of one lease
+                         exchange of 1 and of 50 keys (p50/p99), one statement vs a pipeline of one per key,
+                         a limiter with 1,000 overrides, a renewal; a fresh database on URL.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -117,6 +122,8 @@ case "flow":
     exit(FlowBench.main(args))
 case "flow-run":
     exit(FlowBench.runChild(args))
+case "limiter-leases":
+    exit(LimiterLeaseBench.main(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)

@@ -202,7 +202,7 @@ final class FakeSharedBudget: @unchecked Sendable {
         }
         for (i, limiter, key) in wants {
             guard let need = engines[i].leaseNeeds([(limiter, key)]).first else { continue }
-            let grant = lock.withLock { s -> LeaseGrant in
+            let grant = lock.withLock { s -> LimiterLeaseGrant in
                 let me = "e\(i)"
                 let others = s.held[key, default: [:]].filter { $0.key != me }.values.reduce(0, +)
                 var slots = need.keepSlots + need.wantSlots
@@ -210,7 +210,7 @@ final class FakeSharedBudget: @unchecked Sendable {
                 s.held[key, default: [:]][me] = slots
                 let give = rate == nil ? need.wantTokens : min(s.tokens, need.wantTokens)
                 if rate != nil { s.tokens -= give }
-                return LeaseGrant(limiter: limiter, key: key, slots: slots, tokens: give, concurrency: concurrency, rate: rate)
+                return LimiterLeaseGrant(limiter: limiter, key: key, slots: slots, tokens: give, concurrency: concurrency, rate: rate)
             }
             engines[i].leaseGranted([grant])
         }

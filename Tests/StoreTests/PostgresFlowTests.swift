@@ -14,10 +14,12 @@ extension PostgresStoreTests {
             store.append([.queue(queueSnapshot("q")), .operation(operationSnapshot(1)), .event(event(1, 1))], upTo: 1)
             #expect(waitDurable(store, 1))
             store.close()
-            // The database as schema 9 left it: none of version 10's columns, no limiters.
+            // The database as schema 9 left it: none of version 10's columns, no limiters (and
+            // nothing of version 11's).
             try TestPostgres.psql(
                 url,
                 """
+                \(PostgresLeaseTests.dropSchema11)
                 ALTER TABLE opqd.queues DROP COLUMN rate_per_second, DROP COLUMN rate_burst, DROP COLUMN fairness_weights;
                 ALTER TABLE opqd.operations DROP COLUMN limits, DROP COLUMN fairness_key;
                 DROP TABLE opqd.limiters; UPDATE opqd.schema_version SET version = 9
@@ -27,7 +29,7 @@ extension PostgresStoreTests {
             #expect(state.queues.map(\.name) == ["q"] && state.queues.first?.rateLimit == nil && state.queues.first?.fairnessWeights == [:])
             #expect(state.operations.map(\.options) == [OperationOptions()])
             #expect(state.limiters.isEmpty && state.lastSeq == 1)
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "10")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "11")
             var q = queueSnapshot("q", revision: 2)
             q.rateLimit = RateLimit(perSecond: 0.5, burst: 2)
             q.fairnessWeights = ["t": 4]

@@ -144,28 +144,33 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "10")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "11")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns,
             // version 7 the partition of a kept answer, version 8 the purge's index on
             // finished_at alone (heap-only updates), version 9 the batches across instances and
             // their parts, version 10 flow control (queue rates and fairness weights, operation
-            // limits and fairness keys, the limiters).
+            // limits and fairness keys, the limiters), version 11 the limiters' shared budgets
+            // (buckets, slots leased per instance, the exchange's functions).
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "16")
             #expect(
                 try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'operations'") == "27")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "12")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "14")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'limiters'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname IN ('fence', 'fence_parts')") == "2")
+            #expect(
+                try TestPostgres.psql(url, "SELECT count(*) FROM pg_proc WHERE proname IN ('limiter_exchange', 'limiter_budget', 'read_limiter', 'clock_ns')")
+                    == "4")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'opqd' AND indexname = 'limiter_slots_by_instance'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'opqd' AND indexname = 'idempotency_by_part'") == "1")
 
             try TestPostgres.psql(url, "UPDATE opqd.schema_version SET version = 99")
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 10)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 11)
             }
         }
     }
