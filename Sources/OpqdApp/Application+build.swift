@@ -125,6 +125,17 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     engineConfiguration.maxLimiters = limits.limiters
     engineConfiguration.maxLimiterKeys = limits.limiterKeys
     let engine = QueueEngine(kinds: kinds, store: store.engineStore, configuration: engineConfiguration)
+    // A cluster's partition holders share every limiter: its row in PostgreSQL, and one budget
+    // kept there, leased in small batches (README, "Limiters and a cluster").
+    var leasing: LimiterLeasing?
+    if case let .partitioned(setup) = role {
+        engine.setLimiterDirectory(PostgresLimiterDirectory(pool: PGReadPool(url: configuration.store, size: 2)))
+        let exchange = PostgresLeaseExchange(
+            PGLimiterLeases(url: configuration.store, instance: setup.membership.instanceID, leaseSeconds: configuration.lease))
+        let l = LimiterLeasing(store: exchange, leaseSeconds: configuration.lease, logger: logger)
+        l.attach(to: engine)
+        leasing = l
+    }
 
     let lastSeq = recovered?.lastSeq ?? 0
     // PostgreSQL numbers events in the commit, and a commit that failed leaves its seqs unused:
@@ -234,7 +245,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     return OpqdApplication(
         configuration: configuration, engine: engine, server: server, events: events, webhooks: webhooks,
         store: store, lifecycle: lifecycle, logger: logger, instance: instance, placement: placement, feed: feed, listenFeed: listen,
-        beforeHandover: { commands?.killAllForHandover() })
+        beforeHandover: { commands?.killAllForHandover() }, afterServing: { [leasing] in leasing?.stop() })
 }
 
 /// This server's identity: a random id kept in the store's meta table from its first start

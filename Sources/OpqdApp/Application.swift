@@ -24,6 +24,9 @@ public final class OpqdApplication: OpqdService {
     let placement: any QueuePlacement
     /// Run when this owner gives its role up, before the process re-executes.
     let beforeHandover: @Sendable () -> Void
+    /// Run once nothing starts any more (a clean stop, a role change): a cluster instance gives
+    /// its limiter leases back.
+    let afterServing: @Sendable () -> Void
     /// On PostgreSQL: the feed of the commits as numbered there, and what lies between them
     /// read back (`OwnerFeed`); with other writers, woken by their NOTIFY (`listenFeed`).
     let feed: FeedTail?
@@ -34,8 +37,10 @@ public final class OpqdApplication: OpqdService {
     init(
         configuration: OpqdConfiguration, engine: QueueEngine, server: HTTPServer, events: EventLog, webhooks: Webhooks,
         store: any DurableStore, lifecycle: Lifecycle, logger: Logger, instance: InstanceInfo, placement: any QueuePlacement,
-        feed: FeedTail?, listenFeed: (@Sendable () -> PGListener)?, beforeHandover: @escaping @Sendable () -> Void = {}
+        feed: FeedTail?, listenFeed: (@Sendable () -> PGListener)?, beforeHandover: @escaping @Sendable () -> Void = {},
+        afterServing: @escaping @Sendable () -> Void = {}
     ) {
+        self.afterServing = afterServing
         self.feed = feed
         self.listenFeed = listenFeed
         self.placement = placement
@@ -120,6 +125,7 @@ public final class OpqdApplication: OpqdService {
         background.stopAll()
         events.closeStreams()
         server.shutdown(timeout: .seconds(8))
+        afterServing()
         webhooks.stop()
         // A cluster's counts are in the shared database: an instance's clean stop says nothing of
         // the operations others run (a partitioned instance's takers count per partition, see
@@ -151,6 +157,7 @@ public final class OpqdApplication: OpqdService {
         listener.withLock { $0?.stop() }
         events.closeStreams()
         server.shutdown(timeout: .seconds(1))
+        afterServing()
         webhooks.stop()
         return fd
     }

@@ -15,9 +15,7 @@ struct FlowDurabilityTests {
             store.remove()
             try? FileManager.default.removeItem(atPath: data)
         }
-        // Limiters are refused by a cluster's partition holders for now (README); PostgreSQL
-        // runs the queue settings and fairness keys.
-        let limiters = choice == .sqlite
+        let limiters = true
         var server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-0.log", extraArguments: store.arguments)
         func must(_ method: String, _ path: String, _ json: String? = nil, _ status: Int = 201) throws -> TestResponse {
             let r = try server.request(method, path, json: json)
@@ -29,9 +27,6 @@ struct FlowDurabilityTests {
             try must("PATCH", "/v1/limiters/stripe", #"{"overrides":{"vip":{"concurrency":5}}}"#, 200)
             try must("POST", "/v1/limiters", #"{"name":"gone","concurrency":1}"#)
             try must("DELETE", "/v1/limiters/gone", nil, 204)
-        } else {
-            let r = try server.request("POST", "/v1/limiters", json: #"{"name":"stripe","concurrency":2}"#)
-            #expect(r.status == 501 && r.text.contains("several instances"), "\(r.text)")
         }
         try must("POST", "/v1/queues", #"{"name":"q","maxConcurrentOperationCount":10,"rateLimit":{"perSecond":2.5,"burst":4}}"#)
         try must("PATCH", "/v1/queues/q", #"{"fairnessWeights":{"t1":3}}"#, 200)

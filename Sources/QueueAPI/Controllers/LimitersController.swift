@@ -7,9 +7,6 @@ package struct LimitersController: Sendable {
     let engine: QueueEngine
     let durability: Durability
     let limits: APILimits
-    /// False for a partition holder of a cluster: there a limiter would get one budget per
-    /// instance instead of one in all, so none is made (see README, "Limiters and a cluster").
-    let servesEveryQueue: Bool
 
     static let fields = ["name", "concurrency", "rate", "overrides"]
 
@@ -28,12 +25,6 @@ package struct LimitersController: Sendable {
 
     func create(_ req: HTTPRequest) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
-        guard servesEveryQueue else {
-            throw Problem(
-                501, "limiters-not-in-cluster", "Not Implemented",
-                "limiters are not available yet with several instances sharing PostgreSQL: each instance would keep its own budget, and API.md promises one. Queue rate limits and fairness work in a cluster"
-            )
-        }
         let b = try Body(req, allowed: Self.fields)
         guard let name = try b.string("name", maxLength: 1000) else {
             throw Problem.invalid("name", "is required: [A-Za-z0-9._-]{1,64}")
