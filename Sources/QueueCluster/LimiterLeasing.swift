@@ -10,15 +10,18 @@ package protocol LeaseExchange: Sendable {
     /// the budget, and tokens taken.
     func exchange(_ needs: [LimiterLeaseNeed]) throws -> [LimiterLeaseGrant]
     /// Extends this instance's holdings (they lapse after a lease: an instance that stops
-    /// without giving them back holds them no longer than that).
-    func renew() throws
+    /// without giving them back holds them no longer than that); answers what it still holds.
+    func renew() throws -> [(limiter: String, key: String, slots: Int)]
     /// Gives every holding back (a clean stop).
     func releaseAll() throws
+    /// Forgets lapsed holdings and idle buckets of every instance, a bounded number at a time.
+    func prune() throws
 }
 
 /// An engine's lease client (`LimiterLeaseClient`): wants are gathered for a moment and sent
 /// in one exchange; a key still short afterwards asks again a little later (other instances
-/// give slots back, buckets refill), and holdings are renewed a few times per lease.
+/// give slots back, buckets refill), and holdings are renewed a few times per lease, on a queue
+/// of their own so that exchanges never delay a renewal.
 package final class LimiterLeasing: LimiterLeaseClient, Sendable {
     private struct State {
         var wanted: Set<Pair> = []
@@ -29,12 +32,15 @@ package final class LimiterLeasing: LimiterLeaseClient, Sendable {
     private struct Pair: Hashable, Comparable {
         let limiter: String
         let key: String
-        static func < (a: Pair, b: Pair) -> Bool { (a.limiter, a.key) < (b.limiter, b.key) }
+        static func < (a: Pair, b: Pair) -> Bool {
+            a.limiter == b.limiter ? a.key.utf8.lexicographicallyPrecedes(b.key.utf8) : a.limiter.utf8.lexicographicallyPrecedes(b.limiter.utf8)
+        }
     }
 
     private let state = Lock(State())
     private let store: any LeaseExchange
     private let queue = DispatchQueue(label: "opqd.limiter-leases")
+    private let renewals = DispatchQueue(label: "opqd.limiter-lease-renewals")
     private let leaseSeconds: Double
     private let logger: Logger
     /// Set once, before any want (`attach`).
@@ -49,7 +55,7 @@ package final class LimiterLeasing: LimiterLeaseClient, Sendable {
     /// Makes `engine` lease its limiters' budgets here, and starts renewing.
     package func attach(to engine: QueueEngine) {
         engineBox.withLock { $0 = engine }
-        engine.setLeaseClient(self)
+        engine.setLeaseClient(self, leaseSeconds: leaseSeconds)
         scheduleRenewal()
     }
 
@@ -65,36 +71,46 @@ package final class LimiterLeasing: LimiterLeaseClient, Sendable {
         if start { queue.asyncAfter(deadline: .now() + .milliseconds(1)) { [self] in flush() } }
     }
 
+    /// One exchange of what is wanted (at most 256 keys), then the next pass on the queue: a
+    /// key that wants again meanwhile waits its turn behind the others (and the renewals).
     private func flush() {
         guard let engine = engineBox.withLock({ $0 }) else { return }
-        while true {
-            let pairs = state.withLock { s -> [Pair] in
-                let p = s.wanted.sorted()
-                s.wanted = []
-                if p.isEmpty { s.flushing = false }
-                return p
+        let pairs = state.withLock { s -> [Pair] in
+            if s.stopped {
+                s.flushing = false
+                return []
             }
-            if pairs.isEmpty { return }
-            // At most 256 keys per exchange: one bounded transaction.
-            for chunk in stride(from: 0, to: pairs.count, by: 256).map({ Array(pairs[$0..<min($0 + 256, pairs.count)]) }) {
-                let needs = engine.leaseNeeds(chunk.map { ($0.limiter, $0.key) })
-                let grants: [LimiterLeaseGrant]
-                do {
-                    grants = try store.exchange(needs)
-                } catch {
-                    logger.warning("limiter leases: exchange failed, retrying in 0.5 s: \(error)")
-                    later(0.5, chunk)
-                    continue
-                }
-                let short = Set(engine.leaseGranted(grants).map { Pair(limiter: $0.limiter, key: $0.key) })
+            let p = Array(s.wanted.sorted().prefix(256))
+            for x in p { s.wanted.remove(x) }
+            return p
+        }
+        if !pairs.isEmpty {
+            let sentAt = SystemClock().now()
+            let needs = engine.leaseNeeds(pairs.map { ($0.limiter, $0.key) })
+            do {
+                let grants = try store.exchange(needs)
+                let short = Set(engine.leaseGranted(grants, sentAt: sentAt).map { Pair(limiter: $0.limiter, key: $0.key) })
                 // Short of slots: other instances hold them, and give them back as their
                 // operations finish; short of tokens: the bucket refills at its rate.
                 for g in grants where short.contains(Pair(limiter: g.limiter, key: g.key)) {
                     let delay = g.rate.map { max(0.005, min(0.1, 1 / $0.perSecond)) } ?? 0.05
                     later(delay, [Pair(limiter: g.limiter, key: g.key)])
                 }
+            } catch {
+                logger.warning("limiter leases: exchange failed, retrying in 0.5 s: \(error)")
+                // Nothing was granted: the keys keep what they held (within their lease, and
+                // within what the lost exchange asked for) and ask again.
+                later(0.5, pairs)
             }
         }
+        let more = state.withLock { s -> Bool in
+            if s.wanted.isEmpty || s.stopped {
+                s.flushing = false
+                return false
+            }
+            return true
+        }
+        if more { queue.async { [self] in flush() } }
     }
 
     private func later(_ seconds: Double, _ pairs: [Pair]) {
@@ -103,19 +119,34 @@ package final class LimiterLeasing: LimiterLeaseClient, Sendable {
         }
     }
 
-    private func scheduleRenewal() {
+    private func scheduleRenewal(_ round: Int = 0) {
         let every = max(0.1, leaseSeconds / 3)
-        queue.asyncAfter(deadline: .now() + .milliseconds(Int(every * 1000))) { [self] in
+        renewals.asyncAfter(deadline: .now() + .milliseconds(Int(every * 1000))) { [self] in
             if state.withLock({ $0.stopped }) { return }
-            do { try store.renew() } catch { logger.warning("limiter leases: renewal failed: \(error)") }
-            scheduleRenewal()
+            let sentAt = SystemClock().now()
+            do {
+                let held = try store.renew()
+                if let engine = engineBox.withLock({ $0 }) {
+                    // Keys whose rows are gone hold nothing now; rows the engine does not know go back.
+                    for p in engine.leaseRenewed(held, sentAt: sentAt) { want(limiter: p.limiter, key: p.key) }
+                }
+            } catch {
+                logger.warning("limiter leases: renewal failed: \(error)")
+            }
+            // Now and then, the rows nobody uses any more (lapsed holdings, full idle buckets).
+            if round % 30 == 29 {
+                do { try store.prune() } catch { logger.warning("limiter leases: pruning failed: \(error)") }
+            }
+            scheduleRenewal(round &+ 1)
         }
     }
 
-    /// Gives every holding back and stops asking (a clean stop, after the last start).
+    /// Gives every holding back and stops asking (a clean stop, after the last start): an
+    /// exchange already under way ends first, and none follows.
     package func stop() {
         state.withLock { $0.stopped = true }
         queue.sync {}
+        renewals.sync {}
         do { try store.releaseAll() } catch { logger.warning("limiter leases: could not give the holdings back (they lapse after a lease): \(error)") }
     }
 }
@@ -147,6 +178,7 @@ package struct PostgresLeaseExchange: LeaseExchange {
         }
     }
 
-    package func renew() throws { try leases.renew() }
+    package func renew() throws -> [(limiter: String, key: String, slots: Int)] { try leases.renew() }
+    package func prune() throws { try leases.prune() }
     package func releaseAll() throws { try leases.releaseAll() }
 }

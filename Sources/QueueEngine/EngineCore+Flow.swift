@@ -84,6 +84,9 @@ extension EngineCore {
             k.limiter.refs += 1
         }
         flowEntered(op, op.state)
+        // Restored executing (a restart, a queue taken over): it runs already; its slot is
+        // asked for at once, and nothing more starts under the key until it is granted.
+        if op.state == .executing { for k in keys where k.shared { askLease(k) } }
     }
 
     /// `op` moved into `state`: the keys' running and waiting counts follow.
@@ -269,7 +272,7 @@ extension EngineCore {
         for k in op.limitKeys {
             if k.shared {
                 // Asked for, and looked at again shortly.
-                if k.leaseDimensions.tokens && k.lease.tokens < 1 {
+                if k.leaseDimensions.tokens && k.currentTokens(t) < 1 {
                     askLease(k)
                     wait = max(wait, 100_000_000)
                 }

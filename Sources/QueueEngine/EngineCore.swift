@@ -50,6 +50,10 @@ final class EngineCore: @unchecked Sendable {
     var limiters: [String: LimiterRecord] = [:]
     /// Limiter budgets are shared with other instances and leased (`QueueEngine.setLeaseClient`).
     var sharedLimiters = false
+    /// How long a confirmed holding of a shared budget stays this instance's, ns.
+    var leaseNanos: Int64 = 10_000_000_000
+    /// Inside `QueueEngine.leaseGranted`: keys short of room are asked for again by the client.
+    var inLeaseGrant = false
     var flowCounters = FlowCounters()
     /// Keys that let operations go in this locked section (`settle`).
     var flowRecheck: [LimiterKey] = []

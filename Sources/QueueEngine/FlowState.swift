@@ -112,8 +112,8 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     func blocked(now: Int64) -> WaitReason.LimiterWaitReason? {
         if shared {
             let (slots, tokens) = leaseDimensions
-            if slots && running >= lease.slots { return .concurrency }
-            if tokens && lease.tokens < 1 { return .rate }
+            if slots && running >= usableSlots(now) { return .concurrency }
+            if tokens && currentTokens(now) < 1 { return .rate }
             return nil
         }
         let b = budget
@@ -130,8 +130,8 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
         if shared {
             let (slots, tokens) = leaseDimensions
             var r = Int.max
-            if slots { r = Swift.max(0, lease.slots - running) }
-            if tokens { r = Swift.min(r, Swift.max(0, lease.tokens)) }
+            if slots { r = Swift.max(0, usableSlots(now) - running) }
+            if tokens { r = Swift.min(r, Swift.max(0, currentTokens(now))) }
             return r
         }
         let b = budget
@@ -161,7 +161,7 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     /// A start takes a token: from the bucket, or from the lease of a shared budget.
     func takeStart() {
         if shared {
-            if leaseDimensions.tokens { lease.tokens -= 1 }
+            if leaseDimensions.tokens { lease.tokens = Swift.max(0, lease.tokens - 1) }
         } else {
             bucket?.take()
         }

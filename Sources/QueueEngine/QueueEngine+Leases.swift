@@ -43,8 +43,16 @@ public protocol LimiterLeaseClient: Sendable {
 struct KeyLease {
     /// Slots held from the shared budget.
     var slots = 0
-    /// Tokens held, each one start.
+    /// While an exchange is out: the most it can leave this instance holding (what it kept and
+    /// wanted). Starts stay within it until the answer comes, whatever `slots` said before.
+    var inFlightCap: Int?
+    /// Until when the slots are this instance's: the send time of the exchange or renewal that
+    /// last confirmed them, plus the lease (engine clock, ns). Past it they count as none.
+    var validUntil: Int64 = .min
+    /// Tokens held, each one start, until `tokensUntil` (ns): tokens are taken for starts due
+    /// now, and not kept to be spent later beside another instance's.
     var tokens = 0
+    var tokensUntil: Int64 = .min
     /// A want is out (`LimiterLeaseClient.want`) and not answered yet.
     var asking = false
     /// The budget as last granted (nil before the first grant: the local settings say which
@@ -55,10 +63,14 @@ struct KeyLease {
 }
 
 extension QueueEngine {
-    /// Makes every limiter's budget a shared one, leased through `client` (a cluster).
-    public func setLeaseClient(_ client: any LimiterLeaseClient) {
+    /// Makes every limiter's budget a shared one, leased through `client` (a cluster), with
+    /// holdings that lapse `leaseSeconds` after they were last confirmed.
+    public func setLeaseClient(_ client: any LimiterLeaseClient, leaseSeconds: Double) {
         leaseClient.withLock { $0 = client }
-        state.withLock { $0.sharedLimiters = true }
+        state.withLock {
+            $0.sharedLimiters = true
+            $0.leaseNanos = Timestamp.clampedNanoseconds(max(0.1, leaseSeconds))
+        }
     }
 
     /// The current needs of these keys (a key this engine no longer has keeps and wants nothing:
@@ -72,25 +84,41 @@ extension QueueEngine {
                 let parked = k.parkedOps.count
                 let (usesSlots, usesTokens) = k.leaseDimensions
                 let batch = min(parked, 64)
+                // The store sets the holding to keep + want (at most): the running ones, and one
+                // per parked operation. Until it answers, starts stay within that.
+                let want = usesSlots ? batch : 0
+                k.lease.inFlightCap = k.running + want
+                // Tokens only for starts that can happen now: not more than the slots allow.
+                let startable = usesSlots ? min(batch, max(0, k.lease.slots + want - k.running)) : batch
                 return LimiterLeaseNeed(
-                    limiter: lk.limiter, key: lk.key, keepSlots: usesSlots ? k.running : 0,
-                    wantSlots: usesSlots ? min(batch, max(0, parked - max(0, k.lease.slots - k.running))) : 0,
-                    wantTokens: usesTokens ? max(0, batch - k.lease.tokens) : 0)
+                    limiter: lk.limiter, key: lk.key, keepSlots: k.running, wantSlots: want,
+                    wantTokens: usesTokens ? max(0, startable - k.currentTokens(core.now.nanoseconds)) : 0)
             }
         }
     }
 
     /// Takes the shared budget's answers: keys with room let their parked operations go.
     /// Returns the keys that still have parked operations and no room (ask again later).
+    /// `sentAt`: when the exchange was sent (engine clock): the slots are confirmed from then.
     @discardableResult
-    public func leaseGranted(_ grants: [LimiterLeaseGrant]) -> [(limiter: String, key: String)] {
+    public func leaseGranted(_ grants: [LimiterLeaseGrant], sentAt: Timestamp) -> [(limiter: String, key: String)] {
         var unsatisfied: [(limiter: String, key: String)] = []
         try? mutate { core throws(EngineError) in
+            // Keys with room let operations go here; those still short are asked for again by
+            // the client, a moment later (not at once, from in here).
+            core.inLeaseGrant = true
+            defer { core.inLeaseGrant = false }
+            let t = core.now.nanoseconds
             for g in grants {
                 guard let k = core.limiters[g.limiter]?.keys[g.key] else { continue }
                 k.lease.asking = false
+                k.lease.inFlightCap = nil
                 k.lease.slots = max(0, g.slots)
-                k.lease.tokens = min(1_000_000, k.lease.tokens + max(0, g.tokens))
+                k.lease.validUntil = sentAt.nanoseconds.saturatingAdd(core.leaseNanos)
+                k.lease.tokens = min(1_000_000, k.currentTokens(t) + max(0, g.tokens))
+                // Spent at once or given up: at most a tenth of a second, or one token's time.
+                let life = g.rate.map { max(0.1, 1 / $0.perSecond) } ?? 0.1
+                k.lease.tokensUntil = t.saturatingAdd(Timestamp.clampedNanoseconds(life))
                 k.lease.concurrency = g.concurrency
                 k.lease.rate = g.rate
                 k.lease.granted = true
@@ -101,6 +129,33 @@ extension QueueEngine {
             }
         }
         return unsatisfied
+    }
+
+    /// A renewal sent at `sentAt` confirmed `held` (what the store still has for this instance):
+    /// those keys' slots are this instance's for another lease; a key it no longer has holds
+    /// none (and asks again); a row the engine does not know is given back. Returns the keys to
+    /// exchange.
+    public func leaseRenewed(_ held: [(limiter: String, key: String, slots: Int)], sentAt: Timestamp) -> [(limiter: String, key: String)] {
+        var again: [(limiter: String, key: String)] = []
+        try? mutate { core throws(EngineError) in
+            var confirmed = Set<String>()
+            for h in held {
+                confirmed.insert(h.limiter + "\u{0}" + h.key)
+                guard let k = core.limiters[h.limiter]?.keys[h.key], k.lease.slots > 0 else {
+                    again.append((h.limiter, h.key))
+                    continue
+                }
+                k.lease.validUntil = sentAt.nanoseconds.saturatingAdd(core.leaseNanos)
+                if h.slots < k.lease.slots { k.lease.slots = h.slots }
+            }
+            for l in core.limiters.values {
+                for k in l.keys.values where k.lease.slots > 0 && !confirmed.contains(l.name + "\u{0}" + k.key) && k.lease.inFlightCap == nil {
+                    k.lease.slots = 0
+                    again.append((l.name, k.key))
+                }
+            }
+        }
+        return again
     }
 
     /// Every key that holds slots from the shared budget, with what it holds (renewal, display).
@@ -114,6 +169,15 @@ extension QueueEngine {
 }
 
 extension LimiterKey {
+    /// The slots this instance may fill now: held and confirmed, within an exchange under way.
+    func usableSlots(_ now: Int64) -> Int {
+        guard now <= lease.validUntil else { return 0 }
+        return min(lease.slots, lease.inFlightCap ?? Int.max)
+    }
+
+    /// Tokens held and not lapsed.
+    func currentTokens(_ now: Int64) -> Int { now <= lease.tokensUntil ? lease.tokens : 0 }
+
     /// Which budgets apply to this key: slots, tokens.
     var leaseDimensions: (slots: Bool, tokens: Bool) {
         if lease.granted { return (lease.concurrency != nil, lease.rate != nil) }
@@ -125,7 +189,7 @@ extension LimiterKey {
 extension EngineCore {
     /// Asks the shared budget for `k` once (until it answers).
     func askLease(_ k: LimiterKey) {
-        guard sharedLimiters, !k.lease.asking else { return }
+        guard sharedLimiters, !k.lease.asking, !inLeaseGrant else { return }
         k.lease.asking = true
         let (limiter, key) = (k.limiter.name, k.key)
         guard let client = engine.leaseClient.withLock({ $0 }) else { return }

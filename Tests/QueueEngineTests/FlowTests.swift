@@ -212,7 +212,9 @@ final class FakeSharedBudget: @unchecked Sendable {
                 if rate != nil { s.tokens -= give }
                 return LimiterLeaseGrant(limiter: limiter, key: key, slots: slots, tokens: give, concurrency: concurrency, rate: rate)
             }
-            engines[i].leaseGranted([grant])
+            // As the client does: a key still short asks again (here: at the next pump).
+            let short = engines[i].leaseGranted([grant], sentAt: SystemClock().now().adding(seconds: 1e6))
+            lock.withLock { s in for k in short { s.wants.append((i, k.limiter, k.key)) } }
         }
     }
 
@@ -224,8 +226,8 @@ extension Engine.Flow {
         let budget = FakeSharedBudget(concurrency: 3)
         let a = Fixture(), b = Fixture()
         budget.engines = [a.engine, b.engine]
-        a.engine.setLeaseClient(budget.client(0))
-        b.engine.setLeaseClient(budget.client(1))
+        a.engine.setLeaseClient(budget.client(0), leaseSeconds: 10)
+        b.engine.setLeaseClient(budget.client(1), leaseSeconds: 10)
         for f in [a, b] {
             try f.queue("q", max: 50)
             try f.engine.createLimiter(name: "stripe", settings: LimiterSettings(concurrency: 3))
@@ -262,8 +264,8 @@ extension Engine.Flow {
         let budget = FakeSharedBudget(concurrency: nil, rate: RateLimit(perSecond: 1, burst: 2), tokens: 2)
         let a = Fixture(), b = Fixture()
         budget.engines = [a.engine, b.engine]
-        a.engine.setLeaseClient(budget.client(0))
-        b.engine.setLeaseClient(budget.client(1))
+        a.engine.setLeaseClient(budget.client(0), leaseSeconds: 10)
+        b.engine.setLeaseClient(budget.client(1), leaseSeconds: 10)
         for f in [a, b] {
             try f.queue("q", max: 50)
             try f.engine.createLimiter(name: "api", settings: LimiterSettings(rate: RateLimit(perSecond: 1, burst: 2)))
@@ -346,5 +348,35 @@ extension Engine.Flow {
         }
         let keys = f.engine.fairKeys(queue: "s")
         #expect(keys <= 1100, "the fair order keeps \(keys) keys for no ready operation")
+    }
+}
+
+extension Engine.Flow {
+    /// While an exchange is out, starts stay within what it asked for: the store may answer
+    /// with just that.
+    @Test func startsWaitForAnExchangeUnderWay() throws {
+        let budget = FakeSharedBudget(concurrency: 3)
+        let a = Fixture()
+        budget.engines = [a.engine]
+        a.engine.setLeaseClient(budget.client(0), leaseSeconds: 10)
+        try a.queue("q", max: 50)
+        try a.engine.createLimiter(name: "l", settings: LimiterSettings(concurrency: 3))
+        var ids: [OperationID] = []
+        for _ in 0..<3 { ids.append(try add(a, "q", limits: [LimitRef(limiter: "l", key: "k")])) }
+        budget.pump()
+        #expect(a.kind.started.count == 3)
+        a.kind.finish(ids[0])
+        a.kind.finish(ids[1])
+        // The slots going back are being exchanged (keep 1) when two more operations come.
+        let needs = a.engine.leaseNeeds([("l", "k")])
+        #expect(needs.first?.keepSlots == 1 && needs.first?.wantSlots == 0)
+        _ = try add(a, "q", limits: [LimitRef(limiter: "l", key: "k")])
+        _ = try add(a, "q", limits: [LimitRef(limiter: "l", key: "k")])
+        #expect(a.kind.started.count == 3, "nothing starts beyond the exchange's keep + want while it is out")
+        a.engine.leaseGranted(
+            [LimiterLeaseGrant(limiter: "l", key: "k", slots: 1, tokens: 0, concurrency: 3, rate: nil)], sentAt: SystemClock().now().adding(seconds: 1e6))
+        budget.pump()
+        budget.pump()
+        #expect(a.kind.started.count == 5, "then asked for, granted and started")
     }
 }
