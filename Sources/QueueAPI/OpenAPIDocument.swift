@@ -2983,13 +2983,14 @@ components:
     LimitRefShown:
       type: object
       additionalProperties: false
-      required: [limiter, key]
+      required: [limiter]
       properties:
         limiter:
           $ref: '#/components/schemas/LimiterName'
         key:
           type: string
-          description: The budget key (`""` when none was given).
+          minLength: 1
+          description: The budget key, as given; left out when none was given (or `""`), which is the key `""`.
 
     WaitReason:
       description: |
@@ -3900,7 +3901,7 @@ components:
           minItems: 1
           items:
             $ref: '#/components/schemas/LimitRefShown'
-          description: The limiters it needs room in, as given (a missing key shown as `""`); absent when none.
+          description: The limiters it needs room in, as given (a key left out, or `""`, is not shown); absent when none.
         fairnessKey:
           type: string
           description: Its fairness key, as given; absent when none.
