@@ -118,13 +118,15 @@ struct FlowEndpointTests {
         try await withLiveServer({
             $0.limits.unfinishedPerQueue = 200_000
             $0.limits.batch = 10_000
-        }) { server in
+        }) { plain in
+            // Patient: under ThreadSanitizer a batch of 10,000 or a page of the feed takes seconds.
+            let server = plain.patient(120)
             try await server.request("POST", "/v1/queues", json: #"{"name":"shared","maxConcurrentOperationCount":1,"isSuspended":true}"#)
                 .expecting(201)
             let element = #"{"queue":"shared","kind":"delay","spec":{"seconds":0},"fairnessKey":"big"}"#
             let body = #"{"operations":[\#(Array(repeating: element, count: 10_000).joined(separator: ","))]}"#
             // Ten batches of 10,000: patient, for the ThreadSanitizer run, where one takes seconds.
-            for _ in 0..<10 { try await server.patient(120).request("POST", "/v1/operations:batch", json: body).expecting(201) }
+            for _ in 0..<10 { try await server.request("POST", "/v1/operations:batch", json: body).expecting(201) }
             let small = try await Self.createOp(server, "shared", fairness: "small")
             let resumedAt = try await server.lastSeq()
             try await server.request("POST", "/v1/queues/shared/resume").expecting(200)
