@@ -172,21 +172,13 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
         op.parkedOn = self
         op.parkKey = k
         parkedOps[op.id] = op
-        parked.append(k)
-        var i = parked.count - 1
-        while i > 0 {
-            let parent = (i - 1) >> 1
-            if parked[parent] <= k { break }
-            parked[i] = parked[parent]
-            i = parent
-        }
-        parked[i] = k
+        FairReady.heapPush(&parked, k)
     }
 
     /// The next live parked operation, taken off.
     func unpark() -> OpRecord? {
         while let top = parked.first {
-            removeTop()
+            FairReady.heapRemoveTop(&parked)
             if let op = parkedOps[top & QueueRecord.idMask], op.parkKey == top {
                 parkedOps[op.id] = nil
                 op.parkedOn = nil
@@ -209,23 +201,6 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
         } else if parked.count > 2 * parkedOps.count + 64 {
             parked = parkedOps.values.map(\.parkKey).sorted()
         }
-    }
-
-    private func removeTop() {
-        let last = parked.removeLast()
-        let n = parked.count
-        if n == 0 { return }
-        var i = 0
-        while true {
-            let l = 2 * i + 1
-            if l >= n { break }
-            var c = l
-            if l + 1 < n && parked[l + 1] < parked[l] { c = l + 1 }
-            if parked[c] >= last { break }
-            parked[i] = parked[c]
-            i = c
-        }
-        parked[i] = last
     }
 }
 
@@ -345,6 +320,7 @@ struct FairReady {
         siftDown(level, 0)
     }
 
+    /// A min-heap of keys in an array: the one used by the fair order and the parked operations.
     static func heapPush(_ heap: inout [UInt64], _ key: UInt64) {
         heap.append(key)
         var i = heap.count - 1
