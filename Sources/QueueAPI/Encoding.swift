@@ -75,15 +75,7 @@ extension OperationSnapshot {
         }
         if let nb = options.notBefore { o.key("notBefore"); o.time(nb) }
         if !options.limits.isEmpty {
-            o.key("limits"); o.openArray()
-            for l in options.limits {
-                o.open()
-                o.key("limiter"); o.string(l.limiter)
-                // A key left out is the key "": shown as given.
-                if !l.key.isEmpty { o.key("key"); o.string(l.key) }
-                o.close()
-            }
-            o.closeArray()
+            o.key("limits"); o.limits(options.limits)
         }
         if let f = options.fairnessKey { o.key("fairnessKey"); o.string(f) }
         if let waitingOn {
@@ -136,14 +128,7 @@ extension QueueSnapshot {
         o.key("rateLimit")
         if let rateLimit { rateLimit.write(to: &o) } else { o.null() }
         if !fairnessWeights.isEmpty {
-            o.key("fairnessWeights"); o.open()
-            for key in fairnessWeights.keys.sorted() {
-                o.comma()
-                JSONWriter.string(key, to: &o.bytes)
-                o.bytes.append(UInt8(ascii: ":"))
-                JSONWriter.integer(fairnessWeights[key] ?? 1, to: &o.bytes)
-            }
-            o.close()
+            o.key("fairnessWeights"); o.weights(fairnessWeights)
         }
         o.key("revision"); o.int(revision)
         o.key("createdAt"); o.time(createdAt)

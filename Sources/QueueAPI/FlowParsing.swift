@@ -145,6 +145,32 @@ enum FlowParsing {
     }
 }
 
+extension JSONOut {
+    /// An operation's `limits`, as given: a key left out is the key "", and is not shown.
+    mutating func limits(_ limits: [LimitRef]) {
+        openArray()
+        for l in limits {
+            open()
+            key("limiter"); string(l.limiter)
+            if !l.key.isEmpty { key("key"); string(l.key) }
+            close()
+        }
+        closeArray()
+    }
+
+    /// A queue's `fairnessWeights`, keys sorted.
+    mutating func weights(_ weights: [String: Int]) {
+        open()
+        for k in weights.keys.sorted() {
+            comma()
+            JSONWriter.string(k, to: &bytes)
+            bytes.append(UInt8(ascii: ":"))
+            JSONWriter.integer(weights[k] ?? 1, to: &bytes)
+        }
+        close()
+    }
+}
+
 extension RateLimit {
     func write(to o: inout JSONOut) {
         o.open()

@@ -68,14 +68,7 @@ package struct ArchiveController: Sendable {
         o.key("isSuspended"); o.bool(archive.queue.isSuspended)
         if let r = archive.queue.rateLimit { o.key("rateLimit"); r.write(to: &o) }
         if !archive.queue.fairnessWeights.isEmpty {
-            o.key("fairnessWeights"); o.open()
-            for key in archive.queue.fairnessWeights.keys.sorted() {
-                o.comma()
-                JSONWriter.string(key, to: &o.bytes)
-                o.bytes.append(UInt8(ascii: ":"))
-                JSONWriter.integer(archive.queue.fairnessWeights[key] ?? 1, to: &o.bytes)
-            }
-            o.close()
+            o.key("fairnessWeights"); o.weights(archive.queue.fairnessWeights)
         }
         o.close()
         o.key("operations"); o.openArray()
@@ -115,15 +108,7 @@ package struct ArchiveController: Sendable {
         }
         if let nb = op.options.notBefore { o.key("notBefore"); o.time(nb) }
         if !op.options.limits.isEmpty {
-            o.key("limits"); o.openArray()
-            for l in op.options.limits {
-                o.open()
-                o.key("limiter"); o.string(l.limiter)
-                // A key left out is the key "": shown as given.
-                if !l.key.isEmpty { o.key("key"); o.string(l.key) }
-                o.close()
-            }
-            o.closeArray()
+            o.key("limits"); o.limits(op.options.limits)
         }
         if let f = op.options.fairnessKey { o.key("fairnessKey"); o.string(f) }
         o.key("createdAt"); o.time(op.createdAt)
