@@ -219,6 +219,7 @@ struct BulkRows {
         case let .bool(b): column.text(b ? "true" : "false")
         case let .int(n): column.text(&scratch) { JSONWriter.integer(n, to: &$0) }
         case let .priority(p): column.text(&scratch) { JSONWriter.string(p.name, to: &$0) }
+        case let .breaker(b): column.text(&scratch) { JSONWriter.string(b.rawValue, to: &$0) }
         case let .progress(p):
             column.text(&scratch) { out in
                 out.append(contentsOf: #"{"completed":"#.utf8)

@@ -480,7 +480,7 @@ final class PGWriter: @unchecked Sendable {
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
-                case .kept: break
+                case .kept, .host: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
                 }
@@ -619,6 +619,8 @@ final class PGWriter: @unchecked Sendable {
                             if lastLimiter[l.name] == position { try send(PGSchema.upsertLimiter, PGSchema.limiterParameters(l)) }
                         case let .limiterDeleted(name):
                             if lastLimiter[name] == position { try send(PGSchema.deleteLimiter, [PGParameter(name)]) }
+                        case .host:
+                            continue
                         }
                     }
                 case let .purge(cutoff, limit, reply):

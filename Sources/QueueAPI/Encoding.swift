@@ -150,15 +150,27 @@ extension ChangeValue {
         case let .priority(p): o.string(p.name)
         case let .progress(p): p.write(to: &o)
         case let .int(n): o.int(n)
+        case let .breaker(b): o.string(b.rawValue)
         }
     }
 }
 
 extension ChangeEvent {
-    /// `{"seq","time","queue","operation","key","old","new","state"}`.
+    /// `{"seq","time","queue","operation","key","old","new","state"}`; a host's breaker change
+    /// is `{"seq","time","host","key":"breaker","old","new"}` (API.md "Hosts").
     package var json: [UInt8] {
         var o = JSONOut(capacity: 200)
         o.open()
+        if key == .breaker {
+            o.key("seq"); o.int(seq)
+            o.key("time"); o.time(time)
+            o.key("host"); o.string(queue)
+            o.key("key"); o.string(key.rawValue)
+            o.key("old"); old.write(to: &o)
+            o.key("new"); new.write(to: &o)
+            o.close()
+            return o.bytes
+        }
         o.key("seq"); o.int(seq)
         o.key("time"); o.time(time)
         o.key("queue"); o.string(queue)

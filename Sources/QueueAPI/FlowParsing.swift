@@ -208,6 +208,11 @@ extension WaitReason {
             o.key("key"); o.string(key)
             o.key("reason"); o.string(reason.rawValue)
             if let until { o.key("until"); o.time(until) }
+        case let .host(host, state, until):
+            o.key("type"); o.string("host")
+            o.key("host"); o.string(host)
+            o.key("state"); o.string(state)
+            if let until { o.key("until"); o.time(until) }
         }
         o.close()
     }

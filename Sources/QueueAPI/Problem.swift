@@ -55,6 +55,7 @@ extension EngineError: ProblemConvertible {
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
         case let .limiterNotFound(name): return .notFound("no limiter named '\(name)'")
+        case let .hostNotFound(name): return .notFound("no host '\(name)' is tracked; hosts are tracked once an operation sends to them or a PATCH names them")
         case let .conflict(slug, detail): return Problem(409, slug, "Conflict", detail)
         case let .notHere(queue):
             return .noOwner("queue '\(queue)' is moving to another instance of the cluster; retry shortly, with an Idempotency-Key for changes")
@@ -72,6 +73,7 @@ extension OperationAction {
         case .pause: return "pause"
         case .resume: return "resume"
         case .dependencyAdded: return "hold back"
+        case .hold: return "hold"
         }
     }
     func hint(_ from: OperationState) -> String {

@@ -22,6 +22,7 @@ extension EngineCore {
     enum FlowWake {
         case queue(String, generation: UInt64)
         case key(limiter: String, key: String, generation: UInt64)
+        case host(String, generation: UInt64)
     }
 
     // MARK: - limits of an operation
@@ -160,6 +161,8 @@ extension EngineCore {
                 armRateWake(q)
                 return
             }
+            // A host that is not closed holds every start to it, resumes too.
+            if let h = op.host, !hostAdmits(op, h) { continue }
             if !op.limitKeys.isEmpty {
                 if let k = blockingKey(op, counts: counts) {
                     park(op, on: k)
@@ -169,6 +172,7 @@ extension EngineCore {
                     for k in op.limitKeys { k.takeStart() }
                 }
             }
+            op.host?.takeStart(op)
             if counts { q.rate?.take() }
             op.rateDelayed = false
             q.fair?.charge(op, weight: q.fairnessWeights[op.options.fairnessKey ?? ""] ?? 1)
@@ -256,14 +260,25 @@ extension EngineCore {
             guard let k = limiters[limiter]?.keys[key], k.wakeGeneration == generation else { return }
             k.wakeArmed = false
             keyGotRoom(k)
+        case let .host(name, generation):
+            hostWakeFired(name, generation: generation)
         }
     }
 
     /// A retried operation's next attempt is a start too: it waits, still executing, until its
     /// queue's and its keys' buckets have a token. Nanoseconds to wait, or 0 when the tokens
-    /// were taken and the attempt may begin.
+    /// were taken and the attempt may begin; -1 when its host holds starts: the operation was
+    /// put back to ready (`holdRun`) and waits for the host there.
     func attemptWait(_ op: OpRecord) -> Int64 {
         let t = now.nanoseconds
+        if let h = op.host {
+            refreshHost(h)
+            // Its host holds starts: the attempt waits parked on it, ready (its attempt number kept).
+            if h.room(now: t) == 0 {
+                holdRun(op)
+                return -1
+            }
+        }
         var wait: Int64 = 0
         if var b = op.queue.rate {
             if !b.has(t) { wait = max(wait, b.untilToken) }
@@ -285,6 +300,7 @@ extension EngineCore {
         guard wait == 0 else { return wait }
         op.queue.rate?.take()
         for k in op.limitKeys { k.takeStart() }
+        op.host?.takeStart(op)
         return 0
     }
 
@@ -317,6 +333,7 @@ extension EngineCore {
         if q.isSuspended { out.append(.suspended) }
         guard op.state == .ready else { return out }
         if q.executing >= limit(q) { out.append(.concurrency) }
+        if let h = hostReason(op) { out.append(h) }
         out.append(contentsOf: tokenReasons(op, t, slots: true))
         return out
     }

@@ -54,6 +54,7 @@ extension EngineCore {
             effects.append(.watchRemote(remote.map { OperationID(raw: $0) }))
         }
         if !op.options.limits.isEmpty { attachFlow(op) }
+        attachHost(op)
         if readyNow {
             q.push(op)
             dirty.append(q)

@@ -36,6 +36,7 @@ extension EngineCore {
         }
         guard from != to else { return effect }
         if !op.limitKeys.isEmpty { flowLeft(op, from) }
+        if let h = op.host { hostLeft(op, h, from) }
         switch from {
         case .ready:
             op.heapKey = 0  // its heap entry goes stale
@@ -64,6 +65,7 @@ extension EngineCore {
             break
         }
         if !op.limitKeys.isEmpty { flowEntered(op, to) }
+        if to == .finished, let h = op.host { hostFinished(op, h) }
         return effect
     }
 

@@ -56,7 +56,11 @@ final class EngineCore: @unchecked Sendable {
     var inLeaseGrant = false
     var flowCounters = FlowCounters()
     /// Keys that let operations go in this locked section (`settle`).
-    var flowRecheck: [LimiterKey] = []
+    var flowRecheck: [ParkingLot] = []
+    /// Target hosts of operations (API.md "Hosts"), by `host:port`.
+    var hosts: [String: HostRecord] = [:]
+    var breaker = BreakerSettings()
+    var hostCounters = HostCounters()
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]
@@ -116,11 +120,16 @@ final class EngineCore: @unchecked Sendable {
             // what they could: room one of them did not use (its queue is suspended or full,
             // another of its limits has none) goes to the next parked one (`keyGotRoom`).
             guard !flowRecheck.isEmpty else { return }
-            let keys = flowRecheck
+            let lots = flowRecheck
             flowRecheck = []
-            for k in keys {
-                k.rechecking = false
-                if !k.parkedOps.isEmpty { keyGotRoom(k) }
+            for lot in lots {
+                lot.rechecking = false
+                guard !lot.parkedOps.isEmpty else { continue }
+                if let k = lot as? LimiterKey {
+                    keyGotRoom(k)
+                } else if let h = lot as? HostRecord {
+                    hostGotRoom(h)
+                }
             }
             if dirty.isEmpty { return }
         }

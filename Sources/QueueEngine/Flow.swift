@@ -101,6 +101,9 @@ public enum WaitReason: Sendable, Equatable {
     case rate(until: Timestamp)
     /// A limiter it names has no room for its key.
     case limiter(name: String, key: String, reason: LimiterWaitReason, until: Timestamp?)
+    /// Its host's breaker holds it (`state`: open, halfOpen, ramping, or throttled: the host
+    /// asked to wait until `until`).
+    case host(host: String, state: String, until: Timestamp?)
 
     public enum LimiterWaitReason: String, Sendable { case concurrency, rate }
 }

@@ -69,8 +69,56 @@ final class LimiterRecord: @unchecked Sendable {  // guarded by the engine lock
     }
 }
 
+/// Where ready operations wait that something other than their queue holds back (a limiter
+/// key without room, a host that is not closed): taken off their queue's ready order, they
+/// cost nothing while they wait, and come back in O(log n) when it has room.
+class ParkingLot: @unchecked Sendable {  // guarded by the engine lock
+    /// Operations parked here. Keys as in the queue's heap (priority rank, then id); stale
+    /// ones are skipped.
+    final var parked: [UInt64] = []
+    final var parkedOps: [UInt64: OpRecord] = [:]
+    /// Listed in `EngineCore.flowRecheck`.
+    final var rechecking = false
+
+    final func park(_ op: OpRecord) {
+        let k = op.priority.rank << 60 | op.id
+        op.parkedOn = self
+        op.parkKey = k
+        parkedOps[op.id] = op
+        FairReady.heapPush(&parked, k)
+    }
+
+    /// The next live parked operation, taken off.
+    final func unpark() -> OpRecord? {
+        while let top = parked.first {
+            FairReady.heapRemoveTop(&parked)
+            if let op = parkedOps[top & QueueRecord.idMask], op.parkKey == top {
+                parkedOps[op.id] = nil
+                op.parkedOn = nil
+                op.parkKey = 0
+                if op.state == .ready { return op }
+            }
+        }
+        return nil
+    }
+
+    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale. Stale
+    /// entries are dropped once they outnumber the live ones (plus a margin): the heap stays
+    /// bounded by what is parked.
+    final func forget(_ op: OpRecord) {
+        parkedOps[op.id] = nil
+        op.parkedOn = nil
+        op.parkKey = 0
+        if parkedOps.isEmpty {
+            parked.removeAll(keepingCapacity: false)
+        } else if parked.count > 2 * parkedOps.count + 64 {
+            parked = parkedOps.values.map(\.parkKey).sorted()
+        }
+    }
+}
+
 /// One key of a limiter: its own slots and bucket, and the ready operations it holds back.
-final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
+final class LimiterKey: ParkingLot, @unchecked Sendable {  // guarded by the engine lock
     unowned let limiter: LimiterRecord
     let key: String
     var running = 0
@@ -79,21 +127,18 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
     /// its bucket is full.
     var refs = 0
     var bucket: TokenBucket?
-    /// Operations parked here: ready, taken off their queue's ready order because this key had
-    /// no room. Keys as in the queue's heap (priority rank, then id); stale ones are skipped.
-    var parked: [UInt64] = []
-    var parkedOps: [UInt64: OpRecord] = [:]
     /// A refill wake-up is armed for this key; `wakeGeneration` names the current one (a new
     /// bucket makes an armed one stale).
     var wakeArmed = false
     var wakeGeneration: UInt64 = 0
-    /// Listed in `EngineCore.flowRecheck`.
-    var rechecking = false
     /// Its lease of the shared budget, when the budgets are shared (`EngineCore.sharedLimiters`).
     var lease = KeyLease()
     let shared: Bool
 
-    init(limiter: LimiterRecord, key: String, shared: Bool) { self.limiter = limiter; self.key = key; self.shared = shared }
+    init(limiter: LimiterRecord, key: String, shared: Bool) {
+        self.limiter = limiter; self.key = key; self.shared = shared
+        super.init()
+    }
 
     var budget: LimiterBudget { limiter.settings.budget(for: key) }
 
@@ -164,42 +209,6 @@ final class LimiterKey: @unchecked Sendable {  // guarded by the engine lock
             if leaseDimensions.tokens { lease.tokens = Swift.max(0, lease.tokens - 1) }
         } else {
             bucket?.take()
-        }
-    }
-
-    func park(_ op: OpRecord) {
-        let k = op.priority.rank << 60 | op.id
-        op.parkedOn = self
-        op.parkKey = k
-        parkedOps[op.id] = op
-        FairReady.heapPush(&parked, k)
-    }
-
-    /// The next live parked operation, taken off.
-    func unpark() -> OpRecord? {
-        while let top = parked.first {
-            FairReady.heapRemoveTop(&parked)
-            if let op = parkedOps[top & QueueRecord.idMask], op.parkKey == top {
-                parkedOps[op.id] = nil
-                op.parkedOn = nil
-                op.parkKey = 0
-                if op.state == .ready { return op }
-            }
-        }
-        return nil
-    }
-
-    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale. Stale
-    /// entries are dropped once they outnumber the live ones (plus a margin): the heap stays
-    /// bounded by what is parked.
-    func forget(_ op: OpRecord) {
-        parkedOps[op.id] = nil
-        op.parkedOn = nil
-        op.parkKey = 0
-        if parkedOps.isEmpty {
-            parked.removeAll(keepingCapacity: false)
-        } else if parked.count > 2 * parkedOps.count + 64 {
-            parked = parkedOps.values.map(\.parkKey).sorted()
         }
     }
 }

@@ -29,6 +29,9 @@ public protocol OperationKind: Sendable {
     /// between SIGTERM and SIGKILL: a queue handed to another instance is not started there
     /// before. 0 (the default): gone at once.
     var stopGrace: Double { get }
+    /// The target host (`host:port`, lowercase) an operation with `spec` sends to, which a
+    /// circuit breaker guards (API.md "Hosts"); nil (the default): none.
+    func host(spec: JSONValue?) -> String?
 }
 
 /// What happens at start-up to an operation that was executing when the process stopped.
@@ -48,6 +51,7 @@ extension OperationKind {
     public func permit(spec: JSONValue?) throws(EngineError) {}
     public var defaultRetry: RetryPolicy? { nil }
     public var stopGrace: Double { 0 }
+    public func host(spec: JSONValue?) -> String? { nil }
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }
         return .fail("interrupted")
@@ -74,6 +78,13 @@ public struct ExecutionContext: Sendable {
     /// Reports the end of the work. Later reports for the same run are ignored.
     public func finish(_ completion: Completion) {
         engine.complete(operation, token: token, completion)
+    }
+
+    /// Reports the end of the work with what it says about the operation's target host
+    /// (`OperationKind.host(spec:)`): its breaker counts it, and a request to slow down
+    /// (`.throttle`) puts the operation back to ready without using an attempt.
+    public func finish(_ completion: Completion, host verdict: HostVerdict) {
+        engine.complete(operation, token: token, completion, host: verdict)
     }
 
     /// Saves kind-private state with the operation (made durable like any change).

@@ -24,6 +24,10 @@ public enum OperationAction: String, Sendable, CaseIterable {
     /// An unfinished dependency was added to a ready operation (`update`, or a restore that
     /// finds one of its dependencies unfinished): it waits again.
     case dependencyAdded
+    /// The host of its run asked to slow down (API.md "Hosts": a 429, or a 503 with
+    /// `Retry-After`), or holds the start of its next attempt: the run ends without using an
+    /// attempt and it waits again, ready.
+    case hold
 }
 
 /// A refused request or move. The API layer maps each case to an HTTP status.
@@ -55,6 +59,8 @@ public enum EngineError: Error, Sendable, Equatable {
     case notHere(String)
     /// No limiter of this name.
     case limiterNotFound(String)
+    /// No host of this name is tracked.
+    case hostNotFound(String)
     /// The change conflicts with what exists now (a duplicate limiter, a limiter in use);
     /// `slug` names the case.
     case conflict(slug: String, detail: String)
@@ -88,6 +94,7 @@ extension OperationState {
         // A completion that raced a pause is kept and applied when the operation gets a slot again.
         case (.executing, .pause): return (.paused, .pauseRun)
         case (.paused, .resume): return (dependenciesMet ? .ready : .pending, .none)
+        case (.executing, .hold): return (.ready, .none)
         default: throw .invalidTransition(from: self, action: action)
         }
     }
@@ -98,6 +105,8 @@ public enum ChangeKey: String, Sendable, CaseIterable {
     case isReady, isExecuting, isFinished, isCancelled, isPaused, queuePriority, progress
     /// A failed attempt is retried: `old` and `new` are attempt numbers.
     case attempt
+    /// A host's breaker changed (API.md "Hosts"): the event names the host, not an operation.
+    case breaker
 }
 
 /// The old or new value of a change.
@@ -108,9 +117,12 @@ public enum ChangeValue: Sendable, Equatable {
     case priority(QueuePriority)
     case progress(OperationProgress)
     case int(Int)
+    case breaker(BreakerState)
 }
 
-/// One observed change. `seq` is server-wide and only grows.
+/// One observed change. `seq` is server-wide and only grows. A host's breaker change
+/// (`key == .breaker`) carries the host in `queue` (a queue name never has a `:`, a host always
+/// has its port), operation 0, and a `state` that means nothing (`ready`).
 public struct ChangeEvent: Sendable, Equatable {
     public var seq: UInt64
     public var time: Timestamp

@@ -1,11 +1,16 @@
 extension QueueEngine {
     // MARK: - reports from kinds
 
-    func complete(_ id: OperationID, token: UInt32, _ completion: Completion) {
+    func complete(_ id: OperationID, token: UInt32, _ completion: Completion, host verdict: HostVerdict? = nil) {
         try? mutate { core throws(EngineError) in
             guard let op = core.ops[id.raw], op.runToken == token else { return }
             switch op.state {
-            case .executing: core.runEnded(op, completion)
+            case .executing:
+                if let verdict, let h = op.host {
+                    if case let .throttle(retryAfter) = verdict, core.hostThrottled(op, h, retryAfter: retryAfter) { return }
+                    core.hostReport(op, h, verdict, completion)
+                }
+                core.runEnded(op, completion)
             case .paused where op.hasStarted: op.parkedCompletion = completion
             default: return
             }
@@ -33,7 +38,10 @@ extension QueueEngine {
             core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
             op.runToken &+= 1
             let limit = op.options.timeout ?? 0
-            core.runEnded(op, .failed(type: "timeout", detail: "attempt \(op.attempt) ran longer than its timeout of \(limit) s"))
+            let completion = Completion.failed(type: "timeout", detail: "attempt \(op.attempt) ran longer than its timeout of \(limit) s")
+            // A target too slow to answer is a failure of its host.
+            if let h = op.host { core.hostReport(op, h, .failure, completion) }
+            core.runEnded(op, completion)
         }
     }
 
@@ -42,6 +50,7 @@ extension QueueEngine {
             guard let op = core.ops[id.raw], op.runToken == token, op.state == .executing, !op.isCancelled else { return }
             // Each attempt is a start: it waits for its queue's and its limiters' tokens.
             let wait = core.attemptWait(op)
+            if wait < 0 { return }
             if wait > 0 {
                 core.effects.append(.retry(id, token: token, seconds: wait.asSeconds + 0.00005))
                 return

@@ -29,6 +29,7 @@ extension QueueEngine {
                 l.revision = min(ls.revision, UInt64.max >> 2) + 1
                 core.limiters[ls.name] = l
             }
+            for hs in recovered.hosts { core.restoreHost(hs) }
             for qs in recovered.queues where core.queues[qs.name] == nil {
                 let q = QueueRecord(
                     name: qs.name, maxConcurrent: qs.maxConcurrentOperationCount, isSuspended: qs.isSuspended, createdAt: qs.createdAt,
@@ -82,6 +83,7 @@ extension QueueEngine {
                     if op.isBarrier { q.barrier = op }
                 }
                 core.attachFlow(op)
+                core.attachHost(op)
                 restored.append(op)
             }
             // Edges: every unfinished operation waits for its unfinished dependencies, here or

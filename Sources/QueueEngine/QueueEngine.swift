@@ -31,6 +31,8 @@ public struct EngineConfiguration: Sendable {
     public var maxLimiters: Int = 1_000
     /// Keys in use per limiter, at most (`--max-limiter-keys`).
     public var maxLimiterKeys: Int = 100_000
+    /// The hosts' breakers (`--breaker-failures`, `--breaker-open`, `--breaker-max-open`, `--max-hosts`).
+    public var breaker = BreakerSettings()
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
         maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false,
@@ -91,7 +93,10 @@ public final class QueueEngine: Sendable {
         self.observers = ObserverHub()
         self.store = store
         self.configuration = configuration
-        state.withLock { $0.engine = self }
+        state.withLock {
+            $0.engine = self
+            $0.breaker = configuration.breaker
+        }
     }
 
     // MARK: - the lock discipline

@@ -49,8 +49,12 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var cascadeAt: Timestamp?
     /// The limiter keys it names (`options.limits`, resolved; `EngineCore.attachFlow`).
     var limitKeys: [LimiterKey] = []
-    /// Ready but parked on this key, which had no room (`EngineCore.schedule`).
-    var parkedOn: LimiterKey?
+    /// Ready but parked on this key or host, which had no room (`EngineCore.schedule`).
+    var parkedOn: ParkingLot?
+    /// The host its kind sends to (`OperationKind.host(spec:)`), when tracked (`EngineCore.attachHost`).
+    var host: HostRecord?
+    /// Answers asking to slow down in a row for this operation (API.md "Hosts").
+    var throttles: UInt8 = 0
     var parkKey: UInt64 = 0
     /// When its next attempt is due, while `inBackoff`.
     var backoffUntil: Timestamp?

@@ -140,6 +140,8 @@ public enum StoreRecord: Sendable {
     /// A limiter was created or its settings changed.
     case limiter(LimiterSnapshot)
     case limiterDeleted(String)
+    /// A host's breaker changed (API.md "Hosts"); hosts are global, like limiters.
+    case host(HostSnapshot)
 
     /// The queue the record belongs to; nil for a kept answer or a batch part.
     public var queueName: String? {
@@ -147,8 +149,8 @@ public enum StoreRecord: Sendable {
         case let .queue(q): return q.name
         case let .queueDeleted(name): return name
         case let .operation(s): return s.queue
-        case let .event(e): return e.queue
-        case .kept, .batchPartAdded, .limiter, .limiterDeleted: return nil
+        case let .event(e): return e.key == .breaker ? nil : e.queue
+        case .kept, .batchPartAdded, .limiter, .limiterDeleted, .host: return nil
         }
     }
 }
@@ -193,6 +195,8 @@ public struct RecoveredState: Sendable {
     public var generation: UInt64 = 0
     /// Every limiter (restored before the operations that name them).
     public var limiters: [LimiterSnapshot] = []
+    /// Every stored host (restored before the operations that send to them).
+    public var hosts: [HostSnapshot] = []
     public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = []) {
         self.queues = queues; self.operations = operations; self.lastSeq = lastSeq; self.limiters = limiters
     }

@@ -158,6 +158,7 @@ struct RecordBinder {
         case let .bool(b): row.add(i, b ? "true" : "false")
         case let .int(n): row.add(i) { JSONWriter.integer(n, to: &$0) }
         case let .priority(p): row.add(i) { JSONWriter.string(p.name, to: &$0) }
+        case let .breaker(b): row.add(i) { JSONWriter.string(b.rawValue, to: &$0) }
         case let .progress(p):
             row.add(i) { out in
                 out.append(contentsOf: #"{"completed":"#.utf8)

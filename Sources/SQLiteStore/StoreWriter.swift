@@ -215,7 +215,7 @@ final class StoreWriter: @unchecked Sendable {
                 case let .queue(q): lastQueue[q.name] = position
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
-                case .event, .queueDeleted, .kept, .batchPartAdded: break
+                case .event, .queueDeleted, .kept, .batchPartAdded, .host: break
                 }
                 position += 1
             }
@@ -257,6 +257,8 @@ final class StoreWriter: @unchecked Sendable {
                             guard lastLimiter[name] == position else { continue }
                             deleteLimiter.bind(1, text: name)
                             try deleteLimiter.run()
+                        case .host:
+                            continue
                         }
                     }
                 case let .purge(cutoff, limit, reply):

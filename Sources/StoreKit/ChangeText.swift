@@ -11,7 +11,8 @@ package enum ChangeText {
         case UInt8(ascii: "\""):
             guard b.count >= 2 else { return nil }
             let name = String(decoding: UnsafeRawBufferPointer(rebasing: b[1..<(b.count - 1)]), as: UTF8.self)
-            return QueuePriority(name: name).map { .priority($0) }
+            if let p = QueuePriority(name: name) { return .priority(p) }
+            return BreakerState(rawValue: name).map { .breaker($0) }
         case UInt8(ascii: "{"):
             guard let v = try? JSONValue.parse(Array(b)), case let .number(c)? = v["completed"], case let .number(t)? = v["total"] else { return nil }
             return .progress(OperationProgress(completed: c, total: t))

@@ -5,7 +5,8 @@ import Testing
 /// pending→ready, ready→pending (an unfinished dependency added), pending/ready→paused,
 /// paused→pending/ready, ready→executing, executing→paused (its run held still),
 /// executing→finished and pending/ready/paused→finished (cancel, marked cancelled);
-/// cancelling an executing operation asks its kind to stop (it stays executing).
+/// cancelling an executing operation asks its kind to stop (it stays executing); and, from
+/// API.md "Hosts", executing→ready when the host of its run asked to slow down (`hold`).
 func expectedMove(_ state: OperationState, _ action: OperationAction, dependenciesMet: Bool)
     -> (OperationState, TransitionEffect)?
 {
@@ -19,6 +20,7 @@ func expectedMove(_ state: OperationState, _ action: OperationAction, dependenci
     case (.executing, .complete): return (.finished, .none)
     case (.pending, .cancel), (.ready, .cancel), (.paused, .cancel): return (.finished, .markCancelled)
     case (.executing, .cancel): return (.executing, .requestStop)
+    case (.executing, .hold): return (.ready, .none)
     default: return nil
     }
 }
@@ -59,15 +61,15 @@ extension Engine {
             }
         }
 
-        @Test("the table has exactly twelve valid (state, action) pairs")
+        @Test("the table has exactly thirteen valid (state, action) pairs")
         func validPairCount() {
             var valid = 0
             for s in OperationState.allCases {
                 for a in OperationAction.allCases where (try? s.applying(a, dependenciesMet: true)) != nil { valid += 1 }
             }
             // pending: dependenciesMet, pause, cancel; ready: dependencyAdded, start, pause, cancel;
-            // executing: complete, pause, cancel; paused: resume, cancel.
-            #expect(valid == 12)
+            // executing: complete, pause, cancel, hold; paused: resume, cancel.
+            #expect(valid == 13)
         }
     }
 }
