@@ -124,6 +124,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
         startAfterCommit: placement.startsAfterCommit, mayStart: mayStart)
     engineConfiguration.maxLimiters = limits.limiters
     engineConfiguration.maxLimiterKeys = limits.limiterKeys
+    engineConfiguration.breaker = limits.breaker
     let engine = QueueEngine(kinds: kinds, store: store.engineStore, configuration: engineConfiguration)
     // A cluster's partition holders share every limiter: its row in PostgreSQL, and one budget
     // kept there, leased in small batches (README, "Limiters and a cluster").

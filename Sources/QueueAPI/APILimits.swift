@@ -1,3 +1,5 @@
+import QueueEngine
+
 /// Bounds on memory and work a client can cause; each refusal is a problem+json naming it.
 public struct APILimits: Sendable {
     /// Request line plus header fields, bytes (431 past it).
@@ -25,5 +27,8 @@ public struct APILimits: Sendable {
     /// Limiters (`--max-limiters`), and keys in use per limiter (`--max-limiter-keys`).
     public var limiters = 1_000
     public var limiterKeys = 100_000
+    /// Hosts' breakers: failures in a row that open one (`--breaker-failures`), its first and
+    /// longest open time (`--breaker-open`, `--breaker-max-open`), and hosts tracked (`--max-hosts`).
+    public var breaker = BreakerSettings()
     public init() {}
 }

@@ -231,6 +231,19 @@ public struct OpqdConfiguration: Sendable {
         ) { c, v in
             c.limits.limiterKeys = try int(v, "--max-limiter-keys", 1...10_000_000)
         },
+        Option(flag: "--breaker-failures", env: "OPQD_BREAKER_FAILURES", help: "failures in a row to one host that open its breaker (default 5)") {
+            c, v in c.limits.breaker.failures = try int(v, "--breaker-failures", 1...1_000_000)
+        },
+        Option(flag: "--breaker-open", env: "OPQD_BREAKER_OPEN", help: "seconds an opened host stays open, doubled at each reopening (default 5)") {
+            c, v in c.limits.breaker.openSeconds = try seconds(v, "--breaker-open", 0.01...86_400)
+        },
+        Option(flag: "--breaker-max-open", env: "OPQD_BREAKER_MAX_OPEN", help: "seconds a host stays open at most (default 300)") { c, v in
+            c.limits.breaker.maxOpenSeconds = try seconds(v, "--breaker-max-open", 0.01...86_400)
+        },
+        Option(flag: "--max-hosts", env: "OPQD_MAX_HOSTS", help: "target hosts tracked; a closed host with nothing held is the first forgotten (default 10000)")
+        {
+            c, v in c.limits.breaker.maxHosts = try int(v, "--max-hosts", 1...10_000_000)
+        },
         Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
             c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
         },

@@ -133,6 +133,24 @@ package final class Metrics: Sendable {
         out.family("opqd_limiter_parked_total", .counter, "Ready operations parked on a limiter key that had no room for them.")
         out.sample("opqd_limiter_parked_total", "", flow.counters.parked)
 
+        let hosts = engine.hostMetrics()
+        let byHost = hosts.hosts.sorted { $0.host < $1.host }
+        out.family("opqd_host_breaker_state", .gauge, "A host's breaker: 1 for its state now, 0 for the others (API.md Hosts).")
+        for h in byHost {
+            let name = prometheusEscaped(h.host)
+            for st in BreakerState.allCases {
+                out.sample("opqd_host_breaker_state", "host=\"\(name)\",state=\"\(st.rawValue)\"", h.state == st ? 1 : 0)
+            }
+        }
+        out.family("opqd_host_held", .gauge, "Ready operations held back by the host's breaker (parked on it).")
+        for h in byHost { out.sample("opqd_host_held", "host=\"\(prometheusEscaped(h.host))\"", h.held) }
+        out.family("opqd_host_trips_total", .counter, "Times the host's breaker opened (from closed, or again after a failed canary or ramp), since the start.")
+        for h in byHost { out.sample("opqd_host_trips_total", "host=\"\(prometheusEscaped(h.host))\"", h.trips) }
+        out.family("opqd_host_throttled_total", .counter, "Answers asking to slow down (429, or 503 with Retry-After), over all hosts.")
+        out.sample("opqd_host_throttled_total", "", hosts.counters.throttles)
+        out.family("opqd_host_held_total", .counter, "Starts held back by a host's breaker (operations parked on a host), over all hosts.")
+        out.sample("opqd_host_held_total", "", hosts.counters.held)
+
         out.family("opqd_events_total", .counter, "Changes reported (each is one event of the feed); events per second is rate() of it.")
         out.sample("opqd_events_total", "", totalEvents)
         out.family("opqd_event_sequence", .gauge, "The newest durable change's sequence number.")

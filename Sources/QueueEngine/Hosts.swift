@@ -103,9 +103,3 @@ public struct HostSnapshot: Sendable, Equatable {
             && a.reopenings == b.reopenings && a.revision == b.revision
     }
 }
-
-/// Where hosts changed by other instances are read (a cluster's shared store); nil on one instance.
-public protocol HostDirectory: Sendable {
-    /// The stored state of `host`; nil when none is stored.
-    func host(named host: String) throws -> HostSnapshot?
-}

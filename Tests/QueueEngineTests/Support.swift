@@ -112,6 +112,7 @@ func describe(_ e: ChangeEvent) -> String {
         case let .priority(p): return p.name
         case let .progress(p): return "\(p.completed)/\(p.total)"
         case let .int(n): return String(n)
+        case let .breaker(b): return b.rawValue
         }
     }
     return "\(e.key.rawValue): \(v(e.old))->\(v(e.new))"
