@@ -67,7 +67,14 @@ info:
       and stops reading is cut off after the last whole event), `--max-limiters` (default
       1000; 429 `too-many-limiters`), `--max-limiter-keys` (keys in use per limiter, default
       100000; a create that would add one more is 429 `too-many-limiter-keys`; a key with
-      nothing running or waiting and a full bucket is forgotten).
+      nothing running or waiting and a full bucket is forgotten), `--max-hosts` (target
+      hosts tracked, default 10000; a closed host with nothing held is the first forgotten;
+      past it, a `PATCH /v1/hosts/{host}` naming a new host is 429 `too-many-hosts` and
+      operations to an untracked host run without a breaker).
+    * Hosts (`docs/API.md` "Hosts"): `--breaker-failures` (default 5) failures in a row to
+      one host open its breaker for `--breaker-open` seconds (default 5), doubled at each
+      reopening up to `--breaker-max-open` (default 300), ±10% jitter. Operations to a host
+      that is not closed stay `ready`, held (`waitingOn` `host`), in their order.
     * A `Content-Length` that is not one decimal number, or that comes with
       `Transfer-Encoding`, gets 400 (`bad-framing`).
     * When the server is started with `--token` (`OPQD_TOKEN`), every request on every
@@ -94,8 +101,9 @@ info:
     * A method the path does not offer gets 405 with an `Allow` header listing the
       methods it does (405 is not repeated under each path below). `HEAD` is answered
       like `GET` on every `GET` route. An unknown path gets 404.
-    * Status answers carry an `ETag`; `GET /v1/operations/{id}`, `GET /v1/queues/{name}`
-      and `GET /v1/limiters/{name}` answer 304 to a matching `If-None-Match`.
+    * Status answers carry an `ETag`; `GET /v1/operations/{id}`, `GET /v1/queues/{name}`,
+      `GET /v1/limiters/{name}`, `GET /v1/hosts` and `GET /v1/hosts/{host}` answer 304 to a
+      matching `If-None-Match`.
     * Flow control (`docs/API.md` "Flow control") decides only when an operation starts,
       never what it does: a queue's `rateLimit` and `fairnessWeights`, limiters
       (`/v1/limiters`) with budgets per key that operations name in `limits`, and an
@@ -122,6 +130,10 @@ tags:
   - name: observation
   - name: workers
   - name: limiters
+  - name: hosts
+    description: |
+      The target hosts of `http` operations, each with a circuit breaker that holds their
+      operations while the host is down or asked to slow down (`docs/API.md` "Hosts").
   - name: service
 
 paths:
@@ -204,6 +216,15 @@ paths:
         * `opqd_webhook_observers` and `opqd_webhook_events_pending` gauges,
           `opqd_webhook_deliveries_total`, `opqd_webhook_delivery_failures_total`,
           `opqd_webhook_events_dropped_total` counters.
+        * Flow control: `opqd_limiter_running{limiter}`, `opqd_limiter_waiting{limiter}`,
+          `opqd_limiter_keys{limiter}`, `opqd_limiter_tokens{limiter}` gauges,
+          `opqd_starts_delayed_by_rate_total{by}` (`queue` or `limiter`) and
+          `opqd_limiter_parked_total` counters.
+        * Hosts: `opqd_host_breaker_state{host,state}` gauge (1 for the host's state now, 0
+          for the other three), `opqd_host_held{host}` gauge (operations held by its breaker),
+          `opqd_host_trips_total{host}` counter (times it opened), and
+          `opqd_host_throttled_total` (answers that asked to slow down) and
+          `opqd_host_held_total` (starts held back by a breaker) counters.
         * With the SQLite store: `opqd_store_commits_total`, `opqd_store_records_total`,
           `opqd_store_failures_total` counters, `opqd_store_largest_commit` gauge,
           `opqd_store_commit_duration_seconds` and `opqd_store_commit_records` (records per
@@ -2059,6 +2080,114 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+  /v1/hosts:
+    get:
+      operationId: listHosts
+      tags: [hosts]
+      summary: Every tracked host with its breaker
+      description: |
+        The hosts that operations send to (and those named by a `PATCH`), sorted by name, each
+        with its breaker's `state`, the operations it `held` now, and its failures. Refuses
+        unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The hosts.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/HostList'
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/hosts/{host}:
+    parameters:
+      - $ref: '#/components/parameters/HostPath'
+    get:
+      operationId: getHost
+      tags: [hosts]
+      summary: One host
+      description: |
+        One host's breaker; 404 for a host never used or named. The name is matched as
+        `host:port`, lowercase (it may be percent-encoded). Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The host.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Host'
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+    patch:
+      operationId: setHost
+      tags: [hosts]
+      summary: Hold or release a host by hand
+      description: |
+        `open` holds every operation to the host (a planned maintenance), until `until` or
+        until `auto`; `closed` releases it at once (no canary, no ramp) and it does not trip
+        until `until` or `auto`; `auto` hands it back to the automatic rules (from a hand
+        `open` it goes on as `halfOpen`). A host not used yet is tracked from then on. Every
+        change of state is an event (`key` `breaker`). Answered once durable. Refuses unknown
+        query parameters.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/HostUpdate'
+      responses:
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The host after the change.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Host'
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '429':
+          $ref: '#/components/responses/TooMany'
+
   /v1/limiters:
     post:
       operationId: createLimiter
@@ -2479,6 +2608,18 @@ components:
       description: The queue's name (its id). A name that matches no queue is 404.
       schema:
         $ref: '#/components/schemas/QueueName'
+    HostPath:
+      name: host
+      in: path
+      required: true
+      description: |
+        A host as `host:port` (lowercase is how it is shown; the port always written, e.g.
+        `api.example.com:443`, `[::1]:8080`), possibly percent-encoded. Anything else is 422
+        naming `host`; a well-formed host that is not tracked is 404 on `GET`.
+      schema:
+        type: string
+        minLength: 3
+        maxLength: 600
     LimiterNamePath:
       name: name
       in: path
@@ -2999,7 +3140,9 @@ components:
         its next attempt, whatever its state), `suspended` (its queue), `concurrency` (its queue
         is full), `rate` (its queue's rate limit: the next token comes at `until`), `limiter`
         (a limiter it names has no room for its key: a slot, `reason` `concurrency`, or a
-        token, `reason` `rate`, which comes at `until`).
+        token, `reason` `rate`, which comes at `until`), `host` (the breaker of the host it
+        sends to holds it: `state` `open` until `until`, `halfOpen` while the canary runs,
+        `ramping`, or `throttled`: the host asked to wait until `until`).
       oneOf:
         - type: object
           additionalProperties: false
@@ -3040,6 +3183,20 @@ components:
               allOf:
                 - $ref: '#/components/schemas/Timestamp'
               description: When the next token comes (`reason` `rate` only).
+        - type: object
+          additionalProperties: false
+          required: [type, host, state]
+          properties:
+            type:
+              const: host
+            host:
+              $ref: '#/components/schemas/HostName'
+            state:
+              enum: [open, halfOpen, ramping, throttled]
+            until:
+              allOf:
+                - $ref: '#/components/schemas/Timestamp'
+              description: When it goes halfOpen (`open`, unless held by hand with no end), or the end of the wait the host asked for (`throttled`).
 
     QueueCreate:
       type: object
@@ -3954,6 +4111,35 @@ components:
         - $ref: '#/components/schemas/Progress'
 
     Event:
+      description: |
+        One observed change: an operation's (`OperationEvent`), or a host's breaker
+        (`HostEvent`, with `host` in place of `queue` and `operation`).
+      oneOf:
+        - $ref: '#/components/schemas/OperationEvent'
+        - $ref: '#/components/schemas/HostEvent'
+
+    HostEvent:
+      type: object
+      additionalProperties: false
+      required: [seq, time, host, key, old, new]
+      description: A host's breaker changed state (`docs/API.md` "Hosts").
+      properties:
+        seq:
+          type: integer
+          minimum: 1
+          description: Server-wide, only grows.
+        time:
+          $ref: '#/components/schemas/Timestamp'
+        host:
+          $ref: '#/components/schemas/HostName'
+        key:
+          const: breaker
+        old:
+          $ref: '#/components/schemas/BreakerState'
+        new:
+          $ref: '#/components/schemas/BreakerState'
+
+    OperationEvent:
       type: object
       additionalProperties: false
       required: [seq, time, queue, operation, key, old, new, state]
@@ -4482,6 +4668,99 @@ components:
             type: 'null'
           rate:
             type: 'null'
+
+    HostName:
+      type: string
+      description: '`host:port` of an `http` operation''s URL, lowercase, the port always written (`api.example.com:443`, `[::1]:8080`).'
+      pattern: '^(\[[0-9a-f:.]+\]|[a-z0-9._-]+):[0-9]{1,5}$'
+
+    BreakerState:
+      type: string
+      enum: [closed, open, halfOpen, ramping]
+      description: |
+        `closed`: normal. `open`: nothing to the host starts. `halfOpen`: one canary (the held
+        operation that would start first) starts. `ramping`: at most 2^k starts in the k-th
+        second after the canary succeeded, until the held backlog is gone or 60 s have passed.
+
+    Host:
+      type: object
+      additionalProperties: false
+      required: [host, state, held, consecutiveFailures, trips]
+      properties:
+        host:
+          $ref: '#/components/schemas/HostName'
+        state:
+          $ref: '#/components/schemas/BreakerState'
+        held:
+          type: integer
+          minimum: 0
+          description: Operations waiting for it now (ready, held by its breaker), on this instance.
+        consecutiveFailures:
+          type: integer
+          minimum: 0
+          description: Failures in a row (connection, DNS, TLS, timeout, 5xx); an answer that is no failure resets it.
+        trips:
+          type: integer
+          minimum: 0
+          description: Times it opened since this process started.
+        openedAt:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: When it last opened.
+        until:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: While `open`, when it goes `halfOpen` (absent for a hand open without end); while `ramping`, when the ramp ends at the latest.
+        throttledUntil:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: The host asked to slow down (429, or 503 with `Retry-After`); nothing to it starts before then.
+        lastError:
+          type: object
+          description: The last failure, as the operation's error (`type`, `detail`).
+          properties:
+            type:
+              type: string
+            detail:
+              type: string
+        manual:
+          type: object
+          additionalProperties: false
+          required: [breaker]
+          description: Present while set by hand (`PATCH`).
+          properties:
+            breaker:
+              enum: [open, closed]
+            until:
+              $ref: '#/components/schemas/Timestamp'
+            reason:
+              type: string
+
+    HostList:
+      type: object
+      additionalProperties: false
+      required: [hosts]
+      properties:
+        hosts:
+          type: array
+          items:
+            $ref: '#/components/schemas/Host'
+
+    HostUpdate:
+      type: object
+      additionalProperties: false
+      required: [breaker]
+      properties:
+        breaker:
+          enum: [open, closed, auto]
+        until:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: When the hand setting ends by itself (a time in the future; `open` or `closed` only).
+        reason:
+          type: string
+          maxLength: 512
+          description: Why (shown in `manual.reason`; `open` or `closed` only). At most 512 bytes.
 
     Limiter:
       type: object

@@ -24,6 +24,10 @@ struct MetricsTests {
         ("opqd_store_commit_duration_seconds", "histogram"), ("opqd_store_commit_records", "histogram"),
         ("process_start_time_seconds", "gauge"), ("process_cpu_seconds_total", "counter"), ("process_resident_memory_bytes", "gauge"),
         ("process_virtual_memory_bytes", "gauge"), ("process_open_fds", "gauge"),
+        ("opqd_limiter_running", "gauge"), ("opqd_limiter_waiting", "gauge"), ("opqd_limiter_keys", "gauge"),
+        ("opqd_limiter_tokens", "gauge"), ("opqd_starts_delayed_by_rate_total", "counter"), ("opqd_limiter_parked_total", "counter"),
+        ("opqd_host_breaker_state", "gauge"), ("opqd_host_held", "gauge"), ("opqd_host_trips_total", "counter"),
+        ("opqd_host_throttled_total", "counter"), ("opqd_host_held_total", "counter"),
     ]
 
     @Test("every promised family has HELP and TYPE, every sample belongs to a declared family, and histograms are cumulative with +Inf equal to _count")

@@ -64,6 +64,11 @@ struct RouteScopeTests {
         "PATCH /v1/limiters/{name}": "instance",
         "DELETE /v1/limiters/{name}": "instance",
         "GET /v1/limiters/{name}/keys": "instance",
+        // Hosts: this instance's engine; one state per host across instances comes through
+        // the shared store and the feed (README "Hosts and a cluster").
+        "GET /v1/hosts": "instance",
+        "GET /v1/hosts/{host}": "instance",
+        "PATCH /v1/hosts/{host}": "instance",
 
         "GET /v1/queues": "every queue, from the store",
         "POST /v1/queues": "queue in body.name",
@@ -148,6 +153,9 @@ struct RouteScopeTests {
                 #expect(d.hasPrefix("operation {id}"), "\(route.label): \(d)")
             } else if route.pattern.hasPrefix("/v1/limiters/{name}") {
                 // A limiter is no queue: answered by this instance's engine (issue 25's cluster part).
+                #expect(d == "instance", "\(route.label): \(d)")
+            } else if route.pattern.hasPrefix("/v1/hosts/{host}") {
+                // A host is no queue either: every instance's engine tracks it.
                 #expect(d == "instance", "\(route.label): \(d)")
             } else if route.pattern.contains("{") {
                 Issue.record("\(route.label): a parameter outside /v1/queues/{name} and /v1/operations/{id}; give it a rule here")

@@ -121,29 +121,27 @@ package enum HostName {
 }
 
 extension HostSnapshot {
-    /// `{"host", "state", "held", "consecutiveFailures", "openedAt", "until", "throttledUntil",
-    /// "lastError", "manual", "trips"}`.
+    /// `{"host", "state", "held", "consecutiveFailures", "trips", "openedAt"?, "until"?,
+    /// "throttledUntil"?, "lastError"?, "manual"?}`: optional fields are left out without a value.
     func write(to o: inout JSONOut) {
         o.open()
         o.key("host"); o.string(host)
         o.key("state"); o.string(state.rawValue)
         o.key("held"); o.int(held)
         o.key("consecutiveFailures"); o.int(consecutiveFailures)
-        o.key("openedAt"); if let t = openedAt { o.time(t) } else { o.null() }
-        o.key("until"); if let t = until { o.time(t) } else { o.null() }
-        o.key("throttledUntil"); if let t = throttledUntil { o.time(t) } else { o.null() }
-        o.key("lastError"); if let e = lastError { o.value(e) } else { o.null() }
-        o.key("manual")
+        o.key("trips"); o.int(trips)
+        if let t = openedAt { o.key("openedAt"); o.time(t) }
+        if let t = until { o.key("until"); o.time(t) }
+        if let t = throttledUntil { o.key("throttledUntil"); o.time(t) }
+        if let e = lastError { o.key("lastError"); o.value(e) }
         if let m = manual {
+            o.key("manual")
             o.open()
             o.key("breaker"); o.string(m.breaker.rawValue)
-            o.key("until"); if let t = m.until { o.time(t) } else { o.null() }
-            o.key("reason"); if let r = m.reason { o.string(r) } else { o.null() }
+            if let t = m.until { o.key("until"); o.time(t) }
+            if let r = m.reason { o.key("reason"); o.string(r) }
             o.close()
-        } else {
-            o.null()
         }
-        o.key("trips"); o.int(trips)
         o.close()
     }
 

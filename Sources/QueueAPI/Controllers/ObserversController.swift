@@ -61,8 +61,10 @@ package struct ObserversController: Sendable {
             }
             var set = Set<ChangeKey>()
             for item in items {
-                guard case let .string(s) = item, let key = ChangeKey(rawValue: s) else {
-                    throw Problem.invalid("keys", "each must be one of \(ChangeKey.allCases.map(\.rawValue).joined(separator: ", ")); got \(item.text)")
+                // `breaker` is a host's key: an operation or a queue never has it.
+                guard case let .string(s) = item, let key = ChangeKey(rawValue: s), key != .breaker else {
+                    let allowed = ChangeKey.allCases.filter { $0 != .breaker }.map(\.rawValue)
+                    throw Problem.invalid("keys", "each must be one of \(allowed.joined(separator: ", ")); got \(item.text)")
                 }
                 set.insert(key)
             }
