@@ -747,7 +747,14 @@
       case 'rate': return "its queue's rate limit" + until;
       case 'limiter': return 'limiter ' + w.limiter + ', key ' + (w.key === '' ? '""' : w.key) + ': ' +
         (w.reason === 'rate' ? 'no token' + until : 'every slot is running');
-      case 'host': return 'host ' + w.host + ' is ' + w.state + until;
+      case 'host':
+        switch (w.state) {
+          case 'open': return 'host ' + w.host + ' is held: its breaker is open' + until;
+          case 'halfOpen': return 'host ' + w.host + ' is being probed: one canary runs first';
+          case 'ramping': return 'host ' + w.host + ' is coming back: its starts ramp up';
+          case 'throttled': return 'host ' + w.host + ' asked to wait' + until;
+          default: return 'host ' + w.host + ' is ' + w.state + until;
+        }
       case 'debounce': return 'debounce' + until;
       default: return w.type;
     }

@@ -311,7 +311,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"5919e382ed5deea0ebbe052a379fe54a\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"9584459df432e07ce8e81b9b286eed6d\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -1062,7 +1062,14 @@ let dashboardJS = DashboardAsset(
       case 'rate': return "its queue's rate limit" + until;
       case 'limiter': return 'limiter ' + w.limiter + ', key ' + (w.key === '' ? '""' : w.key) + ': ' +
         (w.reason === 'rate' ? 'no token' + until : 'every slot is running');
-      case 'host': return 'host ' + w.host + ' is ' + w.state + until;
+      case 'host':
+        switch (w.state) {
+          case 'open': return 'host ' + w.host + ' is held: its breaker is open' + until;
+          case 'halfOpen': return 'host ' + w.host + ' is being probed: one canary runs first';
+          case 'ramping': return 'host ' + w.host + ' is coming back: its starts ramp up';
+          case 'throttled': return 'host ' + w.host + ' asked to wait' + until;
+          default: return 'host ' + w.host + ' is ' + w.state + until;
+        }
       case 'debounce': return 'debounce' + until;
       default: return w.type;
     }
