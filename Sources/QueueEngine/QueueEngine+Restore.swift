@@ -149,6 +149,12 @@ extension QueueEngine {
                         op.runToken &+= 1
                         op.executedNanos = 0
                         core.emit(op, .attempt, .int(old), .int(op.attempt))
+                        if let h = op.host, h.room(now: core.now.nanoseconds) == 0 {
+                            // Its host came back held (open): the new attempt waits for it, ready.
+                            core.holdRun(op)
+                            continue
+                        }
+                        op.host?.takeStart(op)
                         core.beginRun(op, resume: false)
                     case let .fail(type):
                         core.completeOp(op, .failed(type: type, detail: "the server stopped while attempt \(op.attempt) was executing"))

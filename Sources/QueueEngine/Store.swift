@@ -197,7 +197,10 @@ public struct RecoveredState: Sendable {
     public var limiters: [LimiterSnapshot] = []
     /// Every stored host (restored before the operations that send to them).
     public var hosts: [HostSnapshot] = []
-    public init(queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = []) {
-        self.queues = queues; self.operations = operations; self.lastSeq = lastSeq; self.limiters = limiters
+    public init(
+        queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = [],
+        hosts: [HostSnapshot] = []
+    ) {
+        self.queues = queues; self.operations = operations; self.lastSeq = lastSeq; self.limiters = limiters; self.hosts = hosts
     }
 }

@@ -271,6 +271,32 @@ extension Engine {
             #expect(try s.engine.host(named: "a:80").held == 0)
         }
 
+        @Test func anOpenHostComesBackOpenAndNothingIsSentAtStart() throws {
+            let kind = HostKind()
+            let clock = ManualClock()
+            let engine = QueueEngine(kinds: ["host": kind], store: InMemoryStore(), clock: clock, scheduler: clock)
+            let q = QueueSnapshot(
+                name: "q", maxConcurrentOperationCount: 10, effectiveMaxConcurrentOperationCount: 10,
+                isSuspended: false, operationCount: 2, counts: [:], revision: 1, createdAt: Timestamp(nanoseconds: 0))
+            func op(_ id: UInt64, _ state: OperationState) -> OperationSnapshot {
+                OperationSnapshot(
+                    id: OperationID(raw: id), queue: "q", name: nil, kind: "host", spec: .object([("host", .string("a:80"))]), state: state,
+                    outcome: nil, isCancelled: false, queuePriority: .normal, dependencies: [], progress: nil, attempt: state == .executing ? 1 : 0,
+                    result: nil, error: nil, createdAt: Timestamp(nanoseconds: 0), startedAt: state == .executing ? Timestamp(nanoseconds: 1) : nil,
+                    finishedAt: nil, revision: 1, options: OperationOptions(retry: RetryPolicy(maxAttempts: 5)))
+            }
+            let host = HostSnapshot(
+                host: "a:80", state: .open, openedAt: clock.now(), until: clock.now().adding(seconds: 30), reopenings: 1, revision: 4)
+            engine.restore(RecoveredState(queues: [q], operations: [op(1, .executing), op(2, .ready)], lastSeq: 5, hosts: [host]))
+            #expect(kind.started.isEmpty, "neither the interrupted attempt nor the backlog is sent to an open host")
+            let h = try engine.host(named: "a:80")
+            #expect(h.state == .open && h.held == 2 && h.reopenings == 1)
+            let interrupted = try engine.operation(OperationID(raw: 1))
+            #expect(interrupted.state == .ready && interrupted.attempt == 2)
+            clock.advance(seconds: 30.1)
+            #expect(kind.started.count == 1, "then one canary")
+        }
+
         @Test func unknownHostsAreNotFound() throws {
             let s = try Setup()
             #expect(throws: EngineError.hostNotFound("x:1")) { try s.engine.host(named: "x:1") }
