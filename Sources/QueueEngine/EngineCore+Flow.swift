@@ -130,7 +130,7 @@ extension EngineCore {
             for k in op.limitKeys {
                 k.running -= 1
                 k.limiter.running -= 1
-                if !k.parkedOps.isEmpty {
+                if k.hasParked {
                     keyGotRoom(k)
                 } else if k.shared && k.lease.slots > k.running {
                     // Slots this instance no longer uses go back to the shared budget.
@@ -193,7 +193,7 @@ extension EngineCore {
     }
 
     private func park(_ op: OpRecord, on k: LimiterKey) {
-        k.park(op)
+        k.park(op, ops)
         flowCounters.parked &+= 1
         if k.shared {
             // The shared budget is asked; its answer lets the key's operations go.
@@ -214,24 +214,24 @@ extension EngineCore {
     /// their queues' ready order (each queue then starts what it can).
     func keyGotRoom(_ k: LimiterKey) {
         let t = now.nanoseconds
-        var room = min(k.room(now: t), k.parkedOps.count)
+        var room = min(k.room(now: t), k.parkedCount)
         var letGo = 0
-        while room > 0, let op = k.unpark() {
+        while room > 0, let op = k.unpark(ops) {
             op.queue.push(op)
             dirty.append(op.queue)
             room -= 1
             letGo += 1
         }
-        if letGo > 0 && !k.rechecking && !k.parkedOps.isEmpty {
+        if letGo > 0 && !k.rechecking && k.hasParked {
             k.rechecking = true
             flowRecheck.append(k)
         }
         if k.shared {
-            if !k.parkedOps.isEmpty { askLease(k) }
+            if k.hasParked { askLease(k) }
             return
         }
         // Those let go take the tokens there are: the ones still parked need the token after.
-        if !k.parkedOps.isEmpty, let b = k.bucket, k.budget.concurrency.map({ k.running < $0 }) ?? true {
+        if k.hasParked, let b = k.bucket, k.budget.concurrency.map({ k.running < $0 }) ?? true {
             let short = Double(letGo + 1) - b.tokens
             armKeyWake(k, seconds: max(0, short / b.limit.perSecond))
         }

@@ -46,7 +46,7 @@ extension EngineCore {
         case .executing:
             if h.canary == op.id {
                 h.canary = nil
-                if !h.parkedOps.isEmpty { hostGotRoom(h) }
+                if h.hasParked { hostGotRoom(h) }
             }
         case .pending, .paused, .finished:
             break
@@ -65,7 +65,7 @@ extension EngineCore {
         if h.state == .closed && h.throttledUntil == nil && h.manual == nil { return true }
         refreshHost(h)
         if h.room(now: now.nanoseconds) > 0 { return true }
-        h.park(op)
+        h.park(op, ops)
         hostCounters.held &+= 1
         armHostWake(h)
         return false
@@ -173,7 +173,7 @@ extension EngineCore {
         h.rampStarted = 0
         h.until = now.nanoseconds.saturatingAdd(Int64(BreakerSettings.rampSeconds) * 1_000_000_000)
         setHostState(h, .ramping)
-        if h.parkedOps.isEmpty {
+        if !h.hasParked {
             closeHost(h)
         } else {
             hostGotRoom(h)
@@ -186,7 +186,7 @@ extension EngineCore {
         h.until = nil
         h.canary = nil
         setHostState(h, .closed)
-        if !h.parkedOps.isEmpty { hostGotRoom(h) }
+        if h.hasParked { hostGotRoom(h) }
     }
 
     /// Moves `h` to `state` (an event and a stored record when it changes).
@@ -225,20 +225,20 @@ extension EngineCore {
     /// their queues' ready order, in its order (priority, then age).
     func hostGotRoom(_ h: HostRecord) {
         refreshHost(h)
-        var room = min(h.room(now: now.nanoseconds), h.parkedOps.count)
+        var room = min(h.room(now: now.nanoseconds), h.parkedCount)
         var letGo = 0
-        while room > 0, let op = h.unpark() {
+        while room > 0, let op = h.unpark(ops) {
             op.queue.push(op)
             dirty.append(op.queue)
             room -= 1
             letGo += 1
         }
-        if letGo > 0 && !h.rechecking && !h.parkedOps.isEmpty {
+        if letGo > 0 && !h.rechecking && h.hasParked {
             h.rechecking = true
             flowRecheck.append(h)
         }
         // The held backlog is gone: the ramp is over.
-        if h.state == .ramping && h.parkedOps.isEmpty && h.manual == nil {
+        if h.state == .ramping && !h.hasParked && h.manual == nil {
             closeHost(h)
             return
         }
@@ -252,7 +252,7 @@ extension EngineCore {
         if let u = h.throttledUntil, u > t { at = min(at, u) }
         if let u = h.manual?.until?.nanoseconds, u > t { at = min(at, u) }
         if h.manual == nil, h.state == .open || h.state == .ramping, let u = h.until { at = min(at, max(u, t)) }
-        if h.state == .ramping && !h.parkedOps.isEmpty {
+        if h.state == .ramping && h.hasParked {
             let k = max(0, t.saturatingSubtract(h.rampStart) / 1_000_000_000)
             at = min(at, h.rampStart.saturatingAdd((k + 1) * 1_000_000_000))
         }
@@ -267,7 +267,7 @@ extension EngineCore {
         guard let h = hosts[name], h.wakeGeneration == generation else { return }
         h.wakeAt = .max
         refreshHost(h)
-        if !h.parkedOps.isEmpty { hostGotRoom(h) } else { armHostWake(h) }
+        if h.hasParked { hostGotRoom(h) } else { armHostWake(h) }
     }
 
     // MARK: - events and records

@@ -124,7 +124,7 @@ final class EngineCore: @unchecked Sendable {
             flowRecheck = []
             for lot in lots {
                 lot.rechecking = false
-                guard !lot.parkedOps.isEmpty else { continue }
+                guard lot.hasParked else { continue }
                 if let k = lot as? LimiterKey {
                     keyGotRoom(k)
                 } else if let h = lot as? HostRecord {

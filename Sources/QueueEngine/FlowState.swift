@@ -73,27 +73,43 @@ final class LimiterRecord: @unchecked Sendable {  // guarded by the engine lock
 /// key without room, a host that is not closed): taken off their queue's ready order, they
 /// cost nothing while they wait, and come back in O(log n) when it has room.
 class ParkingLot: @unchecked Sendable {  // guarded by the engine lock
-    /// Operations parked here. Keys as in the queue's heap (priority rank, then id); stale
-    /// ones are skipped.
+    /// Operations parked here, a min-heap of their keys as in the queue's heap (priority
+    /// rank, then id). An entry is live while its operation's `parkedOn` is this lot and its
+    /// `parkKey` the entry; stale ones are skipped. Nothing else is kept per parked operation,
+    /// so one held costs what one ready costs (an entry in a heap).
     final var parked: [UInt64] = []
-    final var parkedOps: [UInt64: OpRecord] = [:]
+    /// Live entries.
+    final var parkedCount = 0
     /// Listed in `EngineCore.flowRecheck`.
     final var rechecking = false
 
-    final func park(_ op: OpRecord) {
+    final var hasParked: Bool { parkedCount > 0 }
+
+    final func park(_ op: OpRecord, _ table: OpTable) {
         let k = op.priority.rank << 60 | op.id
         op.parkedOn = self
         op.parkKey = k
-        parkedOps[op.id] = op
+        parkedCount += 1
+        // Stale entries are dropped once they outnumber the live ones (plus a margin): the
+        // heap stays bounded by what is parked.
+        if parked.count > 2 * parkedCount + 64 {
+            parked = parked.filter { isLive($0, table) }.sorted()
+        }
         FairReady.heapPush(&parked, k)
     }
 
+    @inline(__always)
+    private final func isLive(_ entry: UInt64, _ table: OpTable) -> Bool {
+        guard let op = table[entry & QueueRecord.idMask] else { return false }
+        return op.parkedOn === self && op.parkKey == entry
+    }
+
     /// The next live parked operation, taken off.
-    final func unpark() -> OpRecord? {
+    final func unpark(_ table: OpTable) -> OpRecord? {
         while let top = parked.first {
             FairReady.heapRemoveTop(&parked)
-            if let op = parkedOps[top & QueueRecord.idMask], op.parkKey == top {
-                parkedOps[op.id] = nil
+            if let op = table[top & QueueRecord.idMask], op.parkedOn === self, op.parkKey == top {
+                parkedCount -= 1
                 op.parkedOn = nil
                 op.parkKey = 0
                 if op.state == .ready { return op }
@@ -102,18 +118,13 @@ class ParkingLot: @unchecked Sendable {  // guarded by the engine lock
         return nil
     }
 
-    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale. Stale
-    /// entries are dropped once they outnumber the live ones (plus a margin): the heap stays
-    /// bounded by what is parked.
+    /// Forgets `op` (it left the ready state while parked): its heap entry goes stale.
     final func forget(_ op: OpRecord) {
-        parkedOps[op.id] = nil
+        guard op.parkedOn === self else { return }
+        parkedCount -= 1
         op.parkedOn = nil
         op.parkKey = 0
-        if parkedOps.isEmpty {
-            parked.removeAll(keepingCapacity: false)
-        } else if parked.count > 2 * parkedOps.count + 64 {
-            parked = parkedOps.values.map(\.parkKey).sorted()
-        }
+        if parkedCount == 0 { parked.removeAll(keepingCapacity: false) }
     }
 }
 

@@ -81,11 +81,11 @@ final class HostRecord: ParkingLot, @unchecked Sendable {  // guarded by the eng
     }
 
     /// Nothing to it is unfinished, nothing is held, it is closed and not set by hand.
-    var isForgettable: Bool { refs == 0 && parkedOps.isEmpty && state == .closed && manual == nil && canary == nil }
+    var isForgettable: Bool { refs == 0 && !hasParked && state == .closed && manual == nil && canary == nil }
 
     func snapshot() -> HostSnapshot {
         var s = HostSnapshot(
-            host: name, state: state, held: parkedOps.count, consecutiveFailures: consecutiveFailures,
+            host: name, state: state, held: parkedCount, consecutiveFailures: consecutiveFailures,
             openedAt: openedAt.map(Timestamp.init(nanoseconds:)), until: until.map(Timestamp.init(nanoseconds:)),
             throttledUntil: throttledUntil.map(Timestamp.init(nanoseconds:)), lastError: lastError, manual: manual,
             reopenings: reopenings, revision: revision)

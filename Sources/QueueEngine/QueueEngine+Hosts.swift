@@ -57,7 +57,7 @@ extension QueueEngine {
             case .halfOpen?, .ramping?:
                 throw .invalidArgument(field: "breaker", detail: "must be one of open, closed, auto")
             }
-            if !h.parkedOps.isEmpty { core.hostGotRoom(h) } else { core.armHostWake(h) }
+            if h.hasParked { core.hostGotRoom(h) } else { core.armHostWake(h) }
             return h.snapshot()
         }
     }
@@ -70,14 +70,14 @@ extension QueueEngine {
             let old = h.state
             h.adopt(s, now: core.now.nanoseconds)
             if old == .closed && h.state == .open { h.trips &+= 1 }
-            if !h.parkedOps.isEmpty { core.hostGotRoom(h) } else { core.armHostWake(h) }
+            if h.hasParked { core.hostGotRoom(h) } else { core.armHostWake(h) }
         }
     }
 
     /// Counts for `/metrics`: the totals, and per host its state and held operations.
     public func hostMetrics() -> (counters: HostCounters, hosts: [(host: String, state: BreakerState, held: Int, trips: UInt64)]) {
         state.withLock { core in
-            (core.hostCounters, core.hosts.values.map { ($0.name, $0.state, $0.parkedOps.count, $0.trips) })
+            (core.hostCounters, core.hosts.values.map { ($0.name, $0.state, $0.parkedCount, $0.trips) })
         }
     }
 }

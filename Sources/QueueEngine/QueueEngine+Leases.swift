@@ -81,7 +81,7 @@ extension QueueEngine {
                 guard let k = core.limiters[lk.limiter]?.keys[lk.key] else {
                     return LimiterLeaseNeed(limiter: lk.limiter, key: lk.key, keepSlots: 0, wantSlots: 0, wantTokens: 0)
                 }
-                let parked = k.parkedOps.count
+                let parked = k.parkedCount
                 let (usesSlots, usesTokens) = k.leaseDimensions
                 let batch = min(parked, 64)
                 // The store sets the holding to keep + want (at most): the running ones, and one
@@ -122,8 +122,8 @@ extension QueueEngine {
                 k.lease.concurrency = g.concurrency
                 k.lease.rate = g.rate
                 k.lease.granted = true
-                if !k.parkedOps.isEmpty { core.keyGotRoom(k) }
-                if !k.parkedOps.isEmpty && k.room(now: core.now.nanoseconds) == 0 { unsatisfied.append((g.limiter, g.key)) }
+                if k.hasParked { core.keyGotRoom(k) }
+                if k.hasParked && k.room(now: core.now.nanoseconds) == 0 { unsatisfied.append((g.limiter, g.key)) }
                 // Its slots went back and nothing names it: forgotten, as an idle key is.
                 if k.refs == 0 && k.isIdle(now: core.now.nanoseconds) { k.limiter.keys[k.key] = nil }
             }
@@ -248,7 +248,7 @@ extension QueueEngine {
                 guard l.settings != s.settings || l.revision != s.revision else { return }
                 l.settings = s.settings
                 l.revision = max(l.revision, s.revision)
-                for k in l.keys.values where !k.parkedOps.isEmpty { core.keyGotRoom(k) }
+                for k in l.keys.values where k.hasParked { core.keyGotRoom(k) }
             } else {
                 let l = LimiterRecord(name: s.name, settings: s.settings, createdAt: s.createdAt)
                 l.revision = s.revision

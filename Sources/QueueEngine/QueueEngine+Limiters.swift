@@ -43,7 +43,7 @@ extension QueueEngine {
             let t = core.now.nanoseconds
             for k in l.keys.values {
                 if !k.shared { k.syncBucket(now: t) }
-                if !k.parkedOps.isEmpty { core.keyGotRoom(k) }
+                if k.hasParked { core.keyGotRoom(k) }
             }
             core.recordLimiter(l)
             core.settle()
