@@ -48,7 +48,8 @@
 #     where one leaves `key` out (it means ""), in a create, a batch, an archive or a copy;
 #     and a limiter PATCH that would leave neither `concurrency` nor `rate` (it depends on
 #     the limiter's settings). A limiter's keys over `--max-limiter-keys` is 429, which
-#     valid data may get anyway. Any other 422 for valid data still is.
+#     valid data may get anyway. A host's PATCH whose `until` is not in the future (422
+#     naming `until`). Any other 422 for valid data still is.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then

@@ -114,6 +114,10 @@ def filter_failure(context, failure, case, response):
     if (case.method.upper() == "PATCH" and case.operation.path == "/v1/limiters/{name}"
             and LIMITER_NEEDS_A_BUDGET in text):
         return False
+    # A host's hand setting that ends in the past: the schema cannot say "a future time".
+    if (case.method.upper() == "PATCH" and case.operation.path == "/v1/hosts/{host}"
+            and '"detail":"until: must be in the future"' in text):
+        return False
     if case.method.upper() != "POST":
         return True
     if case.operation.path in LIMITS_PATHS and LIMITS_DOCUMENTED.search(text):

@@ -2618,8 +2618,7 @@ components:
         naming `host`; a well-formed host that is not tracked is 404 on `GET`.
       schema:
         type: string
-        minLength: 3
-        maxLength: 600
+        pattern: '^(\[[0-9A-Fa-f:.]{1,62}\]|[A-Za-z0-9._-]{1,253}):([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$'
     LimiterNamePath:
       name: name
       in: path
@@ -4747,20 +4746,31 @@ components:
             $ref: '#/components/schemas/Host'
 
     HostUpdate:
-      type: object
-      additionalProperties: false
-      required: [breaker]
-      properties:
-        breaker:
-          enum: [open, closed, auto]
-        until:
-          allOf:
-            - $ref: '#/components/schemas/Timestamp'
-          description: When the hand setting ends by itself (a time in the future; `open` or `closed` only).
-        reason:
-          type: string
-          maxLength: 512
-          description: Why (shown in `manual.reason`; `open` or `closed` only). At most 512 bytes.
+      description: |
+        `open` or `closed` by hand, optionally until a time and with a reason; or `auto`, alone.
+        An `until` that is not in the future is 422 naming `until` (the schema cannot say "the
+        future").
+      oneOf:
+        - type: object
+          additionalProperties: false
+          required: [breaker]
+          properties:
+            breaker:
+              enum: [open, closed]
+            until:
+              allOf:
+                - $ref: '#/components/schemas/Timestamp'
+              description: When the hand setting ends by itself (a time in the future).
+            reason:
+              type: string
+              maxLength: 512
+              description: Why (shown in `manual.reason`). At most 512 bytes.
+        - type: object
+          additionalProperties: false
+          required: [breaker]
+          properties:
+            breaker:
+              const: auto
 
     Limiter:
       type: object
