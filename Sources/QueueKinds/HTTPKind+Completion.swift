@@ -32,6 +32,45 @@ extension HTTPKind {
     }
 }
 
+// MARK: - what a response says about its host
+
+extension HTTPKind {
+    /// What the end of a request says about its host (API.md "Hosts"), nil when it says nothing
+    /// (a refused redirect, an invalid spec). A status the spec expects is healthy, whatever it
+    /// is; otherwise 429, or 503 with a `Retry-After`, asks to slow down, another 5xx is a
+    /// failure, and anything else (a 4xx too) is healthy. Connection, DNS, TLS, timeout,
+    /// network and invalid-response errors are failures. Total on any input.
+    public static func verdict(spec: JSONValue?, outcome: Result<OutboundResponse, OutboundError>, now: Double) -> HostVerdict? {
+        guard let s = try? HTTPSpec(spec) else { return nil }
+        return verdict(s, outcome, now: now)
+    }
+
+    static func verdict(_ spec: HTTPSpec, _ outcome: Result<OutboundResponse, OutboundError>, now: Double) -> HostVerdict? {
+        switch outcome {
+        case let .failure(error):
+            switch error.type {
+            case "timeout", "connection-refused", "dns", "tls", "network", "invalid-response": return .failure
+            default: return nil
+            }
+        case let .success(response):
+            let status = response.status
+            if spec.expect.contains(where: { $0.matches(status) }) { return .healthy }
+            let retryAfter = RetryAfter.seconds(in: response.headers, now: now)
+            if status == 429 { return .throttle(retryAfter: retryAfter) }
+            if status == 503, let retryAfter { return .throttle(retryAfter: retryAfter) }
+            if (500...599).contains(status) { return .failure }
+            return .healthy
+        }
+    }
+
+    /// Seconds since 1970, as `Retry-After` dates count.
+    static func unixNow() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+}
+
 /// The result object of a response.
 enum HTTPResult {
     /// `{"status", "headers", "body", "bodyEncoding", "size", "truncated"}`. Header fields

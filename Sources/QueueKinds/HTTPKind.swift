@@ -54,6 +54,13 @@ public final class HTTPKind: OperationKind {
         _ = try HTTPSpec(spec)
     }
 
+    /// `host:port` of the spec's URL, lowercase, the port always written (API.md "Hosts"):
+    /// what its circuit breaker is keyed by. The URL is read as the request will read it.
+    public func host(spec: JSONValue?) -> String? {
+        guard case let .string(url)? = spec?["url"], case let .success(parts) = OutboundURL.check(url) else { return nil }
+        return "\(parts.host.lowercased()):\(parts.port)"
+    }
+
     // MARK: - running
 
     /// Sends the request (again, from the start, when `context.isResume`).
@@ -69,7 +76,12 @@ public final class HTTPKind: OperationKind {
         let task = client.send(spec.request) { [weak self] result in
             guard exchange.claim() else { return }
             self?.forget(exchange)
-            context.finish(Self.completion(spec, result))
+            let completion = Self.completion(spec, result)
+            if let verdict = Self.verdict(spec, result, now: Self.unixNow()) {
+                context.finish(completion, host: verdict)
+            } else {
+                context.finish(completion)
+            }
         }
         exchange.attach(task)
     }

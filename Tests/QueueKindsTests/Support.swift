@@ -189,7 +189,13 @@ final class TargetServer: Sendable {
             headers.append(("X-Got-Method", request.method))
             headers.append(("X-Got-Content-Type", request.header("content-type") ?? "none"))
         default:
-            if path.hasPrefix("/status/"), let s = Int(path.dropFirst(8)) {
+            // `/throttle/429/<Retry-After>` and `/throttle/503/<Retry-After>` (percent-encoded).
+            if path.hasPrefix("/throttle/"), path.count > 14, let s = Int(path.dropFirst(10).prefix(3)) {
+                status = s
+                let value = String(path.dropFirst(14)).removingPercentEncoding ?? ""
+                headers.append(("Retry-After", value))
+                body = Array("slow down".utf8)
+            } else if path.hasPrefix("/status/"), let s = Int(path.dropFirst(8)) {
                 status = s
                 body = Array("status \(s)".utf8)
             } else {
