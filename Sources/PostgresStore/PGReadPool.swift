@@ -184,6 +184,17 @@ public final class PGReadPool: @unchecked Sendable {  // `idle` is only touched 
         do { return try PGRecordDecoder.limiter(r, 0) } catch { throw PGReadDamaged(description: error.detail) }
     }
 
+    /// The committed state of host `host` (another instance changed it); nil when none is stored.
+    public func host(named host: String) throws -> HostSnapshot? {
+        let r = try withReader { reader throws(PGFailure) in
+            try reader.withConnection { c throws(PGFailure) in
+                try c.execPrepared("opqd_read_host", "SELECT \(PGSchema.hostColumns) FROM opqd.hosts WHERE host = $1", [PGParameter(host)])
+            }
+        }
+        guard r.rows > 0 else { return nil }
+        do { return try PGRecordDecoder.host(r, 0) } catch { throw PGReadDamaged(description: error.detail) }
+    }
+
     /// Every committed limiter, sorted by name.
     public func limiters() throws -> [LimiterSnapshot] {
         let r = try withReader { reader throws(PGFailure) in

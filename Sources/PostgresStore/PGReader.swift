@@ -170,15 +170,16 @@ final class PGReader {
     /// One repeatable-read transaction, so limiters, queues, operations and the seq are one
     /// consistent snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
     func load(lastSeq known: UInt64) throws -> RecoveredState {
-        let (ls, qs, os, seqs) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, qs, os, seqs) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
+                let hs = try c.exec(PGSchema.selectHosts)
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues ORDER BY name")
                 let os = try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations ORDER BY id")
                 let seqs = try c.exec(PGSchema.lastSeq)
                 try c.exec("COMMIT")
-                return (ls, qs, os, seqs)
+                return (ls, hs, qs, os, seqs)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
@@ -186,7 +187,8 @@ final class PGReader {
         }
         let (queues, operations) = try Self.decode(qs, os)
         let stored = try Self.lastSeq(seqs)
-        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: try Self.limiters(ls))
+        return RecoveredState(
+            queues: queues, operations: operations, lastSeq: max(stored, known), limiters: try Self.limiters(ls), hosts: try Self.hosts(hs))
     }
 
     /// The queues named (those that exist) with their operations, and for every dependency of
@@ -197,10 +199,11 @@ final class PGReader {
     func load(queues names: [String]) throws -> (RecoveredState, RemoteStates) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
-        let (ls, qs, os, deps) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, qs, os, deps) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
+                let hs = try c.exec(PGSchema.selectHosts)
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
@@ -217,14 +220,17 @@ final class PGReader {
                     AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE w.id = ANY(p.ids))
                     """, [list.parameter])
                 try c.exec("COMMIT")
-                return (ls, qs, os, deps)
+                return (ls, hs, qs, os, deps)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
             }
         }
         let (queues, operations) = try Self.decode(qs, os)
-        return (RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls)), Self.states(deps))
+        return (
+            RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls), hosts: try Self.hosts(hs)),
+            Self.states(deps)
+        )
     }
 
     /// The queue of operation `id`, nil when there is none.
@@ -336,6 +342,13 @@ final class PGReader {
         var out: [LimiterSnapshot] = []
         out.reserveCapacity(r.rows)
         for i in 0..<r.rows { out.append(try PGRecordDecoder.limiter(r, i)) }
+        return out
+    }
+
+    static func hosts(_ r: PGResult) throws(DecodeFailure) -> [HostSnapshot] {
+        var out: [HostSnapshot] = []
+        out.reserveCapacity(r.rows)
+        for i in 0..<r.rows { out.append(try PGRecordDecoder.host(r, i)) }
         return out
     }
 

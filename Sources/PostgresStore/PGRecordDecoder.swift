@@ -124,6 +124,18 @@ enum PGRecordDecoder {
 
     /// Its settings, in `PGSchema.limiterColumns` order; `running`, `waiting` and `keys` are the
     /// engine's to count (0 here).
+    static func host(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> HostSnapshot {
+        let name = r.text(row, 0)
+        func int(_ c: Int) -> Int64? { r.isNull(row, c) ? nil : r.int64(row, c) }
+        let values = HostText.Row(
+            host: name, state: r.text(row, 1), consecutiveFailures: int(2) ?? -1, openedAt: int(3), until: int(4), throttledUntil: int(5),
+            lastError: r.withBytes(row, 6) { Array($0) }, manualBreaker: r.text(row, 7), manualUntil: int(8), manualReason: r.text(row, 9),
+            reopenings: int(10) ?? -1, revision: int(11) ?? -1)
+        do throws(HostText.Refusal) { return try HostText.decode(values) } catch {
+            throw DecodeFailure(detail: "hosts row \((name ?? "NULL").debugDescription): column \(error.column) \(error.why)")
+        }
+    }
+
     static func limiter(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> LimiterSnapshot {
         guard let name = r.text(row, 0) else { throw DecodeFailure(detail: "limiters row with a NULL name") }
         func fail(_ column: String, _ why: String) -> DecodeFailure {

@@ -491,6 +491,25 @@ package enum PGSchema {
             END IF;
         END $$;
         """#,
+        // 11 -> 12: the hosts' circuit breakers (API.md "Hosts"). Like limiters, a host belongs
+        // to no queue: one global table, one row per host, written by whichever instance changed
+        // its state (the newest revision wins in every engine that reads it).
+        """
+        CREATE TABLE opqd.hosts (
+            host                 text PRIMARY KEY,
+            state                text NOT NULL,
+            consecutive_failures bigint NOT NULL,
+            opened_at            bigint,
+            until                bigint,
+            throttled_until      bigint,
+            last_error           text,
+            manual_breaker       text,
+            manual_until         bigint,
+            manual_reason        text,
+            reopenings           bigint NOT NULL,
+            revision             bigint NOT NULL
+        );
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -680,6 +699,32 @@ package enum PGSchema {
         rate_burst = excluded.rate_burst, overrides = excluded.overrides, created_at = excluded.created_at, revision = excluded.revision
         """
     static let deleteLimiter = "DELETE FROM opqd.limiters WHERE name = $1"
+    static let hostColumns = HostText.columns.joined(separator: ", ")
+    /// Every host, whichever instance wrote it.
+    static let selectHosts = "SELECT \(hostColumns) FROM opqd.hosts ORDER BY host"
+    static let upsertHost = """
+        INSERT INTO opqd.hosts (\(hostColumns)) VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::bigint, $7, $8, $9::bigint, $10, \
+        $11::bigint, $12::bigint) ON CONFLICT (host) DO UPDATE SET state = excluded.state, \
+        consecutive_failures = excluded.consecutive_failures, opened_at = excluded.opened_at, until = excluded.until, \
+        throttled_until = excluded.throttled_until, last_error = excluded.last_error, manual_breaker = excluded.manual_breaker, \
+        manual_until = excluded.manual_until, manual_reason = excluded.manual_reason, reopenings = excluded.reopenings, \
+        revision = excluded.revision
+        """
+    /// `upsertHost`'s parameters.
+    static func hostParameters(_ h: HostSnapshot) -> [PGParameter] {
+        func time(_ t: Timestamp?) -> PGParameter { t.map { PGParameter($0.nanoseconds) } ?? .null }
+        var lastError = PGParameter.null
+        if let e = h.lastError {
+            var json: [UInt8] = []
+            e.write(to: &json)
+            lastError = PGParameter(bytes: json + [0])
+        }
+        return [
+            PGParameter(h.host), PGParameter(h.state.rawValue), PGParameter(h.consecutiveFailures), time(h.openedAt), time(h.until),
+            time(h.throttledUntil), lastError, h.manual.map { PGParameter($0.breaker.rawValue) } ?? .null, time(h.manual?.until),
+            h.manual?.reason.map { PGParameter($0) } ?? .null, PGParameter(h.reopenings), PGParameter(Int64(bitPattern: h.revision)),
+        ]
+    }
     /// `upsertLimiter`'s parameters. `running`, `waiting` and `keys` are the engine's to count.
     static func limiterParameters(_ l: LimiterSnapshot) -> [PGParameter] {
         var out = [PGParameter(l.name), l.settings.concurrency.map { PGParameter($0) } ?? .null]
@@ -715,7 +760,8 @@ package enum PGSchema {
     /// operations deleted is the statement's row count.
     static let purge = """
         WITH p AS (SELECT id FROM opqd.operations WHERE state = 'finished' AND finished_at < $1::bigint ORDER BY finished_at LIMIT $2::bigint), \
-        e AS (DELETE FROM opqd.events WHERE operation IN (SELECT id FROM p)) \
+        e AS (DELETE FROM opqd.events WHERE operation IN (SELECT id FROM p)), \
+        h AS (DELETE FROM opqd.events WHERE operation = 0 AND time < $1::bigint) \
         DELETE FROM opqd.operations WHERE id IN (SELECT id FROM p)
         """
     static let deleteOldIdempotency = "DELETE FROM opqd.idempotency WHERE created_at < $1::bigint"

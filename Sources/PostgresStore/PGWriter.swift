@@ -66,6 +66,7 @@ final class PGWriter: @unchecked Sendable {
     private var lastQueue: [String: Int] = [:]
     private var lastEvent: [UInt64: Int] = [:]
     private var lastLimiter: [String: Int] = [:]
+    private var lastHost: [String: Int] = [:]
     private var thread: pthread_t?
 
     /// How long an idle writer waits before checking its connection (so readiness notices a
@@ -461,6 +462,8 @@ final class PGWriter: @unchecked Sendable {
         lastQueue.removeAll(keepingCapacity: true)
         lastEvent.removeAll(keepingCapacity: true)
         lastLimiter.removeAll(keepingCapacity: true)
+        lastHost.removeAll(keepingCapacity: true)
+        var hostEvents = false
         var position = 0
         let partitioned = fence?.partitions != nil
         var touched = Set<Int>()
@@ -475,12 +478,18 @@ final class PGWriter: @unchecked Sendable {
                     if partitioned { touched.insert(QueuePartitions.of(queue: q.name)) }
                 case let .event(e):
                     lastEvent[e.seq] = position
-                    if partitioned { touched.insert(QueuePartitions.of(queue: e.queue)) }
+                    // A host's event names no queue: global, like a limiter.
+                    if e.key == .breaker {
+                        hostEvents = true
+                    } else if partitioned {
+                        touched.insert(QueuePartitions.of(queue: e.queue))
+                    }
                 case let .queueDeleted(name):
                     if partitioned { touched.insert(QueuePartitions.of(queue: name)) }
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
-                case .kept, .host: break
+                case let .host(h): lastHost[h.host] = position
+                case .kept: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
                 }
@@ -506,7 +515,7 @@ final class PGWriter: @unchecked Sendable {
             // cut off past its leases, whose partitions all went to others, writes none, while
             // one partition given up meanwhile does not fence a healthy instance's write. (An
             // instance that holds no partition yet sends no fence: it writes them unfenced.)
-            if touched.isEmpty, !lastLimiter.isEmpty || Self.hasMeta(jobs) { anyOf = all }
+            if touched.isEmpty, !lastLimiter.isEmpty || !lastHost.isEmpty || hostEvents || Self.hasMeta(jobs) { anyOf = all }
         }
         var sent = 0
         /// Statement index -> the reply that gets its row count.
@@ -594,7 +603,12 @@ final class PGWriter: @unchecked Sendable {
                             if lastOperation[s.id.raw] == position { bulk.add(s) }
                         case let .event(e):
                             if lastEvent[e.seq] == position {
-                                if partitioned { bulk.epoch = partitionEpochs[QueuePartitions.of(queue: e.queue)] }
+                                if partitioned {
+                                    // A host's event is written under any epoch this commit holds.
+                                    bulk.epoch =
+                                        e.key == .breaker
+                                        ? (partitionEpochs.values.first ?? anyOf.values.first) : partitionEpochs[QueuePartitions.of(queue: e.queue)]
+                                }
                                 bulk.add(e)
                                 pending.append(e)
                             }
@@ -619,8 +633,9 @@ final class PGWriter: @unchecked Sendable {
                             if lastLimiter[l.name] == position { try send(PGSchema.upsertLimiter, PGSchema.limiterParameters(l)) }
                         case let .limiterDeleted(name):
                             if lastLimiter[name] == position { try send(PGSchema.deleteLimiter, [PGParameter(name)]) }
-                        case .host:
-                            continue
+                        case let .host(h):
+                            // Global, not partitioned: fenced with the rest of the commit.
+                            if lastHost[h.host] == position { try send(PGSchema.upsertHost, PGSchema.hostParameters(h)) }
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -85,10 +85,12 @@ extension QueueEngine {
 extension EngineCore {
     /// A stored host comes back as it was: an open host stays open until its time (then
     /// halfOpen), a ramp starts again.
+    /// (A cluster instance taking partitions reads every host again: one it already knows in a
+    /// newer or the same revision stays as it is.)
     func restoreHost(_ s: HostSnapshot) {
+        if let known = hosts[s.host], known.revision >= s.revision { return }
         guard let h = hostRecord(s.host) else { return }
         h.adopt(s, now: now.nanoseconds)
-        h.revision = min(s.revision, UInt64.max >> 2) + 1
-        armHostWake(h)
+        if h.hasParked { hostGotRoom(h) } else { armHostWake(h) }
     }
 }

@@ -95,6 +95,29 @@ struct RecordBinder {
         try st.run(binding: row)
     }
 
+    mutating func write(_ h: HostSnapshot, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        row.add(1, h.host)
+        row.add(2, h.state.rawValue)
+        st.bind(3, h.consecutiveFailures)
+        bindTime(h.openedAt, 4, st)
+        bindTime(h.until, 5, st)
+        bindTime(h.throttledUntil, 6, st)
+        addJSON(h.lastError, 7, st)
+        if let m = h.manual {
+            row.add(8, m.breaker.rawValue)
+            bindTime(m.until, 9, st)
+            if let r = m.reason { row.add(10, r) } else { st.bindNull(10) }
+        } else {
+            st.bindNull(8)
+            st.bindNull(9)
+            st.bindNull(10)
+        }
+        st.bind(11, h.reopenings)
+        st.bind(12, h.revision)
+        try st.run(binding: row)
+    }
+
     /// A rate in columns `i` (per second) and `i + 1` (burst); NULL in both for none.
     private func bindRate(_ r: RateLimit?, _ i: Int32, _ st: SQLiteStatement) {
         if let r {
@@ -272,6 +295,17 @@ package enum RecordDecoder {
         let revision = st.uint64(6)
         guard revision <= RecordLimits.maxCounter else { throw fail("revision", "is \(revision)") }
         return LimiterSnapshot(name: name, settings: settings, createdAt: Timestamp(nanoseconds: st.int64(5)), revision: revision)
+    }
+
+    static func host(_ st: SQLiteStatement) throws(DecodeFailure) -> HostSnapshot {
+        let name = st.text(0)
+        let row = HostText.Row(
+            host: name, state: st.text(1), consecutiveFailures: st.int64(2), openedAt: optionalInt(st, 3), until: optionalInt(st, 4),
+            throttledUntil: optionalInt(st, 5), lastError: st.isNull(6) ? nil : st.bytes(6), manualBreaker: st.text(7),
+            manualUntil: optionalInt(st, 8), manualReason: st.text(9), reopenings: st.int64(10), revision: st.int64(11))
+        do throws(HostText.Refusal) { return try HostText.decode(row) } catch {
+            throw DecodeFailure(detail: "hosts row \((name ?? "NULL").debugDescription): column \(error.column) \(error.why)")
+        }
     }
 
     private static func optionalDouble(_ st: SQLiteStatement, _ i: Int32) -> Double? { st.isNull(i) ? nil : st.double(i) }

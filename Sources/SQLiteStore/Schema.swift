@@ -1,3 +1,5 @@
+import StoreKit
+
 /// The store's tables, and how older files are brought up to date.
 ///
 /// `PRAGMA user_version` holds the schema version and `PRAGMA application_id` marks the file
@@ -98,6 +100,23 @@ enum Schema {
             revision        INTEGER NOT NULL
         ) WITHOUT ROWID;
         """,
+        // 3 -> 4: the hosts' circuit breakers (API.md "Hosts"): an open host comes back open.
+        """
+        CREATE TABLE hosts (
+            host                 TEXT PRIMARY KEY NOT NULL,  -- host:port, lowercase
+            state                TEXT NOT NULL,              -- closed, open, halfOpen, ramping
+            consecutive_failures INTEGER NOT NULL,
+            opened_at            INTEGER,                    -- ns
+            until                INTEGER,                    -- ns
+            throttled_until      INTEGER,                    -- ns
+            last_error           TEXT,                       -- JSON {"type","detail"}
+            manual_breaker       TEXT,                       -- open, closed; NULL = automatic
+            manual_until         INTEGER,                    -- ns
+            manual_reason        TEXT,
+            reopenings           INTEGER NOT NULL,
+            revision             INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        """,
     ]
 
     static let operationColumns = """
@@ -109,6 +128,7 @@ enum Schema {
     static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at, rate_per_second, rate_burst, fairness_weights"
     static let limiterColumns = "name, concurrency, rate_per_second, rate_burst, overrides, created_at, revision"
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
+    static let hostColumns = HostText.columns.joined(separator: ", ")
 
     static func placeholders(_ n: Int) -> String { (1...n).map { "?\($0)" }.joined(separator: ", ") }
 
@@ -125,6 +145,9 @@ enum Schema {
     static let upsertQueue = "INSERT OR REPLACE INTO queues (\(queueColumns)) VALUES (\(placeholders(9)))"
     static let upsertLimiter = "INSERT OR REPLACE INTO limiters (\(limiterColumns)) VALUES (\(placeholders(7)))"
     static let deleteLimiter = "DELETE FROM limiters WHERE name = ?1"
+    static let upsertHost = "INSERT OR REPLACE INTO hosts (\(hostColumns)) VALUES (\(placeholders(12)))"
+    /// Hosts' breaker events (operation 0) older than the retention, with the finished operations'.
+    static let deleteOldHostEvents = "DELETE FROM events WHERE operation = 0 AND time < ?1"
     // Plain INSERT: OR REPLACE costs a statement journal per row (about a microsecond).
     static let insertEvent = "INSERT INTO events (\(eventColumns)) VALUES (\(placeholders(8)))"
     /// For the rare batch that repeats a seq (an engine that was not restored): the newer wins.

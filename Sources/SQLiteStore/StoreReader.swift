@@ -140,8 +140,12 @@ final class StoreReader {
         let ls = try connection.prepare("SELECT \(Schema.limiterColumns) FROM limiters ORDER BY name")
         defer { ls.finalize() }
         while try ls.step() { limiters.append(try RecordDecoder.limiter(ls)) }
+        var hosts: [HostSnapshot] = []
+        let hs = try connection.prepare("SELECT \(Schema.hostColumns) FROM hosts ORDER BY host")
+        defer { hs.finalize() }
+        while try hs.step() { hosts.append(try RecordDecoder.host(hs)) }
         let stored = UInt64(bitPattern: try connection.integer(Schema.lastSeq))
         guard stored <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "the last event seq \(stored) is out of range") }
-        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters)
+        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters, hosts: hosts)
     }
 }

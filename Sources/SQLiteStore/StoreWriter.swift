@@ -38,7 +38,7 @@ final class StoreWriter: @unchecked Sendable {
     private let connection: SQLiteConnection
     private let begin, commit, rollback: SQLiteStatement
     private let upsertOperation, upsertQueue, insertEvent, replaceEvent, upsertIdempotency, setLastSeq: SQLiteStatement
-    private let upsertLimiter, deleteLimiter: SQLiteStatement
+    private let upsertLimiter, deleteLimiter, upsertHost, deleteOldHostEvents: SQLiteStatement
     private let deleteQueueEvents, deleteQueueOperations, deleteQueue: SQLiteStatement
     private let selectPurgeable, deleteOperationEvents, deleteOperation, deleteOldIdempotency: SQLiteStatement
     private let upsertMeta, deleteMeta, deleteMetaPrefix: SQLiteStatement
@@ -46,6 +46,7 @@ final class StoreWriter: @unchecked Sendable {
     private var lastOperation: [UInt64: Int] = [:]
     private var lastQueue: [String: Int] = [:]
     private var lastLimiter: [String: Int] = [:]
+    private var lastHost: [String: Int] = [:]
     private var purgeIDs: [Int64] = []
     /// Set once by `start`, before the store is shared.
     private var thread: pthread_t?
@@ -66,6 +67,8 @@ final class StoreWriter: @unchecked Sendable {
         setLastSeq = try connection.prepare(Schema.setLastSeq)
         upsertLimiter = try connection.prepare(Schema.upsertLimiter)
         deleteLimiter = try connection.prepare(Schema.deleteLimiter)
+        upsertHost = try connection.prepare(Schema.upsertHost)
+        deleteOldHostEvents = try connection.prepare(Schema.deleteOldHostEvents)
         deleteQueueEvents = try connection.prepare(Schema.deleteQueueEvents)
         deleteQueueOperations = try connection.prepare(Schema.deleteQueueOperations)
         deleteQueue = try connection.prepare(Schema.deleteQueue)
@@ -207,6 +210,7 @@ final class StoreWriter: @unchecked Sendable {
         lastOperation.removeAll(keepingCapacity: true)
         lastQueue.removeAll(keepingCapacity: true)
         lastLimiter.removeAll(keepingCapacity: true)
+        lastHost.removeAll(keepingCapacity: true)
         var position = 0
         for case let .records(records, _) in jobs {
             for r in records {
@@ -215,7 +219,8 @@ final class StoreWriter: @unchecked Sendable {
                 case let .queue(q): lastQueue[q.name] = position
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
-                case .event, .queueDeleted, .kept, .batchPartAdded, .host: break
+                case let .host(h): lastHost[h.host] = position
+                case .event, .queueDeleted, .kept, .batchPartAdded: break
                 }
                 position += 1
             }
@@ -257,8 +262,9 @@ final class StoreWriter: @unchecked Sendable {
                             guard lastLimiter[name] == position else { continue }
                             deleteLimiter.bind(1, text: name)
                             try deleteLimiter.run()
-                        case .host:
-                            continue
+                        case let .host(h):
+                            guard lastHost[h.host] == position else { continue }
+                            try binder.write(h, with: upsertHost)
                         }
                     }
                 case let .purge(cutoff, limit, reply):
@@ -311,6 +317,8 @@ final class StoreWriter: @unchecked Sendable {
             throw error
         }
         selectPurgeable.reset()
+        deleteOldHostEvents.bind(1, cutoff.nanoseconds)
+        try deleteOldHostEvents.run()
         for id in purgeIDs {
             deleteOperationEvents.bind(1, id)
             try deleteOperationEvents.run()

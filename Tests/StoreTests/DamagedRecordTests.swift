@@ -113,6 +113,25 @@ import Testing
         }
     }
 
+    @Test(arguments: [
+        ("'nohost', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1", "host"),
+        ("'a:80', 'ajar', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1", "state"),
+        ("'a:80', 'open', -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1", "consecutive_failures"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, 'x', NULL, NULL, NULL, 0, 1", "last_error"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, '[1]', NULL, NULL, NULL, 0, 1", "last_error"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, 'shut', NULL, NULL, 0, 1", "manual_breaker"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, 5, NULL, 0, 1", "manual_breaker"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 63, 1", "reopenings"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, -1", "revision"),
+    ])
+    func aDamagedHostRowFailsTheLoad(values: String, column: String) throws {
+        let name = values.hasPrefix("'nohost'") ? "nohost" : "a:80"
+        try withTemporaryDirectory { dir in
+            try damaged(dir, "INSERT INTO hosts VALUES (\(values))")
+            try expectCorruptLoad(dir, mentioning: "hosts row \"\(name)\": column \(column) ")
+        }
+    }
+
     @Test func aNegativeSchemaVersionIsRefused() throws {
         try withTemporaryDirectory { dir in
             try damaged(dir, "PRAGMA user_version = -1")

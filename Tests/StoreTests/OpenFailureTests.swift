@@ -34,7 +34,8 @@ func makeOldStore(in dir: TemporaryDirectory, version: Int) throws {
     defer { conn.close() }
     for v in 0..<version { try conn.execute(Schema.migrations[v]) }
     try conn.execute("PRAGMA user_version = \(version); PRAGMA application_id = \(Schema.applicationID)")
-    try conn.execute("INSERT INTO queues VALUES ('q', -1, 4, 0, 1, \(t0.nanoseconds))")
+    try conn.execute(
+        "INSERT INTO queues (name, max_concurrent, effective_max, is_suspended, revision, created_at) VALUES ('q', -1, 4, 0, 1, \(t0.nanoseconds))")
     for i in 1...3 {
         try conn.execute(
             """
@@ -103,7 +104,7 @@ func openFailure(_ dir: String) -> StoreError? {
             conn.close()
             let error = try #require(openFailure(dir.path))
             #expect(error.reason == .newerSchema(found: 99, supported: Schema.version))
-            #expect(Schema.version == 3)
+            #expect(Schema.version == 4)
             #expect(error.description.contains("99"))
         }
     }
@@ -162,7 +163,26 @@ func openFailure(_ dir: String) -> StoreError? {
             #expect(migrated.operations.count == 3)
             let check = try SQLiteConnection(path: dir.database, create: false)
             defer { check.close() }
-            #expect(try check.integer("PRAGMA user_version") == 3)
+            #expect(try check.integer("PRAGMA user_version") == Int64(Schema.version))
+        }
+    }
+
+    /// Schema 3, before hosts: it comes back with none, and the migrated file keeps them.
+    @Test func aFileOfTheSchemaBeforeHostsIsMigrated() throws {
+        try withTemporaryDirectory { dir in
+            try makeOldStore(in: dir, version: 3)
+            let store = try SQLiteStore(directory: dir.path)
+            #expect(try store.load().hosts.isEmpty)
+            let h = HostSnapshot(host: "a:80", state: .open, openedAt: t0, until: t0.adding(seconds: 5), revision: 2)
+            store.append([.host(h)], upTo: 5)
+            #expect(waitDurable(store, 5))
+            store.close()
+            let again = try SQLiteStore(directory: dir.path)
+            defer { again.close() }
+            #expect(try again.load().hosts == [h])
+            let check = try SQLiteConnection(path: dir.database, create: false)
+            defer { check.close() }
+            #expect(try check.integer("PRAGMA user_version") == 4)
         }
     }
 
