@@ -129,8 +129,13 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     // A cluster's partition holders share every limiter: its row in PostgreSQL, and one budget
     // kept there, leased in small batches (README, "Limiters and a cluster").
     var leasing: LimiterLeasing?
+    // A host's state changed by another instance reaches this one through the feed; its row
+    // is read then (API.md "Hosts": one host, one state).
+    var adoptHosts: (@Sendable ([ChangeEvent]) -> Void)?
     if case let .partitioned(setup) = role {
-        engine.setLimiterDirectory(PostgresLimiterDirectory(pool: PGReadPool(url: configuration.store, size: 2)))
+        let pool = PGReadPool(url: configuration.store, size: 2)
+        engine.setLimiterDirectory(PostgresLimiterDirectory(pool: pool))
+        adoptHosts = HostAdoption(pool: pool, engine: engine, logger: logger).adopt
         let exchange = PostgresLeaseExchange(
             PGLimiterLeases(url: configuration.store, instance: setup.membership.instanceID, leaseSeconds: configuration.lease))
         let l = LimiterLeasing(store: exchange, leaseSeconds: configuration.lease, logger: logger)
@@ -214,7 +219,10 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
         let owner = OwnerFeed(
             events: events, webhooks: webhooks, logger: logger,
             read: { after, limit in try postgres.events(after: after, limit: limit) },
-            published: composition.published ?? { _ in },
+            published: { [published = composition.published, adoptHosts] batch in
+                published?(batch)
+                adoptHosts?(batch)
+            },
             delivers: { queue in placement.serves(queue: queue) }, readsGaps: !othersCommit)
         postgres.onCommittedEvents { owner.committed($0) }
         // Its own commits reach the feed from its writer; the timer is the safety net. (No
