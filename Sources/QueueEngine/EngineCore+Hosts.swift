@@ -35,6 +35,7 @@ extension EngineCore {
         guard op.state != .finished, let name = op.kind.host(spec: op.spec), let h = hostRecord(name) else { return }
         op.host = h
         h.refs += 1
+        if op.state == .ready { h.waiting += 1 }
     }
 
     /// `op` left `state`: a parked one is forgotten; a canary that stops without a verdict
@@ -43,6 +44,9 @@ extension EngineCore {
         switch state {
         case .ready:
             op.parkedOn?.forget(op)
+            h.waiting -= 1
+            // The held backlog is gone: the ramp is over.
+            if h.waiting == 0 && h.state == .ramping && h.manual == nil { closeHost(h) }
         case .executing:
             if h.canary == op.id {
                 h.canary = nil
@@ -53,10 +57,18 @@ extension EngineCore {
         }
     }
 
-    /// `op` finished: it no longer keeps its host.
-    func hostFinished(_ op: OpRecord, _ h: HostRecord) {
-        h.refs -= 1
-        op.host = nil
+    /// `op` moved into `state`: a ready one counts in the backlog; a finished one no longer
+    /// keeps its host.
+    func hostEntered(_ op: OpRecord, _ h: HostRecord, _ state: OperationState) {
+        switch state {
+        case .ready:
+            h.waiting += 1
+        case .finished:
+            h.refs -= 1
+            op.host = nil
+        case .pending, .executing, .paused:
+            break
+        }
     }
 
     /// May `op` start now as far as its host goes? False parks it on the host.
@@ -173,7 +185,7 @@ extension EngineCore {
         h.rampStarted = 0
         h.until = now.nanoseconds.saturatingAdd(Int64(BreakerSettings.rampSeconds) * 1_000_000_000)
         setHostState(h, .ramping)
-        if !h.hasParked {
+        if h.waiting == 0 {
             closeHost(h)
         } else {
             hostGotRoom(h)
@@ -222,25 +234,19 @@ extension EngineCore {
     }
 
     /// `h` may have room: as many of its parked operations as it has room for go back to
-    /// their queues' ready order, in its order (priority, then age).
+    /// their queues' ready order, in its order (priority, then age). Unlike a limiter key's,
+    /// room one of them cannot use now (its queue is full or suspended) is not passed on at
+    /// once: the host's bound counts starts, and one let go that cannot start yet keeps its
+    /// place in its queue and is checked again when it can (parked again if the host then
+    /// has no room). Passing the room on would let every held operation go into queues that
+    /// are full.
     func hostGotRoom(_ h: HostRecord) {
         refreshHost(h)
         var room = min(h.room(now: now.nanoseconds), h.parkedCount)
-        var letGo = 0
         while room > 0, let op = h.unpark(ops) {
             op.queue.push(op)
             dirty.append(op.queue)
             room -= 1
-            letGo += 1
-        }
-        if letGo > 0 && !h.rechecking && h.hasParked {
-            h.rechecking = true
-            flowRecheck.append(h)
-        }
-        // The held backlog is gone: the ramp is over.
-        if h.state == .ramping && !h.hasParked && h.manual == nil {
-            closeHost(h)
-            return
         }
         armHostWake(h)
     }

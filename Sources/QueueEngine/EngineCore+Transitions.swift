@@ -65,7 +65,7 @@ extension EngineCore {
             break
         }
         if !op.limitKeys.isEmpty { flowEntered(op, to) }
-        if to == .finished, let h = op.host { hostFinished(op, h) }
+        if let h = op.host { hostEntered(op, h, to) }
         return effect
     }
 

@@ -56,7 +56,7 @@ final class EngineCore: @unchecked Sendable {
     var inLeaseGrant = false
     var flowCounters = FlowCounters()
     /// Keys that let operations go in this locked section (`settle`).
-    var flowRecheck: [ParkingLot] = []
+    var flowRecheck: [LimiterKey] = []
     /// Target hosts of operations (API.md "Hosts"), by `host:port`.
     var hosts: [String: HostRecord] = [:]
     var breaker = BreakerSettings()
@@ -120,16 +120,11 @@ final class EngineCore: @unchecked Sendable {
             // what they could: room one of them did not use (its queue is suspended or full,
             // another of its limits has none) goes to the next parked one (`keyGotRoom`).
             guard !flowRecheck.isEmpty else { return }
-            let lots = flowRecheck
+            let keys = flowRecheck
             flowRecheck = []
-            for lot in lots {
-                lot.rechecking = false
-                guard lot.hasParked else { continue }
-                if let k = lot as? LimiterKey {
-                    keyGotRoom(k)
-                } else if let h = lot as? HostRecord {
-                    hostGotRoom(h)
-                }
+            for k in keys {
+                k.rechecking = false
+                if k.hasParked { keyGotRoom(k) }
             }
             if dirty.isEmpty { return }
         }

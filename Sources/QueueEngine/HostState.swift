@@ -24,6 +24,9 @@ final class HostRecord: ParkingLot, @unchecked Sendable {  // guarded by the eng
     var rampStarted = 0
     /// Unfinished operations to it: while any are, it is not forgotten.
     var refs = 0
+    /// Ready operations to it (parked here or let go to their queues and not started yet): the
+    /// held backlog a ramp runs until it is gone.
+    var waiting = 0
     /// A wake-up is armed for `wakeAt`; `wakeGeneration` names the current one.
     var wakeAt: Int64 = .max
     var wakeGeneration: UInt64 = 0

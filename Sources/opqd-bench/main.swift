@@ -12,6 +12,7 @@
 //   opqd-bench feed-order --postgres U  a global event seq from K writers: cost and feed skips (FeedOrderBench.swift)
 //   opqd-bench flow [--baseline-bin B]  what flow control costs the engine (FlowBench.swift; scripts/bench-flow.sh)
 //   opqd-bench limiter-leases --postgres U  limiter lease exchanges, 1 and 50 keys: round trip (LimiterLeaseBench.swift)
+//   opqd-bench hosts [--quick]       a target down and back: CPU and memory of held operations, the ramp (HostsBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -82,6 +83,11 @@ let usage = """
                          limiter budgets shared by a cluster (PGLimiterLeases): the round trip of one lease
                          exchange of 1 and of 50 keys (p50/p99), one statement vs a pipeline of one per key,
                          a limiter with 1,000 overrides, a renewal; a fresh database on URL.
+      hosts [--ops N] [--quick]
+                         a local target goes down: 100,000 http operations (--quick: 10,000) held by its
+                         open breaker, the process's CPU over 10 s while they wait, bytes per held vs per
+                         ready operation (fresh processes), then the target comes back: starts per second
+                         through the ramp, when the queue's limit (64 executing) is reached, the drain.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -124,6 +130,10 @@ case "flow-run":
     exit(FlowBench.runChild(args))
 case "limiter-leases":
     exit(LimiterLeaseBench.main(args))
+case "hosts":
+    exit(HostsBench.main(args))
+case "hosts-mem":
+    exit(HostsBench.memChild(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
