@@ -164,6 +164,7 @@ extension QueueEngine {
                 if op.state != .finished {
                     op.queue.unfinished -= 1
                     core.unfinishedTotal -= 1
+                    core.detachFlow(op)
                 }
                 if (op.state == .executing && !op.inBackoff && op.parkedCompletion == nil)
                     || (op.state == .paused && op.hasStarted && op.parkedCompletion == nil)
