@@ -223,6 +223,14 @@ struct HostEndpointTests {
             let v6 = try await server.request("PATCH", "/v1/hosts/%5B::1%5D:8080", json: #"{"breaker":"open"}"#)
             #expect(v6.string("host") == "[::1]:8080")
             #expect(try await server.request("GET", "/v1/hosts/API.Example.com:443").status == 404)
+            // A page at a time, sorted by host.
+            let page1 = try await server.request("GET", "/v1/hosts?limit=1")
+            #expect(((page1.object["hosts"] as? [[String: Any]]) ?? []).map { $0["host"] as? String } == [target.host])
+            let next = try #require(page1.string("next"))
+            let page2 = try await server.request("GET", "/v1/hosts?limit=1&after=\(next)")
+            #expect(((page2.object["hosts"] as? [[String: Any]]) ?? []).map { $0["host"] as? String } == ["[::1]:8080"])
+            #expect(page2.object["next"] is NSNull)
+            expectProblem(try await server.request("GET", "/v1/hosts?limit=0"), 422, mentioning: ["limit"])
         }
     }
 
