@@ -38,10 +38,6 @@ public struct Zone: Sendable {
     /// UTC, without a file.
     public static let utc = Zone(name: "UTC", transitions: [], offsets: [], initial: 0, rule: nil)
 
-    init(name: String, transitions: [Int64], offsets: [Int32], initial: Int32, rule: PosixRule?) {
-        self.name = name; self.transitions = transitions; self.offsets = offsets; self.initial = initial; self.rule = rule
-    }
-
     /// Loads `name` from the database; nil when it is not a zone there (or not a valid file).
     public static func load(_ name: String) -> Zone? {
         if name == "UTC" { return .utc }
