@@ -44,12 +44,12 @@ let package = Package(
         // Release builds drop the runtime exclusivity checks here: the engine mutates its
         // records only under its one lock, and the checks cost ~15% of the flat benchmark.
         .target(
-            name: "QueueEngine", dependencies: ["Locking", "Grammar"],
+            name: "QueueEngine", dependencies: ["Locking", "Grammar", "Schedules"],
             swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // The store seam: the contract the service sees (DurableStore), what both stores share
         // (idempotency records, event windows, writer stats, the group-commit queue), and the
         // memory store. Neither store imports the other.
-        .target(name: "StoreKit", dependencies: ["QueueEngine", "Locking"]),
+        .target(name: "StoreKit", dependencies: ["QueueEngine", "Locking", "Schedules"]),
         // SQLite itself (apt: libsqlite3-dev); used only by SQLiteStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // The default store: one SQLite file behind StoreKit's contract.

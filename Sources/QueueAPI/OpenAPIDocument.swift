@@ -4078,6 +4078,16 @@ components:
         fairnessKey:
           type: string
           description: Its fairness key, as given; absent when none.
+        schedule:
+          type: object
+          additionalProperties: false
+          required: [name, nominalTime]
+          description: The schedule whose run it is, and the run's nominal time (its time before jitter).
+          properties:
+            name:
+              type: string
+            nominalTime:
+              $ref: '#/components/schemas/Timestamp'
         waitingOn:
           type: array
           items:

@@ -147,6 +147,7 @@ extension QueueEngine {
                 // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
                 q.deleted = true
                 core.queues[name] = nil
+                core.dropSchedules(of: name)
                 for op in q.ops { gone.append(op) }
                 let waiters = q.idleWaiters
                 q.idleWaiters = []
