@@ -29,7 +29,7 @@ struct HostDurabilityTests {
         let op = #"{"kind":"http","spec":{"method":"GET","url":"\#(target.url())","timeout":1},"retry":{"maxAttempts":5,"backoff":0.1}}"#
         for _ in 0..<2 { try must("POST", "/v1/queues/q/operations", op) }
         var open = false
-        let deadline = Date().addingTimeInterval(10)
+        let deadline = Date().addingTimeInterval(20)
         while !open && Date() < deadline {
             open = try must("GET", "/v1/hosts/\(target.host)", nil, 200).string("state") == "open"
             if !open { try await Task.sleep(nanoseconds: 20_000_000) }

@@ -2,10 +2,17 @@ import Dispatch
 import Locking
 import MicroHTTP
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A target for `http` operations on 127.0.0.1 whose behaviour a test switches while it runs
 /// (API.md "Hosts"): up (200), refusing (its port closed: connections refused; switching back
 /// listens on the same port again), 503, slow (answers after a delay), 429 or 503 with a
 /// `Retry-After` value, and 404. It counts what reached it, by the mode it was in.
+///
+/// While refusing, the port stays this target's: a socket bound to it that does not listen, so
+/// connections get a reset (refused) and no other test's server can take the port meanwhile.
 public final class SwitchableTarget: @unchecked Sendable {
     public enum Mode: Sendable, Equatable {
         case up
@@ -20,6 +27,8 @@ public final class SwitchableTarget: @unchecked Sendable {
     private struct State {
         var mode: Mode = .up
         var server: HTTPServer?
+        /// Holds the port while refusing (bound, not listening).
+        var holder: Int32 = -1
         var hits: [Double] = []
         var hitModes: [Mode] = []
     }
@@ -41,18 +50,47 @@ public final class SwitchableTarget: @unchecked Sendable {
 
     public var mode: Mode { state.withLock { $0.mode } }
 
-    /// Switches behaviour: `refusing` closes the port, any other mode listens again.
+    /// Switches behaviour: `refusing` stops listening (the port held), any other mode listens again.
     public func set(_ mode: Mode) throws {
         let old: HTTPServer? = state.withLock { s in
             s.mode = mode
             if mode == .refusing { defer { s.server = nil }; return s.server }
             return nil
         }
-        old?.shutdown(timeout: .seconds(2))
+        if let old {
+            old.shutdown(timeout: .seconds(2))
+            let fd = Self.hold(port: port)
+            state.withLock { $0.holder = fd }
+        }
         if mode != .refusing && state.withLock({ $0.server == nil }) {
+            let fd = state.withLock { s -> Int32 in
+                defer { s.holder = -1 }
+                return s.holder
+            }
+            if fd >= 0 { close(fd) }
             let s = try Self.listen(port: port, state: state)
             state.withLock { $0.server = s }
         }
+    }
+
+    /// A socket bound to 127.0.0.1:`port` that does not listen (-1 if it could not be bound).
+    private static func hold(port: Int) -> Int32 {
+        for _ in 0..<50 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            var one: Int32 = 1
+            _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_port = UInt16(port).bigEndian
+            let ok = withUnsafePointer(to: &addr) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            }
+            if ok { return fd }
+            close(fd)
+            usleep(10_000)
+        }
+        return -1
     }
 
     /// Requests that reached it, in all.
@@ -61,11 +99,15 @@ public final class SwitchableTarget: @unchecked Sendable {
     public var arrivals: [Double] { state.withLock { $0.hits } }
 
     public func stop() {
-        let s = state.withLock { st -> HTTPServer? in
-            defer { st.server = nil }
-            return st.server
+        let (s, fd) = state.withLock { st -> (HTTPServer?, Int32) in
+            defer {
+                st.server = nil
+                st.holder = -1
+            }
+            return (st.server, st.holder)
         }
         s?.shutdown(timeout: .seconds(2))
+        if fd >= 0 { close(fd) }
     }
 
     private static func listen(port: Int, state: Lock<State>) throws -> HTTPServer {
