@@ -8,17 +8,104 @@ extension KindsTests {
     /// What an `http` operation's end tells its host's breaker (API.md "Hosts"), and the
     /// `Retry-After` grammar it reads.
     @Suite struct HTTPHosts {
-        @Test func theHostIsTheURLsHostAndPortLowercase() {
-            let kind = HTTPKind()
-            func host(_ url: String) -> String? { kind.host(spec: .object([("method", .string("GET")), ("url", .string(url))])) }
-            #expect(host("http://API.Example.com/x") == "api.example.com:80")
+        static let kind = HTTPKind()
+        static func host(_ url: String) -> String? { kind.host(spec: .object([("method", .string("GET")), ("url", .string(url))])) }
+
+        @Test func theHostIsTheURLsHostAndPortLowercaseThePortAlwaysWritten() {
+            let host = Self.host
+            #expect(host("http://api.example.com/x") == "api.example.com:80")
             #expect(host("https://api.example.com/x") == "api.example.com:443")
-            #expect(host("https://user:pw@api.example.com:8443/x?q") == "api.example.com:8443")
+            #expect(host("http://api.example.com:80/") == "api.example.com:80", "the default port written or not: one host")
+            #expect(host("http://api.example.com:0080/") == "api.example.com:80")
+            #expect(host("https://api.example.com:80/") == "api.example.com:80", "https to port 80 is port 80")
+            #expect(host("http://api.example.com:443/") == "api.example.com:443")
+            #expect(host("http://api.example.com:8080") == "api.example.com:8080", "no path")
+            #expect(host("HTTP://API.Example.COM/x") == "api.example.com:80", "any case, scheme too")
+            #expect(host("http://%41PI.example.com/") == "api.example.com:80", "percent-encoded, as the request decodes it")
+            #expect(host("https://user:pw@api.example.com:8443/x?q#f") == "api.example.com:8443", "user info is not part of the host")
+            #expect(host("https://user@api.example.com/") == "api.example.com:443")
+            #expect(host("http://under_score.example/") == "under_score.example:80")
+            #expect(host("http://127.0.0.1:9/") == "127.0.0.1:9")
+            #expect(host("http://127.1/") == "127.0.0.1:80", "an IPv4 address as the request reads it")
+            #expect(host("http://0x7f.0.0.1/") == "127.0.0.1:80")
+            #expect(host("http:///x/y") == "x:80", "as the request reads it: host x")
+        }
+
+        @Test func anIPv6AddressIsInBracketsLowercase() {
+            let host = Self.host
             #expect(host("http://[::1]:8080/") == "[::1]:8080")
-            #expect(host("ftp://a/") == nil)
-            #expect(host("not a url") == nil)
+            #expect(host("http://[::1]/") == "[::1]:80")
+            #expect(host("https://[::1]/") == "[::1]:443")
+            #expect(host("http://[FE80::ABCD]:8080/") == "[fe80::abcd]:8080")
+            #expect(host("http://[0:0:0:0:0:0:0:1]/") == "[::1]:80", "as the request reads it")
+            #expect(host("http://[::ffff:127.0.0.1]/") == "[::ffff:127.0.0.1]:80")
+            #expect(host("http://u:p@[::1]:8080/") == "[::1]:8080")
+            #expect(host("http://[fe80::1%25eth0]:8080/") == nil, "a zone: untracked, neither merged with another zone nor named with a %")
+        }
+
+        /// libcurl puts an international name in ASCII (IDNA, libidn2) only in a process whose
+        /// locale is UTF-8; in the C locale (opqd's, and this test's) the request itself fails
+        /// before anything is sent. Either way the name agrees with the request.
+        @Test func anInternationalNameIsInPunycodeWhenTheRequestCanUseIt() throws {
+            let host = Self.host
+            #expect(host("https://xn--bcher-kva.example/") == "xn--bcher-kva.example:443")
+            let name = host("http://bücher.example:9/")
+            #expect(name == nil || name == "xn--bcher-kva.example:9")
+            #expect(host("http://BÜCHER.example:9/") == name, "the same host in any case")
+            guard name == nil else { return }
+            let h = try Harness()
+            let op = try h.run("http", #"{"method": "GET", "url": "http://bücher.example:9/", "timeout": 1}"#)
+            #expect(op.errorType == "invalid-spec", "not sent: no host to hold")
+            #expect(h.engine.hosts().isEmpty)
+        }
+
+        @Test func anInvalidSpecOrURLHasNoHost() {
+            let kind = Self.kind
+            let host = Self.host
+            for url in ["ftp://a/", "not a url", "", "http://", "http://a b/", "http://a:65536/", "http://[::1/", "//a/", "/x", "file:///etc/passwd"] {
+                #expect(host(url) == nil, "\(url)")
+            }
             #expect(kind.host(spec: nil) == nil)
-            #expect(kind.host(spec: .string("x")) == nil)
+            #expect(kind.host(spec: .string("http://a/")) == nil)
+            #expect(kind.host(spec: .object([("url", .string("http://a/"))])) == nil, "no method: the spec is invalid, never sent")
+            #expect(kind.host(spec: .object([("method", .string("GET")), ("url", .string("http://a/")), ("extra", .bool(true))])) == nil)
+            #expect(kind.host(spec: .object([("method", .string("GET")), ("url", .string("http://a/")), ("timeout", .number(-1))])) == nil)
+            #expect(kind.host(spec: .object([("method", .string("GET")), ("url", .number(1))])) == nil)
+            let post = JSONValue.object([("method", .string("POST")), ("url", .string("http://a/")), ("body", .object([("k", .array([.null]))]))])
+            #expect(kind.host(spec: post) == "a:80")
+        }
+
+        @Test func aTargetTheHostsAPICannotNameIsUntracked() {
+            let host = Self.host
+            #expect(host("http://a:0/") == nil, "port 0")
+            #expect(host("http://a~b/") == nil)
+            #expect(host("http://a|b/") == nil)
+            #expect(host("http://" + String(repeating: "a", count: 254) + "/") == nil, "longer than any DNS name")
+            #expect(host("http://" + String(repeating: "a", count: 253) + "/") == String(repeating: "a", count: 253) + ":80")
+        }
+
+        /// API.md "Hosts": `GET`/`PATCH /v1/hosts/{host}` take `host:port`, lowercase, letters,
+        /// digits, `.`, `-`, `_` (IPv6: hex digits, `:` and `.` in brackets), port 1-65535.
+        @Test func everyHostIsOneTheHostsAPICanName() {
+            let urls = [
+                "http://API.Example.com/", "https://xn--bcher-kva.example/", "http://[FE80::ABCD]:1/", "http://127.1:65535/",
+                "http://[::ffff:1.2.3.4]/", "http://a.-_.b/", "http://%41/", "http://xn--cole-9oa.example:8443/",
+            ]
+            for url in urls {
+                let name = Self.host(url)
+                #expect(name.map(Self.nameableByTheAPI) == true, "\(url) -> \(name ?? "nil")")
+            }
+        }
+
+        static func nameableByTheAPI(_ name: String) -> Bool {
+            guard let colon = name.lastIndex(of: ":"), let port = Int(name[name.index(after: colon)...]), (1...65535).contains(port) else { return false }
+            let host = name[..<colon]
+            guard host == host.lowercased() else { return false }
+            if host.hasPrefix("[") {
+                return host.hasSuffix("]") && host.count <= 64
+                    && host.dropFirst().dropLast().allSatisfy { $0.isASCII && ($0.isHexDigit || $0 == ":" || $0 == ".") }
+            }
+            return !host.isEmpty && host.utf8.count <= 253 && host.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) }
         }
 
         @Test func eachAnswerHasItsVerdict() throws {
