@@ -130,6 +130,72 @@ extension KindsTests {
             #expect(open.state == .open && open.lastError?["type"] == .string("http-status"))
         }
 
+        @Test func a503WithoutAUsableRetryAfterAndATimeoutAreFailures() throws {
+            let server = try TargetServer()
+            defer { server.stop() }
+            let h = try Harness()
+            let name = "127.0.0.1:\(server.port)"
+            func failures() throws -> Int { try h.engine.host(named: name).consecutiveFailures }
+            _ = try h.run("http", #"{"method": "GET", "url": "\#(server.base)/status/503", "timeout": 1}"#)
+            #expect(try failures() == 1, "a 503 without Retry-After")
+            _ = try h.run("http", #"{"method": "GET", "url": "\#(server.base)/throttle/503/soon", "timeout": 1}"#)
+            #expect(try failures() == 2, "a 503 whose Retry-After cannot be read")
+            _ = try h.run("http", #"{"method": "GET", "url": "\#(server.base)/twice/503/5/6", "timeout": 1}"#)
+            #expect(try failures() == 3, "a 503 with two Retry-After that disagree")
+            let slow = try h.run("http", #"{"method": "GET", "url": "\#(server.base)/slow", "timeout": 0.3}"#)
+            #expect(slow.errorType == "timeout")
+            #expect(try failures() == 4, "a timeout")
+            #expect(try h.engine.host(named: name).lastError?["type"] == .string("timeout"))
+        }
+
+        @Test func aRefusedRedirectSaysNothingAboutTheHost() throws {
+            let server = try TargetServer()
+            defer { server.stop() }
+            let h = try Harness()
+            let name = "127.0.0.1:\(server.port)"
+            func run(_ path: String) throws -> OperationSnapshot {
+                try h.run("http", #"{"method": "GET", "url": "\#(server.base)\#(path)", "timeout": 2}"#)
+            }
+            for _ in 0..<2 { _ = try run("/status/500") }
+            #expect(try h.engine.host(named: name).consecutiveFailures == 2)
+            #expect(try run("/loop").errorType == "too-many-redirects")
+            #expect(try run("/to-file").errorType == "redirect-refused")
+            #expect(try h.engine.host(named: name).consecutiveFailures == 2, "neither a failure nor healthy: the count stays")
+            _ = try run("/status/404")
+            #expect(try h.engine.host(named: name).consecutiveFailures == 0)
+        }
+
+        @Test func a429WithoutAUsableRetryAfterWaitsOneSecond() throws {
+            for path in ["/status/429", "/throttle/429/soon", "/twice/429/5/6"] {
+                let server = try TargetServer()
+                defer { server.stop() }
+                let h = try Harness()
+                let name = "127.0.0.1:\(server.port)"
+                let id = try h.add("http", #"{"method": "GET", "url": "\#(server.base)\#(path)"}"#)
+                #expect(waitUntil(timeout: 5) { (try? h.engine.host(named: name).throttledUntil) != nil }, "\(path)")
+                let until = try #require(try h.engine.host(named: name).throttledUntil)
+                let wait = Double(until.nanoseconds - SystemClock().now().nanoseconds) / 1e9
+                #expect(wait <= 1.05, "\(path): no time named, the first wait is 1 s: \(wait)")
+                let op = try h.engine.operation(id)
+                #expect(op.attempt == 1 && op.state != .finished, "\(path): its attempt unused")
+                #expect(try h.engine.host(named: name).consecutiveFailures == 0, "\(path): no failure")
+                _ = try h.engine.cancel(id)
+            }
+        }
+
+        @Test func twoRetryAftersThatAgreeAreObeyed() throws {
+            let server = try TargetServer()
+            defer { server.stop() }
+            let h = try Harness()
+            let name = "127.0.0.1:\(server.port)"
+            let id = try h.add("http", #"{"method": "GET", "url": "\#(server.base)/twice/503/30/30"}"#)
+            #expect(waitUntil(timeout: 5) { (try? h.engine.host(named: name).throttledUntil) != nil })
+            let until = try #require(try h.engine.host(named: name).throttledUntil)
+            let wait = Double(until.nanoseconds - SystemClock().now().nanoseconds) / 1e9
+            #expect((28...30.1).contains(wait), "\(wait)")
+            _ = try h.engine.cancel(id)
+        }
+
         @Test func aRefusedConnectionIsAFailure() throws {
             let port = closedPort()
             let h = try Harness()
@@ -178,6 +244,61 @@ extension KindsTests {
             #expect(HTTPKind.verdict(spec: spec, outcome: .failure(OutboundError(type: "dns", detail: "")), now: 0) == .failure)
             #expect(HTTPKind.verdict(spec: spec, outcome: .failure(OutboundError(type: "too-many-redirects", detail: "")), now: 0) == nil)
             #expect(HTTPKind.verdict(spec: .null, outcome: response(500), now: 0) == nil)
+        }
+
+        @Test func everyEndHasItsVerdict() {
+            let spec = JSONValue.object([("method", .string("GET")), ("url", .string("http://a/"))])
+            let expect5xx = JSONValue.object([
+                ("method", .string("GET")), ("url", .string("http://a/")), ("expectStatus", .array([.number(429), .number(503), .string("5xx")])),
+            ])
+            func response(_ status: Int, _ headers: [(String, String)] = []) -> Result<OutboundResponse, OutboundError> {
+                .success(
+                    OutboundResponse(
+                        status: status, headers: headers, body: [], truncated: false, size: 0, contentLength: nil, finalURL: "http://a/",
+                        redirects: 0))
+            }
+            func verdict(_ outcome: Result<OutboundResponse, OutboundError>, spec: JSONValue = spec, now: Double = 784_111_777) -> HostVerdict? {
+                HTTPKind.verdict(spec: spec, outcome: outcome, now: now)
+            }
+            for type in ["timeout", "connection-refused", "dns", "tls", "network", "invalid-response"] {
+                #expect(verdict(.failure(OutboundError(type: type, detail: "x"))) == .failure, "\(type)")
+            }
+            for type in ["too-many-redirects", "redirect-refused", "invalid-url", "invalid-spec", "cancelled", "", "something-new"] {
+                #expect(verdict(.failure(OutboundError(type: type, detail: "x"))) == nil, "\(type)")
+            }
+            for status in [100, 101, 200, 204, 301, 304, 400, 401, 403, 404, 408, 418, 499, 600, 999] {
+                #expect(verdict(response(status)) == .healthy, "\(status)")
+            }
+            for status in [500, 501, 502, 503, 504, 599] {
+                #expect(verdict(response(status)) == .failure, "\(status)")
+                #expect(verdict(response(status), spec: expect5xx) == .healthy, "\(status) expected")
+            }
+            #expect(verdict(response(429), spec: expect5xx) == .healthy, "an expected 429 too")
+            #expect(verdict(response(429, [("Retry-After", "30")]), spec: expect5xx) == .healthy)
+            #expect(verdict(response(503, [("Retry-After", "30")]), spec: expect5xx) == .healthy)
+            #expect(verdict(response(429, [("Retry-After", "30")])) == .throttle(retryAfter: 30))
+            #expect(verdict(response(429, [("Retry-After", "Sun, 06 Nov 1994 08:50:37 GMT")])) == .throttle(retryAfter: 60))
+            #expect(verdict(response(429, [("Retry-After", "Sun, 06 Nov 1994 08:48:37 GMT")])) == .throttle(retryAfter: 0), "a past date")
+            #expect(verdict(response(429, [("Retry-After", "-3")])) == .throttle(retryAfter: nil))
+            #expect(verdict(response(503, [("Retry-After", "0")])) == .throttle(retryAfter: 0))
+            #expect(verdict(response(503, [("Retry-After", "Sunday, 06-Nov-94 08:50:37 GMT")])) == .throttle(retryAfter: 60))
+            #expect(verdict(response(503, [("Retry-After", "Sun Nov  6 08:50:37 1994")])) == .throttle(retryAfter: 60))
+            #expect(verdict(response(503, [("Retry-After", "1"), ("Retry-After", "2")])) == .failure)
+            #expect(verdict(response(503, [("Retry-After", "")])) == .failure)
+            #expect(verdict(response(502, [("Retry-After", "5")])) == .failure, "only 503 and 429 ask to slow down")
+            #expect(verdict(response(404, [("Retry-After", "5")])) == .healthy)
+            #expect(verdict(response(503, [("Retry-After", String(repeating: "9", count: 1000))])) == .throttle(retryAfter: RetryAfter.maxSeconds))
+            // Any now is safe: a date needs a finite one, seconds do not.
+            for now in [Double.nan, .infinity, -.infinity] {
+                #expect(verdict(response(503, [("Retry-After", "Sunday, 06-Nov-94 08:50:37 GMT")]), now: now) == .failure)
+                #expect(verdict(response(429, [("Retry-After", "Sun, 06 Nov 1994 08:50:37 GMT")]), now: now) == .throttle(retryAfter: nil))
+                #expect(verdict(response(503, [("Retry-After", "7")]), now: now) == .throttle(retryAfter: 7))
+            }
+            // An invalid spec is never sent: no verdict, whatever the outcome.
+            for bad in [JSONValue.null, .string("x"), .object([("url", .string("http://a/"))])] {
+                #expect(verdict(response(500), spec: bad) == nil)
+                #expect(verdict(.failure(OutboundError(type: "timeout", detail: "")), spec: bad) == nil)
+            }
         }
     }
 }
