@@ -25,6 +25,13 @@ static inline CURLMcode CCurl_multi_setopt_long(CURLM *m, CURLMoption o, long v)
 // CURLU_* and CURLPROTO_* are macros with shifts; these make the ones used explicit constants.
 static const unsigned int CCurl_CURLU_NON_SUPPORT_SCHEME = CURLU_NON_SUPPORT_SCHEME;
 static const unsigned int CCurl_CURLU_DEFAULT_PORT = CURLU_DEFAULT_PORT;
+// CURLU_PUNYCODE (libcurl 7.88): the host of an IDN as libcurl resolves it; 0 (no conversion)
+// with older headers, where such a host stays in Unicode.
+#ifdef CURLU_PUNYCODE
+static const unsigned int CCurl_CURLU_PUNYCODE = CURLU_PUNYCODE;
+#else
+static const unsigned int CCurl_CURLU_PUNYCODE = 0;
+#endif
 static const long CCurl_CURL_GLOBAL_DEFAULT = CURL_GLOBAL_DEFAULT;
 static const int CCurl_ERROR_SIZE = CURL_ERROR_SIZE;
 

@@ -19,6 +19,13 @@ public enum OutboundURL {
         public var host: String
         /// The port, the scheme's default when none is given.
         public var port: String
+        /// ``host`` in ASCII, as libcurl resolves it: an internationalised name in punycode
+        /// (`bücher.de` is `xn--bcher-kva.de`), any other host as it is; nil when libcurl cannot
+        /// convert it (IDNA refuses the name, or libcurl has no IDN support).
+        public var asciiHost: String?
+        /// The zone of an IPv6 link-local address (`eth0` of `[fe80::1%25eth0]`), which ``host``
+        /// leaves out; nil for any other host.
+        public var zone: String?
         /// `scheme://host:port`.
         public var origin: String { "\(scheme)://\(host.lowercased()):\(port)" }
     }
@@ -54,7 +61,10 @@ public enum OutboundURL {
         guard let url = part(handle, CURLUPART_URL, 0) else { return fail("cannot be rebuilt") }
         guard url.utf8.count <= maxLength else { return fail("resolves to more than \(maxLength) bytes") }
         guard !url.utf8.contains(where: { $0 < 0x21 || $0 == 0x7F }) else { return fail("resolves to a URL with spaces or control characters") }
-        return .success(Parts(url: url, scheme: scheme, host: host, port: port))
+        // Only for the rare hosts that need them: a name with non-ASCII bytes, an IPv6 address.
+        let asciiHost = host.utf8.allSatisfy { $0 < 0x80 } ? host : part(handle, CURLUPART_HOST, CCurl_CURLU_PUNYCODE)
+        let zone = host.utf8.first == UInt8(ascii: "[") ? part(handle, CURLUPART_ZONEID, 0) : nil
+        return .success(Parts(url: url, scheme: scheme, host: host, port: port, asciiHost: asciiHost, zone: zone))
     }
 
     private static func part(_ handle: OpaquePointer, _ which: CURLUPart, _ flags: UInt32) -> String? {

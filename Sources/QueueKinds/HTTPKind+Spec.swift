@@ -45,9 +45,12 @@ enum StatusMatch: Sendable, Equatable {
 struct HTTPSpec: Sendable {
     var method: String
     var url: String
+    /// The breaker's name for the URL's target (``HTTPKind/hostKey(_:)``); nil: untracked.
+    var host: String?
     var headers: [(String, String)]
-    var body: [UInt8]?
-    var bodyIsJSON: Bool
+    /// The body as given: a string is sent as its UTF-8, any other value as JSON text. Encoded
+    /// when the request is built, not at every check (`host(spec:)` checks under the engine's lock).
+    var body: JSONValue?
     var expect: [StatusMatch]
     var timeout: Double
 
@@ -57,10 +60,12 @@ struct HTTPSpec: Sendable {
         let shape = "{\"method\", \"url\", \"headers\"?, \"body\"?, \"expectStatus\"?, \"timeout\"?}"
         let spec = try specObject(spec, kind: "http", shape: shape, fields: Self.fields)
 
-        let methods = HTTPKind.methods.joined(separator: " ")
-        guard let m = spec["method"] else { throw .invalidArgument(field: "spec.method", detail: "is required: one of \(methods)") }
+        // The list is joined only for a message: this check runs on every insert (`host(spec:)`).
+        guard let m = spec["method"] else {
+            throw .invalidArgument(field: "spec.method", detail: "is required: one of \(HTTPKind.methods.joined(separator: " "))")
+        }
         guard case let .string(method) = m, HTTPKind.methods.contains(method) else {
-            throw .invalidArgument(field: "spec.method", detail: "must be one of \(methods) (upper case); got \(m.text)")
+            throw .invalidArgument(field: "spec.method", detail: "must be one of \(HTTPKind.methods.joined(separator: " ")) (upper case); got \(m.text)")
         }
         self.method = method
 
@@ -68,7 +73,9 @@ struct HTTPSpec: Sendable {
         guard let u = spec["url"] else { throw .invalidArgument(field: "spec.url", detail: "is required: \(urlRule)") }
         guard case let .string(text) = u else { throw .invalidArgument(field: "spec.url", detail: "must be \(urlRule); got \(u.typeName)") }
         switch OutboundURL.check(text) {
-        case let .success(parts): url = parts.url
+        case let .success(parts):
+            url = parts.url
+            host = HTTPKind.hostKey(parts)
         case let .failure(e): throw .invalidArgument(field: "spec.url", detail: "must be \(urlRule); got \(u.text) (\(e.detail))")
         }
 
@@ -91,17 +98,10 @@ struct HTTPSpec: Sendable {
             }
         }
 
-        body = nil
-        bodyIsJSON = false
-        if let b = spec["body"] {
+        body = spec["body"]
+        if body != nil {
             guard method != "GET" && method != "HEAD" else {
                 throw .invalidArgument(field: "spec.body", detail: "a body is not sent with \(method); use POST, PUT, PATCH, DELETE or OPTIONS")
-            }
-            if case let .string(s) = b {
-                body = Array(s.utf8)
-            } else {
-                body = Array(b.bytes)
-                bodyIsJSON = true
             }
         }
 
@@ -142,11 +142,18 @@ struct HTTPSpec: Sendable {
     /// unless the spec names a Content-Type.
     var request: OutboundRequest {
         var headers = self.headers
-        if body != nil, bodyIsJSON, !headers.contains(where: { $0.0.lowercased() == "content-type" }) {
-            headers.append(("Content-Type", "application/json"))
+        var bytes: [UInt8]?
+        switch body {
+        case nil:
+            bytes = nil
+        case let .string(s)?:
+            bytes = Array(s.utf8)
+        case let json?:
+            bytes = Array(json.bytes)
+            if !headers.contains(where: { $0.0.lowercased() == "content-type" }) { headers.append(("Content-Type", "application/json")) }
         }
         return OutboundRequest(
-            method: method, url: url, headers: headers, body: body, timeout: timeout,
+            method: method, url: url, headers: headers, body: bytes, timeout: timeout,
             maxResponseBytes: HTTPKind.bodyCap, maxHeaderBytes: HTTPKind.maxHeaderBytes)
     }
 

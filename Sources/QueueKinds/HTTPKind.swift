@@ -55,10 +55,11 @@ public final class HTTPKind: OperationKind {
     }
 
     /// `host:port` of the spec's URL, lowercase, the port always written (API.md "Hosts"):
-    /// what its circuit breaker is keyed by. The URL is read as the request will read it.
+    /// what its circuit breaker is keyed by (see ``hostKey(_:)``). The URL is read as the request
+    /// will read it. Nil for an invalid spec: it is never sent, so its end says nothing about a
+    /// host (`verdict` gives nil for it too). Total on any input.
     public func host(spec: JSONValue?) -> String? {
-        guard case let .string(url)? = spec?["url"], case let .success(parts) = OutboundURL.check(url) else { return nil }
-        return "\(parts.host.lowercased()):\(parts.port)"
+        (try? HTTPSpec(spec))?.host
     }
 
     // MARK: - running

@@ -133,8 +133,9 @@ func openDescriptors() -> [String] {
 
 /// An HTTP target on 127.0.0.1 served by MicroHTTP. Routes: `/ok`, `/status/N`, `/slow` (2 s,
 /// deferred), `/large` (1 MiB), `/binary`, `/redirect` (→ `/ok`), `/v6` (→ `//[::1]/`), `/loop`
-/// (→ itself), `/to-file` (→ `file:///etc/passwd`), `/echo` (the request body back). It counts
-/// requests by path.
+/// (→ itself), `/to-file` (→ `file:///etc/passwd`), `/echo` (the request body back),
+/// `/throttle/<status>/<Retry-After>`, `/twice/<status>/<Retry-After>/<Retry-After>` (values
+/// percent-encoded). It counts requests by path.
 final class TargetServer: Sendable {
     let port: UInt16
     private let server: HTTPServer
@@ -190,10 +191,17 @@ final class TargetServer: Sendable {
             headers.append(("X-Got-Content-Type", request.header("content-type") ?? "none"))
         default:
             // `/throttle/429/<Retry-After>` and `/throttle/503/<Retry-After>` (percent-encoded).
+            // `/twice/<status>/<Retry-After>/<Retry-After>`: the field twice.
+            let segments = path.split(separator: "/", omittingEmptySubsequences: false)
             if path.hasPrefix("/throttle/"), path.count > 14, let s = Int(path.dropFirst(10).prefix(3)) {
                 status = s
                 let value = String(path.dropFirst(14)).removingPercentEncoding ?? ""
                 headers.append(("Retry-After", value))
+                body = Array("slow down".utf8)
+            } else if segments.count == 5, segments[1] == "twice", let s = Int(segments[2]) {
+                status = s
+                headers.append(("Retry-After", segments[3].removingPercentEncoding ?? ""))
+                headers.append(("retry-after", segments[4].removingPercentEncoding ?? ""))
                 body = Array("slow down".utf8)
             } else if path.hasPrefix("/status/"), let s = Int(path.dropFirst(8)) {
                 status = s
