@@ -80,7 +80,7 @@ let package = Package(
         .target(
             name: "QueueAPI",
             dependencies: [
-                "QueueEngine", "QueueKinds", "StoreKit", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar",
+                "QueueEngine", "QueueKinds", "StoreKit", "MicroHTTP", "Locking", "OutboundHTTP", "Digest", "Grammar", "Schedules",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -125,6 +125,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     engineConfiguration.maxLimiters = limits.limiters
     engineConfiguration.maxLimiterKeys = limits.limiterKeys
     engineConfiguration.breaker = limits.breaker
+    engineConfiguration.maxSchedules = limits.schedules
     let engine = QueueEngine(kinds: kinds, store: store.engineStore, configuration: engineConfiguration)
     // A cluster's partition holders share every limiter: its row in PostgreSQL, and one budget
     // kept there, leased in small batches (README, "Limiters and a cluster").

@@ -30,5 +30,7 @@ public struct APILimits: Sendable {
     /// Hosts' breakers: failures in a row that open one (`--breaker-failures`), its first and
     /// longest open time (`--breaker-open`, `--breaker-max-open`), and hosts tracked (`--max-hosts`).
     public var breaker = BreakerSettings()
+    /// Schedules in all queues (`--max-schedules`).
+    public var schedules = 10_000
     public init() {}
 }

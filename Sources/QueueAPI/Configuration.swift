@@ -244,6 +244,9 @@ public struct OpqdConfiguration: Sendable {
         {
             c, v in c.limits.breaker.maxHosts = try int(v, "--max-hosts", 1...10_000_000)
         },
+        Option(flag: "--max-schedules", env: "OPQD_MAX_SCHEDULES", help: "schedules in all queues (default 10000); more get 429") { c, v in
+            c.limits.schedules = try int(v, "--max-schedules", 1...1_000_000)
+        },
         Option(flag: "--max-dependencies", env: "OPQD_MAX_DEPENDENCIES", help: "dependencies of one operation, a barrier's included (default 1000)") { c, v in
             c.limits.dependencies = try int(v, "--max-dependencies", 1...1_000_000)
         },

@@ -131,6 +131,10 @@ tags:
   - name: workers
   - name: limiters
   - name: hosts
+  - name: schedules
+    description: |
+      Operations created on a schedule: cron in a time zone with one stated daylight-saving
+      rule, or every so many seconds; each nominal time runs at most once (`docs/API.md` "Schedules").
     description: |
       The target hosts of `http` operations, each with a circuit breaker that holds their
       operations while the host is down or asked to slow down (`docs/API.md` "Hosts").
@@ -2080,6 +2084,503 @@ paths:
         '422':
           $ref: '#/components/responses/Unprocessable'
 
+  /v1/queues/{name}/schedules:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    post:
+      operationId: createSchedule
+      tags: [schedules]
+      summary: Create a schedule
+      description: |
+        Operations created on a schedule (`docs/API.md` "Schedules"): `cron` (5 or 6 fields) in
+        `timezone`, or `every` seconds from `startAt`. The `operation` template is checked like a
+        create. A cron expression that is not valid, or can never match, a time zone the
+        server's tz database does not have, and `endAt` not after `startAt` are 422 naming the
+        field; a duplicate name in the queue is 409 (`schedule-exists`); past
+        `--max-schedules`, 429 (`too-many-schedules`). Answered once durable.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/ScheduleCreate'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '201':
+          description: The schedule.
+          headers:
+            Location:
+              schema:
+                type: string
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Schedule'
+    get:
+      operationId: listSchedules
+      tags: [schedules]
+      summary: A queue's schedules
+      description: The queue's schedules, sorted by name. Refuses unknown query parameters.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedules.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [schedules]
+                properties:
+                  schedules:
+                    type: array
+                    items:
+                      $ref: '#/components/schemas/Schedule'
+
+  /v1/queues/{name}/schedules/{schedule}:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    get:
+      operationId: getSchedule
+      tags: [schedules]
+      summary: One schedule
+      description: Its settings, `nextRunAt`, `lastRun` and counts. Refuses unknown query parameters.
+      parameters:
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedule.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Schedule'
+        '304':
+          $ref: '#/components/responses/NotModified'
+    patch:
+      operationId: updateSchedule
+      tags: [schedules]
+      summary: Change a schedule
+      description: |
+        Replaces the fields the body names (`cron` or `every` replaces the rule); its counts and
+        the nominal times already run stay. The next run is worked out again. Answered once durable.
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: '#/components/schemas/ScheduleUpdate'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedule after the change.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Schedule'
+    delete:
+      operationId: deleteSchedule
+      tags: [schedules]
+      summary: Delete a schedule
+      description: Its runs already created stay. Answered once durable.
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '204':
+          description: Deleted.
+
+  /v1/queues/{name}/schedules/{schedule}/next:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    get:
+      operationId: previewSchedule
+      tags: [schedules]
+      summary: The next runs
+      description: |
+        The next `count` (1 to 100, default 10) nominal times with their wall clock in the
+        schedule's zone, and a `note` where the daylight-saving rule applied: `gap` (the local
+        time does not exist: it runs when the gap ends) or `repeated` (it occurs twice).
+      parameters:
+        - name: count
+          in: query
+          required: false
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 100
+            default: 10
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The runs.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [runs]
+                properties:
+                  runs:
+                    type: array
+                    items:
+                      type: object
+                      additionalProperties: false
+                      required: [nominalTime, localTime]
+                      properties:
+                        nominalTime:
+                          $ref: '#/components/schemas/Timestamp'
+                        localTime:
+                          type: string
+                          description: The wall clock with its offset, e.g. `2026-03-29T03:00:00+02:00`.
+                        note:
+                          enum: [gap, repeated]
+
+  /v1/queues/{name}/schedules/{schedule}/pause:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    post:
+      operationId: pauseSchedule
+      tags: [schedules]
+      summary: Pause a schedule
+      description: Nothing runs; nominal times that pass meanwhile are skipped, not caught up. Answered once durable.
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              type: object
+              additionalProperties: false
+              properties:
+                note:
+                  type: string
+                  maxLength: 512
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedule, paused.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Schedule'
+
+  /v1/queues/{name}/schedules/{schedule}/resume:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    post:
+      operationId: resumeSchedule
+      tags: [schedules]
+      summary: Resume a schedule
+      description: The times that passed while it was paused count as skipped. Answered once durable.
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              type: object
+              additionalProperties: false
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedule, running.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/Schedule'
+
+  /v1/queues/{name}/schedules/{schedule}/trigger:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    post:
+      operationId: triggerSchedule
+      tags: [schedules]
+      summary: A run now
+      description: |
+        A run with nominal time now, by the schedule's overlap policy or `overlap`: 201 with the
+        operation and `"admission": "created"`, or 200 with `"admission": "skipped"` when the
+        policy skips it. Answered once durable.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: false
+        content:
+          application/json:
+            schema:
+              type: object
+              additionalProperties: false
+              properties:
+                overlap:
+                  $ref: '#/components/schemas/Overlap'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '429':
+          $ref: '#/components/responses/TooMany'
+        '201':
+          description: The run's operation.
+          headers:
+            Location:
+              schema:
+                type: string
+          content:
+            application/json:
+              schema:
+                allOf:
+                  - $ref: '#/components/schemas/Operation'
+        '200':
+          description: Skipped by the overlap policy.
+          headers:
+            Location:
+              schema:
+                type: string
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [admission, schedule]
+                properties:
+                  admission:
+                    const: skipped
+                  schedule:
+                    $ref: '#/components/schemas/Schedule'
+
+  /v1/queues/{name}/schedules/{schedule}/backfill:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+      - $ref: '#/components/parameters/ScheduleName'
+    post:
+      operationId: backfillSchedule
+      tags: [schedules]
+      summary: Runs for past nominal times
+      description: |
+        A run for every nominal time in `[from, to)` (at most 1,000, else 422 naming `to`), by
+        `overlap` (default `bufferAll`: each depends on the one before). Nominal times whose run
+        the server still holds are left out. Answered once durable.
+      parameters:
+        - $ref: '#/components/parameters/IdempotencyKey'
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              type: object
+              additionalProperties: false
+              required: [from, to]
+              properties:
+                from:
+                  $ref: '#/components/schemas/Timestamp'
+                to:
+                  $ref: '#/components/schemas/Timestamp'
+                overlap:
+                  $ref: '#/components/schemas/Overlap'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/ReadOnlyToken'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '201':
+          description: The runs' operations.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [operations]
+                properties:
+                  operations:
+                    type: array
+                    items:
+                      $ref: '#/components/schemas/Operation'
+
+  /v1/schedules:
+    get:
+      operationId: listAllSchedules
+      tags: [schedules]
+      summary: Every queue's schedules
+      description: |
+        Sorted by queue and name, a page at a time (`limit`, default and most 1000; `after`: the
+        `next` of the previous page, `queue/name`). With several instances, every instance's
+        answer merged.
+      parameters:
+        - name: after
+          in: query
+          required: false
+          schema:
+            type: string
+            maxLength: 200
+        - name: limit
+          in: query
+          required: false
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 1000
+            default: 1000
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+        '200':
+          description: The schedules.
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [schedules, next]
+                properties:
+                  schedules:
+                    type: array
+                    items:
+                      $ref: '#/components/schemas/Schedule'
+                  next:
+                    type: [string, 'null']
+
   /v1/hosts:
     get:
       operationId: listHosts
@@ -2625,6 +3126,14 @@ components:
       description: The queue's name (its id). A name that matches no queue is 404.
       schema:
         $ref: '#/components/schemas/QueueName'
+    ScheduleName:
+      name: schedule
+      in: path
+      required: true
+      description: The schedule's name. A name that matches no schedule of the queue is 404.
+      schema:
+        type: string
+        pattern: '^[A-Za-z0-9._-]{1,64}$'
     HostPath:
       name: host
       in: path
@@ -4078,6 +4587,9 @@ components:
         fairnessKey:
           type: string
           description: Its fairness key, as given; absent when none.
+        admission:
+          enum: [created, merged, skipped]
+          description: In the answer to a create that took an admission decision (a schedule's trigger says `created`).
         schedule:
           type: object
           additionalProperties: false
@@ -4694,6 +5206,194 @@ components:
             type: 'null'
           rate:
             type: 'null'
+
+    Overlap:
+      type: string
+      enum: [allow, skip, bufferOne, bufferAll, cancelPrevious]
+      description: |
+        When the previous run is unfinished at the next nominal time: `allow` (run anyway),
+        `skip` (no run, counted), `bufferOne` (the run waits for the previous; at most one
+        waits, later ones are skipped), `bufferAll` (each waits for the previous: a chain),
+        `cancelPrevious` (cancel the previous, then run).
+
+    Catchup:
+      type: object
+      additionalProperties: false
+      description: |
+        Nominal times that passed while the server was stopped: `skip` (none), `latest` (one, the
+        latest within `window` seconds), `all` (those within `window`, at most the latest `maxRuns`).
+      properties:
+        policy:
+          enum: [skip, latest, all]
+          default: latest
+        window:
+          type: integer
+          minimum: 1
+          maximum: 31622400
+          default: 86400
+        maxRuns:
+          type: integer
+          minimum: 1
+          maximum: 1000
+          default: 100
+
+    ScheduleOperation:
+      description: The create body of every run, as `POST /v1/queues/{name}/operations` takes it, without `dependencies` and `notBefore`.
+      allOf:
+        - $ref: '#/components/schemas/OperationCreate'
+        - not:
+            anyOf:
+              - required: [dependencies]
+              - required: [notBefore]
+
+    ScheduleCreate:
+      type: object
+      additionalProperties: false
+      required: [name, operation]
+      description: Exactly one of `cron` and `every`.
+      properties:
+        name:
+          type: string
+          pattern: '^[A-Za-z0-9._-]{1,64}$'
+        cron:
+          type: string
+          maxLength: 256
+          description: 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first), or `@yearly` … `@hourly`.
+        every:
+          type: integer
+          minimum: 1
+          maximum: 3153600000
+        timezone:
+          type: string
+          maxLength: 64
+          default: UTC
+          description: An IANA name from the server's tz database.
+        operation:
+          $ref: '#/components/schemas/ScheduleOperation'
+        overlap:
+          $ref: '#/components/schemas/Overlap'
+        catchup:
+          $ref: '#/components/schemas/Catchup'
+        jitter:
+          type: number
+          minimum: 0
+          maximum: 3600
+          default: 0
+        startAt:
+          oneOf:
+            - $ref: '#/components/schemas/Timestamp'
+            - type: 'null'
+        endAt:
+          oneOf:
+            - $ref: '#/components/schemas/Timestamp'
+            - type: 'null'
+        isPaused:
+          type: boolean
+          default: false
+      oneOf:
+        - required: [cron]
+          not:
+            required: [every]
+        - required: [every]
+          not:
+            required: [cron]
+
+    ScheduleUpdate:
+      type: object
+      additionalProperties: false
+      properties:
+        cron:
+          type: string
+          maxLength: 256
+        every:
+          type: integer
+          minimum: 1
+          maximum: 3153600000
+        timezone:
+          type: string
+          maxLength: 64
+        operation:
+          $ref: '#/components/schemas/ScheduleOperation'
+        overlap:
+          $ref: '#/components/schemas/Overlap'
+        catchup:
+          $ref: '#/components/schemas/Catchup'
+        jitter:
+          type: number
+          minimum: 0
+          maximum: 3600
+        startAt:
+          oneOf:
+            - $ref: '#/components/schemas/Timestamp'
+            - type: 'null'
+        endAt:
+          oneOf:
+            - $ref: '#/components/schemas/Timestamp'
+            - type: 'null'
+      not:
+        required: [cron, every]
+
+    Schedule:
+      type: object
+      additionalProperties: false
+      required: [name, queue, timezone, operation, overlap, catchup, jitter, isPaused, runs, skipped, missed, createdAt, revision]
+      properties:
+        name:
+          type: string
+        queue:
+          $ref: '#/components/schemas/QueueName'
+        cron:
+          type: string
+        every:
+          type: integer
+        timezone:
+          type: string
+        operation:
+          type: object
+          description: The template, as given.
+        overlap:
+          $ref: '#/components/schemas/Overlap'
+        catchup:
+          $ref: '#/components/schemas/Catchup'
+        jitter:
+          type: number
+        startAt:
+          $ref: '#/components/schemas/Timestamp'
+        endAt:
+          $ref: '#/components/schemas/Timestamp'
+        isPaused:
+          type: boolean
+        pausedNote:
+          type: string
+        nextRunAt:
+          allOf:
+            - $ref: '#/components/schemas/Timestamp'
+          description: The next run's time (nominal time plus jitter); absent while paused or when none is left.
+        lastRun:
+          type: object
+          additionalProperties: false
+          required: [nominalTime, operation]
+          properties:
+            nominalTime:
+              $ref: '#/components/schemas/Timestamp'
+            operation:
+              $ref: '#/components/schemas/OperationId'
+            state:
+              $ref: '#/components/schemas/OperationState'
+        runs:
+          type: integer
+          minimum: 0
+        skipped:
+          type: integer
+          minimum: 0
+        missed:
+          type: integer
+          minimum: 0
+          description: Nominal times that got no run (passed while stopped, beyond the catch-up policy).
+        createdAt:
+          $ref: '#/components/schemas/Timestamp'
+        revision:
+          type: integer
 
     HostName:
       type: string

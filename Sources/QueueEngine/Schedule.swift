@@ -9,6 +9,11 @@ public struct ScheduleSpec: Sendable {
         case cron(String)
         /// Every so many seconds from `startAt`.
         case every(Int64)
+
+        var isCron: Bool {
+            if case .cron = self { return true }
+            return false
+        }
     }
 
     public var name: String
@@ -123,7 +128,10 @@ final class ScheduleRecord: @unchecked Sendable {  // guarded by the engine lock
 
     /// The timing of `spec` (its cron parsed, its zone loaded); throws naming the field.
     static func timing(_ spec: ScheduleSpec, createdAt: Timestamp) throws(EngineError) -> Timing {
-        let start = (spec.startAt ?? createdAt).nanoseconds / 1_000_000_000
+        // `every` counts from `startAt` (default: the creation time); a cron has no lower bound
+        // unless given one (a backfill may reach before the schedule was made).
+        let anchor = spec.startAt ?? (spec.rule.isCron ? nil : createdAt)
+        let start = anchor.map { $0.nanoseconds / 1_000_000_000 } ?? -(1 << 40)
         let end = spec.endAt.map { $0.nanoseconds / 1_000_000_000 }
         switch spec.rule {
         case let .cron(text):

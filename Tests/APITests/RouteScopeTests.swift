@@ -69,6 +69,18 @@ struct RouteScopeTests {
         "GET /v1/hosts": "instance",
         "GET /v1/hosts/{host}": "instance",
         "PATCH /v1/hosts/{host}": "instance",
+        // Schedules: their queue's holder; the list over all queues, every instance's merged.
+        "POST /v1/queues/{name}/schedules": "queue {name}",
+        "GET /v1/queues/{name}/schedules": "queue {name}",
+        "GET /v1/queues/{name}/schedules/{schedule}": "queue {name}",
+        "PATCH /v1/queues/{name}/schedules/{schedule}": "queue {name}",
+        "DELETE /v1/queues/{name}/schedules/{schedule}": "queue {name}",
+        "GET /v1/queues/{name}/schedules/{schedule}/next": "queue {name}",
+        "POST /v1/queues/{name}/schedules/{schedule}/pause": "queue {name}",
+        "POST /v1/queues/{name}/schedules/{schedule}/resume": "queue {name}",
+        "POST /v1/queues/{name}/schedules/{schedule}/trigger": "queue {name}",
+        "POST /v1/queues/{name}/schedules/{schedule}/backfill": "queue {name}",
+        "GET /v1/schedules": "every instance, merged",
 
         "GET /v1/queues": "every queue, from the store",
         "POST /v1/queues": "queue in body.name",

@@ -289,6 +289,11 @@ struct Route: Sendable, CustomStringConvertible {
         Route(method: "DELETE", path: "/v1/limiters/{name}", body: nil),
         Route(method: "GET", path: "/v1/limiters/{name}/keys", body: nil),
         Route(method: "GET", path: "/v1/hosts", body: nil),
+        Route(
+            method: "POST", path: "/v1/queues/{name}/schedules", body: #"{"name":"s-by-attacker","every":60,"operation":{"kind":"delay","spec":{"seconds":1}}}"#
+        ),
+        Route(method: "GET", path: "/v1/queues/{name}/schedules", body: nil),
+        Route(method: "GET", path: "/v1/schedules", body: nil),
         Route(method: "GET", path: "/v1/hosts/attacker.example:443", body: nil),
         Route(method: "PATCH", path: "/v1/hosts/attacker.example:443", body: #"{"breaker":"open","reason":"held by an attacker"}"#),
         Route(method: "GET", path: "/v1/operations/{id}", body: nil),
