@@ -328,6 +328,16 @@ op=$(api POST "/v1/queues/$queue/operations" '{"kind":"delay","spec":{"seconds":
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 state=$(api GET "/v1/operations/$op" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
 echo "round trip: queue $queue created (suspended), operation $op created, GET status: $state"
+# Time zones come from the root's tz database (tzdata): a schedule in Europe/Berlin shows its
+# runs at 02:30 local with Berlin's offset (+01:00 in winter, +02:00 in summer).
+api POST "/v1/queues/$queue/schedules" \
+    '{"name":"berlin","cron":"30 2 * * *","timezone":"Europe/Berlin","operation":{"kind":"delay","spec":{"seconds":1}},"isPaused":true}' >/dev/null
+local_times=$(api GET "/v1/queues/$queue/schedules/berlin/next?count=2" \
+    | python3 -c 'import json,sys; print(" ".join(r["localTime"] for r in json.load(sys.stdin)["runs"]))')
+for lt in $local_times; do
+    [[ "$lt" == *T02:30:00+01:00 || "$lt" == *T02:30:00+02:00 ]] || fail "a Europe/Berlin schedule's run at $lt: the root's tz database is not read"
+done
+echo "schedule in Europe/Berlin inside the root: next runs $local_times"
 stop_opqd
 ls -ln "$vol" | sed 's/^/    \/data: /'
 [ -n "$(find "$vol" -mindepth 1 -user "$uid" -print -quit)" ] || fail "opqd left nothing owned by uid $uid in $data_dir"
