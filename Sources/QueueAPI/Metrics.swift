@@ -133,6 +133,24 @@ package final class Metrics: Sendable {
         out.family("opqd_limiter_parked_total", .counter, "Ready operations parked on a limiter key that had no room for them.")
         out.sample("opqd_limiter_parked_total", "", flow.counters.parked)
 
+        let scheduled = engine.scheduleMetrics()
+        let bySchedule = scheduled.schedules.sorted { ($0.queue, $0.name) < ($1.queue, $1.name) }
+        for (family, help, value) in [
+            ("opqd_schedule_runs_total", "Runs a schedule created (operations), since the schedule was made.", \ScheduleCounts.runs),
+            ("opqd_schedule_skipped_total", "Nominal times a schedule skipped (its overlap policy, or passed while paused).", \ScheduleCounts.skipped),
+            (
+                "opqd_schedule_missed_total", "Nominal times that got no run (passed while the server was stopped, beyond the catch-up policy).",
+                \ScheduleCounts.missed
+            ),
+        ] {
+            out.family(family, .counter, help)
+            for s in bySchedule { out.sample(family, "queue=\"\(prometheusEscaped(s.queue))\",schedule=\"\(prometheusEscaped(s.name))\"", s[keyPath: value]) }
+        }
+        out.family("opqd_schedule_lag_seconds", .histogram, "How late a schedule's run was created after its time (nominal time plus jitter).")
+        out.histogram(
+            "opqd_schedule_lag_seconds", "", ScheduleLag.bounds,
+            MetricsHistogram(counts: scheduled.lag.counts, sum: scheduled.lag.sum, count: scheduled.lag.count))
+
         let hosts = engine.hostMetrics()
         let byHost = hosts.hosts.sorted { $0.host < $1.host }
         out.family("opqd_host_breaker_state", .gauge, "A host's breaker: 1 for its state now, 0 for the others (API.md Hosts).")
@@ -250,6 +268,9 @@ struct MetricsHistogram: Sendable {
     var count: UInt64 = 0
 
     init(buckets: Int) { counts = [UInt64](repeating: 0, count: buckets + 1) }
+    init(counts: [UInt64], sum: Double, count: UInt64) {
+        self.counts = counts; self.sum = sum; self.count = count
+    }
 
     mutating func observe(bucket: Int, value: Double) {
         counts[bucket] &+= 1

@@ -229,6 +229,9 @@ paths:
           `opqd_host_trips_total{host}` counter (times it opened), and
           `opqd_host_throttled_total` (answers that asked to slow down) and
           `opqd_host_held_total` (starts held back by a breaker) counters.
+        * Schedules: `opqd_schedule_runs_total{queue,schedule}`, `opqd_schedule_skipped_total{queue,schedule}`,
+          `opqd_schedule_missed_total{queue,schedule}` counters, and the `opqd_schedule_lag_seconds`
+          histogram (how late a run was created after its nominal time plus jitter).
         * With the SQLite store: `opqd_store_commits_total`, `opqd_store_records_total`,
           `opqd_store_failures_total` counters, `opqd_store_largest_commit` gauge,
           `opqd_store_commit_duration_seconds` and `opqd_store_commit_records` (records per

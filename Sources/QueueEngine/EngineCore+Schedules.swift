@@ -51,6 +51,7 @@ extension EngineCore {
             let rec = top.schedule
             guard top.generation == rec.dueGeneration, !rec.deleted, !rec.isPaused, let nominal = rec.nextNominal else { continue }
             fired += 1
+            scheduleLag.observe(Double(t.saturatingSubtract(top.due)) / 1e9)
             run(rec, nominal: nominal, overlap: rec.spec.overlap)
             rec.lastNominal = max(rec.lastNominal ?? .min, nominal)
             planNext(rec, after: nominal)

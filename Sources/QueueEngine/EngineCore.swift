@@ -70,6 +70,8 @@ final class EngineCore: @unchecked Sendable {
     /// The armed wake-up for the heap's top, and its generation.
     var scheduleWakeAt: Int64 = .max
     var scheduleWakeGeneration: UInt64 = 0
+    /// How late runs were created after their time (nominal plus jitter), seconds (`/metrics`).
+    var scheduleLag = ScheduleLag()
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]

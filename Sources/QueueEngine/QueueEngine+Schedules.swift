@@ -81,6 +81,18 @@ extension QueueEngine {
         }
     }
 
+    /// Counts per schedule and the lag histogram, for `/metrics`.
+    public func scheduleMetrics() -> (schedules: [ScheduleCounts], lag: ScheduleLag) {
+        state.withLock { core in
+            (
+                core.schedules.values.flatMap {
+                    $0.values.map { ScheduleCounts(queue: $0.queue, name: $0.spec.name, runs: $0.runs, skipped: $0.skipped, missed: $0.missed) }
+                },
+                core.scheduleLag
+            )
+        }
+    }
+
     /// Pauses a schedule: nothing runs; nominal times that pass meanwhile are skipped.
     @discardableResult
     public func pauseSchedule(in queue: String, named name: String, note: String?) throws(EngineError) -> ScheduleSnapshot {

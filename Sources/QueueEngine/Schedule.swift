@@ -153,3 +153,30 @@ final class ScheduleRecord: @unchecked Sendable {  // guarded by the engine lock
         }
     }
 }
+
+/// A histogram of how late schedule runs were created after their time, seconds.
+public struct ScheduleLag: Sendable {
+    public static let bounds: [Double] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60]
+    /// Per bound (the last: above every bound).
+    public var counts = [UInt64](repeating: 0, count: ScheduleLag.bounds.count + 1)
+    public var sum: Double = 0
+    public var count: UInt64 = 0
+
+    mutating func observe(_ seconds: Double) {
+        let v = seconds.isFinite ? max(0, seconds) : 0
+        var i = 0
+        while i < Self.bounds.count && v > Self.bounds[i] { i += 1 }
+        counts[i] &+= 1
+        sum += v
+        count &+= 1
+    }
+}
+
+/// A schedule's counts for `/metrics`.
+public struct ScheduleCounts: Sendable {
+    public var queue: String
+    public var name: String
+    public var runs: UInt64
+    public var skipped: UInt64
+    public var missed: UInt64
+}

@@ -28,6 +28,8 @@ struct MetricsTests {
         ("opqd_limiter_tokens", "gauge"), ("opqd_starts_delayed_by_rate_total", "counter"), ("opqd_limiter_parked_total", "counter"),
         ("opqd_host_breaker_state", "gauge"), ("opqd_host_held", "gauge"), ("opqd_host_trips_total", "counter"),
         ("opqd_host_throttled_total", "counter"), ("opqd_host_held_total", "counter"),
+        ("opqd_schedule_runs_total", "counter"), ("opqd_schedule_skipped_total", "counter"), ("opqd_schedule_missed_total", "counter"),
+        ("opqd_schedule_lag_seconds", "histogram"),
     ]
 
     @Test("every promised family has HELP and TYPE, every sample belongs to a declared family, and histograms are cumulative with +Inf equal to _count")
