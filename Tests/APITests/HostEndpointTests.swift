@@ -40,8 +40,9 @@ struct HostEndpointTests {
         let target = try SwitchableTarget()
         defer { target.stop() }
         try target.set(.refusing)
-        // Open for 4 s: long enough to add the held operations on a busy machine.
-        try await withLiveServer(Self.breaker(open: 4)) { server in
+        // Open for 60 s: the test, not a timer, ends it (with auto after a hand open), so a busy
+        // machine cannot end it before the held operations are in.
+        try await withLiveServer(Self.breaker(open: 60)) { server in
             try await server.createQueue("q", maxConcurrent: 50)
             for _ in 0..<2 { _ = try await create(server, target.url()) }
             #expect(try await eventually { try await host(server, target.host).int("consecutiveFailures") == 2 })
@@ -62,6 +63,9 @@ struct HostEndpointTests {
             #expect(waiting.contains { $0["type"] as? String == "host" && $0["host"] as? String == target.host && $0["state"] as? String == "open" })
             #expect(try await host(server, target.host).int("held") == 15)
             #expect(target.count == 0, "nothing reached the target while it was open")
+            // Held by hand, then handed back to the rules: it goes on as halfOpen at once.
+            #expect(try await server.request("PATCH", "/v1/hosts/\(target.host)", json: #"{"breaker":"open"}"#).status == 200)
+            #expect(try await server.request("PATCH", "/v1/hosts/\(target.host)", json: #"{"breaker":"auto"}"#).string("state") == "halfOpen")
             #expect(try await eventually(timeout: 6) { target.count >= 1 })
             // One canary: nothing else reaches the target while it runs (0.3 s).
             #expect(try await eventually(timeout: 5) { target.count >= 2 })
