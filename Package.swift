@@ -137,6 +137,7 @@ if let bench = Context.environment["OPQD_BENCH"], !bench.isEmpty, bench != "0" {
     package.products.append(.executable(name: "opqd-bench", targets: ["opqd-bench"]))
     package.targets.append(
         .executableTarget(
-            name: "opqd-bench", dependencies: ["QueueEngine", "QueueKinds", "OpqdApp", "QueueAPI", "StoreKit", "SQLiteStore", "PostgresStore", "TestKit"])
+            name: "opqd-bench",
+            dependencies: ["QueueEngine", "QueueKinds", "OpqdApp", "QueueAPI", "StoreKit", "SQLiteStore", "PostgresStore", "TestKit", "Schedules"])
     )
 }

@@ -35,9 +35,13 @@ extension EngineCore {
         guard let top = scheduleHeap.first else { return }
         let t = now.nanoseconds
         guard top.due < scheduleWakeAt || scheduleWakeAt <= t else { return }
-        scheduleWakeAt = top.due
+        // A long wait is armed to a second before the time, then again for the rest: the
+        // system's timers fire a long delay late by a share of it (measured: 50 ms on 10 s).
+        let wait = top.due.saturatingSubtract(t)
+        let at = wait > 2_000_000_000 ? top.due - 1_000_000_000 : top.due
+        scheduleWakeAt = at
         scheduleWakeGeneration &+= 1
-        effects.append(.flowWake(.schedules(generation: scheduleWakeGeneration), seconds: Double(max(0, top.due.saturatingSubtract(t))) / 1e9))
+        effects.append(.flowWake(.schedules(generation: scheduleWakeGeneration), seconds: Double(max(0, at.saturatingSubtract(t))) / 1e9))
     }
 
     /// The timer fired: every schedule due by now runs, in due order.

@@ -13,6 +13,7 @@
 //   opqd-bench flow [--baseline-bin B]  what flow control costs the engine (FlowBench.swift; scripts/bench-flow.sh)
 //   opqd-bench limiter-leases --postgres U  limiter lease exchanges, 1 and 50 keys: round trip (LimiterLeaseBench.swift)
 //   opqd-bench hosts [--quick]       a target down and back: CPU and memory of held operations, the ramp (HostsBench.swift)
+//   opqd-bench schedules [--quick]   10,000 schedules: lag p50/p99/max, idle CPU, memory per schedule (SchedulesBench.swift)
 //
 // Hidden subcommands used by `engine` to run each measurement in a fresh process:
 //   opqd-bench engine-mem engine|foundation [--quick]
@@ -88,6 +89,10 @@ let usage = """
                          open breaker, the process's CPU over 10 s while they wait, bytes per held vs per
                          ready operation (fresh processes), then the target comes back: starts per second
                          through the ramp, when the queue's limit (64 executing) is reached, the drain.
+      schedules [--schedules N] [--quick]
+                         N (10,000) schedules in one engine, each every 10 s for 60 s (--quick: 20 s), all at
+                         the same instants: lag from nominal time to created at p50/p99/max (target p99 <
+                         100 ms); the process's CPU while nothing is due; bytes per schedule.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
@@ -134,6 +139,10 @@ case "hosts":
     exit(HostsBench.main(args))
 case "hosts-mem":
     exit(HostsBench.memChild(args))
+case "schedules":
+    exit(SchedulesBench.main(args))
+case "schedules-mem":
+    exit(SchedulesBench.memChild(args))
 case "-h", "--help", "help":
     print(usage)
     exit(0)
