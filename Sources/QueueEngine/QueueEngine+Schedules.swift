@@ -244,8 +244,9 @@ extension EngineCore {
             let plan = s.spec.catchup.plan(timing, last: last, now: t)
             for nominal in plan.run { run(rec, nominal: nominal, overlap: rec.spec.overlap) }
             rec.missed &+= UInt64(plan.missed)
-            if let newest = timing.scan(after: last, upTo: t, keep: 1).newest.last { rec.lastNominal = newest }
-            if !plan.run.isEmpty || plan.missed > 0 { recordSchedule(rec) }
+            // Every nominal time up to now is decided (run or missed).
+            rec.lastNominal = t
+            recordSchedule(rec)
         }
         planNext(rec, after: max(rec.lastNominal ?? .min, t))
     }

@@ -107,9 +107,11 @@ public struct Catchup: Sendable, Equatable {
     /// `exact` is false when there were too many to count (a fine-grained rule stopped for long).
     public func plan(_ timing: Timing, last: Int64, now: Int64) -> (run: [Int64], missed: Int, exact: Bool) {
         let windowStart = max(last, now &- window)
-        let old = timing.scan(after: last, upTo: windowStart, keep: 0, cap: 1_000_000)
+        // Counting is capped (a rule every second stopped for a year would walk 31 million
+        // times at a start): past the caps `exact` is false and `missed` a lower bound.
+        let old = timing.scan(after: last, upTo: windowStart, keep: 0, cap: 200_000)
         let keep = policy == .all ? maxRuns : policy == .latest ? 1 : 0
-        let recent = timing.scan(after: windowStart, upTo: now, keep: keep)
+        let recent = timing.scan(after: windowStart, upTo: now, keep: keep, cap: 400_000)
         let run = policy == .skip ? [] : recent.newest
         return (run, old.total + recent.total - run.count, old.complete && recent.complete)
     }
