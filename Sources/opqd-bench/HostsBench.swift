@@ -16,6 +16,7 @@ import QueueKinds
 //   4. The target comes back (the same port, each answer after 20 ms): the canary, then the
 //      ramp (2^k starts in the k-th second) until the queue's own limit (64 executing) is
 //      reached, and the drain of the backlog.
+// The target is TestKit's SwitchableTarget, the one the host tests switch: refusing, then slow.
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -28,7 +29,10 @@ enum HostsBench {
         let quick = args.contains("--quick")
         var n = quick ? 10_000 : 100_000
         if let i = args.firstIndex(of: "--ops"), i + 1 < args.count, let v = Int(args[i + 1]), v > 0 { n = v }
-        let idle = quick ? 3.0 : 10.0
+        // The issue's figure is the CPU over 10 s, in both modes.
+        var idle = 10.0
+        if let i = args.firstIndex(of: "--idle"), i + 1 < args.count, let v = Double(args[i + 1]), v > 0 { idle = v }
+        print("command: opqd-bench hosts \(args.joined(separator: " "))".trimmingCharacters(in: .whitespaces))
         print(BenchSupport.machineLine())
         print("opqd-bench hosts: \(n) http operations held by an open host, then released through the ramp")
 
@@ -37,17 +41,18 @@ enum HostsBench {
         let held = EngineBench.runSelf(["hosts-mem", "held", String(n)])
 
         var failures: [String] = []
-        guard let target = try? Target() else {
+        guard let target = try? SwitchableTarget(.refusing) else {
             eprint("opqd-bench hosts: cannot start the local target\n")
             return 1
         }
-        let port = target.port
-        target.down()
-        let host = "127.0.0.1:\(port)"
-        let url = "http://\(host)/work"
+        defer { target.stop() }
+        let host = target.host
+        let url = target.url("/work")
         var configuration = EngineConfiguration()
-        // Open long enough for the idle window; the canary comes when it ends.
-        configuration.breaker = BreakerSettings(failures: 5, openSeconds: idle + 3, maxOpenSeconds: 60)
+        // Open long enough for the adds (at 20,000/s at worst) and the idle window, jitter (-10%)
+        // included; the canary comes a few seconds after the window.
+        let openSeconds = (Double(n) / 20_000 + idle + 2) / 0.9
+        configuration.breaker = BreakerSettings(failures: 5, openSeconds: openSeconds, maxOpenSeconds: openSeconds)
         let engine = QueueEngine(kinds: ["http": HTTPKind()], store: InMemoryStore(), configuration: configuration)
         do {
             try engine.createQueue(name: queue, maxConcurrentOperationCount: concurrency)
@@ -74,46 +79,62 @@ enum HostsBench {
         let cpuHeld = processCPU() - cpu0
         let wallHeld = BenchSupport.now() - wall0
         let executingWhileHeld = (try? engine.queue(named: queue).counts[.executing]) ?? -1
+        if (try? engine.host(named: host).state) != .open { failures.append("the host was not open for the whole idle window") }
+        if executingWhileHeld != 0 { failures.append("\(executingWhileHeld) executing while held") }
 
         // 4. Back up; the canary comes when the open time ends.
-        target.up(port: port, delay: 0.02)
+        do {
+            try target.set(.slow(seconds: 0.02))
+        } catch {
+            eprint("opqd-bench hosts: the target could not listen again on its port: \(error)\n")
+            return 1
+        }
+        // The ramp's seconds count from the canary's success, the engine's time of its
+        // halfOpen -> ramping event: the arrivals at the target are put in those seconds.
+        let rampEvent = Locked<(monotonic: Double, time: Double)?>(nil)
+        let token = engine.observeAll { events in
+            for e in events where e.key == .breaker && e.queue == host && e.new == .breaker(.ramping) {
+                rampEvent.withLock { if $0 == nil { $0 = (BenchSupport.now(), e.time.seconds) } }
+            }
+        }
+        defer { engine.removeObserver(token) }
         let halfOpen = waitFor(20) { (try? engine.host(named: host).state) != .open }
         if !halfOpen { failures.append("the host did not leave open") }
-        let rampStart = waitFor(10) { (try? engine.host(named: host).state) == .ramping || (try? engine.host(named: host).state) == .closed }
-        if !rampStart { failures.append("the canary did not close the host") }
-        let r0 = BenchSupport.now()
-        let hits0 = target.hits
-        var perSecond: [Int] = []
-        var lastHits = hits0
+        let ramped = waitFor(10, every: 0.001) { rampEvent.withLock { $0 != nil } }
+        if !ramped { failures.append("the canary did not close the host") }
+        let r0 = rampEvent.withLock { $0?.monotonic } ?? BenchSupport.now()
+        let rampTime = rampEvent.withLock { $0?.time } ?? Date().timeIntervalSince1970
         var reachedAt: Double?
-        var nextMark = r0 + 1
         let deadline = r0 + (quick ? 60 : 180)
         while BenchSupport.now() < deadline {
             let executing = (try? engine.queue(named: queue).counts[.executing]) ?? 0
             if reachedAt == nil && executing >= concurrency { reachedAt = BenchSupport.now() - r0 }
-            let now = BenchSupport.now()
-            if now >= nextMark {
-                let h = target.hits
-                perSecond.append(h - lastHits)
-                lastHits = h
-
-                nextMark += 1
-            }
             if (try? engine.queue(named: queue).operationCount) == 0 { break }
             Thread.sleep(forTimeInterval: 0.002)
         }
         let drainSeconds = BenchSupport.now() - r0
+        // Arrivals after the canary, by second of the ramp (the canary is the first arrival).
+        var perSecond: [Int] = []
+        for hit in target.hits.dropFirst() {
+            let k = max(0, Int((hit.time.timeIntervalSince1970 - rampTime).rounded(.down)))
+            while perSecond.count <= k { perSecond.append(0) }
+            perSecond[k] += 1
+        }
+        let overBound = perSecond.prefix(BreakerSettings.rampSeconds).enumerated().filter { k, n in k < 62 && n > 1 << k }.map(\.offset)
+        if !overBound.isEmpty { failures.append("more than 2^k starts in second(s) \(overBound) of the ramp") }
         // The second from which starts run at the queue's own capacity (64 at a time, 20 ms
-        // each): at least 90% of the best second's.
-        let best = perSecond.max() ?? 0
-        let capacitySecond = perSecond.firstIndex { Double($0) >= 0.9 * Double(best) }
+        // each): at least 90% of the best second's. The last second is a partial one.
+        let full = perSecond.dropLast()
+        let best = full.max() ?? 0
+        let capacitySecond = full.firstIndex { Double($0) >= 0.9 * Double(best) }
+        let atCapacity = capacitySecond.map { Array(full[$0...]) } ?? []
+        let capacityRate = atCapacity.isEmpty ? 0 : Double(atCapacity.reduce(0, +)) / Double(atCapacity.count)
 
         let finished = (try? engine.queue(named: queue).counts[.finished]) ?? 0
         let succeeded = (try? engine.operations(in: queue, state: .finished, limit: n + 5).operations.filter { $0.outcome == .succeeded }.count) ?? 0
         if succeeded < n { failures.append("\(succeeded) of \(n) succeeded") }
         if finished < n { failures.append("\(finished) of \(n + 5) finished in \(Int(drainSeconds)) s") }
         let state = (try? engine.host(named: host).state.rawValue) ?? "?"
-        target.down()
 
         let readyBytes = EngineBench.num(ready?["bytes_per_op"])
         let heldBytes = EngineBench.num(held?["bytes_per_op"])
@@ -125,8 +146,10 @@ enum HostsBench {
         print(
             "memory: \(fmt(heldBytes, 0)) B per held operation vs \(fmt(readyBytes, 0)) B per ready one (\(fmt(heldBytes / max(readyBytes, 1), 3))×; RSS growth, fresh processes)"
         )
-        print("release: starts per second from the canary on: \(perSecond.prefix(16).map(String.init).joined(separator: " "))")
-        print("  starts at the queue's capacity (\(best)/s, its \(concurrency) slots busy) from second \(capacitySecond.map(String.init) ?? "?") of the ramp")
+        print("release: starts in the k-th second after the canary's success (bound 2^k): \(perSecond.prefix(16).map(String.init).joined(separator: " "))")
+        print(
+            "  starts at the queue's capacity (\(fmt(capacityRate, 0))/s, its \(concurrency) slots busy, answers after 20 ms) from second \(capacitySecond.map(String.init) ?? "?") of the ramp"
+        )
         print(
             "  \(concurrency) executing at once (the queue's limit) first \(reachedAt.map { fmt($0, 1) + " s" } ?? "never") after the ramp began; "
                 + "backlog drained in \(fmt(drainSeconds, 1)) s (\(fmt(Double(finished) / max(drainSeconds, 1e-9), 0)) ops/s), host \(state), \(succeeded) succeeded"
@@ -139,7 +162,7 @@ enum HostsBench {
                 ("held_bytes_per_op", BenchSupport.round3(heldBytes)), ("ready_bytes_per_op", BenchSupport.round3(readyBytes)),
                 ("ramp_starts_per_second", perSecond.prefix(30).map { $0 as Any }),
                 ("limit_reached_seconds", reachedAt.map { BenchSupport.round3($0) as Any } ?? NSNull()),
-                ("capacity_from_second", capacitySecond.map { $0 as Any } ?? NSNull()), ("capacity_starts_per_second", best),
+                ("capacity_from_second", capacitySecond.map { $0 as Any } ?? NSNull()), ("capacity_starts_per_second", BenchSupport.round3(capacityRate)),
                 ("drain_seconds", BenchSupport.round3(drainSeconds)), ("finished", finished),
                 ("failures", failures.joined(separator: "; ")), ("ok", failures.isEmpty),
             ]))
@@ -181,11 +204,11 @@ enum HostsBench {
 
     static func fmt(_ v: Double, _ digits: Int = 2) -> String { BenchSupport.fmt(v, digits) }
 
-    static func waitFor(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+    static func waitFor(_ seconds: Double, every interval: Double = 0.01, _ condition: () -> Bool) -> Bool {
         let end = BenchSupport.now() + seconds
         while BenchSupport.now() < end {
             if condition() { return true }
-            Thread.sleep(forTimeInterval: 0.01)
+            Thread.sleep(forTimeInterval: interval)
         }
         return condition()
     }
@@ -195,47 +218,5 @@ enum HostsBench {
         var u = rusage()
         getrusage(RUSAGE_SELF.rawValue, &u)
         return Double(u.ru_utime.tv_sec) + Double(u.ru_utime.tv_usec) / 1e6 + Double(u.ru_stime.tv_sec) + Double(u.ru_stime.tv_usec) / 1e6
-    }
-
-    /// A local target: down (its port closed: connections refused) or up (200 after `delay`).
-    final class Target: @unchecked Sendable {
-        private var server: HTTPServer?
-        private(set) var port: Int = 0
-        private let count = Locked(0)
-        var hits: Int { count.value }
-
-        init() throws {
-            up(port: 0, delay: 0)
-            guard server != nil else { throw BenchError("the target did not start") }
-        }
-
-        func up(port requested: Int, delay: Double) {
-            let count = self.count
-            let s = HTTPServer(configuration: HTTPServerConfiguration(host: "127.0.0.1", port: requested, threads: 2)) { _ in
-                count.withLock { $0 += 1 }
-                let ok = HTTPResponse(status: 200, headers: [("Content-Type", "text/plain")], body: Array("ok".utf8))
-                guard delay > 0 else { return .response(ok) }
-                return .deferred { responder in
-                    DispatchQueue.global().asyncAfter(deadline: .now() + delay) { responder.respond(ok) }
-                }
-            }
-            do {
-                try s.start()
-                server = s
-                port = s.port
-            } catch {
-                eprint("opqd-bench hosts: the target could not listen on port \(requested): \(error)\n")
-            }
-        }
-
-        func down() {
-            server?.shutdown(timeout: .seconds(2))
-            server = nil
-        }
-    }
-
-    struct BenchError: Error, CustomStringConvertible {
-        let description: String
-        init(_ d: String) { description = d }
     }
 }

@@ -83,11 +83,12 @@ let usage = """
                          limiter budgets shared by a cluster (PGLimiterLeases): the round trip of one lease
                          exchange of 1 and of 50 keys (p50/p99), one statement vs a pipeline of one per key,
                          a limiter with 1,000 overrides, a renewal; a fresh database on URL.
-      hosts [--ops N] [--quick]
-                         a local target goes down: 100,000 http operations (--quick: 10,000) held by its
-                         open breaker, the process's CPU over 10 s while they wait, bytes per held vs per
-                         ready operation (fresh processes), then the target comes back: starts per second
-                         through the ramp, when the queue's limit (64 executing) is reached, the drain.
+      hosts [--ops N] [--idle 10] [--quick]
+                         a local target (TestKit's SwitchableTarget) goes down: 100,000 http operations
+                         (--quick: 10,000) held by its open breaker, the process's CPU over --idle seconds
+                         while they wait, bytes per held vs per ready operation (fresh processes), then the
+                         target comes back: starts per second through the ramp, when the queue's limit (64
+                         executing) is reached after the canary's success, the drain.
 
     Built only when asked: OPQD_BENCH=1 swift build -c release --product opqd-bench (Package.swift).
     Every HTTP benchmark starts its own opqd (built next to this executable, or OPQD_BIN) on
