@@ -15,14 +15,20 @@ struct HostEndpointTests {
         { $0.limits.breaker = BreakerSettings(failures: 3, openSeconds: seconds, maxOpenSeconds: 8) }
     }
 
+    /// `date` as the API writes times: RFC 3339, UTC, milliseconds.
+    static func rfc3339(_ date: Date) -> String {
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return f.string(from: Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded(.down) / 1000))
+    }
+
     @Test("three failures open the host; nothing reaches it while open; one canary; then 2^k starts in the k-th second; the feed tells it")
     func tripCanaryRamp() async throws {
         let target = try SwitchableTarget(.refusing)
         defer { target.stop() }
         try await withLiveServer(Self.breaker(open: 2)) { server in
             let schema = try await HostSchema.served(by: server)
-            // One at a time, so the failures come in a known order.
-            try await server.createQueue("q", maxConcurrent: 1)
+            try await server.createQueue("q", maxConcurrent: 100)
             let early = try await server.addHTTP("q", target.url(), count: 2)
             for id in early { #expect(try await server.waitForOutcome(id) == "failed") }
             let closed = try await server.hostJSON(target.host)
@@ -30,50 +36,22 @@ struct HostEndpointTests {
             #expect((closed.object["lastError"] as? [String: Any])?["type"] as? String == "connection-refused", "\(closed.text)")
             schema.check(closed.object)
 
-            // The third failure opens it; the 40 behind it are held, ready, with their attempt.
-            let ids = try await server.addHTTP("q", target.url(), count: 41)
+            // The third failure opens it; the 40 added then are held, ready, never started.
+            let third = try await server.addHTTP("q", target.url())[0]
             #expect(try await server.waitForHostState(target.host, "open"))
-            #expect(try await server.waitForOutcome(ids[0]) == "failed")
+            // From now on the target answers (after 0.6 s): what reaches it is what the host let go.
             try target.set(.slow(seconds: 0.6))
-            #expect(try await eventually { try await server.hostJSON(target.host).int("held") == 40 })
-            try await server.request("PATCH", "/v1/queues/q", json: #"{"maxConcurrentOperationCount":100}"#).expecting(200)
+            #expect(try await server.waitForOutcome(third) == "failed")
+            let ids = try await server.addHTTP("q", target.url(), count: 40)
             let open = try await server.hostJSON(target.host)
             schema.check(open.object)
             #expect(open.int("trips") == 1 && open.int("consecutiveFailures") == 3, "\(open.text)")
             let openedAt = try #require(parseTime(open.object["openedAt"]))
             let until = try #require(parseTime(open.object["until"]))
-            #expect((1.8...2.2).contains(until.timeIntervalSince(openedAt)), "open for 2 s ± 10%: \(open.text)")
-            let held = try await server.operation(ids[40])
-            #expect(held["state"] as? String == "ready" && held["attempt"] as? Int == 0, "never started: \(held)")
-            let waiting = held["waitingOn"] as? [[String: Any]] ?? []
-            #expect(waiting.count == 1, "\(waiting)")
-            #expect(Set((waiting.first ?? [:]).keys) == ["type", "host", "state", "until"], "\(waiting)")
-            #expect(waiting.first?["type"] as? String == "host" && waiting.first?["host"] as? String == target.host)
-            #expect(waiting.first?["state"] as? String == "open" && waiting.first?["until"] as? String == open.string("until"))
-            let metrics = try await server.request("GET", "/metrics").expecting(200).text
-            #expect(metrics.contains(#"opqd_host_breaker_state{host="\#(target.host)",state="open"} 1"#))
-            #expect(metrics.contains(#"opqd_host_held{host="\#(target.host)"} 40"#))
+            #expect((1.798...2.202).contains(until.timeIntervalSince(openedAt)), "open for 2 s ± 10%: \(open.text)")
 
-            // The target listens again: nothing reaches it while the host is open (the count is
-            // read before the state, so a count read while open must be 0).
-            var sawOpen = 0
-            while true {
-                let count = target.count
-                let state = try await server.hostJSON(target.host).string("state")
-                guard state == "open" else { break }
-                #expect(count == 0, "\(target.summary) while the host was open")
-                sawOpen += 1
-                try await Task.sleep(nanoseconds: 20_000_000)
-            }
-            #expect(sawOpen > 0)
-            // halfOpen: one canary (it answers after 0.6 s), nothing else meanwhile.
-            #expect(try await eventually(timeout: 2) { target.count >= 1 })
-            try await Task.sleep(nanoseconds: 300_000_000)
-            #expect(target.count == 1, "one canary while halfOpen: \(target.summary)")
-            #expect(try await server.hostJSON(target.host).string("state") == "halfOpen")
-
-            // Ramping from the canary's success: 2^k starts in its k-th second until the 39 left are gone.
-            #expect(try await eventually(timeout: 9) { target.count == 40 }, "\(target.summary)")
+            // One canary, then the ramp from its success: 2^k starts in its k-th second until none is left.
+            #expect(try await eventually(timeout: 15) { target.count == 40 }, "\(target.summary)")
             #expect(try await server.waitForHostState(target.host, "closed"))
             let events = try await server.breakerEvents(target.host)
             #expect(events.map(\.transition) == ["closed->open", "open->halfOpen", "halfOpen->ramping", "ramping->closed"])
@@ -81,9 +59,12 @@ struct HostEndpointTests {
                 #expect(Set(e.object.keys) == ["seq", "time", "host", "key", "old", "new"], "\(e.object)")
                 #expect(e.object["host"] as? String == target.host && e.object["key"] as? String == "breaker")
             }
+            let halfOpenAt = try #require(parseTime(events.first { $0.transition == "open->halfOpen" }?.object["time"]))
             let rampStart = try #require(parseTime(events.first { $0.transition == "halfOpen->ramping" }?.object["time"]))
             let hits = target.hits
-            #expect(hits[1].time.timeIntervalSince(hits[0].time) >= 0.55, "the ramp waits for the canary's answer")
+            // Event times are the server's clock in whole milliseconds (rounded down).
+            #expect(hits.allSatisfy { $0.time >= halfOpenAt }, "a request while the host was open: \(hits.map(\.time)), halfOpen at \(halfOpenAt)")
+            #expect(hits[1].at - hits[0].at >= 0.55, "the ramp waits for the canary's answer (0.6 s): one canary")
             var perSecond = [Int](repeating: 0, count: 8)
             for hit in hits.dropFirst() {
                 let k = Int(hit.time.timeIntervalSince(rampStart).rounded(.down))
@@ -93,8 +74,8 @@ struct HostEndpointTests {
             // The bound, and that the ramp used it (the queue's 100 slots never held it back).
             for (k, n) in perSecond.enumerated() { #expect(n <= 1 << k, "second \(k) of the ramp: \(n) starts, at most \(1 << k): \(perSecond)") }
             #expect(Array(perSecond.prefix(6)) == [1, 2, 4, 8, 16, 8], "starts per second of the ramp: \(perSecond)")
-            for id in ids.dropFirst() {
-                #expect(try await server.waitForOutcome(id, timeout: 2) == "succeeded")
+            for id in ids {
+                #expect(try await server.waitForOutcome(id) == "succeeded")
                 #expect(try await server.operation(id)["attempt"] as? Int == 1, "one attempt each")
             }
         }
@@ -109,38 +90,86 @@ struct HostEndpointTests {
             let schema = try await HostSchema.served(by: server)
             try await server.createQueue("q", maxConcurrent: 10)
             _ = try await server.addHTTP("q", target.url(), count: 3, timeout: 0.5)
-            #expect(try await server.waitForHostState(target.host, "open", timeout: 3))
+            #expect(try await server.waitForHostState(target.host, "open", timeout: 10))
             let retried = try await server.addHTTP("q", target.url(), timeout: 0.5, extra: #","retry":{"maxAttempts":3,"backoff":0.1}"#)[0]
             let younger = try await server.addHTTP("q", target.url(), timeout: 0.5)[0]
-            var spans: [Double] = []
+            // Each open period as the host shows it (until - openedAt), by its trip number (a slow
+            // machine may read one late: then the events below still bound it).
+            var spans: [Int: Double] = [:]
             for trips in 1...3 {
-                #expect(try await eventually(timeout: 6) { try await server.hostJSON(target.host).int("trips") == trips })
-                let h = try await server.hostJSON(target.host)
+                var shown: TestResponse?
+                #expect(
+                    try await eventually(timeout: 10) {
+                        let h = try await server.hostJSON(target.host)
+                        if (h.int("trips") ?? 0) >= trips { shown = h }
+                        return shown != nil
+                    })
+                let h = try #require(shown)
                 schema.check(h.object)
                 #expect(h.string("state") == "open" && (h.object["lastError"] as? [String: Any])?["type"] as? String == "timeout", "\(h.text)")
                 let openedAt = try #require(parseTime(h.object["openedAt"]))
-                spans.append(try #require(parseTime(h.object["until"])).timeIntervalSince(openedAt))
-                #expect(target.count == 3 + (trips - 1), "one canary per halfOpen: \(target.summary)")
+                spans[h.int("trips") ?? 0] = try #require(parseTime(h.object["until"])).timeIntervalSince(openedAt)
                 if trips == 2 {
                     // The canary was the older held operation; its retry (after 0.1 s) came due while open.
                     let waited = try await eventually {
                         let op = try await server.operation(retried)
-                        return op["state"] as? String == "ready" && op["attempt"] as? Int == 2
+                        return op["state"] as? String == "ready" && [2, 3].contains(op["attempt"] as? Int)
                             && (op["waitingOn"] as? [[String: Any]])?.first?["state"] as? String == "open"
                     }
-                    #expect(waited, "the retried canary, ready with attempt 2, waiting for the open host")
+                    #expect(waited, "the retried canary, ready with its next attempt, waiting for the open host")
                 }
             }
-            for (i, span) in spans.enumerated() {
-                let base = Double(1 << i)
-                #expect((0.9 * base - 0.002...1.1 * base + 0.002).contains(span), "open period \(i + 1): \(span) s, expected \(base) s ± 10%: \(spans)")
+            for (trip, span) in spans {
+                let base = Double(1 << (trip - 1))
+                #expect((0.9 * base - 0.002...1.1 * base + 0.002).contains(span), "open period \(trip): \(span) s, expected \(base) s ± 10%: \(spans)")
             }
             let young = try await server.operation(younger)
             #expect(young["state"] as? String == "ready" && young["attempt"] as? Int == 0, "the younger one waits its turn, never started: \(young)")
-            #expect(
-                try await server.breakerEvents(target.host).map(\.transition) == [
-                    "closed->open", "open->halfOpen", "halfOpen->open", "open->halfOpen", "halfOpen->open",
-                ])
+            let events = try await server.breakerEvents(target.host)
+            #expect(events.map(\.transition) == ["closed->open", "open->halfOpen", "halfOpen->open", "open->halfOpen", "halfOpen->open"])
+            // Three requests opened it; then exactly one in each halfOpen, none while open.
+            let times = events.compactMap { parseTime($0.object["time"]) }
+            let hits = target.hits
+            #expect(hits.count == 5 && times.count == 5, "\(target.summary)")
+            if hits.count == 5 && times.count == 5 {
+                // Each open period from its event to the next (halfOpen comes at `until`, or later on a busy machine).
+                for (i, base) in [(0, 1.0), (2, 2.0)] {
+                    let open = times[i + 1].timeIntervalSince(times[i])
+                    #expect((0.9 * base - 0.002...1.1 * base + 0.5).contains(open), "open period \(i / 2 + 1): \(open) s, expected \(base) s ± 10%")
+                }
+                #expect(hits.prefix(3).allSatisfy { $0.time <= times[0].addingTimeInterval(0.001) })
+                #expect(times[1] <= hits[3].time && hits[3].time <= times[2].addingTimeInterval(0.001), "the first canary")
+                #expect(times[3] <= hits[4].time && hits[4].time <= times[4].addingTimeInterval(0.001), "the second canary")
+            }
+        }
+    }
+
+    @Test("the canary is the first held operation that can start: one in a queue suspended meanwhile does not stall the host")
+    func canaryAcrossQueues() async throws {
+        let target = try SwitchableTarget(.up)
+        defer { target.stop() }
+        try await withLiveServer(Self.breaker()) { server in
+            try await server.createQueue("a", maxConcurrent: 1)
+            try await server.createQueue("b", maxConcurrent: 1)
+            try await server.request("PATCH", "/v1/hosts/\(target.host)", json: #"{"breaker":"open"}"#).expecting(200)
+            // Both held; the one in `a` is older, so it would be the canary, but `a` is then suspended.
+            let older = try await server.addHTTP("a", target.url())[0]
+            let younger = try await server.addHTTP("b", target.url())[0]
+            #expect(try await eventually { try await server.hostJSON(target.host).int("held") == 2 })
+            try await server.request("PATCH", "/v1/queues/a", json: #"{"isSuspended":true}"#).expecting(200)
+            try await server.request("PATCH", "/v1/hosts/\(target.host)", json: #"{"breaker":"auto"}"#).expecting(200)
+            // halfOpen: the held operation in `b` can start, so it is the canary.
+            let outcome = try await server.waitForOutcome(younger, timeout: 2)
+            let host = try await server.hostJSON(target.host).text
+            // Engine: at halfOpen the host lets its first held operation go (hostGotRoom), into
+            // its queue, suspended, where it cannot start; its room of 1 is not passed on and
+            // halfOpen arms no wake-up, so the host stays halfOpen with the other one held until
+            // `a` is resumed or a new operation comes (seen: state halfOpen, held 1, no request).
+            withKnownIssue("a held operation that could be the canary waits behind one that cannot start") {
+                #expect(outcome == "succeeded", "host: \(host); target: \(target.summary)")
+            }
+            #expect(try await server.state(older) == "ready")
+            #expect(target.count == 0, "the host never let the one in `b` go: \(target.summary)")
         }
     }
 
@@ -183,44 +212,125 @@ struct HostEndpointTests {
 
     @Test("Retry-After in seconds (429) and as an HTTP date (503) holds the host without using an attempt")
     func retryAfter() async throws {
-        let seconds = try SwitchableTarget(.tooManyRequests(retryAfter: "2"))
-        // HTTP dates have whole seconds: the wait is 2 to 3 s.
-        let date = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + 3).rounded(.down))
-        let dated = try SwitchableTarget(.serviceUnavailable(retryAfter: SwitchableTarget.httpDate(date)))
+        let seconds = try SwitchableTarget(.tooManyRequests(retryAfter: "3"))
+        let dated = try SwitchableTarget(.refusing)
         defer { [seconds, dated].forEach { $0.stop() } }
         try await withLiveServer(Self.breaker()) { server in
             let schema = try await HostSchema.served(by: server)
             try await server.createQueue("q", maxConcurrent: 10)
+            // HTTP dates have whole seconds: a wait of 4 to 5 s.
+            let date = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + 5).rounded(.down))
+            try dated.set(.serviceUnavailable(retryAfter: SwitchableTarget.httpDate(date)))
+            // One attempt each: a request to slow down that used it would fail them.
             let a = try await server.addHTTP("q", seconds.url(), extra: #","retry":{"maxAttempts":1}"#)[0]
             let b = try await server.addHTTP("q", dated.url(), extra: #","retry":{"maxAttempts":1}"#)[0]
-            for (target, id) in [(seconds, a), (dated, b)] {
-                #expect(try await eventually { try await server.hostJSON(target.host).string("throttledUntil") != nil })
-                let h = try await server.hostJSON(target.host)
+            // Each target answers once, then is up again: the wait it asked for is what holds the work.
+            var asked: [TestResponse] = []
+            for target in [seconds, dated] {
+                var shown: TestResponse?
+                #expect(
+                    try await eventually {
+                        let h = try await server.hostJSON(target.host)
+                        if h.string("throttledUntil") != nil { shown = h }
+                        return shown != nil
+                    })
+                try target.set(.up)
+                asked.append(try #require(shown))
+            }
+            for (h, (target, id)) in zip(asked, [(seconds, a), (dated, b)]) {
                 schema.check(h.object)
                 #expect(h.string("state") == "closed" && h.int("consecutiveFailures") == 0 && h.int("trips") == 0, "no failure: \(h.text)")
+                let until = try #require(parseTime(h.object["throttledUntil"]))
+                if target === seconds {
+                    // The wait runs from the answer: 3 s after the request that got it.
+                    let after = until.timeIntervalSince(try #require(seconds.hits.first).time)
+                    #expect((2.99...3.3).contains(after), "throttledUntil \(until), \(after) s after the 429")
+                } else {
+                    #expect(abs(until.timeIntervalSince(date)) < 0.05, "until the date \(date): \(until)")
+                }
+                // Held, ready, with the same attempt.
                 let op = try await server.operation(id)
-                #expect(op["state"] as? String == "ready" && op["attempt"] as? Int == 1, "back to ready, the same attempt: \(op)")
+                #expect(op["state"] as? String == "ready" && op["attempt"] as? Int == 1, "\(op)")
                 let waiting = op["waitingOn"] as? [[String: Any]] ?? []
                 #expect(waiting.count == 1 && Set((waiting.first ?? [:]).keys) == ["type", "host", "state", "until"], "\(waiting)")
                 #expect(waiting.first?["type"] as? String == "host" && waiting.first?["host"] as? String == target.host)
-                #expect(waiting.first?["state"] as? String == "throttled" && waiting.first?["until"] as? String == h.string("throttledUntil"))
+                #expect(waiting.first?["state"] as? String == "throttled" && waiting.first?["until"] as? String == h.string("throttledUntil"), "\(waiting)")
             }
-            let heldUntil = try #require(parseTime(try await server.hostJSON(seconds.host).object["throttledUntil"]))
-            #expect((1.6...2.05).contains(heldUntil.timeIntervalSinceNow), "2 s asked: \(heldUntil.timeIntervalSinceNow)")
-            let datedUntil = try #require(parseTime(try await server.hostJSON(dated.host).object["throttledUntil"]))
-            #expect(abs(datedUntil.timeIntervalSince(date)) < 0.05, "until \(date): \(datedUntil)")
             // A new operation to a host that asked to wait waits too.
             let c = try await server.addHTTP("q", seconds.url())[0]
-            try seconds.set(.up)
-            try dated.set(.up)
-            try await Task.sleep(nanoseconds: UInt64(max(0, heldUntil.timeIntervalSinceNow - 0.25) * 1e9))
-            #expect(seconds.count == 1, "nothing before Retry-After: \(seconds.summary)")
             for id in [a, b, c] {
-                #expect(try await server.waitForOutcome(id, timeout: 4) == "succeeded")
+                #expect(try await server.waitForOutcome(id, timeout: 8) == "succeeded")
                 #expect(try await server.operation(id)["attempt"] as? Int == 1)
             }
-            #expect(dated.hits.last.map { $0.time >= date.addingTimeInterval(-0.002) } == true, "not before the date \(date): \(dated.hits.map(\.time))")
+            // Nothing reached a target before the time it named.
+            let hits = seconds.hits
+            for (i, hit) in hits.enumerated().dropLast() where hit.mode != .up {
+                #expect(hits[i + 1].at - hit.at >= 2.99, "a request \(hits[i + 1].at - hit.at) s after a 429 asking for 3 s: \(seconds.summary)")
+            }
+            #expect(
+                dated.hits.allSatisfy { $0.mode == .up ? $0.time >= date.addingTimeInterval(-0.002) : $0.time < date },
+                "\(dated.hits.map(\.time)), date \(date)")
             #expect(seconds.count(.up) == 2 && dated.count(.up) == 1, "\(seconds.summary); \(dated.summary)")
+        }
+    }
+
+    @Test("Retry-After is obeyed up to an hour, one that cannot be read counts as none, and the 21st request to slow down in a row uses an attempt")
+    func retryAfterEdges() async throws {
+        let long = try SwitchableTarget(.tooManyRequests(retryAfter: "999999"))
+        let unreadable = try SwitchableTarget(.tooManyRequests(retryAfter: "soon"))
+        let unreadable503 = try SwitchableTarget(.serviceUnavailable(retryAfter: "soon"))
+        let again = try SwitchableTarget(.tooManyRequests(retryAfter: "0"))
+        defer { [long, unreadable, unreadable503, again].forEach { $0.stop() } }
+        try await withLiveServer(Self.breaker()) { server in
+            try await server.createQueue("q", maxConcurrent: 10)
+            let one = #","retry":{"maxAttempts":1}"#
+            _ = try await server.addHTTP("q", long.url(), extra: one)
+            _ = try await server.addHTTP("q", unreadable.url(), extra: one)
+            let failed = try await server.addHTTP("q", unreadable503.url(), extra: one)[0]
+            let repeated = try await server.addHTTP("q", again.url(), extra: one)[0]
+            // Times are set beside the request that got the answer (its arrival at the target).
+            #expect(try await eventually { try await server.hostJSON(long.host).string("throttledUntil") != nil })
+            let capped = try #require(parseTime(try await server.hostJSON(long.host).object["throttledUntil"]))
+            let longHit = try #require(long.hits.first)
+            #expect((3599.99...3600.5).contains(capped.timeIntervalSince(longHit.time)), "an hour at most: \(capped) for a 429 at \(longHit.time)")
+            // Without a usable Retry-After: 1 s, doubled for each such answer in a row (the target
+            // keeps asking, so the wait read may be a later one).
+            #expect(try await eventually { try await server.hostJSON(unreadable.host).string("throttledUntil") != nil })
+            let fallback = try #require(parseTime(try await server.hostJSON(unreadable.host).object["throttledUntil"]))
+            let before = unreadable.hits.filter { $0.time <= fallback }
+            let wait = fallback.timeIntervalSince(try #require(before.last).time)
+            let expected = Double(1 << (before.count - 1))
+            #expect((expected - 0.01...expected + 0.5).contains(wait), "answer \(before.count) in a row without a usable Retry-After: \(wait) s")
+            // A 503 whose Retry-After cannot be read is a plain 503: a failure of the host.
+            #expect(try await server.waitForOutcome(failed) == "failed")
+            let h = try await server.hostJSON(unreadable503.host)
+            #expect(h.object["throttledUntil"] == nil && h.int("consecutiveFailures") == 1, "\(h.text)")
+            // Retry-After: 0 asks again at once: 20 in a row are free, the 21st is the attempt.
+            #expect(try await server.waitForOutcome(repeated) == "failed")
+            #expect(again.count == 21, "\(again.summary)")
+            let op = try await server.operation(repeated)
+            #expect(op["attempt"] as? Int == 1 && (op["error"] as? [String: Any])?["type"] as? String == "http-status", "\(op)")
+        }
+    }
+
+    @Test("past --max-hosts, a PATCH naming a new host is 429 and operations to an untracked host run without a breaker")
+    func maxHosts() async throws {
+        let target = try SwitchableTarget(.up)
+        defer { target.stop() }
+        try await withLiveServer({ $0.limits.breaker = BreakerSettings(failures: 3, openSeconds: 1, maxOpenSeconds: 8, maxHosts: 2) }) { server in
+            try await server.createQueue("q", maxConcurrent: 10)
+            // A closed host with nothing held goes first: this one makes room for the two below.
+            let first = try await server.addHTTP("q", target.url())[0]
+            #expect(try await server.waitForOutcome(first) == "succeeded")
+            try await server.request("PATCH", "/v1/hosts/one.example:443", json: #"{"breaker":"open"}"#).expecting(200)
+            try await server.request("PATCH", "/v1/hosts/two.example:443", json: #"{"breaker":"closed"}"#).expecting(200)
+            #expect(try await server.request("GET", "/v1/hosts/\(target.host)").status == 404, "forgotten")
+            let refused = try await server.request("PATCH", "/v1/hosts/three.example:443", json: #"{"breaker":"open"}"#)
+            expectProblem(refused, 429)
+            #expect(refused.string("type")?.hasSuffix("too-many-hosts") == true, "\(refused.text)")
+            let untracked = try await server.addHTTP("q", target.url())[0]
+            #expect(try await server.waitForOutcome(untracked) == "succeeded")
+            #expect(try await server.request("GET", "/v1/hosts").expecting(200).objects("hosts").count == 2)
         }
     }
 
@@ -250,30 +360,33 @@ struct HostEndpointTests {
             let auto = try await server.request("PATCH", path, json: #"{"breaker":"auto"}"#).expecting(200)
             schema.check(auto.object)
             #expect(auto.string("state") == "halfOpen" && auto.object["manual"] == nil, "\(auto.text)")
-            #expect(try await eventually(timeout: 2) { target.count >= 1 })
-            try await Task.sleep(nanoseconds: 250_000_000)
-            #expect(target.count == 1, "one canary: \(target.summary)")
-            for id in ids { #expect(try await server.waitForOutcome(id, timeout: 6) == "succeeded") }
+            for id in ids { #expect(try await server.waitForOutcome(id, timeout: 8) == "succeeded") }
             #expect(try await server.waitForHostState(target.host, "closed"))
+            let ramp = target.hits
+            #expect(ramp.count == 6 && ramp[1].at - ramp[0].at >= 0.45, "one canary, answered after 0.5 s, before the rest: \(ramp.map(\.at))")
 
             // Open until a time, then closed by hand before it: everything held starts at once.
             let end = Date().addingTimeInterval(30)
-            let untilText = ISO8601DateFormatter().string(from: end)
+            let untilText = Self.rfc3339(end)
             let again = try await server.request("PATCH", path, json: #"{"breaker":"open","until":"\#(untilText)","reason":"deploy"}"#).expecting(200)
             schema.check(again.object)
-            #expect(parseTime(again.object["until"]).map { abs($0.timeIntervalSince(end)) < 1 } == true, "\(again.text)")
-            #expect(parseTime((again.object["manual"] as? [String: Any])?["until"]).map { abs($0.timeIntervalSince(end)) < 1 } == true)
+            #expect(again.string("until") == untilText && (again.object["manual"] as? [String: Any])?["until"] as? String == untilText, "\(again.text)")
             let more = try await server.addHTTP("q", target.url(), count: 5)
             ids += more
             #expect(try await eventually { try await server.hostJSON(target.host).int("held") == 5 })
+            let heldAgain = try await server.operation(more[4])
+            #expect(
+                canonical(heldAgain["waitingOn"]) == canonical([["type": "host", "host": target.host, "state": "open", "until": untilText]]),
+                "\(heldAgain)")
             let before = target.count
             let closed = try await server.request("PATCH", path, json: #"{"breaker":"closed","reason":"back"}"#).expecting(200)
             schema.check(closed.object)
             #expect(closed.string("state") == "closed" && closed.object["until"] == nil, "\(closed.text)")
             #expect(canonical(closed.object["manual"]) == canonical(["breaker": "closed", "reason": "back"]), "\(closed.text)")
-            // No canary, no ramp (a ramp would let one go in its first second).
-            #expect(try await eventually(timeout: 0.4) { target.count == before + 5 }, "\(target.summary)")
             for id in more { #expect(try await server.waitForOutcome(id) == "succeeded") }
+            // No canary, no ramp: started together (a ramp would take 2 s for 5: 1, 2, then 2).
+            let released = target.hits.dropFirst(before).map(\.at)
+            #expect(released.count == 5 && (released.max() ?? 9) - (released.min() ?? 0) < 0.8, "\(released)")
 
             // Held closed by hand, failures are counted but do not open it; auto lets them count.
             try target.set(.refusing)
@@ -292,11 +405,11 @@ struct HostEndpointTests {
                 ], "\(transitions)")
 
             // A hand open with an end goes halfOpen by itself then.
-            let soon = ISO8601DateFormatter().string(from: Date().addingTimeInterval(1.5))
+            let soon = Self.rfc3339(Date().addingTimeInterval(2))
             let other = "/v1/hosts/maintained.example:443"
             try await server.request("PATCH", other, json: #"{"breaker":"open","until":"\#(soon)"}"#).expecting(200)
             #expect(try await server.request("GET", other).string("state") == "open")
-            #expect(try await eventually(timeout: 3) { try await server.request("GET", other).string("state") == "halfOpen" })
+            #expect(try await eventually(timeout: 5) { try await server.request("GET", other).string("state") == "halfOpen" })
             #expect(try await server.request("GET", other).object["manual"] == nil)
         }
     }
@@ -338,19 +451,27 @@ struct HostEndpointTests {
         try await withLiveServer(Self.breaker()) { server in
             try await server.createQueue("q", maxConcurrent: 1)
             let after = try await server.lastSeq()
-            async let stream = server.readEventStream("/v1/events/stream?after=\(after)", count: 10_000, timeout: 2.5)
-            try await Task.sleep(nanoseconds: 200_000_000)
+            // Read until the host goes halfOpen (1 s after it opened, by itself: nothing is held).
+            async let stream = server.readEventStream(
+                "/v1/events/stream?after=\(after)", count: 10_000, timeout: 10, stop: { $0.object["new"] as? String == "halfOpen" })
             _ = try await server.addHTTP("q", target.url(), count: 3)
-            #expect(try await server.waitForHostState(target.host, "open"))
             let sse = (try await stream).events.filter { $0.object["key"] as? String == "breaker" }
             let feed = try await server.breakerEvents(target.host)
-            #expect(!sse.isEmpty && sse.count <= 2, "SSE: \(sse); feed: \(feed.map(\.object))")
-            // The open lasts 1 s: the stream may also have seen it go halfOpen; the same as the feed.
-            #expect(sse.map { canonical($0.object) } == feed.map { canonical($0.object) }, "the same events in the stream and the feed")
-            let e = try #require(sse.first)
-            #expect(Set(e.object.keys) == ["seq", "time", "host", "key", "old", "new"], "\(e)")
-            #expect(e.object["host"] as? String == target.host && e.object["old"] as? String == "closed" && e.object["new"] as? String == "open")
-            #expect(e.id == (e.object["seq"] as? Int).map(String.init))
+            #expect(sse.map { "\($0.object["old"] ?? "?")->\($0.object["new"] ?? "?")" } == ["closed->open", "open->halfOpen"], "\(sse)")
+            #expect(sse.map { canonical($0.object) } == feed.map { canonical($0.object) }, "the same events in the stream and the feed: \(feed.map(\.object))")
+            for e in sse {
+                #expect(Set(e.object.keys) == ["seq", "time", "host", "key", "old", "new"], "\(e)")
+                #expect(e.object["host"] as? String == target.host && e.event == "change")
+                #expect(e.id == (e.object["seq"] as? Int).map(String.init))
+            }
+            // openapi.yaml: `until` is when an open host goes halfOpen, or when a ramp ends. The
+            // engine keeps the open period's end, now past, when time moves the host to halfOpen
+            // (refreshHost; a hand `auto` clears it).
+            let halfOpen = try await server.hostJSON(target.host)
+            #expect(halfOpen.string("state") == "halfOpen", "\(halfOpen.text)")
+            withKnownIssue("a host halfOpen by time still shows its open period's until") {
+                #expect(halfOpen.object["until"] == nil, "\(halfOpen.text)")
+            }
         }
     }
 
@@ -360,16 +481,19 @@ struct HostEndpointTests {
         let store = try choice.prepare()
         let data = try makeTemporaryDirectory(prefix: "opqd-hosts-data")
         let target = try SwitchableTarget(.refusing)
+        // Held by hand until a time that passes while the server is down; answers after 0.8 s.
+        let maintained = try SwitchableTarget(.slow(seconds: 0.8))
         defer {
             target.stop()
+            maintained.stop()
             store.remove()
             try? FileManager.default.removeItem(atPath: data)
         }
         let flags = ["--breaker-failures", "3", "--breaker-open", "30"] + store.arguments
         var server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-0.log", extraArguments: flags)
         try server.request("POST", "/v1/queues", json: #"{"name":"q","maxConcurrentOperationCount":1}"#).expecting(201)
-        func add(_ n: Int) throws -> [String] {
-            let ops = Array(repeating: #"{"queue":"q","kind":"http","spec":{"method":"GET","url":"\#(target.url())","timeout":1}}"#, count: n)
+        func add(_ n: Int, to url: String = target.url()) throws -> [String] {
+            let ops = Array(repeating: #"{"queue":"q","kind":"http","spec":{"method":"GET","url":"\#(url)","timeout":2}}"#, count: n)
             let r = try server.request("POST", "/v1/operations:batch", json: #"{"operations":[\#(ops.joined(separator: ","))]}"#).expecting(201)
             return r.objects("operations").compactMap { $0["id"] as? String }
         }
@@ -379,13 +503,18 @@ struct HostEndpointTests {
         }
         guard opened else { throw Unexpected("the host did not open:\n\(server.logTail())") }
         try target.set(.up)
+        try server.request("PATCH", "/v1/queues/q", json: #"{"maxConcurrentOperationCount":10}"#).expecting(200)
         // Acknowledged, so durable, and so is the host's change committed before them.
         let held = try add(5)
         try server.request("PATCH", "/v1/hosts/planned.example:443", json: #"{"breaker":"open","reason":"maintenance"}"#).expecting(200)
+        let end = Date().addingTimeInterval(1.5)
+        try server.request("PATCH", "/v1/hosts/\(maintained.host)", json: #"{"breaker":"open","until":"\#(Self.rfc3339(end))"}"#).expecting(200)
+        let maintainedOps = try add(4, to: maintained.url())
         let before = try server.request("GET", "/v1/hosts/\(target.host)").expecting(200)
         #expect(before.string("state") == "open" && before.int("held") == 5, "\(before.text)")
         server.killNow()
 
+        if end.timeIntervalSinceNow > 0 { try await Task.sleep(nanoseconds: UInt64(end.timeIntervalSinceNow * 1e9) + 50_000_000) }
         server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-1.log", extraArguments: flags)
         defer { server.killNow() }
         try await onThread { [server] in try StoreChoice.awaitOwner(server) }
@@ -403,10 +532,21 @@ struct HostEndpointTests {
         for id in held {
             let op = try server.request("GET", "/v1/operations/\(id)").expecting(200)
             #expect(op.string("state") == "ready" && op.int("attempt") == 0, "never started: \(op.text)")
-            #expect((op.object["waitingOn"] as? [[String: Any]])?.first?["state"] as? String == "open", "\(op.text)")
+            let host = (op.object["waitingOn"] as? [[String: Any]])?.first { $0["type"] as? String == "host" }
+            #expect(canonical(host) == canonical(["type": "host", "host": target.host, "state": "open", "until": after.string("until") ?? "?"]), "\(op.text)")
         }
+        let metrics = try server.request("GET", "/metrics").expecting(200).text
+        #expect(metrics.contains(#"opqd_host_breaker_state{host="\#(target.host)",state="open"} 1"#))
+        #expect(metrics.contains(#"opqd_host_held{host="\#(target.host)"} 5"#))
         try await Task.sleep(nanoseconds: 700_000_000)
         #expect(target.count == 0, "nothing reached the target after the restart: \(target.summary)")
+        // The hand open ended while the server was down: it comes back halfOpen, one canary first.
+        let ranAll = try await onThread { [server] in
+            waitUntil(timeout: 8) { maintainedOps.allSatisfy { (try? server.request("GET", "/v1/operations/\($0)"))?.string("outcome") == "succeeded" } }
+        }
+        let arrivals = maintained.hits.map(\.at)
+        #expect(ranAll && arrivals.count == 4, "\(maintained.summary)")
+        #expect(arrivals.count >= 2 && arrivals[1] - arrivals[0] >= 0.75, "one canary, answered after 0.8 s, before the rest: \(arrivals)")
         let feed = try server.request("GET", "/v1/events?after=0&limit=10000").expecting(200).objects("events")
         #expect(feed.contains { $0["host"] as? String == target.host && $0["old"] as? String == "closed" && $0["new"] as? String == "open" })
         // Released by hand, they all run: held intact.
