@@ -37,16 +37,19 @@ let package = Package(
         // The one grammar for numbers and times a client writes as text (query numbers, RFC 3339
         // dates): no dependencies, so the engine, the API and the fuzz target share it.
         .target(name: "Grammar"),
+        // Schedules' time (API.md "Schedules"): cron expressions, zones read from the system's tz
+        // database (TZif and its POSIX footer), and the daylight-saving rule. No dependencies.
+        .target(name: "Schedules"),
         // Pure Swift engine: no HTTP, no C.
         // Release builds drop the runtime exclusivity checks here: the engine mutates its
         // records only under its one lock, and the checks cost ~15% of the flat benchmark.
         .target(
-            name: "QueueEngine", dependencies: ["Locking", "Grammar"],
+            name: "QueueEngine", dependencies: ["Locking", "Grammar", "Schedules"],
             swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]),
         // The store seam: the contract the service sees (DurableStore), what both stores share
         // (idempotency records, event windows, writer stats, the group-commit queue), and the
         // memory store. Neither store imports the other.
-        .target(name: "StoreKit", dependencies: ["QueueEngine", "Locking"]),
+        .target(name: "StoreKit", dependencies: ["QueueEngine", "Locking", "Schedules"]),
         // SQLite itself (apt: libsqlite3-dev); used only by SQLiteStore.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // The default store: one SQLite file behind StoreKit's contract.
@@ -111,6 +114,7 @@ let package = Package(
         .target(name: "QueueTesting", dependencies: ["OpqdApp", "QueueAPI", "MicroHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueEngineTests", dependencies: ["QueueEngine", "Locking", "TestKit"]),
         .testTarget(name: "GrammarTests", dependencies: ["Grammar"]),
+        .testTarget(name: "SchedulesTests", dependencies: ["Schedules"]),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "TestKit"]),
         .testTarget(name: "QueueKindsTests", dependencies: ["QueueKinds", "QueueEngine", "Locking", "TestKit", "MicroHTTP"]),
         // Both stores; the PostgreSQL suites need a server (scripts/test.sh starts one: OPQD_TEST_POSTGRES_URL).

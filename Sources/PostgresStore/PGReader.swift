@@ -170,16 +170,17 @@ final class PGReader {
     /// One repeatable-read transaction, so limiters, queues, operations and the seq are one
     /// consistent snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
     func load(lastSeq known: UInt64) throws -> RecoveredState {
-        let (ls, hs, qs, os, seqs) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, ss, qs, os, seqs) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
                 let hs = try c.exec(PGSchema.selectHosts)
+                let ss = try c.exec("SELECT \(PGSchema.scheduleColumns) FROM opqd.schedules ORDER BY queue, name")
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues ORDER BY name")
                 let os = try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations ORDER BY id")
                 let seqs = try c.exec(PGSchema.lastSeq)
                 try c.exec("COMMIT")
-                return (ls, hs, qs, os, seqs)
+                return (ls, hs, ss, qs, os, seqs)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
@@ -187,8 +188,10 @@ final class PGReader {
         }
         let (queues, operations) = try Self.decode(qs, os)
         let stored = try Self.lastSeq(seqs)
-        return RecoveredState(
+        var state = RecoveredState(
             queues: queues, operations: operations, lastSeq: max(stored, known), limiters: try Self.limiters(ls), hosts: try Self.hosts(hs))
+        state.schedules = try Self.schedules(ss)
+        return state
     }
 
     /// The queues named (those that exist) with their operations, and for every dependency of
@@ -199,11 +202,13 @@ final class PGReader {
     func load(queues names: [String]) throws -> (RecoveredState, RemoteStates) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
-        let (ls, hs, qs, os, deps) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, ss, qs, os, deps) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
                 let hs = try c.exec(PGSchema.selectHosts)
+                let ss = try c.exec(
+                    "SELECT \(PGSchema.scheduleColumns) FROM opqd.schedules WHERE queue = ANY($1::text[]) ORDER BY queue, name", [list.parameter])
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
@@ -220,17 +225,16 @@ final class PGReader {
                     AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE w.id = ANY(p.ids))
                     """, [list.parameter])
                 try c.exec("COMMIT")
-                return (ls, hs, qs, os, deps)
+                return (ls, hs, ss, qs, os, deps)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
             }
         }
         let (queues, operations) = try Self.decode(qs, os)
-        return (
-            RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls), hosts: try Self.hosts(hs)),
-            Self.states(deps)
-        )
+        var state = RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls), hosts: try Self.hosts(hs))
+        state.schedules = try Self.schedules(ss)
+        return (state, Self.states(deps))
     }
 
     /// The queue of operation `id`, nil when there is none.
@@ -342,6 +346,12 @@ final class PGReader {
         var out: [LimiterSnapshot] = []
         out.reserveCapacity(r.rows)
         for i in 0..<r.rows { out.append(try PGRecordDecoder.limiter(r, i)) }
+        return out
+    }
+
+    static func schedules(_ r: PGResult) throws(DecodeFailure) -> [ScheduleSnapshot] {
+        var out: [ScheduleSnapshot] = []
+        for i in 0..<r.rows { out.append(try PGRecordDecoder.schedule(r, i)) }
         return out
     }
 

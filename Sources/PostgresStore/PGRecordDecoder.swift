@@ -80,7 +80,51 @@ enum PGRecordDecoder {
             finishedAt: try time(r, row, 17, fail("finished_at", "is not a time")),
             revision: revision, options: options, executedSeconds: executed,
             kindState: try json(r, row, 23, fail("kind_state", "is not JSON")),
-            cascadeAt: try time(r, row, 24, fail("cascade_at", "is not a time")))
+            cascadeAt: try time(r, row, 24, fail("cascade_at", "is not a time")),
+            schedule: try scheduleTag(r, row, fail))
+    }
+
+    private static func scheduleTag(_ r: PGResult, _ row: Int, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> ScheduleTag? {
+        switch (r.isNull(row, 27), r.isNull(row, 28)) {
+        case (true, true): return nil
+        case (false, false):
+            guard let name = r.text(row, 27), FlowText.isName(name), let n = r.int64(row, 28) else { throw fail("schedule_name", "is not a schedule run") }
+            return ScheduleTag(name: name, nominalTime: Timestamp(nanoseconds: n))
+        default: throw fail("schedule_name", "and schedule_nominal are not both set or both NULL")
+        }
+    }
+
+    static func schedule(_ r: PGResult, _ row: Int) throws(DecodeFailure) -> ScheduleSnapshot {
+        let queue = r.text(row, 0) ?? ""
+        let name = r.text(row, 1) ?? ""
+        func fail(_ column: String, _ why: String) -> DecodeFailure {
+            DecodeFailure(detail: "schedules row \(queue.debugDescription)/\(name.debugDescription): column \(column) \(why)")
+        }
+        guard FlowText.isName(name) else { throw fail("name", "is not a schedule name") }
+        let spec: ScheduleSpec
+        do throws(ScheduleText.Refusal) { spec = try ScheduleText.read(name: name, r.withBytes(row, 2) { Array($0) }) } catch {
+            throw fail("settings", error.why)
+        }
+        func int(_ c: Int) -> Int64? { r.isNull(row, c) ? nil : r.int64(row, c) }
+        guard let created = int(3), let rev = int(4), rev >= 0 else { throw fail("revision", "is not valid") }
+        var s = ScheduleSnapshot(
+            queue: queue, spec: spec, createdAt: Timestamp(nanoseconds: created), revision: UInt64(rev), isPaused: r.text(row, 5) == "t")
+        s.pausedNote = r.text(row, 6)
+        s.lastNominal = int(7).map(Timestamp.init(nanoseconds:))
+        switch (int(8), int(9)) {
+        case (nil, nil): break
+        case let (n?, op?):
+            guard op > 0 else { throw fail("last_run_operation", "is \(op)") }
+            s.lastRun = (Timestamp(nanoseconds: n), OperationID(raw: UInt64(op)))
+        default: throw fail("last_run_nominal", "and last_run_operation are not both set or both NULL")
+        }
+        guard let runs = int(10), let skipped = int(11), let missed = int(12), runs >= 0, skipped >= 0, missed >= 0 else {
+            throw fail("runs", "or skipped or missed is not a count")
+        }
+        s.runs = UInt64(runs)
+        s.skipped = UInt64(skipped)
+        s.missed = UInt64(missed)
+        return s
     }
 
     /// The whole stored status: settings, revision, the generation that made it, and the counts

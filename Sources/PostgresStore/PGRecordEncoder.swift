@@ -99,7 +99,7 @@ struct ArrayColumn {
 
 /// The rows of one bulk statement per table, column by column.
 struct BulkRows {
-    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 27)
+    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 29)
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
@@ -170,6 +170,13 @@ struct BulkRows {
             operations[25].text(&scratch) { FlowText.writeLimits(s.options.limits, to: &$0) }
         }
         operations[26].bytea(s.options.fairnessKey?.utf8)
+        if let tag = s.schedule {
+            operations[27].text(tag.name)
+            operations[28].int(tag.nominalTime.nanoseconds)
+        } else {
+            operations[27].null()
+            operations[28].int(Int64?.none)
+        }
     }
 
     mutating func add(_ q: QueueSnapshot) {

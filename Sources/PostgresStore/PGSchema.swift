@@ -510,6 +510,27 @@ package enum PGSchema {
             revision             bigint NOT NULL
         );
         """,
+        // 12 -> 13: schedules (API.md "Schedules"), kept with their queue's partition: a
+        // schedule's row is written in the commit of its runs, fenced like its queue's.
+        """
+        ALTER TABLE opqd.operations ADD COLUMN schedule_name text, ADD COLUMN schedule_nominal bigint;
+        CREATE TABLE opqd.schedules (
+            queue              text NOT NULL,
+            name               text NOT NULL,
+            settings           text NOT NULL,
+            created_at         bigint NOT NULL,
+            revision           bigint NOT NULL,
+            is_paused          boolean NOT NULL,
+            paused_note        text,
+            last_nominal       bigint,
+            last_run_nominal   bigint,
+            last_run_operation bigint,
+            runs               bigint NOT NULL,
+            skipped            bigint NOT NULL,
+            missed             bigint NOT NULL,
+            PRIMARY KEY (queue, name)
+        );
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -556,13 +577,14 @@ package enum PGSchema {
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key, schedule_name, \
+        schedule_nominal
         """
     /// The array type each operation column is sent as, in `operationColumns` order.
     static let operationArrayTypes = [
         "bigint[]", "text[]", "bytea[]", "text[]", "text[]", "integer[]", "text[]", "text[]", "boolean[]", "text[]",
         "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
-        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]", "text[]", "bytea[]",
+        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]", "text[]", "bytea[]", "text[]", "bigint[]",
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]
@@ -700,6 +722,28 @@ package enum PGSchema {
         """
     static let deleteLimiter = "DELETE FROM opqd.limiters WHERE name = $1"
     static let hostColumns = HostText.columns.joined(separator: ", ")
+    static let scheduleColumns = """
+        queue, name, settings, created_at, revision, is_paused, paused_note, last_nominal, last_run_nominal, last_run_operation, runs, \
+        skipped, missed
+        """
+    static let upsertSchedule = """
+        INSERT INTO opqd.schedules (\(scheduleColumns)) VALUES ($1, $2, $3, $4::bigint, $5::bigint, $6::boolean, $7, $8::bigint, $9::bigint, \
+        $10::bigint, $11::bigint, $12::bigint, $13::bigint) ON CONFLICT (queue, name) DO UPDATE SET settings = excluded.settings, \
+        created_at = excluded.created_at, revision = excluded.revision, is_paused = excluded.is_paused, paused_note = excluded.paused_note, \
+        last_nominal = excluded.last_nominal, last_run_nominal = excluded.last_run_nominal, \
+        last_run_operation = excluded.last_run_operation, runs = excluded.runs, skipped = excluded.skipped, missed = excluded.missed
+        """
+    static let deleteSchedule = "DELETE FROM opqd.schedules WHERE queue = $1 AND name = $2"
+    static let deleteQueueSchedules = "DELETE FROM opqd.schedules WHERE queue = $1"
+    static func scheduleParameters(_ s: ScheduleSnapshot) -> [PGParameter] {
+        func time(_ t: Timestamp?) -> PGParameter { t.map { PGParameter($0.nanoseconds) } ?? .null }
+        return [
+            PGParameter(s.queue), PGParameter(s.spec.name), PGParameter(bytes: ScheduleText.write(s.spec) + [0]), PGParameter(s.createdAt.nanoseconds),
+            PGParameter(Int64(bitPattern: s.revision)), PGParameter(s.isPaused ? "true" : "false"), s.pausedNote.map { PGParameter($0) } ?? .null,
+            time(s.lastNominal), time(s.lastRun?.nominalTime), s.lastRun.map { PGParameter(Int64(bitPattern: $0.operation.raw)) } ?? .null,
+            PGParameter(Int64(bitPattern: s.runs)), PGParameter(Int64(bitPattern: s.skipped)), PGParameter(Int64(bitPattern: s.missed)),
+        ]
+    }
     /// Every host, whichever instance wrote it.
     static let selectHosts = "SELECT \(hostColumns) FROM opqd.hosts ORDER BY host"
     static let upsertHost = """

@@ -67,6 +67,7 @@ final class PGWriter: @unchecked Sendable {
     private var lastEvent: [UInt64: Int] = [:]
     private var lastLimiter: [String: Int] = [:]
     private var lastHost: [String: Int] = [:]
+    private var lastSchedule: [String: Int] = [:]
     private var thread: pthread_t?
 
     /// How long an idle writer waits before checking its connection (so readiness notices a
@@ -463,6 +464,7 @@ final class PGWriter: @unchecked Sendable {
         lastEvent.removeAll(keepingCapacity: true)
         lastLimiter.removeAll(keepingCapacity: true)
         lastHost.removeAll(keepingCapacity: true)
+        lastSchedule.removeAll(keepingCapacity: true)
         var hostEvents = false
         var position = 0
         let partitioned = fence?.partitions != nil
@@ -489,6 +491,12 @@ final class PGWriter: @unchecked Sendable {
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
                 case let .host(h): lastHost[h.host] = position
+                case let .schedule(s):
+                    lastSchedule[s.queue + "\u{0}" + s.spec.name] = position
+                    if partitioned { touched.insert(QueuePartitions.of(queue: s.queue)) }
+                case let .scheduleDeleted(queue, name):
+                    lastSchedule[queue + "\u{0}" + name] = position
+                    if partitioned { touched.insert(QueuePartitions.of(queue: queue)) }
                 case .kept: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
@@ -618,7 +626,7 @@ final class PGWriter: @unchecked Sendable {
                             try flush()
                             // Events numbered above may be deleted here: read back what stays.
                             deletes = true
-                            for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueue] {
+                            for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueueSchedules, PGSchema.deleteQueue] {
                                 try send(sql, [PGParameter(name)])
                             }
                         case let .kept(r):
@@ -636,6 +644,14 @@ final class PGWriter: @unchecked Sendable {
                         case let .host(h):
                             // Global, not partitioned: fenced with the rest of the commit.
                             if lastHost[h.host] == position { try send(PGSchema.upsertHost, PGSchema.hostParameters(h)) }
+                        case let .schedule(s):
+                            if lastSchedule[s.queue + "\u{0}" + s.spec.name] == position {
+                                try send(PGSchema.upsertSchedule, PGSchema.scheduleParameters(s))
+                            }
+                        case let .scheduleDeleted(queue, name):
+                            if lastSchedule[queue + "\u{0}" + name] == position {
+                                try send(PGSchema.deleteSchedule, [PGParameter(queue), PGParameter(name)])
+                            }
                         }
                     }
                 case let .purge(cutoff, limit, reply):

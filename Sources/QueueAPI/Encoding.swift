@@ -78,6 +78,12 @@ extension OperationSnapshot {
             o.key("limits"); o.limits(options.limits)
         }
         if let f = options.fairnessKey { o.key("fairnessKey"); o.string(f) }
+        if let schedule {
+            o.key("schedule"); o.open()
+            o.key("name"); o.string(schedule.name)
+            o.key("nominalTime"); o.time(schedule.nominalTime)
+            o.close()
+        }
         if let waitingOn {
             o.key("waitingOn"); o.openArray()
             for w in waitingOn { w.write(to: &o) }

@@ -2087,10 +2087,27 @@ paths:
       summary: Every tracked host with its breaker
       description: |
         The hosts that operations send to (and those named by a `PATCH`), sorted by name, each
-        with its breaker's `state`, the operations it `held` now, and its failures. Refuses
+        with its breaker's `state`, the operations it `held` now, and its failures; a page at
+        a time (`limit`, and never more than `--max-page-bytes`), `next` carrying on. Refuses
         unknown query parameters.
       parameters:
         - $ref: '#/components/parameters/IfNoneMatch'
+        - name: after
+          in: query
+          required: false
+          description: The `next` of the previous page (a host); hosts after it by name.
+          schema:
+            type: string
+            maxLength: 600
+        - name: limit
+          in: query
+          required: false
+          description: Page size, 1 to 1000 (default 1000).
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 1000
+            default: 1000
       responses:
         '400':
           $ref: '#/components/responses/BadRequest'
@@ -4061,6 +4078,16 @@ components:
         fairnessKey:
           type: string
           description: Its fairness key, as given; absent when none.
+        schedule:
+          type: object
+          additionalProperties: false
+          required: [name, nominalTime]
+          description: The schedule whose run it is, and the run's nominal time (its time before jitter).
+          properties:
+            name:
+              type: string
+            nominalTime:
+              $ref: '#/components/schemas/Timestamp'
         waitingOn:
           type: array
           items:
@@ -4738,12 +4765,15 @@ components:
     HostList:
       type: object
       additionalProperties: false
-      required: [hosts]
+      required: [hosts, next]
       properties:
         hosts:
           type: array
           items:
             $ref: '#/components/schemas/Host'
+        next:
+          description: The last host of this page, for `after`; null on the last page.
+          type: [string, 'null']
 
     HostUpdate:
       description: |

@@ -55,6 +55,7 @@ extension EngineError: ProblemConvertible {
         case let .notCopyable(detail): return Problem(409, "not-copyable", "Operation cannot be copied", detail)
         case let .unavailable(detail): return Problem(503, "store-unavailable", "Store unavailable", detail, headers: [("Retry-After", "1")])
         case let .limiterNotFound(name): return .notFound("no limiter named '\(name)'")
+        case let .scheduleNotFound(queue, name): return .notFound("queue '\(queue)' has no schedule named '\(name)'")
         case let .hostNotFound(name): return .notFound("no host '\(name)' is tracked; hosts are tracked once an operation sends to them or a PATCH names them")
         case let .conflict(slug, detail): return Problem(409, slug, "Conflict", detail)
         case let .notHere(queue):

@@ -20,7 +20,7 @@ package func buildRouter(
         engine: engine, durability: durability, operations: operations, limits: limits, maxBody: maxBody, serverID: serverID
     ).addRoutes(to: &router)
     LimitersController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
-    HostsController(engine: engine, durability: durability).addRoutes(to: &router)
+    HostsController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
     ClusterController(engine: engine, placement: placement).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)

@@ -23,6 +23,7 @@ extension EngineCore {
         case queue(String, generation: UInt64)
         case key(limiter: String, key: String, generation: UInt64)
         case host(String, generation: UInt64)
+        case schedules(generation: UInt64)
     }
 
     // MARK: - limits of an operation
@@ -262,6 +263,8 @@ extension EngineCore {
             keyGotRoom(k)
         case let .host(name, generation):
             hostWakeFired(name, generation: generation)
+        case let .schedules(generation):
+            schedulesWakeFired(generation)
         }
     }
 

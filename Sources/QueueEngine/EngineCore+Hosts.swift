@@ -71,6 +71,19 @@ extension EngineCore {
         }
     }
 
+    /// `op` leaves this engine unfinished (its queue went to another instance): its limiter keys
+    /// and its host count it no more, as if it had finished here.
+    func detachFlow(_ op: OpRecord) {
+        if !op.limitKeys.isEmpty {
+            flowLeft(op, op.state)
+            flowEntered(op, .finished)
+        }
+        if let h = op.host {
+            hostLeft(op, h, op.state)
+            hostEntered(op, h, .finished)
+        }
+    }
+
     /// May `op` start now as far as its host goes? False parks it on the host.
     @inline(__always)
     func hostAdmits(_ op: OpRecord, _ h: HostRecord) -> Bool {

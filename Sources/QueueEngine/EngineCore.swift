@@ -61,6 +61,15 @@ final class EngineCore: @unchecked Sendable {
     var hosts: [String: HostRecord] = [:]
     var breaker = BreakerSettings()
     var hostCounters = HostCounters()
+    /// Schedules by queue, then name (API.md "Schedules").
+    var schedules: [String: [String: ScheduleRecord]] = [:]
+    var scheduleCount = 0
+    /// When each schedule is next due: a min-heap of (due ns, generation, schedule); entries of
+    /// a schedule whose generation moved on are stale.
+    var scheduleHeap: [ScheduleDue] = []
+    /// The armed wake-up for the heap's top, and its generation.
+    var scheduleWakeAt: Int64 = .max
+    var scheduleWakeGeneration: UInt64 = 0
     var ops = OpTable()
     /// Operations held here that wait for an operation that is not (`OpRecord.remoteWaits`).
     var remoteWaiters: [UInt64: [OpRecord]] = [:]

@@ -61,6 +61,8 @@ public enum EngineError: Error, Sendable, Equatable {
     case limiterNotFound(String)
     /// No host of this name is tracked.
     case hostNotFound(String)
+    /// The queue has no schedule of this name.
+    case scheduleNotFound(queue: String, name: String)
     /// The change conflicts with what exists now (a duplicate limiter, a limiter in use);
     /// `slug` names the case.
     case conflict(slug: String, detail: String)

@@ -110,10 +110,16 @@ extension QueueEngine {
     public func deleteQueue(_ name: String, force: Bool = false) throws(EngineError) {
         try mutate { core throws(EngineError) in
             let q = try core.queue(name)
+            if let list = core.schedules[name], !list.isEmpty, !force {
+                throw .conflict(
+                    slug: "queue-has-schedules",
+                    detail: "queue '\(name)' has \(list.count) schedule(s); delete them first, or delete the queue with ?force=true, which deletes them too")
+            }
             if q.unfinished > 0 && !force { throw .queueNotIdle(name, unfinished: q.unfinished) }
             // Operations a batch across instances may add any moment now (its outcome is being
             // decided): the queue stays until they are added or let go, a few seconds at most.
             if q.held > 0 { throw .queueNotIdle(name, unfinished: q.unfinished + q.held) }
+            core.dropSchedules(of: name)
             core.cancelAll(of: q)
             q.deleted = true
             // Its operations go with it; executing ones leave the table when they finish.

@@ -147,6 +147,7 @@ extension QueueEngine {
                 // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
                 q.deleted = true
                 core.queues[name] = nil
+                core.dropSchedules(of: name)
                 for op in q.ops { gone.append(op) }
                 let waiters = q.idleWaiters
                 q.idleWaiters = []
@@ -164,6 +165,7 @@ extension QueueEngine {
                 if op.state != .finished {
                     op.queue.unfinished -= 1
                     core.unfinishedTotal -= 1
+                    core.detachFlow(op)
                 }
                 if (op.state == .executing && !op.inBackoff && op.parkedCompletion == nil)
                     || (op.state == .paused && op.hasStarted && op.parkedCompletion == nil)

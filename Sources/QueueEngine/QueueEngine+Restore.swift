@@ -70,6 +70,7 @@ extension QueueEngine {
                 op.executedNanos = max(0, Timestamp.clampedNanoseconds(s.executedSeconds))
                 op.kindState = s.kindState
                 op.cascadeAt = s.cascadeAt
+                op.scheduleTag = s.schedule.map(ScheduleTagBox.init)
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
                 core.ops[op.id] = op
@@ -166,6 +167,7 @@ extension QueueEngine {
                     break
                 }
             }
+            for ss in recovered.schedules { core.restoreSchedule(ss) }
         }
     }
 }

@@ -33,6 +33,8 @@ public struct EngineConfiguration: Sendable {
     public var maxLimiterKeys: Int = 100_000
     /// The hosts' breakers (`--breaker-failures`, `--breaker-open`, `--breaker-max-open`, `--max-hosts`).
     public var breaker = BreakerSettings()
+    /// Schedules in all queues, at most (`--max-schedules`).
+    public var maxSchedules: Int = 10_000
     public init(
         defaultMaxConcurrentOperationCount: Int = 4, maxUnfinishedOperations: Int = 10_000_000, maxQueues: Int = 10_000,
         maxUnfinishedPerQueue: Int = 10_000_000, maxDependencies: Int = 100_000, startAfterCommit: Bool = false,

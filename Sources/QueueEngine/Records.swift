@@ -55,6 +55,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var host: HostRecord?
     /// Answers asking to slow down in a row for this operation (API.md "Hosts").
     var throttles: UInt8 = 0
+    /// The schedule run it is (API.md "Schedules"), boxed: most operations have none.
+    var scheduleTag: ScheduleTagBox?
     var parkKey: UInt64 = 0
     /// When its next attempt is due, while `inBackoff`.
     var backoffUntil: Timestamp?
@@ -98,7 +100,7 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
             isCancelled: isCancelled, queuePriority: priority, dependencies: dependencyIDs, progress: progress,
             attempt: attempt, result: result, error: error, createdAt: createdAt, startedAt: startedAt,
             finishedAt: finishedAt, revision: revision, options: options, executedSeconds: Double(executedNanos) / 1e9, kindState: kindState,
-            cascadeAt: cascadeAt)
+            cascadeAt: cascadeAt, schedule: scheduleTag?.tag)
     }
 
     /// Bit set of the boolean keys, in the order they are reported.
@@ -325,4 +327,10 @@ struct OpTable {
             base += UInt64(n)
         }
     }
+}
+
+/// A schedule run's tag on its operation.
+final class ScheduleTagBox: Sendable {
+    let tag: ScheduleTag
+    init(_ tag: ScheduleTag) { self.tag = tag }
 }

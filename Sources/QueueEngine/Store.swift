@@ -68,14 +68,17 @@ public struct OperationSnapshot: Sendable, Equatable {
     /// What holds it back now (API.md `waitingOn`): set on statuses the engine answers, not
     /// stored; nil on records and on finished operations.
     public var waitingOn: [WaitReason]? = nil
+    /// The schedule run it is: `{name, nominalTime}` (API.md "Schedules").
+    public var schedule: ScheduleTag? = nil
 
     public init(
         id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
         outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
         progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
         startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
-        executedSeconds: Double = 0, kindState: JSONValue? = nil, cascadeAt: Timestamp? = nil
+        executedSeconds: Double = 0, kindState: JSONValue? = nil, cascadeAt: Timestamp? = nil, schedule: ScheduleTag? = nil
     ) {
+        self.schedule = schedule
         self.id = id; self.queue = queue; self.name = name; self.kind = kind; self.spec = spec; self.state = state
         self.outcome = outcome; self.isCancelled = isCancelled; self.queuePriority = queuePriority
         self.dependencies = dependencies; self.progress = progress; self.attempt = attempt; self.result = result
@@ -142,6 +145,9 @@ public enum StoreRecord: Sendable {
     case limiterDeleted(String)
     /// A host's breaker changed (API.md "Hosts"); hosts are global, like limiters.
     case host(HostSnapshot)
+    /// A schedule was created or changed, or fired (its cursor moved): in the commit of its runs.
+    case schedule(ScheduleSnapshot)
+    case scheduleDeleted(queue: String, name: String)
 
     /// The queue the record belongs to; nil for a kept answer or a batch part.
     public var queueName: String? {
@@ -151,6 +157,8 @@ public enum StoreRecord: Sendable {
         case let .operation(s): return s.queue
         case let .event(e): return e.key == .breaker ? nil : e.queue
         case .kept, .batchPartAdded, .limiter, .limiterDeleted, .host: return nil
+        case let .schedule(s): return s.queue
+        case let .scheduleDeleted(queue, _): return queue
         }
     }
 }
@@ -197,6 +205,8 @@ public struct RecoveredState: Sendable {
     public var limiters: [LimiterSnapshot] = []
     /// Every stored host (restored before the operations that send to them).
     public var hosts: [HostSnapshot] = []
+    /// Every stored schedule (restored after the operations: a schedule's last run is one).
+    public var schedules: [ScheduleSnapshot] = []
     public init(
         queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = [],
         hosts: [HostSnapshot] = []

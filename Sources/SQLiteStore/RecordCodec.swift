@@ -59,6 +59,32 @@ struct RecordBinder {
             row.add(26) { FlowText.writeLimits(s.options.limits, to: &$0) }
         }
         if let f = s.options.fairnessKey { row.add(27, f) } else { st.bindNull(27) }
+        if let tag = s.schedule {
+            row.add(28, tag.name)
+            st.bind(29, tag.nominalTime.nanoseconds)
+        } else {
+            st.bindNull(28)
+            st.bindNull(29)
+        }
+        try st.run(binding: row)
+    }
+
+    mutating func write(_ s: ScheduleSnapshot, with st: SQLiteStatement) throws(SQLiteFailure) {
+        row.reset()
+        row.add(1, s.queue)
+        row.add(2, s.spec.name)
+        let settings = ScheduleText.write(s.spec)
+        row.add(3) { $0.append(contentsOf: settings) }
+        st.bind(4, s.createdAt.nanoseconds)
+        st.bind(5, s.revision)
+        st.bind(6, s.isPaused)
+        if let n = s.pausedNote { row.add(7, n) } else { st.bindNull(7) }
+        bindTime(s.lastNominal, 8, st)
+        bindTime(s.lastRun?.nominalTime, 9, st)
+        if let r = s.lastRun { st.bind(10, r.operation.raw) } else { st.bindNull(10) }
+        st.bind(11, s.runs)
+        st.bind(12, s.skipped)
+        st.bind(13, s.missed)
         try st.run(binding: row)
     }
 
@@ -250,7 +276,48 @@ package enum RecordDecoder {
             error: try json(st, 14, fail("error", "is not JSON")),
             createdAt: Timestamp(nanoseconds: st.int64(15)), startedAt: time(st, 16), finishedAt: time(st, 17),
             revision: revision, options: options, executedSeconds: executed,
-            kindState: try json(st, 23, fail("kind_state", "is not JSON")), cascadeAt: time(st, 24))
+            kindState: try json(st, 23, fail("kind_state", "is not JSON")), cascadeAt: time(st, 24),
+            schedule: try scheduleTag(st, 27, fail))
+    }
+
+    private static func scheduleTag(_ st: SQLiteStatement, _ i: Int32, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> ScheduleTag? {
+        switch (st.text(i), optionalInt(st, i + 1)) {
+        case (nil, nil): return nil
+        case let (name?, nominal?):
+            guard FlowText.isName(name) else { throw fail("schedule_name", "is not a schedule name") }
+            return ScheduleTag(name: name, nominalTime: Timestamp(nanoseconds: nominal))
+        default: throw fail("schedule_name", "and schedule_nominal are not both set or both NULL")
+        }
+    }
+
+    static func schedule(_ st: SQLiteStatement) throws(DecodeFailure) -> ScheduleSnapshot {
+        let queue = st.text(0) ?? ""
+        let name = st.text(1) ?? ""
+        func fail(_ column: String, _ why: String) -> DecodeFailure {
+            DecodeFailure(detail: "schedules row \(queue.debugDescription)/\(name.debugDescription): column \(column) \(why)")
+        }
+        guard FlowText.isName(name) else { throw fail("name", "is not a schedule name") }
+        let spec: ScheduleSpec
+        do throws(ScheduleText.Refusal) { spec = try ScheduleText.read(name: name, st.bytes(2)) } catch { throw fail("settings", error.why) }
+        let revision = st.uint64(4)
+        guard revision <= RecordLimits.maxCounter else { throw fail("revision", "is \(revision)") }
+        var s = ScheduleSnapshot(queue: queue, spec: spec, createdAt: Timestamp(nanoseconds: st.int64(3)), revision: revision, isPaused: st.int64(5) != 0)
+        s.pausedNote = st.text(6)
+        s.lastNominal = optionalInt(st, 7).map(Timestamp.init(nanoseconds:))
+        switch (optionalInt(st, 8), optionalInt(st, 9)) {
+        case (nil, nil): break
+        case let (n?, op?):
+            guard op > 0 else { throw fail("last_run_operation", "is \(op)") }
+            s.lastRun = (Timestamp(nanoseconds: n), OperationID(raw: UInt64(op)))
+        default: throw fail("last_run_nominal", "and last_run_operation are not both set or both NULL")
+        }
+        for (i, column) in [(Int32(10), "runs"), (11, "skipped"), (12, "missed")] {
+            guard st.int64(i) >= 0 else { throw fail(column, "is negative") }
+        }
+        s.runs = st.uint64(10)
+        s.skipped = st.uint64(11)
+        s.missed = st.uint64(12)
+        return s
     }
 
     /// Counts and `operationCount` are not stored (they change with every operation); the

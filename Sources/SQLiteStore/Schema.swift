@@ -117,25 +117,53 @@ enum Schema {
             revision             INTEGER NOT NULL
         ) WITHOUT ROWID;
         """,
+        // 4 -> 5: schedules (API.md "Schedules"), and the schedule run an operation is (both
+        // columns or neither). A schedule's row is written in the commit of its runs: its
+        // cursor (last_nominal) and the run's operation are durable together.
+        """
+        ALTER TABLE operations ADD COLUMN schedule_name TEXT;
+        ALTER TABLE operations ADD COLUMN schedule_nominal INTEGER;   -- ns
+        CREATE TABLE schedules (
+            queue              TEXT NOT NULL,
+            name               TEXT NOT NULL,
+            settings           TEXT NOT NULL,   -- JSON (StoreKit.ScheduleText)
+            created_at         INTEGER NOT NULL,
+            revision           INTEGER NOT NULL,
+            is_paused          INTEGER NOT NULL,
+            paused_note        TEXT,
+            last_nominal       INTEGER,         -- ns
+            last_run_nominal   INTEGER,         -- ns
+            last_run_operation INTEGER,
+            runs               INTEGER NOT NULL,
+            skipped            INTEGER NOT NULL,
+            missed             INTEGER NOT NULL,
+            PRIMARY KEY (queue, name)
+        ) WITHOUT ROWID;
+        """,
     ]
 
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
-        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key
+        revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key, schedule_name, \
+        schedule_nominal
         """
     static let eventColumns = "seq, time, queue, operation, key, old, new, state"
     static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at, rate_per_second, rate_burst, fairness_weights"
     static let limiterColumns = "name, concurrency, rate_per_second, rate_burst, overrides, created_at, revision"
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
     static let hostColumns = HostText.columns.joined(separator: ", ")
+    static let scheduleColumns = """
+        queue, name, settings, created_at, revision, is_paused, paused_note, last_nominal, last_run_nominal, last_run_operation, runs, \
+        skipped, missed
+        """
 
     static func placeholders(_ n: Int) -> String { (1...n).map { "?\($0)" }.joined(separator: ", ") }
 
     // An upsert updates the row in place; OR REPLACE would delete and re-insert it (and its
     // index entries), which also needs a statement journal.
     static let upsertOperation = """
-        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(27))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
+        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(29))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
         """
 
     /// `a = excluded.a, b = excluded.b, ...` for every column but the first (the key).
@@ -145,6 +173,9 @@ enum Schema {
     static let upsertQueue = "INSERT OR REPLACE INTO queues (\(queueColumns)) VALUES (\(placeholders(9)))"
     static let upsertLimiter = "INSERT OR REPLACE INTO limiters (\(limiterColumns)) VALUES (\(placeholders(7)))"
     static let deleteLimiter = "DELETE FROM limiters WHERE name = ?1"
+    static let upsertSchedule = "INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (\(placeholders(13)))"
+    static let deleteSchedule = "DELETE FROM schedules WHERE queue = ?1 AND name = ?2"
+    static let deleteQueueSchedules = "DELETE FROM schedules WHERE queue = ?1"
     static let upsertHost = "INSERT OR REPLACE INTO hosts (\(hostColumns)) VALUES (\(placeholders(12)))"
     /// Hosts' breaker events (operation 0) older than the retention, with the finished operations'.
     static let deleteOldHostEvents = "DELETE FROM events WHERE operation = 0 AND time < ?1"

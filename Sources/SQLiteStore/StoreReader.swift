@@ -144,8 +144,14 @@ final class StoreReader {
         let hs = try connection.prepare("SELECT \(Schema.hostColumns) FROM hosts ORDER BY host")
         defer { hs.finalize() }
         while try hs.step() { hosts.append(try RecordDecoder.host(hs)) }
+        var schedules: [ScheduleSnapshot] = []
+        let ss = try connection.prepare("SELECT \(Schema.scheduleColumns) FROM schedules ORDER BY queue, name")
+        defer { ss.finalize() }
+        while try ss.step() { schedules.append(try RecordDecoder.schedule(ss)) }
         let stored = UInt64(bitPattern: try connection.integer(Schema.lastSeq))
         guard stored <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "the last event seq \(stored) is out of range") }
-        return RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters, hosts: hosts)
+        var state = RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters, hosts: hosts)
+        state.schedules = schedules
+        return state
     }
 }

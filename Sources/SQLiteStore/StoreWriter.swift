@@ -39,6 +39,7 @@ final class StoreWriter: @unchecked Sendable {
     private let begin, commit, rollback: SQLiteStatement
     private let upsertOperation, upsertQueue, insertEvent, replaceEvent, upsertIdempotency, setLastSeq: SQLiteStatement
     private let upsertLimiter, deleteLimiter, upsertHost, deleteOldHostEvents: SQLiteStatement
+    private let upsertSchedule, deleteSchedule, deleteQueueSchedules: SQLiteStatement
     private let deleteQueueEvents, deleteQueueOperations, deleteQueue: SQLiteStatement
     private let selectPurgeable, deleteOperationEvents, deleteOperation, deleteOldIdempotency: SQLiteStatement
     private let upsertMeta, deleteMeta, deleteMetaPrefix: SQLiteStatement
@@ -47,6 +48,7 @@ final class StoreWriter: @unchecked Sendable {
     private var lastQueue: [String: Int] = [:]
     private var lastLimiter: [String: Int] = [:]
     private var lastHost: [String: Int] = [:]
+    private var lastSchedule: [String: Int] = [:]
     private var purgeIDs: [Int64] = []
     /// Set once by `start`, before the store is shared.
     private var thread: pthread_t?
@@ -68,6 +70,9 @@ final class StoreWriter: @unchecked Sendable {
         upsertLimiter = try connection.prepare(Schema.upsertLimiter)
         deleteLimiter = try connection.prepare(Schema.deleteLimiter)
         upsertHost = try connection.prepare(Schema.upsertHost)
+        upsertSchedule = try connection.prepare(Schema.upsertSchedule)
+        deleteSchedule = try connection.prepare(Schema.deleteSchedule)
+        deleteQueueSchedules = try connection.prepare(Schema.deleteQueueSchedules)
         deleteOldHostEvents = try connection.prepare(Schema.deleteOldHostEvents)
         deleteQueueEvents = try connection.prepare(Schema.deleteQueueEvents)
         deleteQueueOperations = try connection.prepare(Schema.deleteQueueOperations)
@@ -211,6 +216,7 @@ final class StoreWriter: @unchecked Sendable {
         lastQueue.removeAll(keepingCapacity: true)
         lastLimiter.removeAll(keepingCapacity: true)
         lastHost.removeAll(keepingCapacity: true)
+        lastSchedule.removeAll(keepingCapacity: true)
         var position = 0
         for case let .records(records, _) in jobs {
             for r in records {
@@ -220,6 +226,8 @@ final class StoreWriter: @unchecked Sendable {
                 case let .limiter(l): lastLimiter[l.name] = position
                 case let .limiterDeleted(name): lastLimiter[name] = position
                 case let .host(h): lastHost[h.host] = position
+                case let .schedule(s): lastSchedule[s.queue + "\u{0}" + s.spec.name] = position
+                case let .scheduleDeleted(queue, name): lastSchedule[queue + "\u{0}" + name] = position
                 case .event, .queueDeleted, .kept, .batchPartAdded: break
                 }
                 position += 1
@@ -246,7 +254,7 @@ final class StoreWriter: @unchecked Sendable {
                             guard lastQueue[q.name] == position else { continue }
                             try binder.write(q, with: upsertQueue)
                         case let .queueDeleted(name):
-                            for st in [deleteQueueEvents, deleteQueueOperations, deleteQueue] {
+                            for st in [deleteQueueEvents, deleteQueueOperations, deleteQueueSchedules, deleteQueue] {
                                 st.bind(1, text: name)
                                 try st.run()
                             }
@@ -265,6 +273,14 @@ final class StoreWriter: @unchecked Sendable {
                         case let .host(h):
                             guard lastHost[h.host] == position else { continue }
                             try binder.write(h, with: upsertHost)
+                        case let .schedule(s):
+                            guard lastSchedule[s.queue + "\u{0}" + s.spec.name] == position else { continue }
+                            try binder.write(s, with: upsertSchedule)
+                        case let .scheduleDeleted(queue, name):
+                            guard lastSchedule[queue + "\u{0}" + name] == position else { continue }
+                            deleteSchedule.bind(1, text: queue)
+                            deleteSchedule.bind(2, text: name)
+                            try deleteSchedule.run()
                         }
                     }
                 case let .purge(cutoff, limit, reply):

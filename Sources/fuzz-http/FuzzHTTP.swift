@@ -6,7 +6,8 @@ import QueueKinds
 
 /// `fuzz-http`: arbitrary bytes through what handles an outbound response — the header
 /// parser, `RedirectPolicy.next`, URL checks, and the http kind's result building and
-/// `expectStatus` evaluation (`HTTPKind.completion(spec:outcome:)`). No network.
+/// `expectStatus` evaluation (`HTTPKind.completion(spec:outcome:)`), and what an answer says
+/// about its host (`HTTPKind.verdict`, `RetryAfter`). No network.
 ///
 /// Input: fields separated by NUL bytes — status, Location, current URL, method, header block
 /// (lines), kind spec (JSON), body; a missing field is empty. Flags come from the first byte.
@@ -71,6 +72,13 @@ enum FuzzHTTP {
             finalURL: base, redirects: Int(flags % 6))
         _ = HTTPKind.completion(spec: spec, outcome: .success(response))
         _ = HTTPKind.completion(spec: spec, outcome: .failure(OutboundError(type: text[3], detail: text[1])))
+        // What the answer says about its host, and its `Retry-After` read (any value, any now).
+        let now = Double(status) * 1e7 + Double(flags)
+        if case let .throttle(retryAfter)? = HTTPKind.verdict(spec: spec, outcome: .success(response), now: now), let r = retryAfter {
+            precondition(r >= 0 && !r.isNaN, "a Retry-After wait is never negative")
+        }
+        _ = HTTPKind.verdict(spec: spec, outcome: .failure(OutboundError(type: text[3], detail: text[1])), now: now)
+        for t in text { _ = RetryAfter.seconds(t, now: now) }
     }
 }
 

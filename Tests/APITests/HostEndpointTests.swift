@@ -203,10 +203,20 @@ struct HostEndpointTests {
             #expect(failing.count == 3, "\(failing.summary)")
             for id in ids.suffix(5) { #expect(try await server.state(id) == "ready") }
             let list = try await server.request("GET", "/v1/hosts").expecting(200)
-            #expect(Set(list.object.keys) == ["hosts"])
+            #expect(Set(list.object.keys) == ["hosts", "next"] && list.object["next"] is NSNull, "one page: \(list.text)")
             let hosts = list.objects("hosts")
-            #expect(hosts.compactMap { $0["host"] as? String } == [missing.host, failing.host, other.host].sorted())
+            let names = [missing.host, failing.host, other.host].sorted()
+            #expect(hosts.compactMap { $0["host"] as? String } == names)
             for h in hosts { schema.check(h) }
+            let etag = try #require(list.headers["etag"])
+            #expect(try await server.request("GET", "/v1/hosts", headers: ["If-None-Match": etag]).status == 304)
+            let one = try await server.hostJSON(failing.host)
+            #expect(try await server.request("GET", "/v1/hosts/\(failing.host)", headers: ["If-None-Match": one.headers["etag"] ?? "?"]).status == 304)
+            // A page at a time: `next` names the last host of a page, for `after`.
+            let first = try await server.request("GET", "/v1/hosts?limit=2").expecting(200)
+            #expect(first.objects("hosts").compactMap { $0["host"] as? String } == Array(names.prefix(2)) && first.string("next") == names[1], "\(first.text)")
+            let rest = try await server.request("GET", "/v1/hosts?limit=2&after=\(names[1])").expecting(200)
+            #expect(rest.objects("hosts").compactMap { $0["host"] as? String } == [names[2]] && rest.object["next"] is NSNull, "\(rest.text)")
         }
     }
 
@@ -418,7 +428,7 @@ struct HostEndpointTests {
     func refusals() async throws {
         try await withLiveServer(Self.breaker()) { server in
             expectProblem(try await server.request("GET", "/v1/hosts/api.example.com:443"), 404, mentioning: ["api.example.com:443"])
-            #expect(try await server.request("GET", "/v1/hosts").expecting(200).text == #"{"hosts":[]}"#)
+            #expect(try await server.request("GET", "/v1/hosts").expecting(200).text == #"{"hosts":[],"next":null}"#)
             for bad in ["nohost", "a:0", "a:99999", "a:", "a%3", "%5B::1:80", "bad%20host:80", "a:8o"] {
                 expectProblem(try await server.request("GET", "/v1/hosts/\(bad)"), 422, mentioning: ["host"])
                 expectProblem(try await server.request("PATCH", "/v1/hosts/\(bad)", json: #"{"breaker":"open"}"#), 422, mentioning: ["host"])

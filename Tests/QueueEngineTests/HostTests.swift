@@ -297,6 +297,26 @@ extension Engine {
             #expect(kind.started.count == 1, "then one canary")
         }
 
+        @Test func aQueueGivenUpTakesItsOperationsOffItsHostAndItsKeys() throws {
+            let s = try Setup()
+            try s.engine.createQueue(name: "other", maxConcurrentOperationCount: 10)
+            try s.engine.createLimiter(name: "l", settings: LimiterSettings(concurrency: 1))
+            try s.engine.setHost("a:80", breaker: .open)
+            for _ in 0..<3 { try s.add() }
+            let limited = { (q: String) throws -> OperationID in
+                try s.engine.addOperationID(to: q, OperationRequest(kind: "host", options: OperationOptions(limits: [LimitRef(limiter: "l")])))
+            }
+            _ = try limited("q")
+            _ = try limited("q")
+            let stays = try limited("other")
+            #expect(try s.engine.host(named: "a:80").held == 3)
+            s.engine.release(queues: ["q"])
+            #expect(try s.engine.host(named: "a:80").held == 0, "a queue given up holds nothing on its host")
+            let l = try s.engine.limiter(named: "l")
+            #expect(l.running == 1 && l.waiting == 0, "the two given up count no more; the one that stays runs")
+            #expect(s.kind.started.last == stays, "the key's slot, freed, goes to the operation that stays")
+        }
+
         @Test func unknownHostsAreNotFound() throws {
             let s = try Setup()
             #expect(throws: EngineError.hostNotFound("x:1")) { try s.engine.host(named: "x:1") }

@@ -104,7 +104,7 @@ func openFailure(_ dir: String) -> StoreError? {
             conn.close()
             let error = try #require(openFailure(dir.path))
             #expect(error.reason == .newerSchema(found: 99, supported: Schema.version))
-            #expect(Schema.version == 4)
+            #expect(Schema.version == 5)
             #expect(error.description.contains("99"))
         }
     }
@@ -182,7 +182,7 @@ func openFailure(_ dir: String) -> StoreError? {
             #expect(try again.load().hosts == [h])
             let check = try SQLiteConnection(path: dir.database, create: false)
             defer { check.close() }
-            #expect(try check.integer("PRAGMA user_version") == 4)
+            #expect(try check.integer("PRAGMA user_version") == Int64(Schema.version))
         }
     }
 

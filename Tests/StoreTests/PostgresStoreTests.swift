@@ -144,7 +144,7 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "12")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "13")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns,
@@ -152,11 +152,12 @@ struct PostgresStoreTests {
             // finished_at alone (heap-only updates), version 9 the batches across instances and
             // their parts, version 10 flow control (queue rates and fairness weights, operation
             // limits and fairness keys, the limiters), version 11 the limiters' shared budgets
-            // (buckets, slots leased per instance, the exchange's functions), version 12 the hosts.
+            // (buckets, slots leased per instance, the exchange's functions), version 12 the hosts,
+            // version 13 the schedules and the schedule run of an operation.
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "16")
             #expect(
-                try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'operations'") == "27")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "15")
+                try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'operations'") == "29")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "16")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'hosts'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'limiters'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
@@ -171,7 +172,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 12)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 13)
             }
         }
     }

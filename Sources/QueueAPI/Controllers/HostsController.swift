@@ -7,6 +7,7 @@ import QueueEngine
 package struct HostsController: Sendable {
     let engine: QueueEngine
     let durability: Durability
+    let limits: APILimits
 
     package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/hosts", scope: .instance) { req, _ in try list(req) }
@@ -18,18 +19,34 @@ package struct HostsController: Sendable {
         "\"h\(ETag.bootNonce)-\(h.revision)-\(h.held)-\(h.consecutiveFailures)-\(h.state.rawValue)-\(h.throttledUntil?.nanoseconds ?? 0)\""
     }
 
+    /// Sorted by name, a page at a time: `limit` (default and most 1,000) hosts after `after`,
+    /// within `--max-page-bytes`; `next` (a host, for `after`) is null on the last page.
     func list(_ req: HTTPRequest) throws -> HTTPHandlerResult {
-        _ = try Query(req, allowed: [])
+        let q = try Query(req, allowed: ["after", "limit"])
+        let limit = try q.int("limit", in: 1...1000) ?? 1000
+        let after = q.values["after"]
+        if let a = after, a.utf8.count > 600 { throw Problem.invalid("after", "must be a host from a previous page's next") }
         let all = engine.hosts()
-        var o = JSONOut(capacity: 256 * all.count + 32)
-        o.open(); o.key("hosts"); o.openArray()
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        for s in all {
+        var o = JSONOut(capacity: 4096)
+        o.open(); o.key("hosts"); o.openArray()
+        var count = 0
+        var next: String?
+        var last: String?
+        for s in all where after.map({ s.host > $0 }) ?? true {
+            if count == limit { next = last; break }
+            let before = o.bytes.count
             s.write(to: &o)
+            if count > 0 && o.bytes.count > limits.pageBytes - 64 { o.truncate(to: before); next = last; break }
             for b in Self.etag(s).utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+            last = s.host
+            count += 1
         }
-        o.closeArray(); o.close()
-        let etag = "\"hs\(ETag.bootNonce)-\(all.count)-\(String(h, radix: 36))\""
+        o.closeArray()
+        o.key("next")
+        if let next { o.string(next) } else { o.null() }
+        o.close()
+        let etag = "\"hs\(ETag.bootNonce)-\(count)-\(String(h, radix: 36))-\(next ?? "")\""
         if ETag.matches(req, etag) { return ETag.notModified(etag) }
         return .response(json(200, o.bytes, [("ETag", etag)]))
     }

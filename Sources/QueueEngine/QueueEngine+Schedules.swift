@@ -1,0 +1,240 @@
+import Schedules
+
+extension QueueEngine {
+    // MARK: - schedules (API.md "Schedules")
+
+    /// Creates a schedule in `queue`. The template is checked like a create (kind, spec, flow
+    /// options); a duplicate name in the queue is `schedule-exists`.
+    @discardableResult
+    public func createSchedule(in queue: String, _ spec: ScheduleSpec, paused: Bool = false) throws(EngineError) -> ScheduleSnapshot {
+        try Self.validateLimiterName(spec.name, field: "name")
+        try validateTemplate(spec)
+        return try mutate { core throws(EngineError) in
+            let q = try core.queue(queue)
+            if core.schedules[q.name]?[spec.name] != nil {
+                throw .conflict(slug: "schedule-exists", detail: "queue '\(queue)' has a schedule named '\(spec.name)' already")
+            }
+            guard core.scheduleCount < configuration.maxSchedules else {
+                throw .limitReached("at most \(configuration.maxSchedules) schedules (--max-schedules)", limit: "too-many-schedules")
+            }
+            if !spec.template.options.limits.isEmpty {
+                var pending: [String: Set<String>] = [:]
+                try core.checkLimits(spec.template.options.limits, field: "operation.limits", pending: &pending)
+            }
+            let timing = try ScheduleRecord.timing(spec, createdAt: core.now)
+            let rec = ScheduleRecord(queue: q.name, spec: spec, timing: timing, createdAt: core.now)
+            rec.isPaused = paused
+            core.schedules[q.name, default: [:]][spec.name] = rec
+            core.scheduleCount += 1
+            core.planNext(rec, after: core.now.nanoseconds / 1_000_000_000)
+            core.recordSchedule(rec)
+            return rec.snapshot()
+        }
+    }
+
+    /// Replaces a schedule's settings (its counts and cursor stay); the next run is worked out
+    /// again from now.
+    @discardableResult
+    public func updateSchedule(in queue: String, _ spec: ScheduleSpec) throws(EngineError) -> ScheduleSnapshot {
+        try validateTemplate(spec)
+        return try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, spec.name)
+            let timing = try ScheduleRecord.timing(spec, createdAt: rec.createdAt)
+            rec.spec = spec
+            rec.timing = timing
+            rec.jitterNanos = Int64(Timing.jitterSeconds(queue: rec.queue, name: spec.name, jitter: spec.jitter) * 1e9)
+            core.planNext(rec, after: max(core.now.nanoseconds / 1_000_000_000, rec.lastNominal ?? .min))
+            core.recordSchedule(rec)
+            return rec.snapshot()
+        }
+    }
+
+    public func deleteSchedule(in queue: String, named name: String) throws(EngineError) {
+        try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            rec.deleted = true
+            rec.dueGeneration &+= 1
+            core.schedules[rec.queue]?[name] = nil
+            if core.schedules[rec.queue]?.isEmpty == true { core.schedules[rec.queue] = nil }
+            core.scheduleCount -= 1
+            core.ticket &+= 1
+            if core.wantsRecords { core.outRecords.append(.scheduleDeleted(queue: rec.queue, name: name)) }
+        }
+    }
+
+    public func schedule(in queue: String, named name: String) throws(EngineError) -> ScheduleSnapshot {
+        try read { core throws(EngineError) in try core.schedule(queue, name).snapshot() }
+    }
+
+    /// A queue's schedules, by name.
+    public func schedules(in queue: String) throws(EngineError) -> [ScheduleSnapshot] {
+        try read { core throws(EngineError) in
+            _ = try core.queue(queue)
+            return (core.schedules[queue] ?? [:]).values.map { $0.snapshot() }.sorted { $0.spec.name < $1.spec.name }
+        }
+    }
+
+    /// Every queue's schedules, by queue and name.
+    public func allSchedules() -> [ScheduleSnapshot] {
+        state.withLock { core in
+            core.schedules.values.flatMap { $0.values.map { $0.snapshot() } }.sorted { ($0.queue, $0.spec.name) < ($1.queue, $1.spec.name) }
+        }
+    }
+
+    /// Pauses a schedule: nothing runs; nominal times that pass meanwhile are skipped.
+    @discardableResult
+    public func pauseSchedule(in queue: String, named name: String, note: String?) throws(EngineError) -> ScheduleSnapshot {
+        try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            if !rec.isPaused {
+                rec.isPaused = true
+                // Times passed while paused are skipped from here.
+                rec.lastNominal = max(rec.lastNominal ?? .min, core.now.nanoseconds / 1_000_000_000)
+                rec.dueGeneration &+= 1
+                rec.dueAt = .max
+            }
+            rec.pausedNote = note
+            core.recordSchedule(rec)
+            return rec.snapshot()
+        }
+    }
+
+    /// Resumes a schedule: the nominal times that passed while it was paused are skipped
+    /// (counted), not caught up.
+    @discardableResult
+    public func resumeSchedule(in queue: String, named name: String) throws(EngineError) -> ScheduleSnapshot {
+        try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            guard rec.isPaused else { return rec.snapshot() }
+            let t = core.now.nanoseconds / 1_000_000_000
+            let passed = rec.timing.scan(after: rec.lastNominal ?? t, upTo: t, keep: 0)
+            rec.skipped &+= UInt64(passed.total)
+            rec.isPaused = false
+            rec.pausedNote = nil
+            rec.lastNominal = max(rec.lastNominal ?? .min, t)
+            core.planNext(rec, after: t)
+            core.recordSchedule(rec)
+            return rec.snapshot()
+        }
+    }
+
+    /// A run now (nominal time: now), by the schedule's overlap policy or `overlap`. Nil when
+    /// the policy skipped it.
+    public func triggerSchedule(in queue: String, named name: String, overlap: Overlap? = nil) throws(EngineError) -> OperationSnapshot? {
+        try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            let t = core.now.nanoseconds
+            let op = core.run(rec, nominal: t / 1_000_000_000, exactNanos: t, overlap: overlap ?? rec.spec.overlap)
+            if op == nil && rec.missed > 0,
+                core.queues[rec.queue].map({ core.unfinishedTotal >= core.maxUnfinished || $0.unfinished >= configuration.maxUnfinishedPerQueue }) == true
+            {
+                rec.missed -= 1
+                throw .limitReached(
+                    "the queue or the server has as many unfinished operations as it may (--max-unfinished, --max-unfinished-per-queue)",
+                    limit: "too-many-operations")
+            }
+            core.recordSchedule(rec)
+            return op.map { core.status($0) }
+        }
+    }
+
+    /// Runs for every nominal time in `[from, to)` (at most 1,000, else `invalidArgument`), by
+    /// `overlap` (default `bufferAll`: a chain). Nominal times that have a run the engine still
+    /// holds are left out.
+    public func backfillSchedule(in queue: String, named name: String, from: Timestamp, to: Timestamp, overlap: Overlap = .bufferAll)
+        throws(EngineError) -> [OperationSnapshot]
+    {
+        try mutate { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            guard from < to else { throw .invalidArgument(field: "to", detail: "must be after from") }
+            let a = from.nanoseconds / 1_000_000_000 - (from.nanoseconds % 1_000_000_000 == 0 ? 1 : 0)
+            let b = (to.nanoseconds - 1) / 1_000_000_000
+            let found = rec.timing.scan(after: a, upTo: b, keep: 1001, cap: 100_000)
+            guard found.total <= 1000, found.complete else {
+                throw .invalidArgument(
+                    field: "to",
+                    detail: "[from, to) holds \(found.complete ? String(found.total) : "more than 100000") nominal times; at most 1000 per backfill")
+            }
+            var have = Set<Int64>()
+            if let q = core.queues[rec.queue] {
+                for op in q.ops { if let tag = op.scheduleTag?.tag, tag.name == rec.spec.name { have.insert(tag.nominalTime.nanoseconds) } }
+            }
+            var out: [OperationSnapshot] = []
+            for nominal in found.newest where !have.contains(nominal &* 1_000_000_000) {
+                if let op = core.run(rec, nominal: nominal, overlap: overlap) { out.append(core.status(op)) }
+            }
+            core.recordSchedule(rec)
+            return out
+        }
+    }
+
+    /// The next `count` runs (at most 100): nominal time, wall-clock offset, and the note where
+    /// the daylight-saving rule applied.
+    public func nextRuns(in queue: String, named name: String, count: Int) throws(EngineError) -> (runs: [ScheduledRun], zone: String) {
+        try read { core throws(EngineError) in
+            let rec = try core.schedule(queue, name)
+            let after = max(core.now.nanoseconds / 1_000_000_000, rec.lastNominal ?? .min)
+            let runs = rec.timing.next(after: after, count: min(max(count, 1), 100)).map {
+                ScheduledRun(nominalTime: Timestamp(nanoseconds: $0.utc &* 1_000_000_000), offset: $0.offset, note: $0.note)
+            }
+            return (runs, rec.spec.timezone)
+        }
+    }
+
+    private func validateTemplate(_ spec: ScheduleSpec) throws(EngineError) {
+        let t = spec.template
+        guard let kind = kinds[t.kind], t.kind != "barrier" else { throw .unknownKind(t.kind, allowed: kindNames) }
+        do throws(EngineError) {
+            try kind.validate(spec: t.spec)
+        } catch {
+            if case let .invalidArgument(field, detail) = error { throw .invalidArgument(field: "operation.\(field)", detail: detail) }
+            throw error
+        }
+        guard t.dependencies.isEmpty else { throw .invalidArgument(field: "operation.dependencies", detail: "a schedule's runs take no dependencies") }
+        guard t.options.notBefore == nil else { throw .invalidArgument(field: "operation.notBefore", detail: "a schedule's runs start at their own times") }
+        if !t.options.limits.isEmpty || t.options.fairnessKey != nil { try Self.validateFlow(t.options) }
+        if !t.options.limits.isEmpty { try ensureLimiters(t.options.limits.map(\.limiter)) }
+        guard ScheduleSpec.jitterRange.contains(spec.jitter) else {
+            throw .invalidArgument(field: "jitter", detail: "must be seconds from 0 to \(Int(ScheduleSpec.jitterRange.upperBound))")
+        }
+        if let a = spec.startAt, let b = spec.endAt, b <= a { throw .invalidArgument(field: "endAt", detail: "must be after startAt") }
+    }
+}
+
+extension EngineCore {
+    func schedule(_ queue: String, _ name: String) throws(EngineError) -> ScheduleRecord {
+        _ = try self.queue(queue)
+        guard let rec = schedules[queue]?[name] else { throw .scheduleNotFound(queue: queue, name: name) }
+        return rec
+    }
+
+    /// Stored schedules come back after their queues' operations; each catches up on the
+    /// nominal times that passed while the server was stopped, by its own policy.
+    func restoreSchedule(_ s: ScheduleSnapshot) {
+        guard let q = queues[s.queue], !q.deleted, schedules[s.queue]?[s.spec.name] == nil,
+            let timing = try? ScheduleRecord.timing(s.spec, createdAt: s.createdAt)
+        else { return }
+        let rec = ScheduleRecord(queue: q.name, spec: s.spec, timing: timing, createdAt: s.createdAt)
+        rec.revision = s.revision
+        rec.isPaused = s.isPaused
+        rec.pausedNote = s.pausedNote
+        rec.lastNominal = s.lastNominal.map { $0.nanoseconds / 1_000_000_000 }
+        rec.lastRun = s.lastRun.map { ($0.nominalTime.nanoseconds / 1_000_000_000, $0.operation) }
+        rec.runs = s.runs
+        rec.skipped = s.skipped
+        rec.missed = s.missed
+        schedules[q.name, default: [:]][s.spec.name] = rec
+        scheduleCount += 1
+        let t = now.nanoseconds / 1_000_000_000
+        guard !rec.isPaused else { return }
+        let last = rec.lastNominal ?? (s.createdAt.nanoseconds / 1_000_000_000)
+        if last < t {
+            let plan = s.spec.catchup.plan(timing, last: last, now: t)
+            for nominal in plan.run { run(rec, nominal: nominal, overlap: rec.spec.overlap) }
+            rec.missed &+= UInt64(plan.missed)
+            if let newest = timing.scan(after: last, upTo: t, keep: 1).newest.last { rec.lastNominal = newest }
+            if !plan.run.isEmpty || plan.missed > 0 { recordSchedule(rec) }
+        }
+        planNext(rec, after: max(rec.lastNominal ?? .min, t))
+    }
+}
