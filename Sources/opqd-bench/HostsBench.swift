@@ -155,6 +155,9 @@ enum HostsBench {
                 + "backlog drained in \(fmt(drainSeconds, 1)) s (\(fmt(Double(finished) / max(drainSeconds, 1e-9), 0)) ops/s), host \(state), \(succeeded) succeeded"
         )
         if (reachedAt ?? 99) > 60 || (capacitySecond ?? 99) > 60 { failures.append("the queue's limit was not reached within the ramp's minute") }
+        // The report above goes through stdio's buffer, the JSON line below straight to the
+        // descriptor: flushed first, so the JSON is the last line in a file or a pipe too.
+        fflush(nil)
         outLine(
             BenchSupport.jsonLine([
                 ("ops", n), ("add_seconds", BenchSupport.round3(addSeconds)), ("held", heldCount),
