@@ -240,6 +240,8 @@ extension EngineCore {
         }
         guard h.manual == nil else { return }
         if h.state == .open, let until = h.until, t >= until {
+            // Its open period is over: halfOpen has no end of its own.
+            h.until = nil
             setHostState(h, .halfOpen)
         } else if h.state == .ramping, let until = h.until, t >= until {
             closeHost(h)
@@ -255,6 +257,11 @@ extension EngineCore {
     /// are full.
     func hostGotRoom(_ h: HostRecord) {
         refreshHost(h)
+        if h.state == .halfOpen && !h.forcedClosed && h.canary == nil && h.room(now: now.nanoseconds) > 0 {
+            letCanaryGo(h)
+            armHostWake(h)
+            return
+        }
         var room = min(h.room(now: now.nanoseconds), h.parkedCount)
         while room > 0, let op = h.unpark(ops) {
             op.queue.push(op)
@@ -264,6 +271,23 @@ extension EngineCore {
         armHostWake(h)
     }
 
+    /// halfOpen: the first held operation (priority, then age) whose queue can start it now goes
+    /// as the canary; ones whose queue is suspended or full keep their place (up to 64 are
+    /// looked at; if none can go, the host looks again in a second).
+    private func letCanaryGo(_ h: HostRecord) {
+        var passed: [OpRecord] = []
+        var chosen: OpRecord?
+        while chosen == nil, passed.count < 64, let op = h.unpark(ops) {
+            let q = op.queue
+            if !q.deleted && !q.isSuspended && q.executing < limit(q) { chosen = op } else { passed.append(op) }
+        }
+        for op in passed { h.park(op, ops) }
+        if let op = chosen {
+            op.queue.push(op)
+            dirty.append(op.queue)
+        }
+    }
+
     /// Arms the host's wake-up for its earliest deadline ahead, unless one as early is armed.
     func armHostWake(_ h: HostRecord) {
         let t = now.nanoseconds
@@ -271,6 +295,9 @@ extension EngineCore {
         if let u = h.throttledUntil, u > t { at = min(at, u) }
         if let u = h.manual?.until?.nanoseconds, u > t { at = min(at, u) }
         if h.manual == nil, h.state == .open || h.state == .ramping, let u = h.until { at = min(at, max(u, t)) }
+        // halfOpen with no canary running: look again in a second (the first held operation's
+        // queue may be suspended or full now).
+        if h.state == .halfOpen && h.canary == nil && h.hasParked && !h.forcedClosed { at = min(at, t.saturatingAdd(1_000_000_000)) }
         if h.state == .ramping && h.hasParked {
             let k = max(0, t.saturatingSubtract(h.rampStart) / 1_000_000_000)
             at = min(at, h.rampStart.saturatingAdd((k + 1) * 1_000_000_000))

@@ -138,8 +138,11 @@ public struct LiveServer: Sendable {
     }
 
     /// Opens `GET path` as a Server-Sent Events stream, reads until `count` events with an `id:`
-    /// have arrived (or `timeout`), and closes it. Returns the response head and the events.
-    public func readEventStream(_ path: String, count: Int, timeout: Double = 5, headers: [String: String] = [:]) async throws -> (
+    /// have arrived, or one for which `stop` holds (or `timeout`), and closes it. Returns the
+    /// response head and the events.
+    public func readEventStream(
+        _ path: String, count: Int, timeout: Double = 5, headers: [String: String] = [:], stop: (@Sendable (SSEEvent) -> Bool)? = nil
+    ) async throws -> (
         response: TestResponse, events: [SSEEvent]
     ) {
         let port = self.port
@@ -159,7 +162,7 @@ public struct LiveServer: Sendable {
             var parser = SSEParser()
             // Reads until enough events came, the stream ended, or the time is up (a receive
             // timeout then just ends the reading: the caller checks what arrived).
-            while parser.events.filter({ $0.id != nil }).count < count, Date() < deadline {
+            while parser.events.filter({ $0.id != nil }).count < count, Date() < deadline, !(stop.map { parser.events.contains(where: $0) } ?? false) {
                 do {
                     if chunked {
                         guard let chunk = try connection.readChunk() else { break }
