@@ -2499,9 +2499,9 @@ paths:
               required: [from, to]
               properties:
                 from:
-                  $ref: '#/components/schemas/Timestamp'
+                  $ref: '#/components/schemas/NotBefore'
                 to:
-                  $ref: '#/components/schemas/Timestamp'
+                  $ref: '#/components/schemas/NotBefore'
                 overlap:
                   $ref: '#/components/schemas/Overlap'
       responses:
@@ -3204,7 +3204,7 @@ components:
         never parse.
       schema:
         type: string
-        pattern: '^"(r[0-9]+(-w[0-9a-z]+)?|q-?[0-9]+-[0-9a-z]+-[0-9]+|l([0-9a-z]+-)?[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+|m-?[0-9]+-[0-9]+-[0-9]+-[0-9]+-[0-9]+)"$'
+        pattern: '^"(r[0-9]+(-w[0-9a-z]+)?|q-?[0-9]+-[0-9a-z]+-[0-9]+|l([0-9a-z]+-)?[0-9]+-[0-9a-z]+|o[0-9a-z]+-[0-9]+|m-?[0-9]+-[0-9]+-[0-9]+-[0-9]+-[0-9]+|hs?[0-9a-z]+(-[0-9a-z]+)*|s[0-9a-z]+-[0-9]+-[0-9]+)"$'
     Location:
       required: true
       description: Path of the created resource.
@@ -5283,12 +5283,14 @@ components:
           maximum: 3600
           default: 0
         startAt:
+          description: No run before it (a time a client writes, read by the rule of `NotBefore`); null for none.
           oneOf:
-            - $ref: '#/components/schemas/Timestamp'
+            - $ref: '#/components/schemas/NotBefore'
             - type: 'null'
         endAt:
+          description: No run after it (the rule of `NotBefore`); null for none.
           oneOf:
-            - $ref: '#/components/schemas/Timestamp'
+            - $ref: '#/components/schemas/NotBefore'
             - type: 'null'
         isPaused:
           type: boolean
@@ -5326,12 +5328,14 @@ components:
           minimum: 0
           maximum: 3600
         startAt:
+          description: No run before it (a time a client writes, read by the rule of `NotBefore`); null for none.
           oneOf:
-            - $ref: '#/components/schemas/Timestamp'
+            - $ref: '#/components/schemas/NotBefore'
             - type: 'null'
         endAt:
+          description: No run after it (the rule of `NotBefore`); null for none.
           oneOf:
-            - $ref: '#/components/schemas/Timestamp'
+            - $ref: '#/components/schemas/NotBefore'
             - type: 'null'
       not:
         required: [cron, every]
@@ -5491,9 +5495,10 @@ components:
             breaker:
               enum: [open, closed]
             until:
-              allOf:
-                - $ref: '#/components/schemas/Timestamp'
-              description: When the hand setting ends by itself (a time in the future).
+              description: When the hand setting ends by itself (a time in the future, read by the rule of `NotBefore`); null for none.
+              oneOf:
+                - $ref: '#/components/schemas/NotBefore'
+                - type: 'null'
             reason:
               type: string
               maxLength: 512

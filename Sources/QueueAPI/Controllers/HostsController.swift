@@ -16,7 +16,8 @@ package struct HostsController: Sendable {
     }
 
     static func etag(_ h: HostSnapshot) -> String {
-        "\"h\(ETag.bootNonce)-\(h.revision)-\(h.held)-\(h.consecutiveFailures)-\(h.state.rawValue)-\(h.throttledUntil?.nanoseconds ?? 0)\""
+        let state = BreakerState.allCases.firstIndex(of: h.state) ?? 0
+        return "\"h\(ETag.bootNonce)-\(h.revision)-\(h.held)-\(h.consecutiveFailures)-\(state)-\(h.throttledUntil?.nanoseconds ?? 0)\""
     }
 
     /// Sorted by name, a page at a time: `limit` (default and most 1,000) hosts after `after`,
@@ -46,7 +47,8 @@ package struct HostsController: Sendable {
         o.key("next")
         if let next { o.string(next) } else { o.null() }
         o.close()
-        let etag = "\"hs\(ETag.bootNonce)-\(count)-\(String(h, radix: 36))-\(next ?? "")\""
+        for b in (next ?? "").utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        let etag = "\"hs\(ETag.bootNonce)-\(count)-\(String(h, radix: 36))\""
         if ETag.matches(req, etag) { return ETag.notModified(etag) }
         return .response(json(200, o.bytes, [("ETag", etag)]))
     }

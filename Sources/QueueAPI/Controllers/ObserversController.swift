@@ -136,7 +136,7 @@ package struct ObserversController: Sendable {
         }
         o.key("url"); o.string(h.url)
         o.key("keys"); o.openArray()
-        for k in (h.keys.map { Array($0) } ?? ChangeKey.allCases).map(\.rawValue).sorted() { o.string(k) }
+        for k in (h.keys.map { Array($0) } ?? ChangeKey.allCases.filter { $0 != .breaker }).map(\.rawValue).sorted() { o.string(k) }
         o.closeArray()
         o.key("createdAt"); o.time(h.createdAt)
         if let d = delivery {

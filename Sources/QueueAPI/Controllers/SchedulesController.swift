@@ -153,6 +153,7 @@ package struct SchedulesController: CreateBodyParsing {
         let q = try Query(req, allowed: ["after", "limit"])
         let limit = try q.int("limit", in: 1...1000) ?? 1000
         let after = q.values["after"]
+        if let a = after, a.utf8.count > 200 { throw Problem.invalid("after", "must be the next of a previous page (queue/name, at most 200 bytes)") }
         let list = engine.allSchedules().filter { s in after.map { "\(s.queue)/\(s.spec.name)" > $0 } ?? true }
         var o = JSONOut(capacity: 4096)
         o.open(); o.key("schedules"); o.openArray()
