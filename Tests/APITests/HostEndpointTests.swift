@@ -106,9 +106,14 @@ struct HostEndpointTests {
                     })
                 let h = try #require(shown)
                 schema.check(h.object)
-                #expect(h.string("state") == "open" && (h.object["lastError"] as? [String: Any])?["type"] as? String == "timeout", "\(h.text)")
-                let openedAt = try #require(parseTime(h.object["openedAt"]))
-                spans[h.int("trips") ?? 0] = try #require(parseTime(h.object["until"])).timeIntervalSince(openedAt)
+                #expect((h.object["lastError"] as? [String: Any])?["type"] as? String == "timeout", "\(h.text)")
+                // A slow machine may read it after its open period ended (halfOpen: no until).
+                if h.string("state") == "open" {
+                    let openedAt = try #require(parseTime(h.object["openedAt"]))
+                    spans[h.int("trips") ?? 0] = try #require(parseTime(h.object["until"])).timeIntervalSince(openedAt)
+                } else {
+                    #expect(h.string("state") == "halfOpen" && h.object["until"] == nil, "\(h.text)")
+                }
                 if trips == 2 {
                     // The canary was the older held operation; its retry (after 0.1 s) came due while open.
                     let waited = try await eventually {
@@ -126,12 +131,13 @@ struct HostEndpointTests {
             let young = try await server.operation(younger)
             #expect(young["state"] as? String == "ready" && young["attempt"] as? Int == 0, "the younger one waits its turn, never started: \(young)")
             let events = try await server.breakerEvents(target.host)
-            #expect(events.map(\.transition) == ["closed->open", "open->halfOpen", "halfOpen->open", "open->halfOpen", "halfOpen->open"])
+            // The first five (a slow machine may read them after the third open period ended).
+            #expect(Array(events.map(\.transition).prefix(5)) == ["closed->open", "open->halfOpen", "halfOpen->open", "open->halfOpen", "halfOpen->open"])
             // Three requests opened it; then exactly one in each halfOpen, none while open.
-            let times = events.compactMap { parseTime($0.object["time"]) }
+            let times = Array(events.compactMap { parseTime($0.object["time"]) }.prefix(5))
             let hits = target.hits
-            #expect(hits.count == 5 && times.count == 5, "\(target.summary)")
-            if hits.count == 5 && times.count == 5 {
+            #expect(hits.count >= 5 && times.count == 5, "\(target.summary)")
+            if hits.count >= 5 && times.count == 5 {
                 // Each open period from its event to the next (halfOpen comes at `until`, or later on a busy machine).
                 for (i, base) in [(0, 1.0), (2, 2.0)] {
                     let open = times[i + 1].timeIntervalSince(times[i])
