@@ -54,6 +54,7 @@ extension PostgresStoreTests {
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, 'why', 0, 1", "manual_breaker"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, 'open', NULL, repeat('r', 513), 0, 1", "manual_reason"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 63, 1", "reopenings"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 1", "reopenings"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, -1", "revision"),
     ])
     func aDamagedHostRowFailsTheLoadTheTakingOfPartitionsAndAFollowersRead(values: String, column: String) throws {
