@@ -121,6 +121,9 @@ import Testing
         ("'a:80', 'open', 0, NULL, NULL, NULL, '[1]', NULL, NULL, NULL, 0, 1", "last_error"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, 'shut', NULL, NULL, 0, 1", "manual_breaker"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, 5, NULL, 0, 1", "manual_breaker"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, 'why', 0, 1", "manual_breaker"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, 'open', NULL, replace(hex(zeroblob(513)), '00', 'r'), 0, 1", "manual_reason"),
+        ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, 1", "reopenings"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 63, 1", "reopenings"),
         ("'a:80', 'open', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, -1", "revision"),
     ])
