@@ -76,7 +76,7 @@ public struct HostSnapshot: Sendable, Equatable {
     public var until: Timestamp?
     /// The host asked to slow down: nothing to it starts before then.
     public var throttledUntil: Timestamp?
-    /// The last failure: `{"type", "detail", "at"}`.
+    /// The last failure: `{"type", "detail"}`.
     public var lastError: JSONValue?
     public var manual: HostManual?
     /// How many times it opened again without closing in between (the open time doubles with each).
