@@ -81,7 +81,16 @@ enum PGRecordDecoder {
             revision: revision, options: options, executedSeconds: executed,
             kindState: try json(r, row, 23, fail("kind_state", "is not JSON")),
             cascadeAt: try time(r, row, 24, fail("cascade_at", "is not a time")),
-            schedule: try scheduleTag(r, row, fail))
+            schedule: try scheduleTag(r, row, fail),
+            admission: try admissionTag(r, row, fail))
+    }
+
+    private static func admissionTag(_ r: PGResult, _ row: Int, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> AdmissionTag? {
+        guard !r.isNull(row, 29) else { return nil }
+        guard let text = r.text(row, 29), let tag = AdmissionTag(text: text) else {
+            throw fail("admission", "is not `debounce <ns> <key>` or `singleton <key>`")
+        }
+        return tag
     }
 
     private static func scheduleTag(_ r: PGResult, _ row: Int, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> ScheduleTag? {

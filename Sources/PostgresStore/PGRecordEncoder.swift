@@ -99,7 +99,7 @@ struct ArrayColumn {
 
 /// The rows of one bulk statement per table, column by column.
 struct BulkRows {
-    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 29)
+    var operations = [ArrayColumn](repeating: ArrayColumn(), count: 30)
     var events = [ArrayColumn](repeating: ArrayColumn(), count: 9)
     /// The ownership epoch the events are written under (NULL without fencing).
     var epoch: Int64?
@@ -177,6 +177,7 @@ struct BulkRows {
             operations[27].null()
             operations[28].int(Int64?.none)
         }
+        if let a = s.admission { operations[29].text(a.text) } else { operations[29].null() }
     }
 
     mutating func add(_ q: QueueSnapshot) {

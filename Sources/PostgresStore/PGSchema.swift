@@ -531,6 +531,11 @@ package enum PGSchema {
             PRIMARY KEY (queue, name)
         );
         """,
+        // 13 -> 14: the admission key an operation was created with (API.md "Admission"): an
+        // instance that takes the queue knows which operation stands for each key.
+        """
+        ALTER TABLE opqd.operations ADD COLUMN admission text;
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -578,13 +583,13 @@ package enum PGSchema {
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
         revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key, schedule_name, \
-        schedule_nominal
+        schedule_nominal, admission
         """
     /// The array type each operation column is sent as, in `operationColumns` order.
     static let operationArrayTypes = [
         "bigint[]", "text[]", "bytea[]", "text[]", "text[]", "integer[]", "text[]", "text[]", "boolean[]", "text[]",
         "float8[]", "float8[]", "bigint[]", "text[]", "text[]", "bigint[]", "bigint[]", "bigint[]",
-        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]", "text[]", "bytea[]", "text[]", "bigint[]",
+        "bigint[]", "float8[]", "text[]", "bigint[]", "float8[]", "text[]", "bigint[]", "text[]", "bytea[]", "text[]", "bigint[]", "text[]",
     ]
     static let eventColumns = "seq, time, queue, operation, key, old, new, state, epoch"
     static let eventArrayTypes = ["bigint[]", "bigint[]", "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "bigint[]"]

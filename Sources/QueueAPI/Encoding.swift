@@ -44,9 +44,11 @@ struct JSONOut {
 }
 
 extension OperationSnapshot {
-    /// The status JSON of API.md.
-    func write(to o: inout JSONOut) {
+    /// The status JSON of API.md; `admission`: what a create's admission did (its answer's
+    /// `"admission"`), written first.
+    func write(to o: inout JSONOut, admission: AdmissionOutcome? = nil) {
         o.open()
+        if let admission { o.key("admission"); o.string(admission.rawValue) }
         o.key("id"); o.string(id.description)
         o.key("queue"); o.string(queue)
         if let name { o.key("name"); o.string(name) }

@@ -978,6 +978,11 @@ paths:
         name operations of other queues. A dependency id that is not an operation id, or
         names no operation, is 404. Kind `command` is refused with 403 unless the server
         allows its executable with `--allow-command` (none by default).
+
+        With an `admission` (debounce or singleton), the answer says what happened: 201 with
+        the new operation and `"admission": "created"`, or 200 with the operation that
+        absorbed the create (`"merged"`) or stands for it (`"skipped"`); `Location` names it
+        either way. A merge into an operation of another kind is 409 `admission-kind-mismatch`.
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -993,6 +998,26 @@ paths:
           $ref: '#/components/responses/HeadersTooLarge'
         '201':
           $ref: '#/components/responses/OperationCreated'
+        '200':
+          description: |
+            The create's `admission` added nothing: the operation that absorbed it
+            (`"admission": "merged"`) or stands for it (`"skipped"`).
+          headers:
+            Location:
+              $ref: '#/components/headers/Location'
+            ETag:
+              $ref: '#/components/headers/ETag'
+            Idempotent-Replayed:
+              $ref: '#/components/headers/IdempotentReplayed'
+          content:
+            application/json:
+              schema:
+                allOf:
+                  - $ref: '#/components/schemas/Operation'
+                  - required: [admission]
+                    properties:
+                      admission:
+                        enum: [merged, skipped]
         '400':
           $ref: '#/components/responses/BadRequest'
         '403':
@@ -2416,7 +2441,9 @@ paths:
       description: |
         A run with nominal time now, by the schedule's overlap policy or `overlap`: 201 with the
         operation and `"admission": "created"`, or 200 with `"admission": "skipped"` when the
-        policy skips it. Answered once durable.
+        policy (or the template's singleton admission) skips it, or 200 with the operation and
+        `"admission": "merged"` when the template's admission merged it into a waiting one.
+        Answered once durable.
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -2458,7 +2485,7 @@ paths:
                 allOf:
                   - $ref: '#/components/schemas/Operation'
         '200':
-          description: Skipped by the overlap policy.
+          description: Skipped by the overlap policy or the template's admission, or merged into a waiting operation by the template's admission.
           headers:
             Location:
               schema:
@@ -2466,14 +2493,21 @@ paths:
           content:
             application/json:
               schema:
-                type: object
-                additionalProperties: false
-                required: [admission, schedule]
-                properties:
-                  admission:
-                    const: skipped
-                  schedule:
-                    $ref: '#/components/schemas/Schedule'
+                oneOf:
+                  - type: object
+                    additionalProperties: false
+                    required: [admission, schedule]
+                    properties:
+                      admission:
+                        const: skipped
+                      schedule:
+                        $ref: '#/components/schemas/Schedule'
+                  - allOf:
+                      - $ref: '#/components/schemas/Operation'
+                      - required: [admission]
+                        properties:
+                          admission:
+                            const: merged
 
   /v1/queues/{name}/schedules/{schedule}/backfill:
     parameters:
@@ -3925,6 +3959,8 @@ components:
           $ref: '#/components/schemas/Limits'
         fairnessKey:
           $ref: '#/components/schemas/FairnessKey'
+        admission:
+          $ref: '#/components/schemas/AdmissionRequest'
       allOf:
         - if:
             required: [kind]
@@ -3965,6 +4001,55 @@ components:
             properties:
               spec:
                 $ref: '#/components/schemas/ExternalSpec'
+
+    AdmissionRequest:
+      type: object
+      description: |
+        API.md "Admission: debounce and singleton": one of `debounce` and `singleton`.
+        `debounce`: while an operation created with the same key in the same queue has not
+        started, a create replaces its `spec` and options (timeout, retry, limits,
+        fairnessKey) and moves its start to `seconds` from now, never later than `maxSeconds`
+        (default 10 × `seconds`) after the first create it absorbed; a later `notBefore` of the
+        create's own wins. `singleton`: at most one unfinished operation per key (`skip`), or
+        one started and one waiting (`replaceWaiting`: a create while one has started becomes
+        the waiting one, which depends on the started one; a later create replaces the
+        waiting one's `spec`). A create that would merge into an operation of another kind is
+        409 `admission-kind-mismatch`. Every outcome is durable before the answer.
+      minProperties: 1
+      maxProperties: 1
+      additionalProperties: false
+      properties:
+        debounce:
+          type: object
+          additionalProperties: false
+          required: [key, seconds]
+          properties:
+            key:
+              $ref: '#/components/schemas/AdmissionKey'
+            seconds:
+              type: number
+              minimum: 0.001
+              maximum: 604800
+            maxSeconds:
+              type: number
+              maximum: 31536000
+              description: At least `seconds`; default 10 × `seconds` (at most 31536000).
+        singleton:
+          type: object
+          additionalProperties: false
+          required: [key, mode]
+          properties:
+            key:
+              $ref: '#/components/schemas/AdmissionKey'
+            mode:
+              enum: [skip, replaceWaiting]
+
+    AdmissionKey:
+      type: string
+      minLength: 1
+      maxLength: 128
+      pattern: '^[^\u0000-\u001f\u007f]+$'
+      description: 1 to 128 characters, no control characters; per queue.
 
     OperationBatchElement:
       type: object
@@ -4023,6 +4108,8 @@ components:
           $ref: '#/components/schemas/Limits'
         fairnessKey:
           $ref: '#/components/schemas/FairnessKey'
+        admission:
+          $ref: '#/components/schemas/AdmissionRequest'
       allOf:
         - if:
             required: [kind]
@@ -4083,7 +4170,11 @@ components:
       properties:
         operations:
           type: array
-          description: The created operations' statuses, in the request's order.
+          description: |
+            The created operations' statuses, in the request's order. An element with an
+            `admission` gets the operation that now stands for it (new, merged into, or skipped
+            for; possibly an earlier element's) with its `admission`. A batch whose queues
+            several instances hold refuses elements with an admission (409 `spans-instances`).
           items:
             $ref: '#/components/schemas/Operation'
 
@@ -4592,7 +4683,9 @@ components:
           description: Its fairness key, as given; absent when none.
         admission:
           enum: [created, merged, skipped]
-          description: In the answer to a create that took an admission decision (a schedule's trigger says `created`).
+          description: |
+            In the answer to a create with an `admission` (and in a batch's entry for such an
+            element, and a schedule's trigger): `created`, `merged` or `skipped`.
         schedule:
           type: object
           additionalProperties: false

@@ -7,7 +7,7 @@ extension EngineCore {
     /// `id`: one set aside for it before (`prepareBatchPart`); nil: the next.
     func insert(
         into q: QueueRecord, req request: OperationRequest, kind: any OperationKind, deps resolved: [OpRecord], remote: [UInt64] = [],
-        barrier: Bool, id given: UInt64? = nil, tag: ScheduleTag? = nil
+        barrier: Bool, id given: UInt64? = nil, tag: ScheduleTag? = nil, admission: AdmissionTag? = nil
     ) -> OpRecord {
         var deps = resolved
         var req = request
@@ -27,6 +27,7 @@ extension EngineCore {
         if given == nil { nextID += 1 }
         op.implicitBarrier = implicitBarrier
         if let tag { op.scheduleTag = ScheduleTagBox(tag) }
+        if let admission { indexAdmitted(op, admission) }
         ops[op.id] = op
         if let last = q.ops.last, last.id > op.id {
             // An id set aside earlier (a batch part across instances, `applyBatchPart`): the

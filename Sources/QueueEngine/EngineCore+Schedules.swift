@@ -75,6 +75,7 @@ extension EngineCore {
         let previousUnfinished = previous.map { $0.state != .finished } ?? false
         let waiting = rec.buffered.flatMap { ops[$0.raw] }.map { $0.state != .finished && !$0.hasStarted } ?? false
         let decision = overlap.decide(previousUnfinished: previousUnfinished, oneWaiting: waiting)
+        rec.lastRunMerged = false
         var deps: [OpRecord] = []
         switch decision {
         case .skip:
@@ -87,20 +88,47 @@ extension EngineCore {
         case .create:
             break
         }
-        guard let q = queues[rec.queue], !q.deleted, let kind = kinds[rec.spec.template.kind],
-            unfinishedTotal + heldTotal < maxUnfinished, q.unfinished + q.held < engine.configuration.maxUnfinishedPerQueue,
+        guard let q = queues[rec.queue], !q.deleted, let kind = kinds[rec.spec.template.kind] else {
+            rec.missed &+= 1
+            return nil
+        }
+        var request = rec.spec.template
+        if request.options.retry == nil { request.options.retry = kind.defaultRetry }
+        // The template's admission (API.md "Admission"): a run merged into a waiting operation
+        // is a run (that operation is its last); one skipped for an unfinished one is skipped.
+        var admissionTag: AdmissionTag?
+        if let admission = request.admission {
+            switch try? plan(admission, in: q, kind: request.kind) {
+            case .skip?:
+                rec.skipped &+= 1
+                return nil
+            case let .merge(op)?:
+                absorb(op, request, admission)
+                rec.lastRunMerged = true
+                rec.runs &+= 1
+                rec.lastRun = (nominal, op.operationID)
+                return op
+            case let .create(after)?:
+                if let after, !deps.contains(where: { $0 === after }) { deps.append(after) }
+                admissionTag = tag(for: admission)
+                request.options.notBefore = debounceStart(admission, since: now, asked: request.options.notBefore)
+            case nil:
+                // The key stands for an operation of another kind.
+                rec.missed &+= 1
+                return nil
+            }
+        }
+        guard unfinishedTotal + heldTotal < maxUnfinished, q.unfinished + q.held < engine.configuration.maxUnfinishedPerQueue,
             (try? reserveIDs(1)) != nil
         else {
             rec.missed &+= 1
             return nil
         }
-        var request = rec.spec.template
         request.dependencies = deps.map(\.operationID)
-        if request.options.retry == nil { request.options.retry = kind.defaultRetry }
         let nominalNanos = exactNanos ?? nominal &* 1_000_000_000
         let op = insert(
             into: q, req: request, kind: kind, deps: deps, barrier: false,
-            tag: ScheduleTag(name: rec.spec.name, nominalTime: Timestamp(nanoseconds: nominalNanos)))
+            tag: ScheduleTag(name: rec.spec.name, nominalTime: Timestamp(nanoseconds: nominalNanos)), admission: admissionTag)
         rec.runs &+= 1
         rec.lastRun = (nominal, op.operationID)
         if decision == .createAfterPrevious && overlap == .bufferOne { rec.buffered = op.operationID }

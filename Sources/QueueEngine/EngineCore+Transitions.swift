@@ -94,6 +94,7 @@ extension EngineCore {
         unfinishedTotal -= 1
         if q.deleted { ops[op.id] = nil }
         if q.barrier === op { q.barrier = nil }
+        if op.admission != nil { admissionFinished(op) }
         record(op)
         let dependents = op.dependents
         op.dependents = []

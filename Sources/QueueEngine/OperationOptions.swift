@@ -44,6 +44,8 @@ public struct OperationRequest: Sendable {
     public var dependencies: [OperationID]
     public var spec: JSONValue?
     public var options: OperationOptions
+    /// What the create asks about the operations already in its queue (API.md "Admission").
+    public var admission: Admission?
     public init(
         kind: String, name: String? = nil, queuePriority: QueuePriority = .normal, dependencies: [OperationID] = [],
         spec: JSONValue? = nil, options: OperationOptions = OperationOptions()

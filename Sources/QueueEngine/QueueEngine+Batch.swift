@@ -36,6 +36,14 @@ extension QueueEngine {
     /// them all point backwards in the batch.
     @discardableResult
     public func addOperations(_ elements: [BatchElement]) throws(BatchRefusal) -> [OperationSnapshot] {
+        try admitOperations(elements).map(\.operation)
+    }
+
+    /// `addOperations`, with each element's admission (API.md "Admission"): its entry is the
+    /// operation that now stands for it (new, merged into, or skipped for), and what happened.
+    /// An element may be absorbed by an earlier one of the same batch; one that depends on it
+    /// (`ref:`) then depends on the operation that absorbed it.
+    public func admitOperations(_ elements: [BatchElement]) throws(BatchRefusal) -> [Admitted] {
         // Kinds and specs first, outside the lock (they need no engine state).
         var resolvedKinds: [any OperationKind] = []
         resolvedKinds.reserveCapacity(elements.count)
@@ -43,6 +51,9 @@ extension QueueEngine {
         requests.reserveCapacity(elements.count)
         for (i, e) in elements.enumerated() {
             let kind = try check(e, at: i)
+            if let admission = e.request.admission {
+                do throws(EngineError) { try Self.validate(admission) } catch { throw BatchRefusal(index: i, error: error) }
+            }
             var request = e.request
             if request.options.retry == nil { request.options.retry = kind.defaultRetry }
             resolvedKinds.append(kind)
@@ -55,20 +66,46 @@ extension QueueEngine {
         } catch {
             throw BatchRefusal(index: 0, error: error)
         }
-        let result: Result<[OperationSnapshot], BatchRefusal>
+        let result: Result<[Admitted], BatchRefusal>
         do {
-            result = try mutate { core throws(EngineError) -> Result<[OperationSnapshot], BatchRefusal> in
+            result = try mutate { core throws(EngineError) -> Result<[Admitted], BatchRefusal> in
                 // Every check that needs the engine's state, before anything is added.
                 let queues: [QueueRecord]
                 switch room(core, elements, at: Array(elements.indices), remote: remote) {
                 case let .success(found): queues = found
                 case let .failure(refusal): return .failure(refusal)
                 }
+                // What each admission does, decided for the whole batch before anything changes
+                // (a refusal, a merge across kinds, leaves nothing behind).
+                let plans: [BatchAdmission?]
+                switch core.planBatch(elements, queues: queues) {
+                case let .success(found): plans = found
+                case let .failure(refusal): return .failure(refusal)
+                }
                 do throws(EngineError) { try core.reserveIDs(elements.count) } catch { return .failure(BatchRefusal(index: 0, error: error)) }
                 // Then all of it, in order. Edges to earlier elements resolve to their new records.
                 var made: [OpRecord] = []
                 made.reserveCapacity(elements.count)
+                var outcomes: [AdmissionOutcome?] = []
+                outcomes.reserveCapacity(elements.count)
                 for (i, e) in elements.enumerated() {
+                    var after: OpRecord?
+                    if let plan = plans[i], let admission = e.request.admission {
+                        switch plan {
+                        case let .skip(s):
+                            made.append(s.resolve(made))
+                            outcomes.append(.skipped)
+                            continue
+                        case let .merge(s):
+                            let op = s.resolve(made)
+                            core.absorb(op, e.request, admission)
+                            made.append(op)
+                            outcomes.append(.merged)
+                            continue
+                        case let .create(s):
+                            after = s?.resolve(made)
+                        }
+                    }
                     var deps: [OpRecord] = []
                     deps.reserveCapacity(e.dependencies.count)
                     var ids: [OperationID] = []
@@ -88,12 +125,22 @@ extension QueueEngine {
                         }
                     }
                     var request = requests[i]
+                    var tag: AdmissionTag?
+                    if let admission = request.admission {
+                        tag = core.tag(for: admission)
+                        request.options.notBefore = core.debounceStart(admission, since: core.now, asked: request.options.notBefore)
+                        if let after, !deps.contains(where: { $0 === after }) {
+                            deps.append(after); ids.append(after.operationID)
+                        }
+                    }
                     request.dependencies = ids
                     made.append(
-                        core.insert(into: queues[i], req: request, kind: resolvedKinds[i], deps: deps, remote: remoteWaits, barrier: false))
+                        core.insert(
+                            into: queues[i], req: request, kind: resolvedKinds[i], deps: deps, remote: remoteWaits, barrier: false, admission: tag))
+                    outcomes.append(request.admission == nil ? nil : .created)
                 }
                 core.settle()
-                return .success(made.map(core.status))
+                return .success(zip(made, outcomes).map { Admitted(operation: core.status($0), outcome: $1) })
             }
         } catch {
             // The body answers refusals as a value; nothing in it throws.

@@ -79,6 +79,6 @@ extension QueueEngine {
         // The kind may no longer permit the spec here (a command's executable taken off the
         // allow list since): the same first check as a create.
         try checkPermitted(kind: request.kind, spec: request.spec)
-        return try add(to: overrides.queue ?? sourceQueue, request, barrier: false) { core, op in core.status(op) }
+        return try add(to: overrides.queue ?? sourceQueue, request, barrier: false) { core, op, _ in core.status(op) }
     }
 }

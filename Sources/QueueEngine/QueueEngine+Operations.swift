@@ -4,20 +4,26 @@ extension QueueEngine {
     /// Adds an operation (Foundation's `addOperation`).
     @discardableResult
     public func addOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, request, barrier: false) { core, op in core.status(op) }
+        try add(to: queueName, request, barrier: false) { core, op, _ in core.status(op) }
+    }
+
+    /// Adds an operation as its `admission` decides (API.md "Admission"): a new one, or the
+    /// one that absorbed the create (merged), or the one that stands for it (skipped).
+    public func admitOperation(to queueName: String, _ request: OperationRequest) throws(EngineError) -> Admitted {
+        try add(to: queueName, request, barrier: false) { core, op, outcome in Admitted(operation: core.status(op), outcome: outcome) }
     }
 
     /// Adds an operation and returns only its id: the cheap form for bulk callers.
     @discardableResult
     public func addOperationID(to queueName: String, _ request: OperationRequest) throws(EngineError) -> OperationID {
-        try add(to: queueName, request, barrier: false) { _, op in op.operationID }
+        try add(to: queueName, request, barrier: false) { _, op, _ in op.operationID }
     }
 
     /// `addBarrierBlock`: starts after every operation added before it has finished, and every
     /// operation added after it waits for it.
     @discardableResult
     public func addBarrier(to queueName: String, name: String? = nil) throws(EngineError) -> OperationSnapshot {
-        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { core, op in core.status(op) }
+        try add(to: queueName, OperationRequest(kind: "barrier", name: name), barrier: true) { core, op, _ in core.status(op) }
     }
 
     /// The first check of a create: the kind exists and permits this spec (`OperationKind.permit`),
@@ -30,7 +36,9 @@ extension QueueEngine {
     /// The kinds a client may name, sorted (the barrier kind is internal).
     public var kindNames: [String] { kinds.keys.filter { $0 != "barrier" }.sorted() }
 
-    func add<T>(to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (EngineCore, OpRecord) -> T) throws(EngineError) -> T {
+    func add<T>(
+        to queueName: String, _ request: OperationRequest, barrier: Bool, _ answer: (EngineCore, OpRecord, AdmissionOutcome?) -> T
+    ) throws(EngineError) -> T {
         guard let kind = kinds[request.kind], barrier || request.kind != "barrier" else {
             throw .unknownKind(request.kind, allowed: kindNames)
         }
@@ -40,6 +48,7 @@ extension QueueEngine {
         let limited = !request.options.limits.isEmpty
         if limited || request.options.fairnessKey != nil { try Self.validateFlow(request.options) }
         if limited { try ensureLimiters(request.options.limits.map(\.limiter)) }
+        if let admission = request.admission { try Self.validate(admission) }
         var request = request
         if request.options.retry == nil { request.options.retry = kind.defaultRetry }
         let remote = try remoteStates(request.dependencies)
@@ -48,6 +57,23 @@ extension QueueEngine {
             if limited {
                 var newKeys: [String: Set<String>] = [:]
                 try core.checkLimits(request.options.limits, pending: &newKeys)
+            }
+            var after: OpRecord?
+            var admissionTag: AdmissionTag?
+            if let admission = request.admission {
+                switch try core.plan(admission, in: q, kind: request.kind) {
+                case let .skip(op):
+                    return answer(core, op, .skipped)
+                case let .merge(op):
+                    core.absorb(op, request, admission)
+                    core.settle()
+                    return answer(core, op, .merged)
+                case let .create(started):
+                    after = started
+                    let tag = core.tag(for: admission)
+                    admissionTag = tag
+                    request.options.notBefore = core.debounceStart(admission, since: core.now, asked: request.options.notBefore)
+                }
             }
             try core.reserveIDs(1)
             // Operations set aside for batches across instances count (`prepareBatchPart`).
@@ -81,9 +107,14 @@ extension QueueEngine {
                     throw .operationNotFound(d.description)
                 }
             }
-            let op = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: barrier)
+            // replaceWaiting: the new one waits for the started one of its key.
+            if let after, !deps.contains(where: { $0 === after }) {
+                deps.append(after)
+                request.dependencies.append(after.operationID)
+            }
+            let op = core.insert(into: q, req: request, kind: kind, deps: deps, remote: remoteWaits, barrier: barrier, admission: admissionTag)
             core.settle()
-            return answer(core, op)
+            return answer(core, op, request.admission == nil ? nil : .created)
         }
     }
 

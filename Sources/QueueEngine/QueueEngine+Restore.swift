@@ -71,6 +71,10 @@ extension QueueEngine {
                 op.kindState = s.kindState
                 op.cascadeAt = s.cascadeAt
                 op.scheduleTag = s.schedule.map(ScheduleTagBox.init)
+                if let tag = s.admission {
+                    op.admission = AdmissionTagBox(tag)
+                    if s.state != .finished { core.admissionIndex(q).add(op, tag) }
+                }
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
                 core.ops[op.id] = op

@@ -133,6 +133,12 @@ extension QueueEngine {
     /// A run now (nominal time: now), by the schedule's overlap policy or `overlap`. Nil when
     /// the policy skipped it.
     public func triggerSchedule(in queue: String, named name: String, overlap: Overlap? = nil) throws(EngineError) -> OperationSnapshot? {
+        try triggerScheduleAdmitted(in: queue, named: name, overlap: overlap)?.operation
+    }
+
+    /// `triggerSchedule`, saying whether the run is a new operation or was merged into a waiting
+    /// one by the template's admission.
+    public func triggerScheduleAdmitted(in queue: String, named name: String, overlap: Overlap? = nil) throws(EngineError) -> Admitted? {
         try mutate { core throws(EngineError) in
             let rec = try core.schedule(queue, name)
             let t = core.now.nanoseconds
@@ -146,7 +152,7 @@ extension QueueEngine {
                     limit: "too-many-operations")
             }
             core.recordSchedule(rec)
-            return op.map { core.status($0) }
+            return op.map { Admitted(operation: core.status($0), outcome: rec.lastRunMerged ? .merged : .created) }
         }
     }
 

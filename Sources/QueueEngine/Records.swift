@@ -5,8 +5,9 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     let name: String?
     let kindName: String
     let kind: any OperationKind
-    let spec: JSONValue?
-    let options: OperationOptions
+    /// Replaced only by an admission's merge (`EngineCore.absorb`), before it starts.
+    var spec: JSONValue?
+    var options: OperationOptions
     let createdAt: Timestamp
     let isBarrier: Bool
     var priority: QueuePriority
@@ -57,6 +58,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var throttles: UInt8 = 0
     /// The schedule run it is (API.md "Schedules"), boxed: most operations have none.
     var scheduleTag: ScheduleTagBox?
+    /// The admission key it was created with (API.md "Admission"), boxed: most have none.
+    var admission: AdmissionTagBox?
     var parkKey: UInt64 = 0
     /// When its next attempt is due, while `inBackoff`.
     var backoffUntil: Timestamp?
@@ -100,7 +103,7 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
             isCancelled: isCancelled, queuePriority: priority, dependencies: dependencyIDs, progress: progress,
             attempt: attempt, result: result, error: error, createdAt: createdAt, startedAt: startedAt,
             finishedAt: finishedAt, revision: revision, options: options, executedSeconds: Double(executedNanos) / 1e9, kindState: kindState,
-            cascadeAt: cascadeAt, schedule: scheduleTag?.tag)
+            cascadeAt: cascadeAt, schedule: scheduleTag?.tag, admission: admission?.tag)
     }
 
     /// Bit set of the boolean keys, in the order they are reported.
@@ -160,6 +163,8 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     var fair: FairReady?
     /// Entries pushed into `fair` since it was built (live and stale).
     var fairEntries = 0
+    /// Its operations by admission key, once a create named one.
+    var admission: AdmissionIndex?
 
     init(name: String, maxConcurrent: Int, isSuspended: Bool, createdAt: Timestamp, generation: UInt64) {
         self.name = name; self.maxConcurrent = maxConcurrent; self.isSuspended = isSuspended; self.createdAt = createdAt

@@ -88,6 +88,8 @@ public struct ScheduledRun: Sendable, Equatable {
 
 /// A schedule under the engine's lock.
 final class ScheduleRecord: @unchecked Sendable {  // guarded by the engine lock
+    /// The last run was merged into a waiting operation by the template's admission.
+    var lastRunMerged = false
     let queue: String
     var spec: ScheduleSpec
     var timing: Timing

@@ -70,15 +70,19 @@ public struct OperationSnapshot: Sendable, Equatable {
     public var waitingOn: [WaitReason]? = nil
     /// The schedule run it is: `{name, nominalTime}` (API.md "Schedules").
     public var schedule: ScheduleTag? = nil
+    /// The admission key it was created with (stored; not part of its status).
+    public var admission: AdmissionTag? = nil
 
     public init(
         id: OperationID, queue: String, name: String?, kind: String, spec: JSONValue?, state: OperationState,
         outcome: OperationOutcome?, isCancelled: Bool, queuePriority: QueuePriority, dependencies: [OperationID],
         progress: OperationProgress?, attempt: Int, result: JSONValue?, error: JSONValue?, createdAt: Timestamp,
         startedAt: Timestamp?, finishedAt: Timestamp?, revision: UInt64, options: OperationOptions,
-        executedSeconds: Double = 0, kindState: JSONValue? = nil, cascadeAt: Timestamp? = nil, schedule: ScheduleTag? = nil
+        executedSeconds: Double = 0, kindState: JSONValue? = nil, cascadeAt: Timestamp? = nil, schedule: ScheduleTag? = nil,
+        admission: AdmissionTag? = nil
     ) {
         self.schedule = schedule
+        self.admission = admission
         self.id = id; self.queue = queue; self.name = name; self.kind = kind; self.spec = spec; self.state = state
         self.outcome = outcome; self.isCancelled = isCancelled; self.queuePriority = queuePriority
         self.dependencies = dependencies; self.progress = progress; self.attempt = attempt; self.result = result

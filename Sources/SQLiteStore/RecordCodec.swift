@@ -66,6 +66,7 @@ struct RecordBinder {
             st.bindNull(28)
             st.bindNull(29)
         }
+        if let a = s.admission { row.add(30, a.text) } else { st.bindNull(30) }
         try st.run(binding: row)
     }
 
@@ -277,7 +278,14 @@ package enum RecordDecoder {
             createdAt: Timestamp(nanoseconds: st.int64(15)), startedAt: time(st, 16), finishedAt: time(st, 17),
             revision: revision, options: options, executedSeconds: executed,
             kindState: try json(st, 23, fail("kind_state", "is not JSON")), cascadeAt: time(st, 24),
-            schedule: try scheduleTag(st, 27, fail))
+            schedule: try scheduleTag(st, 27, fail),
+            admission: try admissionTag(st.text(29), fail))
+    }
+
+    private static func admissionTag(_ text: String?, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> AdmissionTag? {
+        guard let text else { return nil }
+        guard let tag = AdmissionTag(text: text) else { throw fail("admission", "is not `debounce <ns> <key>` or `singleton <key>`") }
+        return tag
     }
 
     private static func scheduleTag(_ st: SQLiteStatement, _ i: Int32, _ fail: (String, String) -> DecodeFailure) throws(DecodeFailure) -> ScheduleTag? {

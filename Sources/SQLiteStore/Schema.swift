@@ -140,13 +140,18 @@ enum Schema {
             PRIMARY KEY (queue, name)
         ) WITHOUT ROWID;
         """,
+        // 5 -> 6: the admission key an operation was created with (API.md "Admission"), so that
+        // a restart knows which operation stands for each debounce and singleton key.
+        """
+        ALTER TABLE operations ADD COLUMN admission TEXT;   -- `debounce <since ns> <key>` or `singleton <key>`
+        """,
     ]
 
     static let operationColumns = """
         id, queue, name, kind, spec, priority, state, outcome, is_cancelled, dependencies, \
         progress_completed, progress_total, attempt, result, error, created_at, started_at, finished_at, \
         revision, timeout, retry, not_before, executed_seconds, kind_state, cascade_at, limits, fairness_key, schedule_name, \
-        schedule_nominal
+        schedule_nominal, admission
         """
     static let eventColumns = "seq, time, queue, operation, key, old, new, state"
     static let queueColumns = "name, max_concurrent, effective_max, is_suspended, revision, created_at, rate_per_second, rate_burst, fairness_weights"
@@ -163,7 +168,7 @@ enum Schema {
     // An upsert updates the row in place; OR REPLACE would delete and re-insert it (and its
     // index entries), which also needs a statement journal.
     static let upsertOperation = """
-        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(29))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
+        INSERT INTO operations (\(operationColumns)) VALUES (\(placeholders(30))) ON CONFLICT (id) DO UPDATE SET \(updateAll(operationColumns))
         """
 
     /// `a = excluded.a, b = excluded.b, ...` for every column but the first (the key).

@@ -30,6 +30,7 @@ package enum ScheduleText {
             op.append(("limits", .array(t.options.limits.map { .object([("limiter", .string($0.limiter)), ("key", .string($0.key))]) })))
         }
         if let f = t.options.fairnessKey { op.append(("fairnessKey", .string(f))) }
+        if let a = t.admission { op.append(("admission", a.json)) }
         members.append(("operation", .object(op)))
         members.append(("overlap", .string(s.overlap.rawValue)))
         members.append(
@@ -92,6 +93,10 @@ package enum ScheduleText {
             }
         }
         if case let .string(f)? = o["fairnessKey"] { t.options.fairnessKey = f }
+        if let a = o["admission"] {
+            guard let admission = Admission(json: a) else { throw Refusal("has an invalid operation.admission") }
+            t.admission = admission
+        }
         guard case let .string(ov)? = v["overlap"], let overlap = Overlap(rawValue: ov) else { throw Refusal("has no valid overlap") }
         guard let c = v["catchup"], case let .string(cp)? = c["policy"], let policy = Catchup.Policy(rawValue: cp), let w = int(c["window"]),
             Catchup.windowRange.contains(w), let mr = int(c["maxRuns"]), Catchup.maxRunsRange.contains(Int(mr))

@@ -11,3 +11,10 @@ extension QueueEngine {
     /// Fairness keys a queue's fair order keeps, over all priorities.
     func fairKeys(queue: String) -> Int { state.withLock { core in core.queues[queue]?.fair?.levels.map(\.keys.count).reduce(0, +) ?? -1 } }
 }
+
+extension QueueEngine {
+    /// Keys a queue's admission index holds (debounce and singleton).
+    func admissionKeys(in queue: String) -> Int {
+        state.withLock { core in core.queues[queue]?.admission.map { $0.debounce.count + $0.singleton.count } ?? 0 }
+    }
+}

@@ -47,6 +47,7 @@ import Testing
     @Test(arguments: [
         ("attempt", "-1"), ("attempt", "9223372036854775807"), ("executed_seconds", "-1.0"),
         ("executed_seconds", "9e999"), ("timeout", "-9e999"), ("revision", "-1"), ("id", "0"), ("id", "-5"),
+        ("admission", "'debounce x k'"), ("admission", "'singleton '"), ("admission", "'fifo k'"), ("admission", "'debounce -1 k'"),
     ])
     func anOutOfRangeOperationColumnFailsTheLoad(column: String, value: String) throws {
         try withTemporaryDirectory { dir in

@@ -38,7 +38,54 @@ extension CreateBodyParsing {
         if let nb = b["notBefore"] { request.options.notBefore = try parseTime(nb, field: "notBefore") }
         if let l = b["limits"] { request.options.limits = try FlowParsing.limits(l) }
         if let f = b["fairnessKey"] { request.options.fairnessKey = try FlowParsing.fairnessKey(f) }
+        if let a = b["admission"] { request.admission = try parseAdmission(a) }
         return request
+    }
+
+    /// `{"debounce": {"key", "seconds", "maxSeconds"?}}` or `{"singleton": {"key", "mode"}}`
+    /// (API.md "Admission").
+    func parseAdmission(_ v: JSONValue) throws(Problem) -> Admission {
+        guard case let .object(members) = v, members.count == 1, let (which, body) = members.first else {
+            throw Problem.invalid("admission", "must be an object with one member: {\"debounce\": {key, seconds, maxSeconds?}} or {\"singleton\": {key, mode}}")
+        }
+        let field = "admission.\(which)"
+        let allowed: [String]
+        switch which {
+        case "debounce": allowed = ["key", "seconds", "maxSeconds"]
+        case "singleton": allowed = ["key", "mode"]
+        default: throw Problem.invalid("admission.\(which)", "unknown admission; allowed: debounce, singleton")
+        }
+        guard case let .object(fields) = body else {
+            throw Problem.invalid(field, "must be an object {\(allowed.joined(separator: ", "))}; got \(body.typeName)")
+        }
+        var seen = Set<String>()
+        for (k, _) in fields {
+            guard allowed.contains(k) else { throw Problem.invalid("\(field).\(k)", "unknown field; allowed: \(allowed.joined(separator: ", "))") }
+            guard seen.insert(k).inserted else { throw Problem.invalid("\(field).\(k)", "appears more than once") }
+        }
+        func value(_ k: String) -> JSONValue? { fields.first { $0.0 == k }?.1 }
+        guard case let .string(key)? = value("key"), AdmissionTag.isKey(key) else {
+            throw Problem.invalid(
+                "\(field).key",
+                "is required: a string of 1 to \(Admission.maxKeyLength) characters, no control characters; got \(value("key")?.text ?? "nothing")")
+        }
+        if which == "singleton" {
+            guard case let .string(m)? = value("mode"), let mode = SingletonMode(rawValue: m) else {
+                throw Problem.invalid("\(field).mode", "is required: skip or replaceWaiting; got \(value("mode")?.text ?? "nothing")")
+            }
+            return .singleton(key: key, mode: mode)
+        }
+        guard case let .number(seconds)? = value("seconds"), Admission.secondsRange.contains(seconds) else {
+            throw Problem.invalid("\(field).seconds", "is required: a number of seconds from 0.001 to 604800; got \(value("seconds")?.text ?? "nothing")")
+        }
+        var maxSeconds = min(seconds * 10, Admission.maxSecondsLimit)
+        if let m = value("maxSeconds") {
+            guard case let .number(n) = m, n >= seconds, n <= Admission.maxSecondsLimit else {
+                throw Problem.invalid("\(field).maxSeconds", "must be a number of seconds from seconds (\(seconds)) to 31536000; got \(m.text)")
+            }
+            maxSeconds = n
+        }
+        return .debounce(key: key, seconds: seconds, maxSeconds: maxSeconds)
     }
 
     func parseRetry(_ v: JSONValue) throws(Problem) -> RetryPolicy {

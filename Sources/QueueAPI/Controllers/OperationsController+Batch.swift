@@ -5,6 +5,7 @@ extension OperationsController {
     /// Fields an element of a batch may have: a create body's, plus its `queue` and `ref`.
     package static let batchElementFields = [
         "ref", "queue", "kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore", "limits", "fairnessKey",
+        "admission",
     ]
 
     /// `addOperations(_:waitUntilFinished:)`: `{"operations": [{"ref"?, "queue", …create body…}]}`.
@@ -14,15 +15,16 @@ extension OperationsController {
     /// the element (`operations[3].spec.seconds`) and nothing changed.
     func batch(_ req: HTTPRequest) throws -> HTTPResponse {
         let elements = try batchElements(req)
-        let made: [OperationSnapshot]
+        let made: [Admitted]
         do {
-            made = try engine.addOperations(elements)
+            made = try engine.admitOperations(elements)
         } catch {
             throw Self.naming(element: error.index, error.error)
         }
         var o = JSONOut(capacity: 640 * made.count + 32)
         o.open(); o.key("operations"); o.openArray()
-        for op in made { op.write(to: &o) }
+        // An element with an admission says what it did (API.md "Admission"); the batch is 201.
+        for m in made { m.operation.write(to: &o, admission: m.outcome) }
         o.closeArray()
         o.close()
         return json(201, o.bytes)

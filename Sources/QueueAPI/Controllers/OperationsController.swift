@@ -55,11 +55,21 @@ package struct OperationsController: CreateBodyParsing, Sendable {
 
     func create(_ req: HTTPRequest, _ queue: String) throws -> HTTPResponse {
         _ = try Query(req, allowed: [])
-        let b = try Body(req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore", "limits", "fairnessKey"])
+        let b = try Body(
+            req, allowed: ["kind", "name", "queuePriority", "dependencies", "spec", "timeout", "retry", "notBefore", "limits", "fairnessKey", "admission"])
         var request = try parseRequest(b)
         request.dependencies = try parseDependencies(b["dependencies"], limit: limits.dependencies) ?? []
-        let op = try engine.addOperation(to: queue, request)
-        return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
+        guard request.admission != nil else {
+            let op = try engine.addOperation(to: queue, request)
+            return json(201, op.json, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
+        }
+        // API.md "Admission": 201 for a new operation, 200 with the one that absorbed the create
+        // or stands for it; `Location` names it either way.
+        let made = try engine.admitOperation(to: queue, request)
+        let op = made.operation
+        var o = JSONOut(capacity: 768)
+        op.write(to: &o, admission: made.outcome)
+        return json(made.outcome == .created ? 201 : 200, o.bytes, [("Location", "/v1/operations/\(op.id)"), ("ETag", ETag.operation(op))])
     }
 
     func list(_ req: HTTPRequest, _ queue: String) throws -> HTTPHandlerResult {

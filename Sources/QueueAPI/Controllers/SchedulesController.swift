@@ -10,7 +10,7 @@ package struct SchedulesController: CreateBodyParsing {
     package let limits: APILimits
 
     static let createFields = ["name", "cron", "every", "timezone", "operation", "overlap", "catchup", "jitter", "startAt", "endAt", "isPaused"]
-    static let templateFields = ["kind", "name", "queuePriority", "spec", "timeout", "retry", "limits", "fairnessKey"]
+    static let templateFields = ["kind", "name", "queuePriority", "spec", "timeout", "retry", "limits", "fairnessKey", "admission"]
 
     package func addRoutes(to r: inout Router) {
         let base = "/v1/queues/{name}/schedules"
@@ -112,7 +112,7 @@ package struct SchedulesController: CreateBodyParsing {
         _ = try Query(req, allowed: [])
         let b = try Body(req, allowed: ["overlap"], emptyIsObject: true)
         let overlap = try b["overlap"].map { v throws(Problem) in try Self.overlap(v) }
-        guard let op = try engine.triggerSchedule(in: queue, named: name, overlap: overlap) else {
+        guard let made = try engine.triggerScheduleAdmitted(in: queue, named: name, overlap: overlap) else {
             let s = try engine.schedule(in: queue, named: name)
             var o = JSONOut(capacity: 600)
             o.open()
@@ -122,14 +122,8 @@ package struct SchedulesController: CreateBodyParsing {
             return json(200, o.bytes, [("Location", "/v1/queues/\(queue)/schedules/\(name)")])
         }
         var o = JSONOut(capacity: 800)
-        op.write(to: &o)
-        // The status with `"admission": "created"` as its last member.
-        var bytes = o.bytes
-        if bytes.last == UInt8(ascii: "}") {
-            bytes.removeLast()
-            bytes.append(contentsOf: #","admission":"created"}"#.utf8)
-        }
-        return json(201, bytes, [("Location", "/v1/operations/\(op.id)")])
+        made.operation.write(to: &o, admission: made.outcome)
+        return json(made.outcome == .created ? 201 : 200, o.bytes, [("Location", "/v1/operations/\(made.operation.id)")])
     }
 
     func backfill(_ req: HTTPRequest, _ queue: String, _ name: String) throws -> HTTPResponse {
@@ -321,6 +315,7 @@ package struct SchedulesController: CreateBodyParsing {
         }
         if !t.options.limits.isEmpty { o.key("limits"); o.limits(t.options.limits) }
         if let f = t.options.fairnessKey { o.key("fairnessKey"); o.string(f) }
+        if let a = t.admission { o.key("admission"); o.value(a.json) }
         o.close()
     }
 }

@@ -18,6 +18,15 @@ extension BatchAcross {
     func decide(_ request: HTTPRequest) -> HTTPHandlerResult {
         let elements: [BatchElement]
         do { elements = try parser.batchElements(request) } catch { return .response(Problem.from(error, requestID: request.id).response) }
+        // An admission is decided under the lock of the engine that holds its queue, against the
+        // operations it holds; parts set aside ahead of time (an id each) cannot say "merged".
+        if let i = elements.firstIndex(where: { $0.request.admission != nil }) {
+            return .response(
+                Problem(
+                    409, "spans-instances", "Batch spans instances",
+                    "operations[\(i)].admission: a batch whose queues several instances hold cannot carry an admission; send the elements with an admission in a batch (or creates) of their own queue's instance"
+                ).response)
+        }
         var key: (scope: String, bodyHash: [UInt8])?
         if let k = request.header("idempotency-key") {
             guard !k.isEmpty, k.utf8.count <= 255 else {
