@@ -97,9 +97,11 @@ public struct AdmissionTag: Sendable, Equatable {
         guard Self.isKey(key) else { return nil }
     }
 
-    /// 1 to 128 characters, none a control character.
+    /// 1 to 128 characters, none a control character (and at most 1 KiB: a character may be
+    /// many scalars, and counting characters costs their length).
     public static func isKey(_ key: String) -> Bool {
-        !key.isEmpty && key.count <= Admission.maxKeyLength && !key.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F }
+        !key.isEmpty && key.utf8.count <= 1024 && !key.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F }
+            && key.count <= Admission.maxKeyLength
     }
 }
 
