@@ -128,6 +128,8 @@ public struct HistoryBucket: Sendable, Equatable {
         run.add(b.run)
     }
 
+    mutating func change(_ body: (inout HistoryBucket) -> Void) { body(&self) }
+
     public mutating func subtract(_ b: HistoryBucket) {
         func minus(_ x: UInt64, _ y: UInt64) -> UInt64 { x > y ? x - y : 0 }
         created = minus(created, b.created); started = minus(started, b.started); succeeded = minus(succeeded, b.succeeded)
@@ -194,10 +196,8 @@ final class QueueHistory: @unchecked Sendable {
         let s = Int(HistoryRing.slot(of: start, step: step))
         if let old = ring[s]?.start, old > start { return }  // older than what the ring holds now
         if ring[s]?.start != start { ring[s] = HistoryBucket(start: start) }
-        // The slot holds a bucket now.
-        var b = ring[s] ?? HistoryBucket(start: start)
-        body(&b)
-        ring[s] = b
+        // In place (optional chaining through the subscript): no copy of the bucket's sketches.
+        ring[s]?.change(body)
     }
 
     /// A stored bucket back (a restart, a queue taken over): kept unless its slot holds a newer one.
@@ -234,9 +234,8 @@ final class QueueHistory: @unchecked Sendable {
     private static func changeIfPresent(_ ring: inout [HistoryBucket?], start: Int64, step: Int64, _ body: (inout HistoryBucket) -> Void) {
         guard !ring.isEmpty else { return }
         let s = Int(HistoryRing.slot(of: start, step: step))
-        guard var b = ring[s], b.start == start else { return }
-        body(&b)
-        ring[s] = b
+        guard ring[s]?.start == start else { return }
+        ring[s]?.change(body)
     }
 
     /// The buckets changed since the last call, as rows (and forgets they changed).

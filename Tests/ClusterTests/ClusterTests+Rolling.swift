@@ -123,6 +123,23 @@ extension ClusterTests {
             }
         }
         if !unfinished.isEmpty { problems.append("\(unfinished.count) of \(m.ids.count) acknowledged operations did not succeed: \(unfinished.prefix(5))") }
+        // Each queue's history followed it through every hand-over: its counts add up to what
+        // was done (API.md "History"). Read through any instance (each queue's owner answers).
+        var created = 0
+        var succeeded = 0
+        for (i, q) in queues.enumerated() {
+            guard let r = try? nodes[i % nodes.count].request("GET", "/v1/queues/\(q)/history?step=3600"), r.status == 200 else {
+                problems.append("no history for \(q)")
+                continue
+            }
+            for b in r.objects("buckets") {
+                created += (b["created"] as? Int) ?? 0
+                succeeded += (b["succeeded"] as? Int) ?? 0
+            }
+        }
+        if m.refused.isEmpty && (created != m.ids.count || succeeded != m.ids.count) {
+            problems.append("the queues' history counts \(created) created and \(succeeded) succeeded; \(m.ids.count) were acknowledged and succeeded")
+        }
         cluster.record(problems, "rolling restart, scale-down and scale-up under load")
     }
 }
