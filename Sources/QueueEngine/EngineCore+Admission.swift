@@ -103,14 +103,16 @@ extension EngineCore {
                 } else {
                     requeue(op, fairness: oldFairness)
                 }
-            case .pending:
-                // A start moved earlier (the cap) arms its own wake-up; one moved later is found
-                // by the wake-up already armed, which arms the next.
+            case .pending, .paused:
+                // A start moved earlier (the cap, a shorter quiet time) arms its own wake-up; one
+                // moved later is found by the wake-up already armed, which arms the next. Paused
+                // (it was waiting for its time when paused), the resume arms it: the armed one
+                // comes too late.
                 if op.waitingForTime && earlier {
                     op.waitingForTime = false
                     makeReadyIfPossible(op)
                 }
-            case .paused, .executing, .finished:
+            case .executing, .finished:
                 break
             }
         } else {
