@@ -1,6 +1,15 @@
 import QueueEngine
 import Testing
 
+/// A `manual` kind with a default retry policy (as `external` has).
+final class RetryingManualKind: OperationKind {
+    let inner = ManualKind()
+    var defaultRetry: RetryPolicy? { RetryPolicy(maxAttempts: 3, backoff: 0, multiplier: 1) }
+    func start(_ context: ExecutionContext) { inner.start(context) }
+    func cancel(_ context: ExecutionContext) { inner.cancel(context) }
+    func pause(_ context: ExecutionContext) { inner.pause(context) }
+}
+
 /// Admission cases found in review: merges into operations in unusual states, batches, and
 /// a restore that brings back operations out of their creation order.
 extension Engine {
@@ -25,6 +34,22 @@ extension Engine {
             try f.engine.resume(a.operation.id)
             f.clock.advance(seconds: 1.1)
             #expect(f.kind.wasStarted(a.operation.id), "it waits for its own notBefore (1 s), not the one it had when paused (100 s)")
+        }
+
+        @Test func aMergeInABatchKeepsTheKindsDefaultRetry() throws {
+            let kind = RetryingManualKind()
+            let clock = ManualClock()
+            let engine = QueueEngine(kinds: ["manual": kind], store: InMemoryStore(), clock: clock, scheduler: clock)
+            try engine.createQueue(name: "q", maxConcurrentOperationCount: 10)
+            let made = try engine.admitOperations([
+                BatchElement(queue: "q", request: request(1, debounce("k", 5))),
+                BatchElement(queue: "q", request: request(2, debounce("k", 5))),
+            ])
+            #expect(made.map(\.outcome) == [.created, .merged])
+            #expect(made[1].operation.options.retry == kind.defaultRetry, "a merge in a batch takes the create's options as a single create does")
+            // The same merge by a single create, for comparison.
+            let single = try engine.admitOperation(to: "q", request(3, debounce("k", 5)))
+            #expect(single.outcome == .merged && single.operation.options.retry == kind.defaultRetry)
         }
     }
 }
