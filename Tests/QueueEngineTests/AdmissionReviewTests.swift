@@ -51,5 +51,46 @@ extension Engine {
             let single = try engine.admitOperation(to: "q", request(3, debounce("k", 5)))
             #expect(single.outcome == .merged && single.operation.options.retry == kind.defaultRetry)
         }
+
+        @Test func aRestoreOutOfCreationOrderKeepsTheOperationNotStartedForItsDebounceKey() throws {
+            // A cluster instance takes a queue whose newer operations have lower ids (each
+            // instance hands out ids from its own block): the one not started still absorbs.
+            let f = Fixture()
+            try f.queue("q", max: 10)
+            let started = try f.engine.admitOperation(to: "q", request(1, debounce("k", 0.5)))
+            f.clock.advance(seconds: 0.6)
+            #expect(f.kind.wasStarted(started.operation.id))
+            // Paused mid-run: it stays unfinished across the restore.
+            try f.engine.pause(started.operation.id)
+            let waiting = try f.engine.admitOperation(to: "q", request(2, debounce("k", 5)))
+            #expect(waiting.outcome == .created)
+            var older = try f.snapshot(started.operation.id)
+            var newer = try f.snapshot(waiting.operation.id)
+            // Ids swapped: the newer operation has the lower id.
+            (older.id, newer.id) = (newer.id, older.id)
+            let g = Fixture()
+            g.engine.restore(RecoveredState(queues: [try f.engine.queue(named: "q")], operations: [older, newer]))
+            let next = try g.engine.admitOperation(to: "q", request(3, debounce("k", 5)))
+            #expect(next.outcome == .merged && next.operation.id == newer.id, "the create merges into the operation that has not started")
+            #expect(try g.engine.operations(in: "q").operations.count == 2)
+        }
+
+        @Test func aRestoreOutOfCreationOrderKeepsTheNewestSingletonLast() throws {
+            let f = Fixture()
+            try f.queue("q", max: 10)
+            let mode = Admission.singleton(key: "s", mode: .replaceWaiting)
+            let running = try f.engine.admitOperation(to: "q", request(1, mode))
+            let waiting = try f.engine.admitOperation(to: "q", request(2, mode))
+            #expect(f.kind.wasStarted(running.operation.id) && waiting.outcome == .created)
+            try f.engine.pause(running.operation.id)
+            var older = try f.snapshot(running.operation.id)
+            var newer = try f.snapshot(waiting.operation.id)
+            (older.id, newer.id) = (newer.id, older.id)
+            newer.dependencies = [older.id]
+            let g = Fixture()
+            g.engine.restore(RecoveredState(queues: [try f.engine.queue(named: "q")], operations: [older, newer]))
+            let skipped = try g.engine.admitOperation(to: "q", request(3, .singleton(key: "s", mode: .skip)))
+            #expect(skipped.outcome == .skipped && skipped.operation.id == newer.id, "skip answers the newest unfinished operation of the key")
+        }
     }
 }
