@@ -3698,7 +3698,8 @@ components:
     WaitReason:
       description: |
         One thing that holds an unfinished operation back now, by `type`: `dependencies` (with
-        `count`, the unfinished ones), `paused`, `notBefore` (until its time), `backoff` (until
+        `count`, the unfinished ones), `paused`, `notBefore` (until its time), `debounce` (its
+        debounce quiet time, until its start: API.md "Admission"), `backoff` (until
         its next attempt, whatever its state), `suspended` (its queue), `concurrency` (its queue
         is full), `rate` (its queue's rate limit: the next token comes at `until`), `limiter`
         (a limiter it names has no room for its key: a slot, `reason` `concurrency`, or a
@@ -3726,7 +3727,7 @@ components:
           required: [type, until]
           properties:
             type:
-              enum: [notBefore, backoff, rate]
+              enum: [notBefore, debounce, backoff, rate]
             until:
               $ref: '#/components/schemas/Timestamp'
         - type: object

@@ -92,5 +92,19 @@ extension Engine {
             let skipped = try g.engine.admitOperation(to: "q", request(3, .singleton(key: "s", mode: .skip)))
             #expect(skipped.outcome == .skipped && skipped.operation.id == newer.id, "skip answers the newest unfinished operation of the key")
         }
+
+        @Test func aDebouncedOperationWaitsOnItsDebounceNotANotBefore() throws {
+            let f = Fixture()
+            try f.queue("q", max: 10)
+            let t0 = f.clock.now()
+            let a = try f.engine.admitOperation(to: "q", request(1, debounce("k", 2)))
+            #expect(try f.snapshot(a.operation.id).waitingOn == [.debounce(until: t0.adding(seconds: 2))])
+            f.clock.advance(seconds: 1)
+            _ = try f.engine.admitOperation(to: "q", request(2, debounce("k", 2)))
+            #expect(try f.snapshot(a.operation.id).waitingOn == [.debounce(until: t0.adding(seconds: 3))])
+            // An operation without an admission waits on its notBefore, as before.
+            let plain = try f.add("q", notBefore: t0.adding(seconds: 10))
+            #expect(try f.snapshot(plain).waitingOn == [.notBefore(until: t0.adding(seconds: 10))])
+        }
     }
 }
