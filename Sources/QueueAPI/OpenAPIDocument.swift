@@ -2443,7 +2443,8 @@ paths:
         operation and `"admission": "created"`, or 200 with `"admission": "skipped"` when the
         policy (or the template's singleton admission) skips it, or 200 with the operation and
         `"admission": "merged"` when the template's admission merged it into a waiting one.
-        Answered once durable.
+        409 `admission-kind-mismatch`, changing nothing, when the template's admission key
+        stands for an operation of another kind. Answered once durable.
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -2467,6 +2468,8 @@ paths:
           $ref: '#/components/responses/PayloadTooLarge'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '409':
+          $ref: '#/components/responses/Conflict'
         '404':
           $ref: '#/components/responses/NotFound'
         '422':

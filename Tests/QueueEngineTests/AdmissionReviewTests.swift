@@ -106,5 +106,47 @@ extension Engine {
             let plain = try f.add("q", notBefore: t0.adding(seconds: 10))
             #expect(try f.snapshot(plain).waitingOn == [.notBefore(until: t0.adding(seconds: 10))])
         }
+
+        @Test func aTriggerSkippedByItsTemplatesAdmissionIsASkipEvenWithTheQueueFull() throws {
+            var c = EngineConfiguration()
+            c.maxUnfinishedPerQueue = 2
+            let f = Fixture(configuration: c)
+            try f.queue("q", max: 10)
+            _ = try f.add("q")
+            let y = try f.add("q")
+            var template = OperationRequest(kind: "manual")
+            template.admission = .singleton(key: "s", mode: .skip)
+            try f.engine.createSchedule(in: "q", ScheduleSpec(name: "n", rule: .every(10), template: template, overlap: .allow, startAt: f.clock.now()))
+            // A run while the queue is full: missed.
+            f.clock.advance(seconds: 10.1)
+            #expect(try f.engine.schedule(in: "q", named: "n").missed == 1)
+            f.kind.finish(y)
+            let first = try f.engine.triggerScheduleAdmitted(in: "q", named: "n")
+            #expect(first?.outcome == .created)
+            // Full again, and the key's operation is unfinished: the template's singleton skips.
+            let second = try f.engine.triggerScheduleAdmitted(in: "q", named: "n")
+            #expect(second == nil, "a skip, not a refusal for a full queue")
+            let s = try f.engine.schedule(in: "q", named: "n")
+            #expect(s.missed == 1 && s.skipped == 1 && s.runs == 1, "runs \(s.runs), skipped \(s.skipped), missed \(s.missed)")
+        }
+
+        @Test func aTriggerWhoseTemplateKeyStandsForAnotherKindIsRefusedAndChangesNothing() throws {
+            let f = Fixture()
+            try f.queue("q", max: 10)
+            // A create of another kind holds the debounce key.
+            _ = try f.engine.admitOperation(to: "q", request(1, debounce("k", 100), kind: "immediate"))
+            var template = OperationRequest(kind: "manual")
+            template.admission = debounce("k", 5)
+            try f.engine.createSchedule(in: "q", ScheduleSpec(name: "n", rule: .every(3600), template: template, overlap: .allow, startAt: f.clock.now()))
+            do {
+                _ = try f.engine.triggerScheduleAdmitted(in: "q", named: "n")
+                Issue.record("the trigger was answered as if the policy had skipped it")
+            } catch {
+                guard case let .conflict(slug, _) = error else { throw error }
+                #expect(slug == "admission-kind-mismatch")
+            }
+            let s = try f.engine.schedule(in: "q", named: "n")
+            #expect(s.runs == 0 && s.skipped == 0 && s.missed == 0)
+        }
     }
 }
