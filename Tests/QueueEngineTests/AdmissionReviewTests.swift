@@ -148,5 +148,41 @@ extension Engine {
             let s = try f.engine.schedule(in: "q", named: "n")
             #expect(s.runs == 0 && s.skipped == 0 && s.missed == 0)
         }
+
+        @Test func aMergeIntoAnOperationHeldByARampingHostLeavesTheRampAlone() throws {
+            let kind = HostKind()
+            let clock = ManualClock()
+            var c = EngineConfiguration()
+            c.breaker = BreakerSettings(failures: 3, openSeconds: 5, maxOpenSeconds: 300)
+            let engine = QueueEngine(kinds: ["host": kind], store: InMemoryStore(), clock: clock, scheduler: clock, configuration: c)
+            let events = EventLog(engine)
+            try engine.createQueue(name: "q", maxConcurrentOperationCount: 100)
+            func op(_ n: Int, _ priority: QueuePriority = .normal, _ admission: Admission? = nil) -> OperationRequest {
+                var r = OperationRequest(kind: "host", queuePriority: priority, spec: .object([("host", .string("a:80")), ("n", .number(Double(n)))]))
+                r.admission = admission
+                return r
+            }
+            let trips = try (0..<3).map { try engine.addOperationID(to: "q", op($0)) }
+            for id in trips { kind.fail(id) }
+            #expect(try engine.host(named: "a:80").state == .open)
+            let first = try engine.addOperationID(to: "q", op(3))
+            // Debounced with no room to move its start (maxSeconds = seconds): a merge keeps it ready.
+            let d = Admission.debounce(key: "k", seconds: 0.1, maxSeconds: 0.1)
+            let held = try engine.admitOperation(to: "q", op(4, .normal, d)).operation.id
+            clock.advance(seconds: 0.2)
+            let canary = try engine.addOperationID(to: "q", op(5, .high))
+            clock.advance(seconds: 5.6)
+            #expect(kind.started.last == canary)
+            kind.succeed(canary)
+            #expect(try engine.host(named: "a:80").state == .ramping)
+            #expect(kind.started.last == first, "second 0 of the ramp: one start")
+            let merged = try engine.admitOperation(to: "q", op(6, .normal, d))
+            #expect(merged.outcome == .merged && merged.operation.id == held && merged.operation.state == .ready)
+            #expect(try engine.host(named: "a:80").state == .ramping, "the held backlog is not gone: the merged operation is still held")
+            #expect(!kind.started.contains(held), "not before the ramp's next second")
+            #expect(!events.all.contains { $0.key == .breaker && $0.new == .breaker(.closed) })
+            clock.advance(seconds: 1.01)
+            #expect(kind.started.last == held)
+        }
     }
 }
