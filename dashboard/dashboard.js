@@ -741,6 +741,7 @@
       case 'dependencies': return w.count + ' unfinished ' + (w.count === 1 ? 'dependency' : 'dependencies');
       case 'paused': return 'paused';
       case 'notBefore': return 'not before ' + w.until;
+      case 'debounce': return 'debounced: starts at ' + w.until + ' unless another create of its key moves that';
       case 'backoff': return 'retry backoff' + until;
       case 'suspended': return 'its queue is suspended';
       case 'concurrency': return 'its queue has no free slot';

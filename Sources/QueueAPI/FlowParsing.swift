@@ -192,6 +192,9 @@ extension WaitReason {
         case let .notBefore(until):
             o.key("type"); o.string("notBefore")
             o.key("until"); o.time(until)
+        case let .debounce(until):
+            o.key("type"); o.string("debounce")
+            o.key("until"); o.time(until)
         case let .backoff(until):
             o.key("type"); o.string("backoff")
             o.key("until"); o.time(until)

@@ -2447,7 +2447,8 @@ paths:
         operation and `"admission": "created"`, or 200 with `"admission": "skipped"` when the
         policy (or the template's singleton admission) skips it, or 200 with the operation and
         `"admission": "merged"` when the template's admission merged it into a waiting one.
-        Answered once durable.
+        409 `admission-kind-mismatch`, changing nothing, when the template's admission key
+        stands for an operation of another kind. Answered once durable.
       parameters:
         - $ref: '#/components/parameters/IdempotencyKey'
       requestBody:
@@ -2471,6 +2472,8 @@ paths:
           $ref: '#/components/responses/PayloadTooLarge'
         '431':
           $ref: '#/components/responses/HeadersTooLarge'
+        '409':
+          $ref: '#/components/responses/Conflict'
         '404':
           $ref: '#/components/responses/NotFound'
         '422':
@@ -3804,7 +3807,8 @@ components:
     WaitReason:
       description: |
         One thing that holds an unfinished operation back now, by `type`: `dependencies` (with
-        `count`, the unfinished ones), `paused`, `notBefore` (until its time), `backoff` (until
+        `count`, the unfinished ones), `paused`, `notBefore` (until its time), `debounce` (its
+        debounce quiet time, until its start: API.md "Admission"), `backoff` (until
         its next attempt, whatever its state), `suspended` (its queue), `concurrency` (its queue
         is full), `rate` (its queue's rate limit: the next token comes at `until`), `limiter`
         (a limiter it names has no room for its key: a slot, `reason` `concurrency`, or a
@@ -3832,7 +3836,7 @@ components:
           required: [type, until]
           properties:
             type:
-              enum: [notBefore, backoff, rate]
+              enum: [notBefore, debounce, backoff, rate]
             until:
               $ref: '#/components/schemas/Timestamp'
         - type: object

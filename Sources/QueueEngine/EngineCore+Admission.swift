@@ -86,7 +86,18 @@ extension EngineCore {
     func absorb(_ op: OpRecord, _ request: OperationRequest, _ admission: Admission) {
         let q = op.queue
         let oldFairness = op.options.fairnessKey
-        detachFlow(op)
+        // A host that stays is kept: detached and attached again, a ready operation would leave
+        // its backlog for a moment, and a ramping host whose only held operation it is would
+        // close (its ramp over, a breaker event) though the operation is still held.
+        let keepHost = op.host.map { op.kind.host(spec: request.spec) == $0.name } ?? false
+        if keepHost {
+            if !op.limitKeys.isEmpty {
+                flowLeft(op, op.state)
+                flowEntered(op, .finished)
+            }
+        } else {
+            detachFlow(op)
+        }
         op.spec = request.spec
         if case .debounce = admission {
             var options = request.options
@@ -94,7 +105,7 @@ extension EngineCore {
             let earlier = options.notBefore.map { nb in op.options.notBefore.map { nb < $0 } ?? true } ?? true
             op.options = options
             attachFlow(op)
-            attachHost(op)
+            if !keepHost { attachHost(op) }
             switch op.state {
             case .ready:
                 if let nb = options.notBefore, nb > now {
@@ -103,19 +114,21 @@ extension EngineCore {
                 } else {
                     requeue(op, fairness: oldFairness)
                 }
-            case .pending:
-                // A start moved earlier (the cap) arms its own wake-up; one moved later is found
-                // by the wake-up already armed, which arms the next.
+            case .pending, .paused:
+                // A start moved earlier (the cap, a shorter quiet time) arms its own wake-up; one
+                // moved later is found by the wake-up already armed, which arms the next. Paused
+                // (it was waiting for its time when paused), the resume arms it: the armed one
+                // comes too late.
                 if op.waitingForTime && earlier {
                     op.waitingForTime = false
                     makeReadyIfPossible(op)
                 }
-            case .paused, .executing, .finished:
+            case .executing, .finished:
                 break
             }
         } else {
             attachFlow(op)
-            attachHost(op)
+            if !keepHost { attachHost(op) }
             if op.state == .ready { requeue(op, fairness: oldFairness) }
         }
         op.revision += 1

@@ -336,7 +336,9 @@ extension EngineCore {
         if op.state == .paused { out.append(.paused) }
         // Paused between attempts: its next attempt is still due then.
         if let until = op.backoffUntil, until > now { out.append(.backoff(until: until)) }
-        if op.waitingForTime, let nb = op.options.notBefore { out.append(.notBefore(until: nb)) }
+        if op.waitingForTime, let nb = op.options.notBefore {
+            out.append(op.admission?.tag.mode == .debounce ? .debounce(until: nb) : .notBefore(until: nb))
+        }
         if q.isSuspended { out.append(.suspended) }
         guard op.state == .ready else { return out }
         if q.executing >= limit(q) { out.append(.concurrency) }

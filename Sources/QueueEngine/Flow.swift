@@ -91,6 +91,9 @@ public enum WaitReason: Sendable, Equatable {
     case dependencies(count: Int)
     case paused
     case notBefore(until: Timestamp)
+    /// Its debounce quiet time (API.md "Admission"): it starts at `until` unless another create
+    /// of its key moves that.
+    case debounce(until: Timestamp)
     /// Waiting for its next attempt.
     case backoff(until: Timestamp)
     /// Its queue is suspended.

@@ -98,7 +98,8 @@ extension QueueEngine {
                             continue
                         case let .merge(s):
                             let op = s.resolve(made)
-                            core.absorb(op, e.request, admission)
+                            // `requests[i]`: with the kind's default retry, as a single create's merge.
+                            core.absorb(op, requests[i], admission)
                             made.append(op)
                             outcomes.append(.merged)
                             continue

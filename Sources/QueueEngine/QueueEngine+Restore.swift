@@ -65,6 +65,7 @@ extension QueueEngine {
             }
             for h in fresh.values { core.historyTotal.merge(h) }
             var restored: [OpRecord] = []
+            var admitted: [OpRecord] = []
             for s in recovered.operations.sorted(by: { $0.id < $1.id }) {
                 // Ids the engine could never have handed out (its ready heap keeps 60 bits).
                 guard s.id.raw > 0, s.id.raw <= QueueRecord.idMask, core.ops[s.id.raw] == nil, let q = core.queues[s.queue], !q.deleted
@@ -91,7 +92,7 @@ extension QueueEngine {
                 op.scheduleTag = s.schedule.map(ScheduleTagBox.init)
                 if let tag = s.admission {
                     op.admission = AdmissionTagBox(tag)
-                    if s.state != .finished { core.admissionIndex(q).add(op, tag) }
+                    if s.state != .finished { admitted.append(op) }
                 }
                 op.runToken = 1
                 if s.state == .paused && s.startedAt != nil { op.resumeOnStart = true }
@@ -109,6 +110,14 @@ extension QueueEngine {
                 core.attachHost(op)
                 restored.append(op)
             }
+            // Each admission key's operations join its queue's index in the order they were made,
+            // not by id: ids come from the block of the instance that made them, so a queue that
+            // changed hands has newer operations with lower ids. Started ones first: the one not
+            // started of a debounce key (there is at most one) must be the one the key names.
+            admitted.sort { a, b in
+                (a.hasStarted ? 0 : 1, a.createdAt.nanoseconds, a.id) < (b.hasStarted ? 0 : 1, b.createdAt.nanoseconds, b.id)
+            }
+            for op in admitted { if let tag = op.admission?.tag { core.admissionIndex(op.queue).add(op, tag) } }
             // Edges: every unfinished operation waits for its unfinished dependencies, here or
             // elsewhere; operations held before that waited for a restored one remotely now
             // wait for it here.

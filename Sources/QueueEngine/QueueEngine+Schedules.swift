@@ -141,9 +141,17 @@ extension QueueEngine {
     public func triggerScheduleAdmitted(in queue: String, named name: String, overlap: Overlap? = nil) throws(EngineError) -> Admitted? {
         try mutate { core throws(EngineError) in
             let rec = try core.schedule(queue, name)
+            // A template whose admission key stands for an operation of another kind is refused as
+            // such a create is (409), before anything changes; a timer's run counts it as missed.
+            if let admission = rec.spec.template.admission, let q = core.queues[rec.queue] {
+                _ = try core.plan(admission, in: q, kind: rec.spec.template.kind)
+            }
             let t = core.now.nanoseconds
+            let missed = rec.missed
             let op = core.run(rec, nominal: t / 1_000_000_000, exactNanos: t, overlap: overlap ?? rec.spec.overlap)
-            if op == nil && rec.missed > 0,
+            // Refused for room only when this run was missed: one the policy or the template's
+            // admission skipped is a skip, whatever the queue holds.
+            if op == nil && rec.missed > missed,
                 core.queues[rec.queue].map({ core.unfinishedTotal >= core.maxUnfinished || $0.unfinished >= configuration.maxUnfinishedPerQueue }) == true
             {
                 rec.missed -= 1

@@ -40,6 +40,20 @@ struct AdmissionEndpointTests {
         }
     }
 
+    @Test("debounce: waitingOn says the operation waits out its quiet time (API.md \"waitingOn\")")
+    func debounceWaitingOn() async throws {
+        try await withLiveServer { server in
+            try await server.createQueue("sync", maxConcurrent: 10)
+            let d = #"{"debounce":{"key":"k","seconds":60}}"#
+            let made = try await server.request("POST", "/v1/queues/sync/operations", json: Self.body(#"{"seconds":0.01}"#, d))
+            let id = try #require(made.string("id"))
+            let status = try await server.operation(id)
+            let waiting = status["waitingOn"] as? [[String: Any]]
+            #expect(waiting?.count == 1 && waiting?.first?["type"] as? String == "debounce", "\(String(describing: waiting))")
+            #expect(waiting?.first?["until"] as? String == made.string("notBefore"))
+        }
+    }
+
     @Test("debounce: maxSeconds caps a stream of creates that never stops")
     func debounceCap() async throws {
         try await withLiveServer { server in

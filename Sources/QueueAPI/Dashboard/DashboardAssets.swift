@@ -311,7 +311,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"9584459df432e07ce8e81b9b286eed6d\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"d055c36ab762067f8e4acdd6000692e7\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -1056,6 +1056,7 @@ let dashboardJS = DashboardAsset(
       case 'dependencies': return w.count + ' unfinished ' + (w.count === 1 ? 'dependency' : 'dependencies');
       case 'paused': return 'paused';
       case 'notBefore': return 'not before ' + w.until;
+      case 'debounce': return 'debounced: starts at ' + w.until + ' unless another create of its key moves that';
       case 'backoff': return 'retry backoff' + until;
       case 'suspended': return 'its queue is suspended';
       case 'concurrency': return 'its queue has no free slot';
