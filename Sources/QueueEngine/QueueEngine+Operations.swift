@@ -61,6 +61,11 @@ extension QueueEngine {
             var after: OpRecord?
             var admissionTag: AdmissionTag?
             if let admission = request.admission {
+                // A merge or a skip does not use the create's dependencies, but a create naming
+                // one that does not exist is refused all the same (404), whatever it becomes.
+                for d in request.dependencies where core.ops[d.raw] == nil && remote[d] == nil {
+                    throw .operationNotFound(d.description)
+                }
                 switch try core.plan(admission, in: q, kind: request.kind) {
                 case let .skip(op):
                     return answer(core, op, .skipped)

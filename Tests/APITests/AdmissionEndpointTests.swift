@@ -141,6 +141,11 @@ struct AdmissionEndpointTests {
             let other = try await server.request(
                 "POST", "/v1/queues/q/operations", json: Self.body(#"{"method":"GET","url":"http://127.0.0.1:9/"}"#, d, kind: "http"))
             expectProblem(other, 409, mentioning: ["admission key 'k'", "delay"])
+            // A dependency that does not exist is 404, even for a create that would merge.
+            let missing = try await server.request(
+                "POST", "/v1/queues/q/operations",
+                json: #"{"kind":"delay","spec":{"seconds":1},"dependencies":["op-00000000000fffff"],"admission":\#(d)}"#)
+            expectProblem(missing, 404, mentioning: ["op-00000000000fffff"])
             let ops = try await server.operations(in: "q")
             #expect(ops.count == 1 && (ops.first?["revision"] as? Int) == made.int("revision"), "nothing changed")
         }
