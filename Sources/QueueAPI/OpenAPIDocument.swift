@@ -5474,6 +5474,8 @@ components:
       description: |
         Nominal times that passed while the server was stopped: `skip` (none), `latest` (one, the
         latest within `window` seconds), `all` (those within `window`, at most the latest `maxRuns`).
+        Not for a queue handed over cleanly between instances of a cluster (a rolling restart):
+        its new owner runs every time that passed during the move (at most the latest 1,000).
       properties:
         policy:
           enum: [skip, latest, all]

@@ -119,9 +119,13 @@ final class EngineCore: @unchecked Sendable {
     var slots: [OutboxSlot] = []
     var nextSlot: UInt64 = 1
     var now: Timestamp = Timestamp(nanoseconds: 0)
+    /// When this engine was made (ns): from then on, at least this instance ran (a queue handed
+    /// over to it later was not stopped in between; `restoreSchedule`).
+    let startedAt: Int64
 
     init(clock: any EngineClock, kinds: [String: any OperationKind], defaultMaxConcurrent: Int, maxUnfinished: Int, wantsRecords: Bool) {
         self.clock = clock
+        startedAt = clock.now().nanoseconds
         self.kinds = kinds
         self.defaultMaxConcurrent = defaultMaxConcurrent
         self.maxUnfinished = maxUnfinished

@@ -205,7 +205,7 @@ extension QueueEngine {
                     break
                 }
             }
-            for ss in recovered.schedules { core.restoreSchedule(ss) }
+            for ss in recovered.schedules { core.restoreSchedule(ss, handedOver: recovered.handedOver.contains(ss.queue)) }
         }
     }
 }

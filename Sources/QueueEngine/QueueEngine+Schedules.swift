@@ -234,9 +234,19 @@ extension EngineCore {
         return rec
     }
 
-    /// Stored schedules come back after their queues' operations; each catches up on the
-    /// nominal times that passed while the server was stopped, by its own policy.
-    func restoreSchedule(_ s: ScheduleSnapshot) {
+    /// Stored schedules come back after their queues' operations. After a restart, or a
+    /// takeover from an instance that crashed, each catches up on the nominal times that passed
+    /// while its queue was not run, by its own policy.
+    ///
+    /// `handedOver` (its queue was given up cleanly by another instance of a cluster): the
+    /// cluster did not stop, so no nominal time is dropped. Every one after the stored cursor
+    /// (the previous holder ran those up to it, committed with the cursor) whose time (plus
+    /// jitter) has come runs now, each by the schedule's `overlap` as if on time, whatever its
+    /// `catchup` says; at most `maxHandoverRuns` of them (the latest), the rest counted as missed.
+    /// Only times since this engine started are taken as passed while the cluster ran: earlier
+    /// ones follow the policy (the last instance may have given the queue up at its stop, with
+    /// none left to take it, and the cluster was stopped until this one started).
+    func restoreSchedule(_ s: ScheduleSnapshot, handedOver: Bool = false) {
         guard let q = queues[s.queue], !q.deleted, schedules[s.queue]?[s.spec.name] == nil,
             let timing = try? ScheduleRecord.timing(s.spec, createdAt: s.createdAt)
         else { return }
@@ -253,15 +263,33 @@ extension EngineCore {
         scheduleCount += 1
         let t = now.nanoseconds / 1_000_000_000
         guard !rec.isPaused else { return }
-        let last = rec.lastNominal ?? (s.createdAt.nanoseconds / 1_000_000_000)
-        if last < t {
-            let plan = s.spec.catchup.plan(timing, last: last, now: t)
+        let stored = rec.lastNominal ?? (s.createdAt.nanoseconds / 1_000_000_000)
+        var last = stored
+        // Every nominal time up to `upTo` is decided (run or missed) by the policy.
+        func catchUp(upTo: Int64) {
+            guard last < upTo else { return }
+            let plan = s.spec.catchup.plan(timing, last: last, now: upTo)
             for nominal in plan.run { run(rec, nominal: nominal, overlap: rec.spec.overlap) }
             rec.missed &+= UInt64(plan.missed)
-            // Every nominal time up to now is decided (run or missed).
-            rec.lastNominal = t
+            last = upTo
+        }
+        if handedOver {
+            catchUp(upTo: min(startedAt / 1_000_000_000, t))
+            // Seconds whose nominal time plus jitter has come; later ones are planned as usual.
+            let due = now.nanoseconds.saturatingSubtract(rec.jitterNanos) / 1_000_000_000
+            if last < due {
+                let found = timing.scan(after: last, upTo: due, keep: ScheduleRecord.maxHandoverRuns, cap: 400_000)
+                for nominal in found.newest { run(rec, nominal: nominal, overlap: rec.spec.overlap) }
+                rec.missed &+= UInt64(found.total - found.newest.count)
+                last = due
+            }
+        } else {
+            catchUp(upTo: t)
+        }
+        if last != stored {
+            rec.lastNominal = last
             recordSchedule(rec)
         }
-        planNext(rec, after: max(rec.lastNominal ?? .min, t))
+        planNext(rec, after: handedOver ? last : max(last, t))
     }
 }

@@ -113,6 +113,12 @@ final class ScheduleRecord: @unchecked Sendable {  // guarded by the engine lock
     var dueGeneration: UInt64 = 0
     var deleted = false
 
+    /// The most runs a clean handover creates at once for the nominal times that passed while
+    /// the queue moved (`EngineCore.restoreSchedule`): the latest ones; the rest count as missed.
+    /// A handover takes seconds; more than this means the queue was unheld far longer (every
+    /// instance but one gone, PostgreSQL unreachable), and a flood of runs would help nobody.
+    static let maxHandoverRuns = 1000
+
     init(queue: String, spec: ScheduleSpec, timing: Timing, createdAt: Timestamp) {
         self.queue = queue; self.spec = spec; self.timing = timing; self.createdAt = createdAt
         jitterNanos = Int64(Timing.jitterSeconds(queue: queue, name: spec.name, jitter: spec.jitter) * 1e9)

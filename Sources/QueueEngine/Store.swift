@@ -217,6 +217,11 @@ public struct RecoveredState: Sendable {
     public var schedules: [ScheduleSnapshot] = []
     /// The queues' history buckets (API.md "History").
     public var history: [HistoryRow] = []
+    /// Queues handed over cleanly by another instance of a cluster (their holder gave them up:
+    /// a rolling restart, a rebalance), not taken after a crash nor read at a start. Their
+    /// schedules run every nominal time that passed while this engine ran, whatever their
+    /// catch-up policy: the cluster did not stop (`EngineCore.restoreSchedule`).
+    public var handedOver: Set<String> = []
     public init(
         queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = [],
         hosts: [HostSnapshot] = []

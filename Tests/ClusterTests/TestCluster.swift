@@ -22,8 +22,8 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
     let lab: NetworkLab?
 
     /// `lab`: runs instance i in the lab's namespace i (reaching PostgreSQL through its relay);
-    /// the cluster tears the lab down at `shutdown`.
-    init(size: Int = 3, name: String, lab: NetworkLab? = nil) throws {
+    /// the cluster tears the lab down at `shutdown`. `arguments`: more for every instance.
+    init(size: Int = 3, name: String, lab: NetworkLab? = nil, arguments: [String] = []) throws {
         self.lab = lab
         let binary: String
         do {
@@ -41,7 +41,7 @@ final class TestCluster: @unchecked Sendable {  // `nodes` is set once in init
             for i in 0..<size {
                 started.append(
                     try ClusterNode(
-                        index: i, binary: binary, arguments: ["--store", store, "--lease", String(Int(Self.lease))],
+                        index: i, binary: binary, arguments: ["--store", store, "--lease", String(Int(Self.lease))] + arguments,
                         data: logs + "/data-\(i)", logPath: logs + "/opqd-\(i).log", host: lab?.hosts[i] ?? "127.0.0.1", launcher: lab?.launcher(i) ?? []))
             }
         } catch {

@@ -164,5 +164,69 @@ extension Engine {
             clock.advance(seconds: 60.1)
             #expect(try engine.operations(in: "q", limit: 100).operations.filter { $0.schedule?.nominalTime == now.adding(seconds: 60) }.count == 3)
         }
+
+        @Test func aCleanHandoverRunsEveryTimeThatPassedSinceTheCursorWhateverThePolicy() throws {
+            let clock = ManualClock()
+            let engine = QueueEngine(kinds: ["manual": ManualKind()], store: InMemoryStore(), clock: clock, scheduler: clock)
+            // This instance runs; the queue comes to it 25 minutes later.
+            let started = clock.now()
+            clock.advance(seconds: 1500)
+            let now = clock.now()
+            func stored(_ queue: String, _ name: String, every: Int64, _ policy: Catchup.Policy, cursor: Timestamp, jitter: Double = 0) -> ScheduleSnapshot {
+                var s = ScheduleSnapshot(
+                    queue: queue,
+                    spec: ScheduleSpec(
+                        name: name, rule: .every(every), template: OperationRequest(kind: "manual"), overlap: .allow,
+                        catchup: Catchup(policy: policy, window: 600, maxRuns: 3), jitter: jitter, startAt: started.adding(seconds: -7200)),
+                    createdAt: started.adding(seconds: -7200))
+                s.lastNominal = cursor
+                return s
+            }
+            func queue(_ name: String) -> QueueSnapshot {
+                QueueSnapshot(
+                    name: name, maxConcurrentOperationCount: 100, effectiveMaxConcurrentOperationCount: 100, isSuspended: false, operationCount: 0,
+                    counts: [:], revision: 1, createdAt: Timestamp(nanoseconds: 0))
+            }
+            var recovered = RecoveredState(queues: [queue("moved"), queue("crashed")])
+            let cursor = now.adding(seconds: -30)
+            recovered.schedules = [
+                stored("moved", "skip", every: 5, .skip, cursor: cursor), stored("moved", "latest", every: 5, .latest, cursor: cursor),
+                stored("moved", "all", every: 5, .all, cursor: cursor),
+                // Its cursor is from before this instance started: those times may have passed
+                // with the cluster stopped (the policy decides them), the later ones did not.
+                stored("moved", "old", every: 60, .skip, cursor: started.adding(seconds: -3600)),
+                // Far more times than a handover creates: the latest 1,000, the rest missed.
+                stored("moved", "many", every: 1, .skip, cursor: started.adding(seconds: 100)),
+                stored("moved", "jitter", every: 5, .skip, cursor: cursor, jitter: 4),
+                stored("crashed", "skip", every: 5, .skip, cursor: cursor),
+            ]
+            recovered.handedOver = ["moved"]
+            engine.restore(recovered)
+
+            func nominals(_ queue: String, _ name: String) throws -> [Timestamp] {
+                try engine.operations(in: queue, limit: 10_000).operations.filter { $0.schedule?.name == name }.compactMap { $0.schedule?.nominalTime }
+            }
+            let passed = (0..<6).map { now.adding(seconds: Double(-25 + 5 * $0)) }
+            for name in ["skip", "latest", "all"] {
+                #expect(try nominals("moved", name) == passed, "\(name)")
+                let s = try engine.schedule(in: "moved", named: name)
+                #expect(s.missed == 0 && s.lastNominal == now && s.nextRunAt == now.adding(seconds: 5), "\(name)")
+            }
+            #expect(try nominals("moved", "old") == (1...25).map { started.adding(seconds: Double(60 * $0)) })
+            #expect(try engine.schedule(in: "moved", named: "old").missed == 60)
+            let many = try nominals("moved", "many")
+            #expect(many.count == 1000 && many.first == now.adding(seconds: -999) && many.last == now)
+            #expect(try engine.schedule(in: "moved", named: "many").missed == 1400 - 1000)
+            // A takeover after a crash: the policy.
+            #expect(try nominals("crashed", "skip").isEmpty)
+            #expect(try engine.schedule(in: "crashed", named: "skip").missed == 6)
+            // Jitter: a time whose run is not due yet is planned, not run early.
+            let jitter = Timing.jitterSeconds(queue: "moved", name: "jitter", jitter: 4)
+            let early = try nominals("moved", "jitter")
+            #expect(early.allSatisfy { $0.adding(seconds: jitter) <= now } && early.first == now.adding(seconds: -25))
+            clock.advance(seconds: 9)
+            let later = try nominals("moved", "jitter")
+            #expect(later == (0..<7).map { now.adding(seconds: Double(-25 + 5 * $0)) }, "\(later) with jitter \(jitter)")
+        }
     }
 }

@@ -386,7 +386,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
 
     /// Loads the queues of the partitions won and hands them to the engine. They are in `held`
     /// first (restoring writes: recovery moves), and served once loaded. `abandoned`: those
-    /// whose holder did not give them up (see `countCrashes`).
+    /// whose holder did not give them up (see `countCrashes`); the queues of the others were
+    /// handed over cleanly, and their schedules lose no nominal time to the move
+    /// (`RecoveredState.handedOver`).
     private func adopt(_ won: [Int: Int64], abandoned: Set<Int>, engine: QueueEngine) throws {
         for (p, e) in won { held.set(p, e) }
         let names: [String]
@@ -401,6 +403,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
             addBatches = try batchParts.value?(Set(won.keys))
             block = try membership.takeIDBlock()
             recovered.poisoned = try countCrashes(recovered, abandoned: abandoned)
+            recovered.handedOver = Set(names.filter { !abandoned.contains(QueuePartitions.of(queue: $0)) })
         } catch {
             // Nothing was taken in: give the partitions back, to be claimed again (those
             // abandoned by their last holder still marked so).
