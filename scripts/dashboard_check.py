@@ -1,10 +1,10 @@
 """The dashboard in a real browser: headless Chromium driven over the Chrome DevTools Protocol.
 
 usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot PATH]
-                                          [--skip-scale] [--only basic|resume|token|scale]
+                                          [--skip-scale] [--only basic|resume|panels|token|scale]
 (scripts/dashboard-check.sh installs Chromium and websocket-client, then runs this.)
 
-Four runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary --data):
+Five runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary --data):
   basic  3 queues with executing and finished operations: the page shows them with the server's
          counts; a change made through the API after the page loaded shows up without a reload;
          a suspend clicked and confirmed on the page changes the server's state, and so does
@@ -14,8 +14,15 @@ Four runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary
   resume the server goes away while the page is offline: the stream resumes with
          Last-Event-ID and delivers what was missed; after 410 it restarts from now and
          re-reads; after a restart that reset the seqs (--store memory) it starts over.
+  panels hosts, limiters, schedules (--breaker-failures 2): a host opened by a local port that
+         refuses shows open with the API's held count, failures and next probe; an operation it
+         holds says so in words; Close on the page (the target now up) releases the work, which
+         succeeds; Auto hands it back. The limiter panel's numbers are GET /v1/limiters', its
+         busiest keys the keys endpoint's; a limited operation says "2 of 2 running". Schedules
+         show the API's next and last runs; Run now on the page creates a run, Pause and Resume
+         work, the preview is GET …/next's. Contrast, names, console and 375 px as in basic.
   token  --token and --read-token: the page asks for a token; with the read token no action is
-         offered; with the full token they are.
+         offered (queues, operations, hosts, schedules); with the full token they are.
   scale  100 queues and 100,000 operations (--store memory): the first render of the queue
          table (a performance.mark the page sets) must come within 1 s of navigation start, and
          the page load must fetch under 200 KB (CDP Network encodedDataLength); a queue's view
@@ -26,6 +33,7 @@ import argparse
 import base64
 import concurrent.futures
 import http.client
+import http.server
 import json
 import os
 import re
@@ -33,7 +41,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import socket
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -678,6 +688,208 @@ def same_columns(browser, table):
     check(heads == cells and heads >= 3, f"at 375 px the {table} table shows as many headings as cells ({heads}, {cells})")
 
 
+class Target:
+    """A local HTTP target that refuses connections until `up()`, then answers 200."""
+
+    def __init__(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()  # nothing listens: connections are refused
+        self.server = None
+
+    def up(self):
+        class Ok(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *_):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Ok)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def down(self):
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def shown_time(browser, selector):
+    """The datetime of the <time> in `selector` (the page keeps the server's RFC 3339 text there)."""
+    return browser.eval(f"(t => t ? t.getAttribute('datetime') : null)(document.querySelector({json.dumps(selector + ' time')}))")
+
+
+def run_panels(binary, browser):
+    print("\n== panels: hosts, limiters, schedules, and why an operation waits", flush=True)
+    server = Server(binary, "--breaker-failures", "2", "--breaker-open", "300")
+    target = Target()
+    host = f"127.0.0.1:{target.port}"
+    try:
+        # A host that refuses: 4 http operations with retries; 2 failures in a row open it.
+        server.must("POST", "/v1/queues", {"name": "hooks"})
+        hooks = [server.must("POST", "/v1/queues/hooks/operations", {
+            "kind": "http", "name": f"hook-{i}", "spec": {"method": "POST", "url": f"http://{host}/hook", "body": "x"},
+            "retry": {"maxAttempts": 5, "backoff": 0.2}})["id"] for i in range(4)]
+        # A limiter: 2 at once per key, 1 for acct-7; 5 operations on acct-42, 1 on acct-7.
+        server.must("POST", "/v1/limiters", {"name": "stripe", "concurrency": 2, "overrides": {"acct-7": {"concurrency": 1}}})
+        server.must("POST", "/v1/limiters", {"name": "smtp", "rate": {"perSecond": 0.01, "burst": 1}})
+        server.must("POST", "/v1/queues", {"name": "billing", "maxConcurrentOperationCount": 10})
+        charges = [server.must("POST", "/v1/queues/billing/operations", {
+            "kind": "delay", "name": f"charge-{i}", "spec": {"seconds": 120},
+            "limits": [{"limiter": "stripe", "key": "acct-42"}]})["id"] for i in range(5)]
+        server.must("POST", "/v1/queues/billing/operations", {
+            "kind": "delay", "name": "refund", "spec": {"seconds": 120}, "limits": [{"limiter": "stripe", "key": "acct-7"}]})
+        for i in range(2):
+            server.must("POST", "/v1/queues/billing/operations", {
+                "kind": "delay", "name": f"mail-{i}", "spec": {"seconds": 0.01}, "limits": [{"limiter": "smtp", "key": "news"}]})
+        # Schedules: one by cron in a zone with daylight saving, one every 10 minutes.
+        server.must("POST", "/v1/queues/billing/schedules", {
+            "name": "nightly", "cron": "30 2 * * *", "timezone": "Europe/Berlin", "operation": {"kind": "delay", "spec": {"seconds": 0.01}}})
+        server.must("POST", "/v1/queues/hooks/schedules", {"name": "ping", "every": 600, "operation": {"kind": "delay", "spec": {"seconds": 0.01}}})
+        wait_for("the host to open and hold all 4", lambda: (h := server.request("GET", f"/v1/hosts/{host}")[1]) and
+                 h.get("state") == "open" and h.get("held") == 4, timeout=15)
+
+        browser.goto(server.base + "/")
+        browser.until("the page", "document.body.dataset.queuesRendered === 'true' && document.getElementById('conn').textContent === 'live'")
+
+        # Hosts: the row says what GET /v1/hosts says.
+        browser.eval("location.hash = '#/hosts'")
+        row = f"#hosts-body tr[data-host='{host}']"
+        browser.until("the host row", f"!!document.querySelector({json.dumps(row)})")
+        api = server.must("GET", f"/v1/hosts/{host}")
+        seen = browser.eval(f"""(tr => ({{state: tr.querySelector('[data-field=state]').dataset.state,
+            badge: tr.querySelector('.badge').textContent, held: tr.querySelector('[data-field=held]').textContent,
+            failures: tr.querySelector('[data-field=consecutiveFailures]').textContent,
+            trips: tr.querySelector('[data-field=trips]').textContent,
+            until: tr.querySelector('[data-field=until]').textContent,
+            error: tr.querySelector('[data-field=lastError]').title}}))(document.querySelector({json.dumps(row)}))""")
+        check(seen["state"] == "open" and seen["badge"] == "open" and seen["held"] == str(api["held"]) and
+              seen["failures"] == str(api["consecutiveFailures"]) and seen["trips"] == str(api["trips"]),
+              f"the hosts panel shows {host} open, held {seen['held']}, failures {seen['failures']}, trips {seen['trips']} as the API: "
+              f"{api['state']}, {api['held']}, {api['consecutiveFailures']}, {api['trips']}")
+        check(shown_time(browser, row + " [data-field=until]") == api["until"] and seen["until"].startswith("next probe"),
+              f"and its next probe at the API's until {api['until']}: {seen['until']!r}")
+        check(api["lastError"]["type"] in seen["error"], f"and its last error ({api['lastError']['type']})")
+
+        # The held operation says why it waits, with the host's numbers.
+        browser.eval(f"location.hash = '#/op/{hooks[0]}'")
+        browser.until("why the hook waits", "(l => l && /\\d held/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=host]'))")
+        words = browser.eval("document.querySelector('#op-waiting li[data-type=host]').textContent")
+        waiting = op_state(server, hooks[0])["waitingOn"]
+        check(f"host {host} is held: its breaker is open until" in words and "4 held" in words and
+              shown_time(browser, "#op-waiting li[data-type=host]") == waiting[0].get("until"),
+              f"waitingOn in words: {words!r}")
+
+        # Close it from the page, with the target up: the held work runs and succeeds.
+        target.up()
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the host row", f"!!document.querySelector({json.dumps(row + ' .h-closed')})")
+        browser.eval(f"document.querySelector({json.dumps(row + ' .h-closed')}).click()")
+        check(server.must("GET", f"/v1/hosts/{host}")["state"] == "open", "nothing changes before confirming")
+        confirm(browser)
+        wait_for("the host closed by hand", lambda: (h := server.must("GET", f"/v1/hosts/{host}")).get("state") == "closed" and
+                 (h.get("manual") or {}).get("breaker") == "closed")
+        check(True, "Close through the page closed the host on the server (by hand)")
+        wait_for("the held hooks to succeed", lambda: all(op_state(server, i).get("outcome") == "succeeded" for i in hooks), timeout=15)
+        check(True, "and the 4 held operations ran and succeeded")
+        browser.until("the row to follow", f"(tr => tr.querySelector('.badge').textContent === 'closed (by hand)' && "
+                      f"tr.querySelector('[data-field=held]').textContent === '0')(document.querySelector({json.dumps(row)}))")
+        check(True, "the row says closed (by hand), 0 held")
+        check(browser.eval(f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('host {host} breaker open → closed'))"),
+              "the live tail shows the host's breaker change")
+        browser.eval(f"document.querySelector({json.dumps(row + ' .h-auto')}).click()")
+        wait_for("the host back on the automatic rules", lambda: "manual" not in server.must("GET", f"/v1/hosts/{host}"))
+        check(True, "Auto through the page hands it back to the automatic rules")
+
+        # Limiters: every number the panel shows is the API's.
+        browser.eval("location.hash = '#/limiters'")
+        browser.until("the limiter rows and busiest keys", "document.querySelectorAll('#limiters-body tr').length === 2 && "
+                      "!!document.querySelector('#limiters-body tr[data-limiter=stripe] .busiest li[data-key]')")
+        fields = ("concurrency", "running", "waiting", "keys")
+        want = {lim["name"]: {f: "–" if lim[f] is None else f"{lim[f]:,}" for f in fields}
+                for lim in server.must("GET", "/v1/limiters")["limiters"]}
+        shown = browser.eval("Object.fromEntries([...document.querySelectorAll('#limiters-body tr')].map(tr => [tr.dataset.limiter, "
+                             f"Object.fromEntries({json.dumps(fields)}.map(f => [f, tr.querySelector('[data-field=' + f + ']').textContent]))]))")
+        check(shown == want, f"the limiter panel's numbers equal GET /v1/limiters: {shown}")
+        keys = server.must("GET", "/v1/limiters/stripe/keys")["keys"]
+        busiest = browser.eval("[...document.querySelectorAll('#limiters-body tr[data-limiter=stripe] .busiest li[data-key]')].map(li => "
+                               "[li.dataset.key, Number(li.dataset.running), Number(li.dataset.waiting), li.textContent])")
+        ranked = sorted(keys, key=lambda k: (-k["running"], -k["waiting"], k["key"]))
+        check([b[:3] for b in busiest] == [[k["key"], k["running"], k["waiting"]] for k in ranked][:3] and
+              busiest[0][3] == "acct-42: 2 of 2 running, 3 waiting" and busiest[1][3].startswith("acct-7: 1 of 1 running"),
+              f"its busiest keys are the keys endpoint's, busiest first: {[b[3] for b in busiest]}")
+        browser.eval(f"location.hash = '#/op/{charges[4]}'")
+        browser.until("why the charge waits", "(l => l && /running/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=limiter]'))")
+        words = browser.eval("document.querySelector('#op-waiting li[data-type=limiter]').textContent")
+        check(words == "waiting for limiter stripe, key acct-42: 2 of 2 running, 3 waiting", f"waitingOn in words: {words!r}")
+
+        # Schedules: next and last runs as the API has them; a trigger from the page makes a run.
+        browser.eval("location.hash = '#/schedules'")
+        browser.until("the schedule rows", "document.querySelectorAll('#schedules-body tr').length === 2")
+        listed = {f"{s['queue']}/{s['name']}": s for s in server.must("GET", "/v1/schedules")["schedules"]}
+        for key, s in listed.items():
+            sel = f"#schedules-body tr[data-schedule='{key}']"
+            check(shown_time(browser, sel + " [data-field=nextRunAt]") == s["nextRunAt"] and
+                  browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}).textContent") == "never",
+                  f"{key}: next run {s['nextRunAt']}, never run, as the API says")
+        sel = "#schedules-body tr[data-schedule='billing/nightly']"
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-trigger')}).click()")
+        confirm(browser)
+        made = wait_for("a run of nightly", lambda: (s := server.must("GET", "/v1/queues/billing/schedules/nightly")).get("runs") == 1 and s)
+        run = op_state(server, made["lastRun"]["operation"])
+        check(run.get("schedule", {}).get("name") == "nightly", f"Run now through the page created a run: {run['id']} of schedule nightly")
+        browser.until("the row's last run", f"(td => td.textContent.includes('{run['id']}'))(document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}))")
+        check(shown_time(browser, sel + " [data-field=lastRun]") == made["lastRun"]["nominalTime"] and
+              browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=counts]')}).textContent") == "1 · 0 · 0",
+              "the row shows that run (its nominal time and operation) and counts 1 · 0 · 0")
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-toggle')}).click()")
+        confirm(browser)
+        wait_for("nightly paused", lambda: server.must("GET", "/v1/queues/billing/schedules/nightly")["isPaused"])
+        browser.until("the row to say paused", f"document.querySelector({json.dumps(sel + ' .badge')}).textContent === 'paused'")
+        check(True, "Pause through the page paused the schedule")
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-toggle')}).click()")
+        wait_for("nightly resumed", lambda: not server.must("GET", "/v1/queues/billing/schedules/nightly")["isPaused"])
+        check(True, "Resume through the page resumed it")
+
+        # One schedule: the preview of its next runs is the API's.
+        browser.eval("location.hash = '#/q/billing/s/nightly'")
+        browser.until("the preview", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 10")
+        runs = server.must("GET", "/v1/queues/billing/schedules/nightly/next?count=10")["runs"]
+        shown = browser.eval("[...document.querySelectorAll('#sched-next-body tr')].map(tr => [tr.dataset.nominal, tr.children[2].textContent])")
+        check(shown == [[r["nominalTime"], r["localTime"]] for r in runs], f"the next 10 runs are GET …/next?count=10's ({runs[0]['localTime']} first)")
+        browser.eval("document.getElementById('sched-next-count').value = '25'; document.getElementById('sched-next-count').dispatchEvent(new Event('change'))")
+        browser.until("25 runs", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 25")
+        check(True, "and 25 when asked for 25")
+        # A queue's view lists its schedules.
+        browser.eval("location.hash = '#/q/hooks'")
+        browser.until("the queue's schedules", "!document.getElementById('q-sched').hidden && "
+                      "document.querySelector('#q-schedules-body tr').dataset.schedule === 'hooks/ping'")
+        check(True, "a queue's view lists its schedules")
+
+        for view in ("#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+            browser.eval(f"location.hash = '{view}'")
+            browser.pump(0.4)
+            bad = browser.eval(A11Y)
+            check(not bad, f"{view}: every text has AA contrast and every control a name" + (f": {bad[:8]}" if bad else ""))
+        problems = browser.problems()
+        check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
+        browser.goto(server.base + "/", width=375, height=740, mobile=True)
+        browser.until("the page at 375 px", "document.body.dataset.queuesRendered === 'true'")
+        for view in ("#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+            browser.eval(f"location.hash = '{view}'")
+            browser.pump(0.4)
+            width = browser.eval("document.documentElement.scrollWidth")
+            check(width <= 375, f"at 375 px {view} is {width} px wide")
+    finally:
+        target.down()
+        server.stop()
+
+
 def run_token(binary, browser):
     print("\n== token: --token and --read-token", flush=True)
     server = Server(binary, "--token", "full-token-x", "--read-token", "read-token-y")
@@ -685,6 +897,8 @@ def run_token(binary, browser):
     try:
         server.must("POST", "/v1/queues", {"name": "billing"})
         op_id = add_delay(server, "billing", 30, "invoice")
+        server.must("POST", "/v1/queues/billing/schedules", {"name": "monthly", "cron": "@monthly", "operation": {"kind": "delay", "spec": {"seconds": 1}}})
+        server.must("PATCH", "/v1/hosts/api.example.com:443", {"breaker": "open", "reason": "maintenance"})
         browser.goto(server.base + "/")
         browser.until("the token form", "!document.getElementById('login').hidden")
         check(browser.eval("document.getElementById('view-queues').hidden"), "no queues are shown before a token is given")
@@ -700,6 +914,18 @@ def run_token(binary, browser):
                            "document.querySelectorAll('button.danger, .q-toggle').length === 0"),
               "read token: no queue or operation action is in the page")
         check("read-only" in browser.eval("document.getElementById('mode').textContent"), "the page says it is read-only")
+        # The panels: everything is shown, no action is offered.
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the held host", "(tr => tr && tr.querySelector('.badge').textContent === 'open (by hand)')(document.querySelector('#hosts-body tr'))")
+        browser.eval("location.hash = '#/schedules'")
+        browser.until("the schedule", "document.querySelectorAll('#schedules-body tr').length === 1")
+        browser.eval("location.hash = '#/q/billing/s/monthly'")
+        browser.until("the schedule's view", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 10")
+        browser.eval("location.hash = '#/q/billing'")
+        browser.until("the queue's schedules", "!document.getElementById('q-sched').hidden")
+        check(browser.eval("document.querySelectorAll('#hosts-body button, #schedules-body button, #q-schedules-body button').length === 0 && "
+                           "document.getElementById('sched-actions') === null"),
+              "read token: the hosts and schedules are shown, with no action (open, close, pause, resume, run now)")
         status = browser.eval("fetch('/v1/queues/billing/suspend', {method: 'POST', headers: {Authorization: 'Bearer ' + "
                               "sessionStorage.getItem('opqd.token')}}).then(r => r.status)")
         check(status == 403 and server.must("GET", "/v1/queues/billing")["isSuspended"] is False,
@@ -715,6 +941,9 @@ def run_token(binary, browser):
         check(True, "a wrong token is refused on the form")
         browser.eval("document.getElementById('login-token').value = 'full-token-x'; document.getElementById('login-form').requestSubmit()")
         browser.until("the queue table with the full token", "document.querySelectorAll('#queues-body .q-toggle').length === 1")
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the host's actions", "document.querySelectorAll('#hosts-body button').length === 3")
+        browser.eval("location.hash = '#/'")
         check(True, "full token: actions are offered")
         problems = browser.problems()
         check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
@@ -873,7 +1102,7 @@ def main():
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
     ap.add_argument("--screenshot", help="save a screenshot of the basic run here")
     ap.add_argument("--skip-scale", action="store_true")
-    ap.add_argument("--only", choices=["basic", "resume", "token", "scale"])
+    ap.add_argument("--only", choices=["basic", "resume", "panels", "token", "scale"])
     ap.add_argument("--per-queue", type=int, default=1000)
     args = ap.parse_args()
     if not os.access(args.binary, os.X_OK):
@@ -885,6 +1114,8 @@ def main():
             run_basic(args.binary, browser, args.screenshot)
         if args.only in (None, "resume"):
             run_resume(args.binary, browser)
+        if args.only in (None, "panels"):
+            run_panels(args.binary, browser)
         if args.only in (None, "token"):
             run_token(args.binary, browser)
         if args.only == "scale" or (args.only is None and not args.skip_scale):
