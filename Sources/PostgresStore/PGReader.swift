@@ -170,17 +170,18 @@ final class PGReader {
     /// One repeatable-read transaction, so limiters, queues, operations and the seq are one
     /// consistent snapshot. Unlike the feed's readers, a row that does not decode fails the whole load.
     func load(lastSeq known: UInt64) throws -> RecoveredState {
-        let (ls, hs, ss, qs, os, seqs) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, ss, hr, qs, os, seqs) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
                 let hs = try c.exec(PGSchema.selectHosts)
                 let ss = try c.exec("SELECT \(PGSchema.scheduleColumns) FROM opqd.schedules ORDER BY queue, name")
+                let hr = try c.exec("SELECT \(PGSchema.historyColumns) FROM opqd.history ORDER BY queue, step, start")
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues ORDER BY name")
                 let os = try c.exec("SELECT \(PGSchema.operationColumns) FROM opqd.operations ORDER BY id")
                 let seqs = try c.exec(PGSchema.lastSeq)
                 try c.exec("COMMIT")
-                return (ls, hs, ss, qs, os, seqs)
+                return (ls, hs, ss, hr, qs, os, seqs)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
@@ -191,6 +192,7 @@ final class PGReader {
         var state = RecoveredState(
             queues: queues, operations: operations, lastSeq: max(stored, known), limiters: try Self.limiters(ls), hosts: try Self.hosts(hs))
         state.schedules = try Self.schedules(ss)
+        state.history = try Self.history(hr)
         return state
     }
 
@@ -202,13 +204,15 @@ final class PGReader {
     func load(queues names: [String]) throws -> (RecoveredState, RemoteStates) {
         var list = ArrayColumn()
         for n in names { list.text(n) }
-        let (ls, hs, ss, qs, os, deps) = try withConnection { c throws(PGFailure) in
+        let (ls, hs, ss, hr, qs, os, deps) = try withConnection { c throws(PGFailure) in
             try c.exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             do throws(PGFailure) {
                 let ls = try c.exec(PGSchema.selectLimiters)
                 let hs = try c.exec(PGSchema.selectHosts)
                 let ss = try c.exec(
                     "SELECT \(PGSchema.scheduleColumns) FROM opqd.schedules WHERE queue = ANY($1::text[]) ORDER BY queue, name", [list.parameter])
+                let hr = try c.exec(
+                    "SELECT \(PGSchema.historyColumns) FROM opqd.history WHERE queue = ANY($1::text[]) ORDER BY queue, step, start", [list.parameter])
                 let qs = try c.exec("SELECT \(PGSchema.queueColumns) FROM opqd.queues WHERE name = ANY($1::text[]) ORDER BY name", [list.parameter])
                 let os = try c.exec(
                     "SELECT \(PGSchema.operationColumns) FROM opqd.operations WHERE queue = ANY($1::text[]) ORDER BY id", [list.parameter])
@@ -225,7 +229,7 @@ final class PGReader {
                     AND EXISTS (SELECT 1 FROM opqd.batch_parts p WHERE w.id = ANY(p.ids))
                     """, [list.parameter])
                 try c.exec("COMMIT")
-                return (ls, hs, ss, qs, os, deps)
+                return (ls, hs, ss, hr, qs, os, deps)
             } catch {
                 _ = try? c.exec("ROLLBACK")
                 throw error
@@ -234,6 +238,7 @@ final class PGReader {
         let (queues, operations) = try Self.decode(qs, os)
         var state = RecoveredState(queues: queues, operations: operations, lastSeq: 0, limiters: try Self.limiters(ls), hosts: try Self.hosts(hs))
         state.schedules = try Self.schedules(ss)
+        state.history = try Self.history(hr)
         return (state, Self.states(deps))
     }
 
@@ -346,6 +351,27 @@ final class PGReader {
         var out: [LimiterSnapshot] = []
         out.reserveCapacity(r.rows)
         for i in 0..<r.rows { out.append(try PGRecordDecoder.limiter(r, i)) }
+        return out
+    }
+
+    static func history(_ r: PGResult) throws(DecodeFailure) -> [HistoryRow] {
+        var out: [HistoryRow] = []
+        out.reserveCapacity(r.rows)
+        for i in 0..<r.rows {
+            let queue = r.text(i, 0) ?? ""
+            let step = r.int64(i, 1) ?? 0
+            let start = r.int64(i, 2) ?? -1
+            func fail(_ column: String, _ why: String) -> DecodeFailure {
+                DecodeFailure(detail: "history row \(queue.debugDescription)/\(step)/\(start): column \(column) \(why)")
+            }
+            guard step == HistoryRing.minute || step == HistoryRing.hour else { throw fail("step", "is not 60 or 3600") }
+            guard start >= 0, start % step == 0 else { throw fail("start", "is not a multiple of the step") }
+            do throws(HistoryText.Refusal) {
+                out.append(HistoryRow(queue: queue, step: step, bucket: try HistoryText.read(start: start, r.text(i, 3) ?? "")))
+            } catch {
+                throw fail("data", error.why)
+            }
+        }
         return out
     }
 

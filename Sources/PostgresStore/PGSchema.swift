@@ -536,6 +536,18 @@ package enum PGSchema {
         """
         ALTER TABLE opqd.operations ADD COLUMN admission text;
         """,
+        // 14 -> 15: the queues' history (API.md "History"), kept with the queue's partition (a new
+        // owner loads it with the queue): a row per queue, step and slot of its ring.
+        """
+        CREATE TABLE opqd.history (
+            queue text NOT NULL,
+            step  bigint NOT NULL,
+            slot  bigint NOT NULL,
+            start bigint NOT NULL,
+            data  text NOT NULL,
+            PRIMARY KEY (queue, step, slot)
+        );
+        """,
     ]
 
     /// Migrations run whole as one script (`runScript`) rather than split at semicolons.
@@ -740,6 +752,12 @@ package enum PGSchema {
         """
     static let deleteSchedule = "DELETE FROM opqd.schedules WHERE queue = $1 AND name = $2"
     static let deleteQueueSchedules = "DELETE FROM opqd.schedules WHERE queue = $1"
+    static let upsertHistory = """
+        INSERT INTO opqd.history (queue, step, slot, start, data) VALUES ($1, $2::bigint, $3::bigint, $4::bigint, $5) \
+        ON CONFLICT (queue, step, slot) DO UPDATE SET start = excluded.start, data = excluded.data
+        """
+    static let deleteQueueHistory = "DELETE FROM opqd.history WHERE queue = $1"
+    static let historyColumns = "queue, step, start, data"
     static func scheduleParameters(_ s: ScheduleSnapshot) -> [PGParameter] {
         func time(_ t: Timestamp?) -> PGParameter { t.map { PGParameter($0.nanoseconds) } ?? .null }
         return [

@@ -497,6 +497,8 @@ final class PGWriter: @unchecked Sendable {
                 case let .scheduleDeleted(queue, name):
                     lastSchedule[queue + "\u{0}" + name] = position
                     if partitioned { touched.insert(QueuePartitions.of(queue: queue)) }
+                case let .history(row):
+                    if partitioned { touched.insert(QueuePartitions.of(queue: row.queue)) }
                 case .kept: break
                 case let .batchPartAdded(_, part):
                     if partitioned { touched.insert(part) }
@@ -626,7 +628,10 @@ final class PGWriter: @unchecked Sendable {
                             try flush()
                             // Events numbered above may be deleted here: read back what stays.
                             deletes = true
-                            for sql in [PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueueSchedules, PGSchema.deleteQueue] {
+                            for sql in [
+                                PGSchema.deleteQueueEvents, PGSchema.deleteQueueOperations, PGSchema.deleteQueueSchedules, PGSchema.deleteQueueHistory,
+                                PGSchema.deleteQueue,
+                            ] {
                                 try send(sql, [PGParameter(name)])
                             }
                         case let .kept(r):
@@ -652,6 +657,13 @@ final class PGWriter: @unchecked Sendable {
                             if lastSchedule[queue + "\u{0}" + name] == position {
                                 try send(PGSchema.deleteSchedule, [PGParameter(queue), PGParameter(name)])
                             }
+                        case let .history(row):
+                            try send(
+                                PGSchema.upsertHistory,
+                                [
+                                    PGParameter(row.queue), PGParameter(row.step), PGParameter(row.slot), PGParameter(row.bucket.start),
+                                    PGParameter(HistoryText.write(row.bucket)),
+                                ])
                         }
                     }
                 case let .purge(cutoff, limit, reply):

@@ -131,13 +131,17 @@ tags:
   - name: workers
   - name: limiters
   - name: hosts
+    description: |
+      The target hosts of `http` operations, each with a circuit breaker that holds their
+      operations while the host is down or asked to slow down (`docs/API.md` "Hosts").
   - name: schedules
     description: |
       Operations created on a schedule: cron in a time zone with one stated daylight-saving
       rule, or every so many seconds; each nominal time runs at most once (`docs/API.md` "Schedules").
+  - name: history
     description: |
-      The target hosts of `http` operations, each with a circuit breaker that holds their
-      operations while the host is down or asked to slow down (`docs/API.md` "Hosts").
+      Each queue's counts and wait/run percentiles per minute (24 hours) and hour (30 days), kept
+      by the server (`docs/API.md` "History").
   - name: service
 
 paths:
@@ -2567,6 +2571,108 @@ paths:
                     items:
                       $ref: '#/components/schemas/Operation'
 
+  /v1/queues/{name}/history:
+    parameters:
+      - $ref: '#/components/parameters/QueueName'
+    get:
+      operationId: queueHistory
+      tags: [history]
+      summary: A queue's history
+      description: |
+        Counts per time bucket (`created`, `started`: each attempt one, `succeeded`, `failed`,
+        `cancelled`) and the wait (ready to executing) and run (executing to finished) times at
+        p50 and p95, in seconds, null where nothing happened. Kept by the server: it survives a
+        restart (kill -9 loses at most the last 2 seconds' counts) and follows the queue to a new
+        owner. Percentiles come from a log-scaled histogram per bucket (factor-2 bins).
+      parameters:
+        - name: step
+          in: query
+          required: false
+          description: Seconds per bucket (300 sums five one-minute buckets).
+          schema:
+            type: integer
+            enum: [60, 300, 3600]
+            default: 60
+        - name: since
+          in: query
+          required: false
+          description: The oldest time wanted (RFC 3339; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
+          schema:
+            type: string
+            format: date-time
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The buckets, oldest first; empty ones are left out.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/History'
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
+  /v1/history:
+    get:
+      operationId: history
+      tags: [history]
+      summary: Every queue's history, summed
+      description: |
+        `GET /v1/queues/{name}/history` summed over every queue. With several instances, every
+        instance's answer merged: counts exactly; a bucket several instances have takes the
+        largest p95 and a p50 weighted by starts (waits) or ends (runs), an estimate.
+      parameters:
+        - name: step
+          in: query
+          required: false
+          description: Seconds per bucket (300 sums five one-minute buckets).
+          schema:
+            type: integer
+            enum: [60, 300, 3600]
+            default: 60
+        - name: since
+          in: query
+          required: false
+          description: The oldest time wanted (RFC 3339; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
+          schema:
+            type: string
+            format: date-time
+        - $ref: '#/components/parameters/IfNoneMatch'
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '200':
+          description: The buckets, oldest first; empty ones are left out.
+          headers:
+            ETag:
+              $ref: '#/components/headers/ETag'
+          content:
+            application/json:
+              schema:
+                $ref: '#/components/schemas/History'
+        '304':
+          $ref: '#/components/responses/NotModified'
+        '404':
+          $ref: '#/components/responses/NotFound'
+        '422':
+          $ref: '#/components/responses/Unprocessable'
+
   /v1/schedules:
     get:
       operationId: listAllSchedules
@@ -4001,6 +4107,52 @@ components:
             properties:
               spec:
                 $ref: '#/components/schemas/ExternalSpec'
+
+    History:
+      type: object
+      additionalProperties: false
+      required: [step, buckets]
+      properties:
+        step:
+          type: integer
+          enum: [60, 300, 3600]
+        buckets:
+          type: array
+          items:
+            type: object
+            additionalProperties: false
+            required: [start, created, started, succeeded, failed, cancelled, waitP50, waitP95, runP50, runP95]
+            properties:
+              start:
+                $ref: '#/components/schemas/Timestamp'
+              created:
+                type: integer
+                minimum: 0
+              started:
+                type: integer
+                minimum: 0
+                description: Attempts begun (a retry is a start).
+              succeeded:
+                type: integer
+                minimum: 0
+              failed:
+                type: integer
+                minimum: 0
+              cancelled:
+                type: integer
+                minimum: 0
+              waitP50:
+                type: [number, 'null']
+                minimum: 0
+              waitP95:
+                type: [number, 'null']
+                minimum: 0
+              runP50:
+                type: [number, 'null']
+                minimum: 0
+              runP95:
+                type: [number, 'null']
+                minimum: 0
 
     AdmissionRequest:
       type: object

@@ -22,6 +22,7 @@ package func buildRouter(
     LimitersController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
     HostsController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
     SchedulesController(engine: engine, durability: durability, limits: limits).addRoutes(to: &router)
+    HistoryController(engine: engine).addRoutes(to: &router)
     ClusterController(engine: engine, placement: placement).addRoutes(to: &router)
     ObserversController(engine: engine, webhooks: webhooks).addRoutes(to: &router)
     EventsController(events: events, scheduler: engine.scheduler, limits: limits).addRoutes(to: &router)

@@ -24,6 +24,8 @@ extension EngineCore {
         case key(limiter: String, key: String, generation: UInt64)
         case host(String, generation: UInt64)
         case schedules(generation: UInt64)
+        /// Changed history buckets go to the store.
+        case history
     }
 
     // MARK: - limits of an operation
@@ -265,6 +267,8 @@ extension EngineCore {
             hostWakeFired(name, generation: generation)
         case let .schedules(generation):
             schedulesWakeFired(generation)
+        case .history:
+            flushHistory()
         }
     }
 

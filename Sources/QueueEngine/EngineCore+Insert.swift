@@ -57,7 +57,9 @@ extension EngineCore {
         }
         if !op.options.limits.isEmpty { attachFlow(op) }
         attachHost(op)
+        if !barrier { noteHistory(q) { $0.created &+= 1 } }
         if readyNow {
+            op.readySince = now.nanoseconds
             q.push(op)
             dirty.append(q)
         }

@@ -48,11 +48,16 @@ extension EngineCore {
         }
         switch to {
         case .ready:
+            op.readySince = now.nanoseconds
             q.push(op)
             dirty.append(q)
         case .executing:
             q.executing += 1
             op.runStartedAt = now.nanoseconds
+            if from == .ready, op.readySince > 0 {
+                let wait = now.nanoseconds.saturatingSubtract(op.readySince)
+                noteHistory(q) { $0.wait.add(nanoseconds: wait) }
+            }
         case .paused:
             if effect == .pauseRun {
                 op.resumeOnStart = true
@@ -95,6 +100,7 @@ extension EngineCore {
         if q.deleted { ops[op.id] = nil }
         if q.barrier === op { q.barrier = nil }
         if op.admission != nil { admissionFinished(op) }
+        if !op.isBarrier { historyFinished(op) }
         record(op)
         let dependents = op.dependents
         op.dependents = []

@@ -64,6 +64,15 @@ final class EngineCore: @unchecked Sendable {
     /// Schedules by queue, then name (API.md "Schedules").
     var schedules: [String: [String: ScheduleRecord]] = [:]
     var scheduleCount = 0
+    /// Queues whose history changed since the last flush, and whether the flush is armed.
+    var historyDirty: [QueueRecord] = []
+    var historyFlushArmed = false
+    /// The sum of every queue's history held here (`GET /v1/history`).
+    let historyTotal: QueueHistory = {
+        let h = QueueHistory()
+        h.tracksDirty = false
+        return h
+    }()
     /// When each schedule is next due: a min-heap of (due ns, generation, schedule); entries of
     /// a schedule whose generation moved on are stale.
     var scheduleHeap: [ScheduleDue] = []
@@ -319,6 +328,8 @@ final class EngineCore: @unchecked Sendable {
 
     /// Hands a run to the kind, with its timeout armed.
     func beginRun(_ op: OpRecord, resume: Bool) {
+        // Each attempt's start counts once; a resume continues one.
+        if !resume && !op.isBarrier { noteHistory(op.queue) { $0.started &+= 1 } }
         op.inBackoff = false
         op.backoffUntil = nil
         effects.append(.start(op.kind, context(op, resume: resume)))

@@ -121,6 +121,7 @@ extension QueueEngine {
             if q.held > 0 { throw .queueNotIdle(name, unfinished: q.unfinished + q.held) }
             core.dropSchedules(of: name)
             core.cancelAll(of: q)
+            core.historyLeaves(q)
             q.deleted = true
             // Its operations go with it; executing ones leave the table when they finish.
             for op in q.ops where op.state == .finished { core.ops[op.id] = nil }

@@ -137,13 +137,18 @@ extension QueueEngine {
 
     /// `release(queues:)` of every queue whose name `leaving` accepts, decided inside the change
     /// (a queue created a moment before goes too). Answers how many runs were stopped.
+    /// `handingOver`: the store is still this instance's (a clean hand-over, before its
+    /// partitions are given up): the queues' last history changes are written in this change, so
+    /// the new owner loads them. Nothing else is written.
     @discardableResult
-    public func release(where leaving: (String) -> Bool) -> ReleasedRuns {
+    public func release(handingOver: Bool = false, where leaving: (String) -> Bool) -> ReleasedRuns {
         (try? mutate { core throws(EngineError) -> ReleasedRuns in
             var gone: [OpRecord] = []
             var stopped = ReleasedRuns()
             for name in core.queues.keys.sorted() where leaving(name) {
                 guard let q = core.queues[name] else { continue }
+                if handingOver { core.flushHistory(of: [name]) }
+                core.historyLeaves(q)
                 // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
                 q.deleted = true
                 core.queues[name] = nil

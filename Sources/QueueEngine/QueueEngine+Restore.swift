@@ -46,6 +46,24 @@ extension QueueEngine {
                 core.queues[qs.name] = q
                 core.touch(q)
             }
+            // Before anything of the operations runs (a restart's new attempt is a start).
+            // Queues that had no history here yet (all of them at a start; those taken over
+            // in a cluster) get theirs, and the sum over queues takes it in.
+            var fresh: [String: QueueHistory] = [:]
+            for row in recovered.history {
+                guard let q = core.queues[row.queue], !q.deleted else { continue }
+                let h: QueueHistory
+                if let f = fresh[q.name] {
+                    h = f
+                } else if q.history == nil {
+                    h = core.history(q)
+                    fresh[q.name] = h
+                } else {
+                    continue
+                }
+                h.restore(row)
+            }
+            for h in fresh.values { core.historyTotal.merge(h) }
             var restored: [OpRecord] = []
             for s in recovered.operations.sorted(by: { $0.id < $1.id }) {
                 // Ids the engine could never have handed out (its ready heap keeps 60 bits).
@@ -121,7 +139,14 @@ extension QueueEngine {
             for op in restored {
                 switch op.state {
                 case .ready:
-                    if op.unfinishedDependencies > 0 { core.applyChecked(.dependencyAdded, to: op) } else { op.queue.push(op); core.dirty.append(op.queue) }
+                    if op.unfinishedDependencies > 0 {
+                        core.applyChecked(.dependencyAdded, to: op)
+                    } else {
+                        // Its wait counts from now: when it became ready before is not stored.
+                        op.readySince = core.now.nanoseconds
+                        op.queue.push(op)
+                        core.dirty.append(op.queue)
+                    }
                 case .pending:
                     core.makeReadyIfPossible(op)
                 case .executing:

@@ -63,6 +63,8 @@ final class OpRecord: @unchecked Sendable {  // guarded by the engine lock
     var parkKey: UInt64 = 0
     /// When its next attempt is due, while `inBackoff`.
     var backoffUntil: Timestamp?
+    /// When it last became ready (ns; its wait in the queue's history).
+    var readySince: Int64 = 0
     /// Its coming start was held back by a rate (counted once per start, `FlowCounters`).
     var rateDelayed = false
 
@@ -163,6 +165,8 @@ final class QueueRecord: @unchecked Sendable {  // guarded by the engine lock
     var fair: FairReady?
     /// Entries pushed into `fair` since it was built (live and stale).
     var fairEntries = 0
+    /// Its history (counts and sketches per minute and hour), once something happened.
+    var history: QueueHistory?
     /// Its operations by admission key, once a create named one.
     var admission: AdmissionIndex?
 

@@ -152,6 +152,9 @@ public enum StoreRecord: Sendable {
     /// A schedule was created or changed, or fired (its cursor moved): in the commit of its runs.
     case schedule(ScheduleSnapshot)
     case scheduleDeleted(queue: String, name: String)
+    /// A queue's history bucket changed (API.md "History"): written on a timer, in whatever
+    /// commit comes next.
+    case history(HistoryRow)
 
     /// The queue the record belongs to; nil for a kept answer or a batch part.
     public var queueName: String? {
@@ -163,6 +166,7 @@ public enum StoreRecord: Sendable {
         case .kept, .batchPartAdded, .limiter, .limiterDeleted, .host: return nil
         case let .schedule(s): return s.queue
         case let .scheduleDeleted(queue, _): return queue
+        case let .history(row): return row.queue
         }
     }
 }
@@ -211,6 +215,8 @@ public struct RecoveredState: Sendable {
     public var hosts: [HostSnapshot] = []
     /// Every stored schedule (restored after the operations: a schedule's last run is one).
     public var schedules: [ScheduleSnapshot] = []
+    /// The queues' history buckets (API.md "History").
+    public var history: [HistoryRow] = []
     public init(
         queues: [QueueSnapshot] = [], operations: [OperationSnapshot] = [], lastSeq: UInt64 = 0, limiters: [LimiterSnapshot] = [],
         hosts: [HostSnapshot] = []

@@ -145,6 +145,18 @@ enum Schema {
         """
         ALTER TABLE operations ADD COLUMN admission TEXT;   -- `debounce <since ns> <key>` or `singleton <key>`
         """,
+        // 6 -> 7: the queues' history (API.md "History"): a bucket per queue, step and slot of
+        // its ring, so a queue's rows are bounded whatever its traffic.
+        """
+        CREATE TABLE history (
+            queue TEXT NOT NULL,
+            step  INTEGER NOT NULL,   -- 60 or 3600
+            slot  INTEGER NOT NULL,   -- start / step modulo the ring's size
+            start INTEGER NOT NULL,   -- seconds
+            data  TEXT NOT NULL,      -- StoreKit.HistoryText
+            PRIMARY KEY (queue, step, slot)
+        ) WITHOUT ROWID;
+        """,
     ]
 
     static let operationColumns = """
@@ -181,6 +193,8 @@ enum Schema {
     static let upsertSchedule = "INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (\(placeholders(13)))"
     static let deleteSchedule = "DELETE FROM schedules WHERE queue = ?1 AND name = ?2"
     static let deleteQueueSchedules = "DELETE FROM schedules WHERE queue = ?1"
+    static let upsertHistory = "INSERT OR REPLACE INTO history (queue, step, slot, start, data) VALUES (?1, ?2, ?3, ?4, ?5)"
+    static let deleteQueueHistory = "DELETE FROM history WHERE queue = ?1"
     static let upsertHost = "INSERT OR REPLACE INTO hosts (\(hostColumns)) VALUES (\(placeholders(12)))"
     /// Hosts' breaker events (operation 0) older than the retention, with the finished operations'.
     static let deleteOldHostEvents = "DELETE FROM events WHERE operation = 0 AND time < ?1"

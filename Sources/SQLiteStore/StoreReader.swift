@@ -148,10 +148,15 @@ final class StoreReader {
         let ss = try connection.prepare("SELECT \(Schema.scheduleColumns) FROM schedules ORDER BY queue, name")
         defer { ss.finalize() }
         while try ss.step() { schedules.append(try RecordDecoder.schedule(ss)) }
+        var history: [HistoryRow] = []
+        let hr = try connection.prepare("SELECT queue, step, start, data FROM history ORDER BY queue, step, start")
+        defer { hr.finalize() }
+        while try hr.step() { history.append(try RecordDecoder.history(hr)) }
         let stored = UInt64(bitPattern: try connection.integer(Schema.lastSeq))
         guard stored <= RecordLimits.maxCounter else { throw DecodeFailure(detail: "the last event seq \(stored) is out of range") }
         var state = RecoveredState(queues: queues, operations: operations, lastSeq: max(stored, known), limiters: limiters, hosts: hosts)
         state.schedules = schedules
+        state.history = history
         return state
     }
 }

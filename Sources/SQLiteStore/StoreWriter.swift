@@ -40,6 +40,7 @@ final class StoreWriter: @unchecked Sendable {
     private let upsertOperation, upsertQueue, insertEvent, replaceEvent, upsertIdempotency, setLastSeq: SQLiteStatement
     private let upsertLimiter, deleteLimiter, upsertHost, deleteOldHostEvents: SQLiteStatement
     private let upsertSchedule, deleteSchedule, deleteQueueSchedules: SQLiteStatement
+    private let upsertHistory, deleteQueueHistory: SQLiteStatement
     private let deleteQueueEvents, deleteQueueOperations, deleteQueue: SQLiteStatement
     private let selectPurgeable, deleteOperationEvents, deleteOperation, deleteOldIdempotency: SQLiteStatement
     private let upsertMeta, deleteMeta, deleteMetaPrefix: SQLiteStatement
@@ -73,6 +74,8 @@ final class StoreWriter: @unchecked Sendable {
         upsertSchedule = try connection.prepare(Schema.upsertSchedule)
         deleteSchedule = try connection.prepare(Schema.deleteSchedule)
         deleteQueueSchedules = try connection.prepare(Schema.deleteQueueSchedules)
+        upsertHistory = try connection.prepare(Schema.upsertHistory)
+        deleteQueueHistory = try connection.prepare(Schema.deleteQueueHistory)
         deleteOldHostEvents = try connection.prepare(Schema.deleteOldHostEvents)
         deleteQueueEvents = try connection.prepare(Schema.deleteQueueEvents)
         deleteQueueOperations = try connection.prepare(Schema.deleteQueueOperations)
@@ -228,7 +231,7 @@ final class StoreWriter: @unchecked Sendable {
                 case let .host(h): lastHost[h.host] = position
                 case let .schedule(s): lastSchedule[s.queue + "\u{0}" + s.spec.name] = position
                 case let .scheduleDeleted(queue, name): lastSchedule[queue + "\u{0}" + name] = position
-                case .event, .queueDeleted, .kept, .batchPartAdded: break
+                case .event, .queueDeleted, .kept, .batchPartAdded, .history: break
                 }
                 position += 1
             }
@@ -254,7 +257,7 @@ final class StoreWriter: @unchecked Sendable {
                             guard lastQueue[q.name] == position else { continue }
                             try binder.write(q, with: upsertQueue)
                         case let .queueDeleted(name):
-                            for st in [deleteQueueEvents, deleteQueueOperations, deleteQueueSchedules, deleteQueue] {
+                            for st in [deleteQueueEvents, deleteQueueOperations, deleteQueueSchedules, deleteQueueHistory, deleteQueue] {
                                 st.bind(1, text: name)
                                 try st.run()
                             }
@@ -281,6 +284,14 @@ final class StoreWriter: @unchecked Sendable {
                             deleteSchedule.bind(1, text: queue)
                             deleteSchedule.bind(2, text: name)
                             try deleteSchedule.run()
+                        case let .history(row):
+                            // A bucket written twice in one commit: the later one holds more.
+                            upsertHistory.bind(1, text: row.queue)
+                            upsertHistory.bind(2, row.step)
+                            upsertHistory.bind(3, row.slot)
+                            upsertHistory.bind(4, row.bucket.start)
+                            upsertHistory.bind(5, text: HistoryText.write(row.bucket))
+                            try upsertHistory.run()
                         }
                     }
                 case let .purge(cutoff, limit, reply):

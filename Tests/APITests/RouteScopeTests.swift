@@ -81,6 +81,8 @@ struct RouteScopeTests {
         "POST /v1/queues/{name}/schedules/{schedule}/trigger": "queue {name}",
         "POST /v1/queues/{name}/schedules/{schedule}/backfill": "queue {name}",
         "GET /v1/schedules": "every instance, merged",
+        "GET /v1/queues/{name}/history": "queue {name}",
+        "GET /v1/history": "every instance, merged",
 
         "GET /v1/queues": "every queue, from the store",
         "POST /v1/queues": "queue in body.name",

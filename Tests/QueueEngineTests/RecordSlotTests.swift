@@ -26,7 +26,7 @@ final class SlotLogStore: OperationStore, @unchecked Sendable {
         records.compactMap { r in
             switch r {
             case let .operation(s): "op:" + (s.name ?? "")
-            case .queue, .queueDeleted, .event, .batchPartAdded, .limiter, .limiterDeleted, .host, .schedule, .scheduleDeleted: nil
+            case .queue, .queueDeleted, .event, .batchPartAdded, .limiter, .limiterDeleted, .host, .schedule, .scheduleDeleted, .history: nil
             case let .kept(k): "kept:" + k.scope
             }
         }

@@ -104,7 +104,7 @@ func openFailure(_ dir: String) -> StoreError? {
             conn.close()
             let error = try #require(openFailure(dir.path))
             #expect(error.reason == .newerSchema(found: 99, supported: Schema.version))
-            #expect(Schema.version == 6)
+            #expect(Schema.version == 7)
             #expect(error.description.contains("99"))
         }
     }

@@ -29,7 +29,7 @@ extension PostgresStoreTests {
             #expect(state.queues.map(\.name) == ["q"] && state.queues.first?.rateLimit == nil && state.queues.first?.fairnessWeights == [:])
             #expect(state.operations.map(\.options) == [OperationOptions()])
             #expect(state.limiters.isEmpty && state.lastSeq == 1)
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "14")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "15")
             var q = queueSnapshot("q", revision: 2)
             q.rateLimit = RateLimit(perSecond: 0.5, burst: 2)
             q.fairnessWeights = ["t": 4]

@@ -21,17 +21,18 @@ extension PostgresStoreTests {
             store.append([.queue(queueSnapshot("q")), .operation(operationSnapshot(1)), .event(event(1, 1))], upTo: 1)
             #expect(waitDurable(store, 1))
             store.close()
-            // The database as schema 11 left it: no hosts (and nothing of versions 13 and 14).
+            // The database as schema 11 left it: no hosts (and nothing of versions 13 to 15).
             try TestPostgres.psql(
                 url,
                 """
-                DROP TABLE opqd.schedules; ALTER TABLE opqd.operations DROP COLUMN schedule_name, DROP COLUMN schedule_nominal, DROP COLUMN admission;
+                DROP TABLE opqd.history; DROP TABLE opqd.schedules;
+                ALTER TABLE opqd.operations DROP COLUMN schedule_name, DROP COLUMN schedule_nominal, DROP COLUMN admission;
                 DROP TABLE opqd.hosts; UPDATE opqd.schema_version SET version = 11
                 """)
             let migrated = try PostgresStore(url: url)
             let state = try migrated.load()
             #expect(state.hosts.isEmpty && state.queues.map(\.name) == ["q"] && state.operations.map(\.id.raw) == [1] && state.lastSeq == 1)
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "14")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "15")
             let h = HostSnapshot(
                 host: "a:80", state: .open, consecutiveFailures: 5, openedAt: t0, until: t0.adding(seconds: 5),
                 lastError: .object([("type", .string("timeout"))]), reopenings: 1, revision: 2)

@@ -10,9 +10,10 @@ import Testing
 @Suite("PostgresLeaseTests: one limiter budget for the whole cluster")
 struct PostgresLeaseTests {
     /// What schema 11 added, dropped again: the database as schema 10 left it.
-    /// What schemas 14 (admission), 13 (schedules) and 12 (the hosts) added, then what 11 did.
+    /// What schemas 15 (history), 14 (admission), 13 (schedules) and 12 (the hosts) added, then what 11 did.
     static let dropSchema11 = """
-        DROP TABLE opqd.schedules; ALTER TABLE opqd.operations DROP COLUMN schedule_name, DROP COLUMN schedule_nominal, DROP COLUMN admission;
+        DROP TABLE opqd.history; DROP TABLE opqd.schedules;
+        ALTER TABLE opqd.operations DROP COLUMN schedule_name, DROP COLUMN schedule_nominal, DROP COLUMN admission;
         DROP TABLE opqd.hosts;
         DROP FUNCTION opqd.limiter_exchange; DROP FUNCTION opqd.limiter_budget; DROP FUNCTION opqd.read_limiter;
         DROP FUNCTION opqd.clock_ns; DROP TYPE opqd.limiter_settings; DROP TABLE opqd.limiter_slots; DROP TABLE opqd.limiter_buckets;
@@ -364,7 +365,7 @@ struct PostgresLeaseTests {
             guard let store else { throw TestClientError("the store did not open again") }
             defer { store.close() }
             #expect(try store.load().limiters.map(\.name) == ["l"])
-            #expect(try rows(url, "SELECT version FROM opqd.schema_version") == "14")
+            #expect(try rows(url, "SELECT version FROM opqd.schema_version") == "15")
             let a = leases(url, "a")
             defer { a.close() }
             #expect(try ask(a, want: 3).slots == 2)

@@ -144,7 +144,7 @@ struct PostgresStoreTests {
                 url, "CREATE SCHEMA opqd; CREATE TABLE opqd.schema_version (version integer NOT NULL); INSERT INTO opqd.schema_version VALUES (0)")
             let store = try PostgresStore(url: url)
             store.close()
-            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "14")
+            #expect(try TestPostgres.psql(url, "SELECT version FROM opqd.schema_version") == "15")
             // Version 2 added the cluster's instance and ownership tables (and the fence function),
             // version 3 the seq's sequence and the writers' commit marks, version 4 the partition
             // fence and the operation id blocks' sequence, version 5 the queues' status columns,
@@ -154,11 +154,11 @@ struct PostgresStoreTests {
             // limits and fairness keys, the limiters), version 11 the limiters' shared budgets
             // (buckets, slots leased per instance, the exchange's functions), version 12 the hosts,
             // version 13 the schedules and the schedule run of an operation, version 14 an
-            // operation's admission key.
+            // operation's admission key, version 15 the queues' history.
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'queues'") == "16")
             #expect(
                 try TestPostgres.psql(url, "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'opqd' AND table_name = 'operations'") == "30")
-            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "16")
+            #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd'") == "17")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'hosts'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'opqd' AND tablename = 'limiters'") == "1")
             #expect(try TestPostgres.psql(url, "SELECT count(*) FROM pg_sequences WHERE schemaname = 'opqd'") == "2")
@@ -173,7 +173,7 @@ struct PostgresStoreTests {
             #expect {
                 _ = try PostgresStore(url: url)
             } throws: { error in
-                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 14)
+                (error as? PostgresStoreError)?.reason == .newerSchema(found: 99, supported: 15)
             }
         }
     }

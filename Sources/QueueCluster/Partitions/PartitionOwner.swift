@@ -456,7 +456,7 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         serving.withLock { $0.subtract(parts) }
         // Decided inside the engine's lock: a queue created a moment ago in these partitions goes
         // too, and none can be created in them from now on (`onlyQueues`).
-        let stopped = engine.release { parts.contains(QueuePartitions.of(queue: $0)) }
+        let stopped = engine.release(handingOver: true) { parts.contains(QueuePartitions.of(queue: $0)) }
         changed.value?(.released { parts.contains(QueuePartitions.of(queue: $0)) })
         let epochs = held.all.filter { parts.contains($0.key) }
         engine.whenDurable { [self] in
