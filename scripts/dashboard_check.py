@@ -1,6 +1,6 @@
 """The dashboard in a real browser: headless Chromium driven over the Chrome DevTools Protocol.
 
-usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot PATH]
+usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot DIR]
                                           [--skip-scale] [--only basic|resume|panels|token|scale]
 (scripts/dashboard-check.sh installs Chromium and websocket-client, then runs this.)
 
@@ -35,6 +35,7 @@ import concurrent.futures
 import http.client
 import http.server
 import json
+import math
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ import signal
 import subprocess
 import sys
 import socket
+import sqlite3
 import tempfile
 import threading
 import time
@@ -283,7 +285,7 @@ def server_counts(server):
             for q in server.must("GET", "/v1/queues")["queues"]}
 
 
-def run_basic(binary, browser, screenshot):
+def run_basic(binary, browser):
     print("\n== basic: 3 queues, live events, an action, the views", flush=True)
     server = Server(binary)
     try:
@@ -438,17 +440,6 @@ def run_basic(binary, browser, screenshot):
         check(width <= 375, f"at 375 px a queue's view is {width} px wide (wide tables scroll in their own box)")
         same_columns(browser, "ops")
 
-        if screenshot:
-            browser.goto(server.base + "/", width=1400, height=460)
-            browser.until("the queue table", "document.body.dataset.queuesRendered === 'true'")
-            weekly = add_delay(server, "reports", 0.2, "weekly")
-            wait_for("weekly to finish", lambda: server.must("GET", f"/v1/operations/{weekly}")["state"] == "finished")
-            finished = server_counts(server)["reports"]["finished"]
-            browser.until("the reports row to count the finish",
-                          f"document.querySelector('tr[data-queue=reports] td[data-state=finished]').textContent === '{finished}'")
-            browser.pump(0.5)
-            browser.screenshot(screenshot)
-            print(f"  saved {screenshot}")
     finally:
         server.stop()
 
@@ -724,6 +715,103 @@ def shown_time(browser, selector):
     return browser.eval(f"(t => t ? t.getAttribute('datetime') : null)(document.querySelector({json.dumps(selector + ' time')}))")
 
 
+CHART_FIELDS = ("created", "started", "succeeded", "failed", "cancelled")
+CHART_SHOWN = """[...document.querySelectorAll('#%s figure.chart')].map(f => ({
+  range: f.dataset.range, since: f.dataset.since, step: Number(f.dataset.step),
+  totals: Object.fromEntries([...f.querySelectorAll('[data-total]')].filter(s => s.dataset.total !== 'live' && s.dataset.total !== 'waitP95Max')
+    .map(s => [s.dataset.total, Number(s.textContent.replace(/,/g, ''))])),
+  bars: [...f.querySelectorAll('.plot-tput g[data-start]')].map(g => [g.dataset.start, Number(g.dataset.succeeded), Number(g.dataset.failed)])
+    .filter(b => b[1] || b[2]),
+  live: [...f.querySelectorAll('.plot-tput g[data-start]')].reduce((n, g) => n + Number(g.dataset.live), 0),
+  waits: [...f.querySelectorAll('.plot-wait circle[data-start]')].map(c => [c.dataset.start, Number(c.dataset.wait)]) }))"""
+
+
+def check_charts(server, browser, box, path, what, timeout=12):
+    last = []
+
+    def agree():
+        nonlocal last
+        last = [(r, ok, t, s) for r, ok, t, s in (chart_matches_list(server, browser, box, path))]
+        return last and all(ok for _, ok, _, _ in last)
+    try:
+        wait_for(f"{what} to agree with {path}", agree, timeout=timeout, every=0.5)
+    except TimeoutError:
+        pass
+    for r, ok, t, s in last:
+        check(ok, f"{what}, {r}: totals, bars and p95 points equal {path}'s buckets (sums {s}; page {t})")
+    if not last:
+        check(False, f"{what}: no chart shown")
+
+
+def chart_matches_list(server, browser, box, path):
+    out = []
+    for fig in browser.eval(CHART_SHOWN % box):
+        got = server.must("GET", f"{path}?step={fig['step']}&since={fig['since']}")["buckets"]
+        sums = {f: sum(b[f] for b in got) for f in CHART_FIELDS}
+        bars = [[b["start"], b["succeeded"], b["failed"]] for b in got if b["succeeded"] or b["failed"]]
+        waits = [[b["start"], b["waitP95"]] for b in got if b["waitP95"] is not None]
+        out.append((fig["range"], fig["totals"] == sums and fig["bars"] == bars and fig["waits"] == waits and fig["live"] == 0,
+                    fig["totals"], sums))
+    return out
+
+
+# Succeeded and failed must differ by more than hue: failed is a pattern, and its dark stripe
+# against succeeded's fill has at least 3:1 contrast (WCAG's for graphics).
+CVD = r"""(() => {
+  const ok = document.querySelector('.plot-tput rect.bar-ok'), bad = document.querySelector('.plot-tput rect.bar-fail');
+  if (!ok || !bad) return 'no bars of both kinds';
+  const rgb = (c) => c.match(/[\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => (v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const fill = getComputedStyle(bad).fill;
+  const m = fill.match(/url\("?#([\w-]+)"?\)/);
+  if (!m) return 'failed is drawn without a pattern: ' + fill;
+  const stripes = [...document.getElementById(m[1]).querySelectorAll('rect')].map(r => lum(rgb(getComputedStyle(r).fill)));
+  const a = lum(rgb(getComputedStyle(ok).fill)), dark = Math.min(...stripes);
+  const ratio = (Math.max(a, dark) + 0.05) / (Math.min(a, dark) + 0.05);
+  return ratio >= 3 ? 'ok ' + ratio.toFixed(1) : 'stripe vs succeeded only ' + ratio.toFixed(2) + ':1';
+})()"""
+
+
+def finish_external(server, queue, outcomes):
+    """External operations finished by a worker as given: 'ok' succeeds, 'fail' fails."""
+    ids = [server.must("POST", f"/v1/queues/{queue}/operations", {"kind": "external", "spec": {"lease": 30}, "retry": {"maxAttempts": 1}})["id"]
+           for _ in outcomes]
+    claims = []
+    while len(claims) < len(ids):
+        code, got = server.request("POST", f"/v1/queues/{queue}/claim?wait=2&max={len(ids)}")
+        claims += (got or {}).get("claims", []) if code == 200 else []
+    finishes = [{"id": c["operation"]["id"], "leaseToken": c["lease"]["token"],
+                 **({"result": {"n": i}} if o == "ok" else {"error": {"type": "declined", "detail": "card declined"}})}
+                for i, (c, o) in enumerate(zip(claims, outcomes))]
+    server.must("POST", "/v1/operations:finish", {"finishes": finishes})
+    return ids
+
+
+def run_charts(server, browser):
+    """The history charts against GET /v1/history and GET /v1/queues/{q}/history (panels run)."""
+    server.must("POST", "/v1/queues", {"name": "jobs", "maxConcurrentOperationCount": 8})
+    finish_external(server, "jobs", ["ok", "ok", "fail", "ok", "fail"])
+    browser.eval("location.hash = '#/'")
+    browser.until("the overview charts", "document.body.dataset.chartsRendered === '*'")
+    check_charts(server, browser, "overview-charts", "/v1/history", "overview")
+    verdict = browser.eval(CVD)
+    check(verdict.startswith("ok"), f"failed and succeeded differ by pattern and lightness, not hue alone: {verdict}")
+    # Live: finishes seen on the stream grow the newest bucket before the next read; that read
+    # then has them.
+    add_delay(server, "jobs", 0.01, "tick")
+    browser.pump(0.5)
+    for i in range(3):
+        add_delay(server, "jobs", 0.01, f"live-{i}")
+    grown = wait_for("the newest bucket to grow from the stream",
+                     lambda: browser.eval("[...document.querySelectorAll('#overview-charts figure[data-range=hour] g[data-live]')]"
+                                          ".reduce((n, g) => n + Number(g.dataset.live), 0)") or None, timeout=4)
+    check(grown >= 1, f"finishes seen live grow the newest bucket between reads (+{grown} before the next read)")
+    check_charts(server, browser, "overview-charts", "/v1/history", "overview after the next read")
+    browser.eval("location.hash = '#/q/jobs'")
+    browser.until("the queue's charts", "document.body.dataset.chartsRendered === 'jobs'")
+    check_charts(server, browser, "q-charts", "/v1/queues/jobs/history", "queue jobs")
+
+
 def run_panels(binary, browser):
     print("\n== panels: hosts, limiters, schedules, and why an operation waits", flush=True)
     server = Server(binary, "--breaker-failures", "2", "--breaker-open", "300")
@@ -871,7 +959,9 @@ def run_panels(binary, browser):
                       "document.querySelector('#q-schedules-body tr').dataset.schedule === 'hooks/ping'")
         check(True, "a queue's view lists its schedules")
 
-        for view in ("#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+        run_charts(server, browser)
+
+        for view in ("#/", "#/q/jobs", "#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
             browser.eval(f"location.hash = '{view}'")
             browser.pump(0.4)
             bad = browser.eval(A11Y)
@@ -880,7 +970,7 @@ def run_panels(binary, browser):
         check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
         browser.goto(server.base + "/", width=375, height=740, mobile=True)
         browser.until("the page at 375 px", "document.body.dataset.queuesRendered === 'true'")
-        for view in ("#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+        for view in ("#/", "#/q/jobs", "#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
             browser.eval(f"location.hash = '{view}'")
             browser.pump(0.4)
             width = browser.eval("document.documentElement.scrollWidth")
@@ -978,12 +1068,15 @@ def create_many(server, queues, per_queue):
 
 
 def measure_load(browser, url, settle=1.0):
-    """Loads url with the cache off; returns (first render ms, bytes fetched, per-URL bytes)."""
+    """Loads url with the cache off; returns (first render ms of the queue table, of the overview
+    charts, bytes fetched, per-URL bytes)."""
     browser.send("Network.setCacheDisabled", {"cacheDisabled": True})
     browser.goto(url)
     browser.until("the first render", "performance.getEntriesByName('opqd-queues-rendered').length > 0", timeout=15)
+    browser.until("the overview charts", "performance.getEntriesByName('opqd-overview-rendered').length > 0", timeout=15)
     browser.pump(settle)
     render = browser.eval("performance.getEntriesByName('opqd-queues-rendered')[0].startTime")
+    charts = browser.eval("performance.getEntriesByName('opqd-overview-rendered')[0].startTime")
     urls, finished, streamed = {}, {}, {}
     for e in browser.events:
         p = e.get("params", {})
@@ -998,7 +1091,7 @@ def measure_load(browser, url, settle=1.0):
         n = finished.get(rid, streamed.get(rid, 0))
         per_url[url] = per_url.get(url, 0) + n
     browser.send("Network.setCacheDisabled", {"cacheDisabled": False})
-    return render, sum(per_url.values()), per_url
+    return render, charts, sum(per_url.values()), per_url
 
 
 def run_scale(binary, browser, queues=100, per_queue=1000):
@@ -1011,16 +1104,17 @@ def run_scale(binary, browser, queues=100, per_queue=1000):
         total = sum(sum(c.values()) for c in server_counts(server).values())
         check(total == queues * per_queue, f"the server counts {total:,} operations")
 
-        render, fetched, per_url = measure_load(browser, server.base + "/")
+        render, charts, fetched, per_url = measure_load(browser, server.base + "/")
         rows = browser.eval("document.querySelectorAll('#queues-body tr').length")
         check(rows == queues, f"the page lists {rows} queues")
         shown = browser.eval("document.querySelector('tr[data-queue=q042] td[data-state=ready]').textContent")
         check(shown == f"{per_queue:,}", f"q042 shows ready {shown}")
         for url, n in sorted(per_url.items(), key=lambda kv: -kv[1]):
             print(f"    {n:>8,} B  {url.replace(server.base, '')}")
-        print(f"  FIGURES first render {render:.0f} ms, fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
+        print(f"  FIGURES first render {render:.0f} ms (charts {charts:.0f} ms), fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
               f"with {queues} queues and {total:,} operations")
         check(render <= RENDER_BUDGET_MS, f"first render {render:.0f} ms <= {RENDER_BUDGET_MS} ms")
+        check(charts <= RENDER_BUDGET_MS, f"overview charts drawn at {charts:.0f} ms <= {RENDER_BUDGET_MS} ms")
         check(fetched <= BYTES_BUDGET, f"fetched {fetched:,} B <= {BYTES_BUDGET:,} B")
 
         # A queue's operations: one page, never everything.
@@ -1091,6 +1185,133 @@ def run_scale(binary, browser, queues=100, per_queue=1000):
         server.stop()
 
 
+def seed_history(path, queues, now):
+    """Every minute of the last 24 hours and every hour of the last 30 days busy, in each queue:
+    the rows the server keeps (SQLite table `history`, StoreKit.HistoryText), written while it is
+    stopped. The most history a queue can have, so the largest answers the page can get."""
+    con = sqlite3.connect(path)
+    rows = []
+    for q in queues:
+        for step, ring in ((60, 1440), (3600, 720)):
+            k = step // 60
+            for i in range(ring):
+                start = (now // step - i) * step
+                # created started succeeded failed cancelled | wait bins | run bins
+                text = f"{40 * k} {42 * k} {36 * k} {3 * k} {k}|6:{30 * k} 9:{8 * k} 12:{4 * k}|8:{30 * k} 11:{9 * k}"
+                rows.append((q, step, (start // step) % ring, start, text))
+    con.executemany("INSERT OR REPLACE INTO history (queue, step, slot, start, data) VALUES (?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    return len(rows)
+
+
+def run_history_scale(binary, browser, queues=100):
+    """100 queues with 30 days of history each (seeded into a stopped server's SQLite store): the
+    overview's first render and its bytes stay within the budget, and its charts equal the API's."""
+    print(f"\n== scale: {queues} queues with 30 days of history each", flush=True)
+    server = Server(binary)
+    try:
+        names = [f"h{i:03d}" for i in range(queues)]
+        for name in names:
+            server.must("POST", "/v1/queues", {"name": name, "isSuspended": True})
+        port = server.port
+        server.halt()
+        t = time.monotonic()
+        n = seed_history(os.path.join(server.data, "db", "opqd.sqlite"), names, int(time.time()))
+        print(f"  seeded {n:,} history buckets in {time.monotonic() - t:.1f} s")
+        t = time.monotonic()
+        server.start(port)
+        print(f"  restarted with them in {time.monotonic() - t:.1f} s")
+        month = server.must("GET", "/v1/queues/h042/history?step=3600&since=" +
+                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 30 * 86400)))["buckets"]
+        check(len(month) >= 719, f"h042 answers {len(month)} hourly buckets for the last 30 days")
+
+        render, charts, fetched, per_url = measure_load(browser, server.base + "/")
+        for url, size in sorted(per_url.items(), key=lambda kv: -kv[1]):
+            print(f"    {size:>8,} B  {url.replace(server.base, '')}")
+        print(f"  FIGURES first render {render:.0f} ms (charts {charts:.0f} ms), fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
+              f"with {queues} queues of 30 days' history")
+        check(render <= RENDER_BUDGET_MS and charts <= RENDER_BUDGET_MS,
+              f"first render {render:.0f} ms, overview charts {charts:.0f} ms <= {RENDER_BUDGET_MS} ms")
+        check(fetched <= BYTES_BUDGET, f"fetched {fetched:,} B <= {BYTES_BUDGET:,} B")
+        history = [u for u in per_url if "/history" in u]
+        check(len(history) == 2 and all("/v1/history?" in u for u in history),
+              f"the overview reads GET /v1/history twice (hour, day) and no queue's history: {[u.replace(server.base, '') for u in history]}")
+        check_charts(server, browser, "overview-charts", "/v1/history", "overview of 100 queues")
+    finally:
+        server.stop()
+
+
+def seed_day(path, queues, now):
+    """A plausible day for the screenshots: traffic that rises and falls over the day, a burst of
+    failures, waits that grow with the load (rows as the server keeps them, see seed_history)."""
+    con = sqlite3.connect(path)
+    rows = []
+    for qi, q in enumerate(queues):
+        scale = (3, 1.2, 0.5)[qi % 3]
+        hours = {}
+        for i in range(1440):
+            start = (now // 60 - i) * 60
+            phase = (start % 86400) / 86400 * 2 * math.pi
+            load = max(0.0, 1 + 0.8 * math.sin(phase + qi) + 0.3 * math.sin(start / 420.0 + qi * 2))
+            done = int(scale * 12 * load)
+            if done == 0:
+                continue
+            failed = int(done * 0.35) if (start // 60) % 97 in (40, 41, 42, 43) else int(done * 0.04 * (1 + math.sin(start / 900.0)))
+            ok = done - failed
+            cancelled = 1 if (start // 60) % 23 == 0 else 0
+            slow = int(2 * load)  # the wait's upper bins fill as the load grows
+            text = f"{done + cancelled} {done + failed // 2} {ok} {failed} {cancelled}|8:{done} {10 + slow}:{max(1, done // 5)}|9:{ok} 11:{failed + 1}"
+            rows.append((q, 60, (start // 60) % 1440, start, text))
+            h = hours.setdefault(start // 3600 * 3600, [0, 0, 0, 0, 0, 0])
+            for j, v in enumerate((done + cancelled, done + failed // 2, ok, failed, cancelled, slow)):
+                h[j] = max(h[j], v) if j == 5 else h[j] + v
+        for start, (c, st, ok, f, ca, slow) in hours.items():
+            rows.append((q, 3600, (start // 3600) % 720, start, f"{c} {st} {ok} {f} {ca}|8:{ok} {10 + slow}:{max(1, ok // 5)}|9:{ok} 11:{f + 1}"))
+    con.executemany("INSERT OR REPLACE INTO history (queue, step, slot, start, data) VALUES (?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+
+
+def run_screenshots(binary, browser, out):
+    """docs/dashboard-overview.png and docs/dashboard-queue.png: three queues with a day of
+    history (seeded, see seed_day), work in flight, a schedule and a live tail."""
+    print("\n== screenshots", flush=True)
+    server = Server(binary)
+    try:
+        for name, limit in (("emails", 8), ("images", 2), ("reports", 1)):
+            server.must("POST", "/v1/queues", {"name": name, "maxConcurrentOperationCount": limit})
+        server.must("POST", "/v1/queues/emails/schedules", {"name": "digest", "cron": "0 7 * * mon-fri", "timezone": "Europe/Berlin",
+                                                              "operation": {"kind": "delay", "spec": {"seconds": 2}}})
+        server.must("POST", "/v1/queues/reports/schedules", {"name": "hourly", "every": 3600, "operation": {"kind": "delay", "spec": {"seconds": 5}}})
+        port = server.port
+        server.halt()
+        seed_day(os.path.join(server.data, "db", "opqd.sqlite"), ["emails", "images", "reports"], int(time.time()))
+        server.start(port)
+        for i in range(6):
+            add_delay(server, "emails", 300, f"welcome-{i}")
+        for i in range(3):
+            add_delay(server, "images", 300, f"thumbnail-{i}")
+        add_delay(server, "reports", 300, "quarterly")
+        browser.goto(server.base + "/", width=1400, height=860)
+        browser.until("the overview", "document.body.dataset.queuesRendered === 'true' && document.body.dataset.chartsRendered === '*'")
+        for i in range(4):
+            add_delay(server, "emails", 0.05, f"receipt-{i}")
+        browser.pump(1.5)
+        path = os.path.join(out, "dashboard-overview.png")
+        browser.screenshot(path)
+        print(f"  saved {path}")
+        browser.eval("location.hash = '#/q/emails'")
+        browser.until("the queue view", "document.body.dataset.chartsRendered === 'emails' && document.querySelectorAll('#ops-body tr').length > 0 && "
+                      "!document.getElementById('q-sched').hidden")
+        browser.pump(1.0)
+        path = os.path.join(out, "dashboard-queue.png")
+        browser.screenshot(path)
+        print(f"  saved {path}")
+    finally:
+        server.stop()
+
+
 def main():
     # `timeout` (scripts/dashboard-check.sh) ends a run that hangs with SIGTERM: unwind through
     # the finally blocks, so the servers and Chromium started here are stopped and removed.
@@ -1100,7 +1321,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=".build/debug/opqd")
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
-    ap.add_argument("--screenshot", help="save a screenshot of the basic run here")
+    ap.add_argument("--screenshot", metavar="DIR", help="save dashboard-overview.png and dashboard-queue.png here")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--only", choices=["basic", "resume", "panels", "token", "scale"])
     ap.add_argument("--per-queue", type=int, default=1000)
@@ -1111,7 +1332,7 @@ def main():
     browser = Browser(args.chromium)
     try:
         if args.only in (None, "basic"):
-            run_basic(args.binary, browser, args.screenshot)
+            run_basic(args.binary, browser)
         if args.only in (None, "resume"):
             run_resume(args.binary, browser)
         if args.only in (None, "panels"):
@@ -1120,6 +1341,9 @@ def main():
             run_token(args.binary, browser)
         if args.only == "scale" or (args.only is None and not args.skip_scale):
             run_scale(args.binary, browser, per_queue=args.per_queue)
+            run_history_scale(args.binary, browser)
+        if args.screenshot:
+            run_screenshots(args.binary, browser, args.screenshot)
     except Exception as e:  # a timeout or a broken step: report it as a failure, clean up below
         failures.append(f"{type(e).__name__}: {e}")
         print(f"  FAIL  {type(e).__name__}: {e}", flush=True)

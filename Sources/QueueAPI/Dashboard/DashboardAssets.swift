@@ -4,7 +4,7 @@
 
 /// dashboard/index.html, served at the dashboard route for it.
 let dashboardHTML = DashboardAsset(
-    contentType: "text/html; charset=utf-8", etag: "\"7bd4c54d8f4813e8f0253cca0fbcb9b1\"",
+    contentType: "text/html; charset=utf-8", etag: "\"15da36c12e2cb4ed6d82e540a5424091\"",
     text: #"""
 <!doctype html>
 <html lang="en">
@@ -57,6 +57,8 @@ let dashboardHTML = DashboardAsset(
   </section>
 
   <section id="view-queues" class="panel" hidden aria-labelledby="queues-title">
+    <h2 id="overview-title">Activity</h2>
+    <div id="overview-charts" class="charts" role="group" aria-labelledby="overview-title"></div>
     <h2 id="queues-title">Queues <span id="queues-count" class="muted"></span></h2>
     <div class="scroll" role="region" aria-labelledby="queues-title" tabindex="0">
       <table id="queues" class="grid">
@@ -104,6 +106,8 @@ let dashboardHTML = DashboardAsset(
         <button type="submit" class="danger">Cancel matching…</button>
       </form>
     </div>
+
+    <div id="q-charts" class="charts" role="group" aria-label="history of this queue"></div>
 
     <section id="q-sched" class="sub" hidden aria-labelledby="q-sched-title">
       <h3 id="q-sched-title">Schedules</h3>
@@ -294,6 +298,15 @@ let dashboardHTML = DashboardAsset(
   </section>
 </main>
 
+<svg class="defs" width="0" height="0" aria-hidden="true" focusable="false">
+  <defs>
+    <pattern id="pat-failed" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+      <rect width="5" height="5" fill="#f6d2d2"/>
+      <rect width="2.5" height="5" fill="#8b1a1a"/>
+    </pattern>
+  </defs>
+</svg>
+
 <dialog id="confirm" aria-labelledby="confirm-text">
   <p id="confirm-text"></p>
   <p id="confirm-cascade-row"><label><input type="checkbox" id="confirm-cascade"> Also cancel every operation that depends on it</label></p>
@@ -309,7 +322,7 @@ let dashboardHTML = DashboardAsset(
 
 /// dashboard/dashboard.css, served at the dashboard route for it.
 let dashboardCSS = DashboardAsset(
-    contentType: "text/css; charset=utf-8", etag: "\"d9d553678abd020890b88563ae16afee\"",
+    contentType: "text/css; charset=utf-8", etag: "\"9a75ec514e129650770be584af42a5b7\"",
     text: #"""
 /* opqd dashboard. Colours keep WCAG AA contrast (4.5:1 for text) on their backgrounds. */
 :root {
@@ -405,6 +418,31 @@ table.grid { border-collapse: collapse; width: 100%; }
 pre.json { background: var(--panel); border: 1px solid var(--line); border-radius: 4px; padding: 0.5rem; overflow: auto; max-height: 20rem; margin: 0; }
 .deps { margin: 0; padding-left: 1.2rem; }
 
+/* Charts. Succeeded and failed differ by pattern and lightness, not by hue alone: succeeded is
+   a light solid fill, failed dark stripes, a finish seen live (outcome unknown yet) an outline. */
+.defs { position: absolute; width: 0; height: 0; overflow: hidden; }
+.charts { margin: 0.25rem 0 0.75rem; }
+.chart-grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(17rem, 1fr)); gap: 0.5rem 1.5rem; }
+.chart { margin: 0; min-width: 0; }
+.plot-label { margin: 0.3rem 0 0; font-size: 0.85rem; color: var(--muted); }
+.chart figcaption { font-size: 0.95rem; }
+.chart-svg { display: block; color: var(--muted); overflow: visible; }
+.chart-svg .tick { fill: currentColor; font-size: 11px; font-variant-numeric: tabular-nums; }
+.chart-svg .grid-line { stroke: #d8dee4; stroke-width: 1; }
+.chart-svg .tick-line { stroke: var(--muted); }
+.bar-ok { fill: #9fc3ea; stroke: #1f4f8a; stroke-width: 0.75; }
+.bar-fail { fill: url(#pat-failed); stroke: #8b1a1a; stroke-width: 0.75; }
+.bar-live { fill: #ffffff; stroke: #1b1f24; stroke-width: 1; stroke-dasharray: 2 1.5; }
+.line-p95 { fill: none; stroke: #1b1f24; stroke-width: 1.75; }
+.line-p50 { fill: none; stroke: #4f5862; stroke-width: 1.25; stroke-dasharray: 4 3; }
+.dot-p95 { fill: #1b1f24; }
+.totals { margin: 0.1rem 0 0; font-size: 0.88rem; font-variant-numeric: tabular-nums; }
+.chart-note { margin: 0; font-size: 0.88rem; }
+.chart-note:empty { display: none; }
+.legend { display: flex; flex-wrap: wrap; gap: 0.2rem 1rem; list-style: none; margin: 0.4rem 0 0; padding: 0; font-size: 0.88rem; color: var(--muted); }
+.legend li { display: inline-flex; align-items: center; gap: 0.3rem; }
+.swatch { overflow: visible; }
+.swatch .bar-ok, .swatch .bar-fail, .swatch .bar-live { stroke-width: 1; }
 .waiting { margin: 0; padding-left: 1.2rem; }
 .grid td.wrap { white-space: normal; min-width: 12rem; }
 .busiest { margin: 0; padding: 0; list-style: none; }
@@ -445,7 +483,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"ef9f2929fd11c6e53498ec0184207443\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"d99207a133add40c3cf3490bf311ab5e\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -494,6 +532,8 @@ let dashboardJS = DashboardAsset(
     limiters: null,           // the limiters view: {rows: Map name -> {...}, keysRead: Map name -> {sig, at}}
     scheds: null,             // schedule rows shown (the schedules view or a queue's): {rows: Map 'q/name' -> {...}}
     sched: null,              // the open schedule: {queue, name, etag, data}
+    charts: null,             // the history charts shown (the overview's or a queue's), see openCharts
+    skew: undefined,          // ms the server's clock is ahead of this browser's
     resumedFrom: null,        // the Last-Event-ID the open stream resumed after
     firstOfStream: false,
   };
@@ -551,6 +591,11 @@ let dashboardJS = DashboardAsset(
       throw new Problem(0, 'the server could not be reached (' + e.message + ')');
     }
     const etag = res.headers.get('ETag');
+    if (S.skew === undefined) {
+      // The server's clock against this browser's (a second's precision; ignored below 2 s).
+      const date = Date.parse(res.headers.get('Date') || '');
+      if (Number.isFinite(date)) S.skew = Math.abs(date - Date.now()) > 2000 ? date - Date.now() : 0;
+    }
     if (res.status === 304) return {status: 304, body: null, etag};
     let data = null;
     const text = await res.text();
@@ -766,6 +811,7 @@ let dashboardJS = DashboardAsset(
       const queue = ev.queue;
       markDirty('sq:' + queue, () => refreshQueueSchedules(queue));
     }
+    chartEvent(ev);
     if (typeof ev.queue === 'string') {
       S.dirtyQueues.add(ev.queue);
       if (ev.key === 'isFinished' && ev.new === true) countFinished(ev.queue);
@@ -845,6 +891,8 @@ let dashboardJS = DashboardAsset(
         if (S.dirty.has(key)) schedule();
       });
     }
+    const cw = chartsTick(now);
+    if (cw) wait = wait ? Math.min(wait, cw) : cw;
     if (S.list && S.list.missed) {
       setText($('q-list-note'), S.list.missed.toLocaleString('en') + ' change(s) to operations not in this list since it was read; press Show to re-read it.');
     }
@@ -877,6 +925,7 @@ let dashboardJS = DashboardAsset(
   }
 
   async function refreshAll() {
+    if (S.charts) readCharts(S.charts, true);
     await loadQueues().catch(() => {});
     if (S.op) refreshOp();
   }
@@ -1076,6 +1125,8 @@ let dashboardJS = DashboardAsset(
     }
     stopPoll();
     S.dirty.clear();
+    if (name === 'queues') openCharts(null, $('overview-charts'));
+    else if (name !== 'queue') closeCharts();
     if (name !== 'op') S.op = null;
     if (name !== 'queue') S.list = null;
     S.hosts = null;
@@ -1136,6 +1187,7 @@ let dashboardJS = DashboardAsset(
     $('q-search').value = '';
     loadOps(name, '', '', true);
     openQueueSchedules(name);
+    openCharts(name, $('q-charts'));
   }
 
   async function loadOps(queue, state, prefix, reset) {
@@ -1401,6 +1453,315 @@ let dashboardJS = DashboardAsset(
   function rateText(r) {
     if (!r) return '–';
     return num(r.perSecond) + '/s, burst ' + num(r.burst);
+  }
+
+  // ---- charts: a queue's history (GET /v1/queues/{q}/history) or every queue's (GET /v1/history),
+  // drawn as inline SVG by this script ----
+  // Two windows, each one request: the last hour at one-minute steps (60 buckets), the last day
+  // at one-hour steps (24). Between reads the newest bucket grows from the stream (finishes seen
+  // live, whose outcome the next read tells); a read after events asks only from the newest
+  // bucket held (`since`), with If-None-Match, at most every CHART_READ_MS.
+  const RANGES = [
+    {id: 'hour', title: 'Last hour', step: 60, count: 60},
+    {id: 'day', title: 'Last day', step: 3600, count: 24},
+  ];
+  const CHART_READ_MS = 5000;
+  const CHART_SLIDE_MS = 60000;
+  const LIVE_MAX = 5000;
+  const SVGNS = 'http://www.w3.org/2000/svg';
+
+  function svg(tag, attrs, ...children) {
+    const e = document.createElementNS(SVGNS, tag);
+    if (attrs) for (const [k, v] of Object.entries(attrs)) if (v !== undefined && v !== null) e.setAttribute(k, String(v));
+    for (const c of children) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return e;
+  }
+
+  // The server's clock, as far as the Date header of its answers tells (to a second): buckets
+  // are the server's minutes and hours.
+  const serverNow = () => Date.now() + (S.skew || 0);
+
+  // A set of charts for one scope (a queue, or null for all of them) in `box`.
+  function openCharts(scope, box) {
+    closeCharts();
+    clear(box);
+    const set = {scope, box, ranges: [], live: [], lastRead: 0, dirty: false, drawn: false};
+    const grid = el('div', {class: 'chart-grid'});
+    for (const r of RANGES) {
+      const fig = el('figure', {class: 'chart', 'data-range': r.id});
+      const head = el('figcaption', null, el('strong', {text: r.title}), ' ', el('span', {class: 'muted', text: scope === null ? 'all queues' : ''}));
+      const tput = el('div', {class: 'plot plot-tput'});
+      const wait = el('div', {class: 'plot plot-wait'});
+      const totals = el('p', {class: 'totals'});
+      const note = el('p', {class: 'muted chart-note', role: 'status'});
+      fig.append(head, el('p', {class: 'plot-label', text: 'Finished per ' + (r.step === 60 ? 'minute' : 'hour')}), tput,
+        el('p', {class: 'plot-label', text: 'Wait, ready to executing'}), wait, totals, note);
+      grid.append(fig);
+      set.ranges.push(Object.assign({fig, tput, wait, totals, note, buckets: new Map(), etag: null, url: null, since: null, failed: false}, r));
+    }
+    box.append(grid, legend());
+    S.charts = set;
+    set.resize = new ResizeObserver(() => { if (S.charts === set) requestAnimationFrame(() => drawCharts(set)); });
+    set.resize.observe(box);
+    set.slide = setInterval(() => { if (!document.hidden) readCharts(set, false); }, CHART_SLIDE_MS);
+    readCharts(set, true);
+    return set;
+  }
+
+  function closeCharts() {
+    const set = S.charts;
+    if (!set) return;
+    set.resize.disconnect();
+    clearInterval(set.slide);
+    S.charts = null;
+  }
+
+  function legend() {
+    const swatch = (cls, line) => {
+      const s = svg('svg', {class: 'swatch', width: 18, height: 12, 'aria-hidden': 'true', focusable: 'false'});
+      s.append(line ? svg('line', {class: cls, x1: 1, y1: 6, x2: 17, y2: 6}) : svg('rect', {class: cls, x: 1, y: 1, width: 16, height: 10}));
+      return s;
+    };
+    return el('ul', {class: 'legend'},
+      el('li', null, swatch('bar-ok'), ' succeeded (solid)'),
+      el('li', null, swatch('bar-fail'), ' failed (dark stripes)'),
+      el('li', null, swatch('bar-live'), ' finished, seen live: outcome at the next read'),
+      el('li', null, swatch('line-p95', true), ' wait p95'),
+      el('li', null, swatch('line-p50', true), ' wait p50 (dashed)'));
+  }
+
+  // The window of a range now: its first bucket's start and the end of the current bucket (s).
+  function windowOf(r) {
+    const now = Math.floor(serverNow() / 1000);
+    const end = (Math.floor(now / r.step) + 1) * r.step;
+    return {from: end - r.count * r.step, end};
+  }
+  const iso = (sec) => new Date(sec * 1000).toISOString();
+
+  async function readCharts(set, full) {
+    if (S.charts !== set) return;
+    set.lastRead = performance.now();
+    set.dirty = false;
+    const seq = S.lastSeq;
+    const reads = set.ranges.map(async (r) => {
+      const {from} = windowOf(r);
+      // A full read of the window at first and when it slid past what is held; else from the
+      // newest bucket held (the one that grows).
+      let since = from;
+      if (!full && r.buckets.size) since = Math.max(from, Math.max(...r.buckets.keys()));
+      const path = (set.scope === null ? '/v1/history' : '/v1/queues/' + seg(set.scope) + '/history') +
+        '?step=' + r.step + '&since=' + encodeURIComponent(iso(since));
+      let res;
+      try {
+        res = await api('GET', path, undefined, r.url === path && r.etag ? {'If-None-Match': r.etag} : undefined);
+      } catch (e) {
+        if (S.charts !== set) return;
+        r.failed = true;
+        setText(r.note, e instanceof Problem && e.status === 404 && !r.buckets.size ?
+          'No history: ' + e.message : 'Reading the history failed: ' + e.message);
+        return;
+      }
+      if (S.charts !== set) return;
+      r.failed = false;
+      r.since = since;
+      if (res.status === 304) return;
+      r.url = path;
+      r.etag = res.etag;
+      for (const k of Array.from(r.buckets.keys())) if (k >= since || k < from) r.buckets.delete(k);
+      for (const b of (res.body && res.body.buckets) || []) {
+        const t = parseTime(b.start);
+        if (t !== null) r.buckets.set(Math.floor(t / 1000), b);
+      }
+      r.readFrom = from;
+      r.readSince = since;
+    });
+    await Promise.all(reads);
+    if (S.charts !== set) return;
+    // Finishes the reads have counted leave the live tally (those seen after the read began stay).
+    if (seq !== null) set.live = set.live.filter((x) => x.seq > seq);
+    drawCharts(set);
+  }
+
+  // A change from the stream: a finish grows the newest bucket at once; a read follows later.
+  function chartEvent(ev) {
+    const set = S.charts;
+    if (!set || (set.scope !== null && ev.queue !== set.scope) || typeof ev.queue !== 'string') return;
+    if (ev.key === 'isCancelled' && ev.new === true) set.cancelled = (set.cancelled || new Set()).add(ev.operation);
+    if (ev.key === 'isFinished' && ev.new === true) {
+      const t = parseTime(ev.time);
+      const cancelled = set.cancelled && set.cancelled.delete(ev.operation);
+      if (!cancelled && t !== null) {
+        set.live.push({seq: Number(ev.seq), sec: Math.floor(t / 1000)});
+        if (set.live.length > LIVE_MAX) set.live.splice(0, set.live.length - LIVE_MAX);
+      }
+    }
+    if (set.cancelled && set.cancelled.size > LIVE_MAX) set.cancelled.clear();
+    set.dirty = true;
+    set.redraw = true;
+  }
+
+  // Called from flush(): draws what the stream added (at most once a frame) and reads again
+  // when events came and CHART_READ_MS passed.
+  function chartsTick(now) {
+    const set = S.charts;
+    if (!set) return 0;
+    if (set.redraw) { set.redraw = false; drawCharts(set); }
+    if (!set.dirty) return 0;
+    const wait = CHART_READ_MS - (now - set.lastRead);
+    if (wait > 0) return wait;
+    readCharts(set, false);
+    return 0;
+  }
+
+  function fmtSeconds(s) {
+    if (s === null || s === undefined) return '–';
+    if (s < 1) return Math.round(s * 1000) + ' ms';
+    if (s < 60) return (s < 10 && s % 1 ? s.toFixed(1) : Math.round(s)) + ' s';
+    if (s < 3600) return +(s / 60).toFixed(1) + ' min';
+    return (s / 3600).toFixed(1) + ' h';
+  }
+  // A round duration at or above v seconds, for the wait axis.
+  function niceDuration(v) {
+    const steps = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200];
+    for (const d of steps) if (d >= v) return d;
+    return Math.ceil(v / 3600) * 3600;
+  }
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+  function clockLabel(sec, withDay) {
+    const d = new Date(sec * 1000);
+    const hm = pad2(d.getHours()) + ':' + pad2(d.getMinutes());
+    return withDay && d.getHours() === 0 && d.getMinutes() === 0 ? (d.getMonth() + 1) + '/' + d.getDate() : hm;
+  }
+
+  function drawCharts(set) {
+    if (S.charts !== set) return;
+    for (const r of set.ranges) drawRange(set, r);
+    if (!set.drawn && set.ranges.every((r) => r.since !== null || r.failed)) {
+      set.drawn = true;
+      if (set.scope === null && !S.overviewMarked) {
+        S.overviewMarked = true;
+        performance.mark('opqd-overview-rendered');
+      }
+      document.body.dataset.chartsRendered = set.scope === null ? '*' : set.scope;
+    }
+  }
+
+  function drawRange(set, r) {
+    const {from, end} = windowOf(r);
+    const width = Math.max(240, Math.floor(r.fig.clientWidth || 480));
+    const left = 46, right = 8, plotW = width - left - right;
+    const x = (sec) => left + (sec - from) / (end - from) * plotW;
+    const slot = plotW / r.count;
+    const live = new Map();
+    for (const e of set.live) {
+      if (e.sec < from || e.sec >= end) continue;
+      const k = Math.floor(e.sec / r.step) * r.step;
+      live.set(k, (live.get(k) || 0) + 1);
+    }
+    const rows = [];
+    const sum = {created: 0, started: 0, succeeded: 0, failed: 0, cancelled: 0};
+    let peakWait = null;
+    for (let k = from; k < end; k += r.step) {
+      const b = r.buckets.get(k);
+      const row = {k, ok: 0, bad: 0, live: live.get(k) || 0, p95: null, p50: null, b};
+      if (b) {
+        row.ok = b.succeeded || 0;
+        row.bad = b.failed || 0;
+        row.p95 = typeof b.waitP95 === 'number' ? b.waitP95 : null;
+        row.p50 = typeof b.waitP50 === 'number' ? b.waitP50 : null;
+        for (const f of Object.keys(sum)) sum[f] += b[f] || 0;
+        if (row.p95 !== null) peakWait = Math.max(peakWait || 0, row.p95);
+      }
+      rows.push(row);
+    }
+    const liveTotal = rows.reduce((n, row) => n + row.live, 0);
+
+    // Throughput: succeeded, failed and live finishes stacked per bucket.
+    const th = 120, tb = 16, tTop = 8, tPlot = th - tb - tTop;
+    const tMax = niceMax(Math.max(0, ...rows.map((row) => row.ok + row.bad + row.live)));
+    const tSvg = svg('svg', {class: 'chart-svg', width, height: th, viewBox: '0 0 ' + width + ' ' + th, role: 'img'});
+    const tTitle = (set.scope === null ? 'All queues' : 'Queue ' + set.scope) + ', ' + r.title.toLowerCase() + ': operations finished per ' +
+      (r.step === 60 ? 'minute' : 'hour') + ': ' + sum.succeeded + ' succeeded, ' + sum.failed + ' failed' +
+      (liveTotal ? ', ' + liveTotal + ' more seen finishing' : '');
+    tSvg.setAttribute('aria-label', tTitle);
+    axes(tSvg, {left, width, top: tTop, plot: tPlot, max: tMax, fmt: (v) => num(v), from, end, r, x});
+    const yT = (v) => tTop + tPlot - v / tMax * tPlot;
+    const barW = Math.max(1, slot - (slot > 4 ? 1.5 : 0.5));
+    for (const row of rows) {
+      if (!row.ok && !row.bad && !row.live) continue;
+      const g = svg('g', {'data-start': iso(row.k), 'data-succeeded': row.ok, 'data-failed': row.bad, 'data-live': row.live});
+      g.append(svg('title', null, clockLabel(row.k) + ': ' + row.ok + ' succeeded, ' + row.bad + ' failed' +
+        (row.live ? ', ' + row.live + ' seen finishing' : '') + (row.b ? ', ' + (row.b.cancelled || 0) + ' cancelled' : '')));
+      let base = 0;
+      for (const [v, cls] of [[row.ok, 'bar-ok'], [row.bad, 'bar-fail'], [row.live, 'bar-live']]) {
+        if (!v) continue;
+        const y0 = yT(base), y1 = yT(base + v);
+        g.append(svg('rect', {class: cls, x: (x(row.k) + 0.25).toFixed(2), y: y1.toFixed(2), width: barW.toFixed(2), height: Math.max(0.5, y0 - y1).toFixed(2)}));
+        base += v;
+      }
+      tSvg.append(g);
+    }
+
+    // Wait (ready to executing): p95 as a solid line with points, p50 dashed; gaps where no
+    // operation started.
+    const wh = 84, wTop = 8, wPlot = wh - tb - wTop;
+    const wMax = niceDuration(Math.max(0, ...rows.map((row) => row.p95 || 0)));
+    const wSvg = svg('svg', {class: 'chart-svg', width, height: wh, viewBox: '0 0 ' + width + ' ' + wh, role: 'img'});
+    wSvg.setAttribute('aria-label', r.title + ': wait p95 ' + (peakWait === null ? 'none' : 'at most ' + fmtSeconds(peakWait)));
+    axes(wSvg, {left, width, top: wTop, plot: wPlot, max: wMax, fmt: fmtSeconds, from, end, r, x, label: 'wait'});
+    const yW = (v) => wTop + wPlot - v / wMax * wPlot;
+    for (const [field, cls] of [['p50', 'line-p50'], ['p95', 'line-p95']]) {
+      let d = '', pen = false;
+      for (const row of rows) {
+        const v = row[field];
+        if (v === null) { pen = false; continue; }
+        d += (pen ? 'L' : 'M') + (x(row.k) + slot / 2).toFixed(1) + ' ' + yW(v).toFixed(1);
+        pen = true;
+        if (field === 'p95') {
+          wSvg.append(svg('circle', {class: 'dot-p95', cx: (x(row.k) + slot / 2).toFixed(1), cy: yW(v).toFixed(1), r: 2, 'data-start': iso(row.k), 'data-wait': v},
+            svg('title', null, clockLabel(row.k) + ': wait p95 ' + fmtSeconds(v) + ', p50 ' + fmtSeconds(row.p50))));
+        }
+      }
+      if (d) wSvg.insertBefore(svg('path', {class: cls, d}), wSvg.querySelector('circle'));
+    }
+    r.tput.replaceChildren(tSvg);
+    r.wait.replaceChildren(wSvg);
+
+    // The numbers: the sums of the buckets read (the stream's finishes apart).
+    r.fig.dataset.since = iso(from);
+    r.fig.dataset.step = String(r.step);
+    clear(r.totals);
+    const parts = [['created', 'created'], ['started', 'started'], ['succeeded', 'succeeded'], ['failed', 'failed'], ['cancelled', 'cancelled']];
+    parts.forEach(([f, label], i) => {
+      if (i) r.totals.append(' · ');
+      r.totals.append(label + ' ', el('span', {class: 'total', 'data-total': f, text: num(sum[f])}));
+    });
+    r.totals.append(' · wait p95 peak ', el('span', {class: 'total', 'data-total': 'waitP95Max', text: fmtSeconds(peakWait)}));
+    if (liveTotal) r.totals.append(' · ', el('span', {'data-total': 'live', text: '+' + num(liveTotal) + ' seen finishing since the last read'}));
+    if (!r.failed) setText(r.note, r.buckets.size || liveTotal ? '' : 'Nothing happened in this window.');
+  }
+
+  // Horizontal grid lines with values, and time labels under the plot.
+  function axes(s, o) {
+    const ticks = [0, o.max / 2, o.max];
+    for (const v of ticks) {
+      const y = o.top + o.plot - v / o.max * o.plot;
+      s.append(svg('line', {class: 'grid-line', x1: o.left, x2: o.width - 4, y1: y.toFixed(1), y2: y.toFixed(1)}));
+      s.append(svg('text', {class: 'tick', x: o.left - 4, y: (y + 4).toFixed(1), 'text-anchor': 'end'}, o.fmt(v)));
+    }
+    const every = o.r.step === 60 ? 600 : 6 * 3600;
+    const offset = new Date().getTimezoneOffset() * 60;  // labels on the browser's round hours
+    for (let t = Math.ceil((o.from - offset) / every) * every + offset; t < o.end; t += every) {
+      const xx = o.x(t);
+      if (xx < o.left + 12 || xx > o.width - 16) continue;
+      s.append(svg('line', {class: 'tick-line', x1: xx.toFixed(1), x2: xx.toFixed(1), y1: o.top + o.plot, y2: o.top + o.plot + 3}));
+      s.append(svg('text', {class: 'tick', x: xx.toFixed(1), y: o.top + o.plot + 13, 'text-anchor': 'middle'}, clockLabel(t, true)));
+    }
   }
 
   // ---- hosts (GET /v1/hosts, PATCH /v1/hosts/{host}) ----
