@@ -890,6 +890,14 @@ def run_panels(binary, browser):
         check(True, "the row says closed (by hand), 0 held")
         check(browser.eval(f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('host {host} breaker open → closed'))"),
               "the live tail shows the host's breaker change")
+        # By keyboard: Tab from the top reaches the row's Auto button, drawn with a focus outline.
+        browser.eval("document.activeElement.blur()")
+        for _ in range(30):
+            key(browser, "Tab", "Tab", 9)
+            if browser.eval("document.activeElement.classList.contains('h-auto')"):
+                break
+        check(browser.eval("document.activeElement.classList.contains('h-auto') && getComputedStyle(document.activeElement).outlineStyle === 'solid'"),
+              "Tab reaches the host's buttons, with a focus outline")
         browser.eval(f"document.querySelector({json.dumps(row + ' .h-auto')}).click()")
         wait_for("the host back on the automatic rules", lambda: "manual" not in server.must("GET", f"/v1/hosts/{host}"))
         check(True, "Auto through the page hands it back to the automatic rules")
@@ -920,11 +928,11 @@ def run_panels(binary, browser):
         browser.eval("location.hash = '#/schedules'")
         browser.until("the schedule rows", "document.querySelectorAll('#schedules-body tr').length === 2")
         listed = {f"{s['queue']}/{s['name']}": s for s in server.must("GET", "/v1/schedules")["schedules"]}
-        for key, s in listed.items():
-            sel = f"#schedules-body tr[data-schedule='{key}']"
+        for name, s in listed.items():
+            sel = f"#schedules-body tr[data-schedule='{name}']"
             check(shown_time(browser, sel + " [data-field=nextRunAt]") == s["nextRunAt"] and
                   browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}).textContent") == "never",
-                  f"{key}: next run {s['nextRunAt']}, never run, as the API says")
+                  f"{name}: next run {s['nextRunAt']}, never run, as the API says")
         sel = "#schedules-body tr[data-schedule='billing/nightly']"
         browser.eval(f"document.querySelector({json.dumps(sel + ' .s-trigger')}).click()")
         confirm(browser)

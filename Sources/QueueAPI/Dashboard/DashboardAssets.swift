@@ -483,7 +483,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"d99207a133add40c3cf3490bf311ab5e\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"fd758099bdb824370cecec22e31b5577\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -1944,7 +1944,8 @@ let dashboardJS = DashboardAsset(
       setText($('limiters-count'), '(' + list.length.toLocaleString('en') + ')');
       $('limiters-empty').hidden = list.length > 0;
       document.body.dataset.limitersRendered = 'true';
-      // Busiest keys: re-read only where the totals moved (or 10 s passed), a few limiters a round.
+      // Busiest keys: re-read where the totals moved (at most every 5 s) or 30 s passed, a few
+      // limiters a round: a page of keys can be 100 KB.
       const now = performance.now();
       let reads = 0;
       for (const l of list) {
@@ -1952,7 +1953,7 @@ let dashboardJS = DashboardAsset(
         const sig = l.running + '/' + l.waiting + '/' + l.keys;
         const last = L.keysRead.get(l.name);
         if (!l.keys) { fill(entry.cells.busiest, '–'); L.keysRead.set(l.name, {sig, at: now}); continue; }
-        if (last && last.sig === sig && now - last.at < 10000) continue;
+        if (last && (last.sig === sig ? now - last.at < 30000 : now - last.at < 5000)) continue;
         if (reads++ >= KEY_READS) break;
         L.keysRead.set(l.name, {sig, at: now});
         await loadBusiest(L, l);
