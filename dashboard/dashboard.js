@@ -1139,10 +1139,12 @@
     for (const d of steps) if (d >= v) return d;
     return Math.ceil(v / 3600) * 3600;
   }
+  // A round count at or above v whose half is whole too (the axis marks 0, half and the top).
   function niceMax(v) {
-    if (!(v > 0)) return 1;
+    if (!(v > 2)) return 2;
+    if (v <= 10) return 2 * Math.ceil(v / 2);
     const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    for (const m of [1, 2, 3, 5, 10]) if (m * p >= v) return m * p;
     return 10 * p;
   }
   function clockLabel(sec, withDay) {

@@ -920,7 +920,7 @@ def run_panels(binary, browser):
               busiest[0][3] == "acct-42: 2 of 2 running, 3 waiting" and busiest[1][3].startswith("acct-7: 1 of 1 running"),
               f"its busiest keys are the keys endpoint's, busiest first: {[b[3] for b in busiest]}")
         browser.eval(f"location.hash = '#/op/{charges[4]}'")
-        browser.until("why the charge waits", "(l => l && /running/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=limiter]'))")
+        browser.until("why the charge waits", "(l => l && /\\d of \\d running/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=limiter]'))")
         words = browser.eval("document.querySelector('#op-waiting li[data-type=limiter]').textContent")
         check(words == "waiting for limiter stripe, key acct-42: 2 of 2 running, 3 waiting", f"waitingOn in words: {words!r}")
 
@@ -930,19 +930,22 @@ def run_panels(binary, browser):
         listed = {f"{s['queue']}/{s['name']}": s for s in server.must("GET", "/v1/schedules")["schedules"]}
         for name, s in listed.items():
             sel = f"#schedules-body tr[data-schedule='{name}']"
+            last = browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}).textContent")
             check(shown_time(browser, sel + " [data-field=nextRunAt]") == s["nextRunAt"] and
-                  browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}).textContent") == "never",
-                  f"{name}: next run {s['nextRunAt']}, never run, as the API says")
+                  (last == "never" if "lastRun" not in s else s["lastRun"]["operation"] in last),
+                  f"{name}: next run {s['nextRunAt']}, last run {last!r}, as the API says")
         sel = "#schedules-body tr[data-schedule='billing/nightly']"
         browser.eval(f"document.querySelector({json.dumps(sel + ' .s-trigger')}).click()")
         confirm(browser)
-        made = wait_for("a run of nightly", lambda: (s := server.must("GET", "/v1/queues/billing/schedules/nightly")).get("runs") == 1 and s)
+        runs = listed["billing/nightly"]["runs"]
+        made = wait_for("a run of nightly", lambda: (s := server.must("GET", "/v1/queues/billing/schedules/nightly")).get("runs") == runs + 1 and s)
         run = op_state(server, made["lastRun"]["operation"])
         check(run.get("schedule", {}).get("name") == "nightly", f"Run now through the page created a run: {run['id']} of schedule nightly")
         browser.until("the row's last run", f"(td => td.textContent.includes('{run['id']}'))(document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}))")
         check(shown_time(browser, sel + " [data-field=lastRun]") == made["lastRun"]["nominalTime"] and
-              browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=counts]')}).textContent") == "1 · 0 · 0",
-              "the row shows that run (its nominal time and operation) and counts 1 · 0 · 0")
+              browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=counts]')}).textContent") ==
+              f"{made['runs']} · {made['skipped']} · {made['missed']}",
+              f"the row shows that run (its nominal time and operation) and counts {made['runs']} · {made['skipped']} · {made['missed']}")
         browser.eval(f"document.querySelector({json.dumps(sel + ' .s-toggle')}).click()")
         confirm(browser)
         wait_for("nightly paused", lambda: server.must("GET", "/v1/queues/billing/schedules/nightly")["isPaused"])

@@ -4,7 +4,7 @@
 
 /// dashboard/index.html, served at the dashboard route for it.
 let dashboardHTML = DashboardAsset(
-    contentType: "text/html; charset=utf-8", etag: "\"15da36c12e2cb4ed6d82e540a5424091\"",
+    contentType: "text/html; charset=utf-8", etag: "\"fa48265119937c785f4ea5de51c1ddce\"",
     text: #"""
 <!doctype html>
 <html lang="en">
@@ -119,7 +119,7 @@ let dashboardHTML = DashboardAsset(
               <th scope="col" class="opt">When</th>
               <th scope="col">Next run</th>
               <th scope="col">Last run</th>
-              <th scope="col" class="num opt" title="runs · skipped · missed">Runs · skipped · missed</th>
+              <th scope="col" class="num opt" title="runs created · skipped · missed">Runs</th>
               <th scope="col">State</th>
               <th scope="col" class="act-col">Actions</th>
             </tr>
@@ -248,7 +248,7 @@ let dashboardHTML = DashboardAsset(
             <th scope="col" class="opt">When</th>
             <th scope="col">Next run</th>
             <th scope="col">Last run</th>
-            <th scope="col" class="num opt" title="runs · skipped · missed">Runs · skipped · missed</th>
+            <th scope="col" class="num opt" title="runs created · skipped · missed">Runs</th>
             <th scope="col">State</th>
             <th scope="col" class="act-col">Actions</th>
           </tr>
@@ -483,7 +483,7 @@ dialog::backdrop { background: rgba(0, 0, 0, 0.35); }
 
 /// dashboard/dashboard.js, served at the dashboard route for it.
 let dashboardJS = DashboardAsset(
-    contentType: "text/javascript; charset=utf-8", etag: "\"fd758099bdb824370cecec22e31b5577\"",
+    contentType: "text/javascript; charset=utf-8", etag: "\"e6557d29f9c2293851c31aa7b1fc3b3a\"",
     text: #"""
 // opqd dashboard: plain JavaScript, no build step, no dependencies.
 //
@@ -1626,10 +1626,12 @@ let dashboardJS = DashboardAsset(
     for (const d of steps) if (d >= v) return d;
     return Math.ceil(v / 3600) * 3600;
   }
+  // A round count at or above v whose half is whole too (the axis marks 0, half and the top).
   function niceMax(v) {
-    if (!(v > 0)) return 1;
+    if (!(v > 2)) return 2;
+    if (v <= 10) return 2 * Math.ceil(v / 2);
     const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    for (const m of [1, 2, 3, 5, 10]) if (m * p >= v) return m * p;
     return 10 * p;
   }
   function clockLabel(sec, withDay) {
