@@ -6,16 +6,17 @@
 # under 1 s and its load under 200 KB. Installs Chromium (Debian) and websocket-client (PyPI,
 # into .build-py/dashboard) when missing.
 #
-# usage: scripts/dashboard-check.sh [--binary PATH] [--screenshot] [--skip-scale] [--only basic|resume|token|scale]
+# usage: scripts/dashboard-check.sh [--binary PATH] [--screenshot] [--skip-scale] [--only basic|resume|panels|token|scale]
 #   --binary PATH  the opqd to run (default .build/debug/opqd; build it first)
-#   --screenshot   also save docs/dashboard.png (off by default, so a check run leaves the tree clean)
+#   --screenshot   also save docs/dashboard-overview.png and docs/dashboard-queue.png (off by default,
+#                  so a check run leaves the tree clean)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --screenshot) args+=(--screenshot docs/dashboard.png) ;;
+        --screenshot) args+=(--screenshot docs) ;;
         --binary) args+=(--binary "$2"); shift ;;
         --only) args+=(--only "$2"); shift ;;
         --skip-scale) args+=(--skip-scale) ;;

@@ -1,10 +1,10 @@
 """The dashboard in a real browser: headless Chromium driven over the Chrome DevTools Protocol.
 
-usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot PATH]
-                                          [--skip-scale] [--only basic|resume|token|scale]
+usage: python3 scripts/dashboard_check.py --binary .build/debug/opqd [--screenshot DIR]
+                                          [--skip-scale] [--only basic|resume|panels|token|scale]
 (scripts/dashboard-check.sh installs Chromium and websocket-client, then runs this.)
 
-Four runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary --data):
+Five runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary --data):
   basic  3 queues with executing and finished operations: the page shows them with the server's
          counts; a change made through the API after the page loaded shows up without a reload;
          a suspend clicked and confirmed on the page changes the server's state, and so does
@@ -14,8 +14,15 @@ Four runs, each on a fresh opqd (127.0.0.1, a port the kernel picks, a temporary
   resume the server goes away while the page is offline: the stream resumes with
          Last-Event-ID and delivers what was missed; after 410 it restarts from now and
          re-reads; after a restart that reset the seqs (--store memory) it starts over.
+  panels hosts, limiters, schedules (--breaker-failures 2): a host opened by a local port that
+         refuses shows open with the API's held count, failures and next probe; an operation it
+         holds says so in words; Close on the page (the target now up) releases the work, which
+         succeeds; Auto hands it back. The limiter panel's numbers are GET /v1/limiters', its
+         busiest keys the keys endpoint's; a limited operation says "2 of 2 running". Schedules
+         show the API's next and last runs; Run now on the page creates a run, Pause and Resume
+         work, the preview is GET …/next's. Contrast, names, console and 375 px as in basic.
   token  --token and --read-token: the page asks for a token; with the read token no action is
-         offered; with the full token they are.
+         offered (queues, operations, hosts, schedules); with the full token they are.
   scale  100 queues and 100,000 operations (--store memory): the first render of the queue
          table (a performance.mark the page sets) must come within 1 s of navigation start, and
          the page load must fetch under 200 KB (CDP Network encodedDataLength); a queue's view
@@ -26,14 +33,19 @@ import argparse
 import base64
 import concurrent.futures
 import http.client
+import http.server
 import json
+import math
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import socket
+import sqlite3
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -273,7 +285,7 @@ def server_counts(server):
             for q in server.must("GET", "/v1/queues")["queues"]}
 
 
-def run_basic(binary, browser, screenshot):
+def run_basic(binary, browser):
     print("\n== basic: 3 queues, live events, an action, the views", flush=True)
     server = Server(binary)
     try:
@@ -428,17 +440,6 @@ def run_basic(binary, browser, screenshot):
         check(width <= 375, f"at 375 px a queue's view is {width} px wide (wide tables scroll in their own box)")
         same_columns(browser, "ops")
 
-        if screenshot:
-            browser.goto(server.base + "/", width=1400, height=460)
-            browser.until("the queue table", "document.body.dataset.queuesRendered === 'true'")
-            weekly = add_delay(server, "reports", 0.2, "weekly")
-            wait_for("weekly to finish", lambda: server.must("GET", f"/v1/operations/{weekly}")["state"] == "finished")
-            finished = server_counts(server)["reports"]["finished"]
-            browser.until("the reports row to count the finish",
-                          f"document.querySelector('tr[data-queue=reports] td[data-state=finished]').textContent === '{finished}'")
-            browser.pump(0.5)
-            browser.screenshot(screenshot)
-            print(f"  saved {screenshot}")
     finally:
         server.stop()
 
@@ -678,6 +679,318 @@ def same_columns(browser, table):
     check(heads == cells and heads >= 3, f"at 375 px the {table} table shows as many headings as cells ({heads}, {cells})")
 
 
+class Target:
+    """A local HTTP target that refuses connections until `up()`, then answers 200."""
+
+    def __init__(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()  # nothing listens: connections are refused
+        self.server = None
+
+    def up(self):
+        class Ok(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *_):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Ok)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def down(self):
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def shown_time(browser, selector):
+    """The datetime of the <time> in `selector` (the page keeps the server's RFC 3339 text there)."""
+    return browser.eval(f"(t => t ? t.getAttribute('datetime') : null)(document.querySelector({json.dumps(selector + ' time')}))")
+
+
+CHART_FIELDS = ("created", "started", "succeeded", "failed", "cancelled")
+CHART_SHOWN = """[...document.querySelectorAll('#%s figure.chart')].map(f => ({
+  range: f.dataset.range, since: f.dataset.since, step: Number(f.dataset.step),
+  totals: Object.fromEntries([...f.querySelectorAll('[data-total]')].filter(s => s.dataset.total !== 'live' && s.dataset.total !== 'waitP95Max')
+    .map(s => [s.dataset.total, Number(s.textContent.replace(/,/g, ''))])),
+  bars: [...f.querySelectorAll('.plot-tput g[data-start]')].map(g => [g.dataset.start, Number(g.dataset.succeeded), Number(g.dataset.failed)])
+    .filter(b => b[1] || b[2]),
+  live: [...f.querySelectorAll('.plot-tput g[data-start]')].reduce((n, g) => n + Number(g.dataset.live), 0),
+  waits: [...f.querySelectorAll('.plot-wait circle[data-start]')].map(c => [c.dataset.start, Number(c.dataset.wait)]) }))"""
+
+
+def check_charts(server, browser, box, path, what, timeout=12):
+    last = []
+
+    def agree():
+        nonlocal last
+        last = [(r, ok, t, s) for r, ok, t, s in (chart_matches_list(server, browser, box, path))]
+        return last and all(ok for _, ok, _, _ in last)
+    try:
+        wait_for(f"{what} to agree with {path}", agree, timeout=timeout, every=0.5)
+    except TimeoutError:
+        pass
+    for r, ok, t, s in last:
+        check(ok, f"{what}, {r}: totals, bars and p95 points equal {path}'s buckets (sums {s}; page {t})")
+    if not last:
+        check(False, f"{what}: no chart shown")
+
+
+def chart_matches_list(server, browser, box, path):
+    out = []
+    for fig in browser.eval(CHART_SHOWN % box):
+        got = server.must("GET", f"{path}?step={fig['step']}&since={fig['since']}")["buckets"]
+        sums = {f: sum(b[f] for b in got) for f in CHART_FIELDS}
+        bars = [[b["start"], b["succeeded"], b["failed"]] for b in got if b["succeeded"] or b["failed"]]
+        waits = [[b["start"], b["waitP95"]] for b in got if b["waitP95"] is not None]
+        out.append((fig["range"], fig["totals"] == sums and fig["bars"] == bars and fig["waits"] == waits and fig["live"] == 0,
+                    fig["totals"], sums))
+    return out
+
+
+# Succeeded and failed must differ by more than hue: failed is a pattern, and its dark stripe
+# against succeeded's fill has at least 3:1 contrast (WCAG's for graphics).
+CVD = r"""(() => {
+  const ok = document.querySelector('.plot-tput rect.bar-ok'), bad = document.querySelector('.plot-tput rect.bar-fail');
+  if (!ok || !bad) return 'no bars of both kinds';
+  const rgb = (c) => c.match(/[\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => (v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const fill = getComputedStyle(bad).fill;
+  const m = fill.match(/url\("?#([\w-]+)"?\)/);
+  if (!m) return 'failed is drawn without a pattern: ' + fill;
+  const stripes = [...document.getElementById(m[1]).querySelectorAll('rect')].map(r => lum(rgb(getComputedStyle(r).fill)));
+  const a = lum(rgb(getComputedStyle(ok).fill)), dark = Math.min(...stripes);
+  const ratio = (Math.max(a, dark) + 0.05) / (Math.min(a, dark) + 0.05);
+  return ratio >= 3 ? 'ok ' + ratio.toFixed(1) : 'stripe vs succeeded only ' + ratio.toFixed(2) + ':1';
+})()"""
+
+
+def finish_external(server, queue, outcomes):
+    """External operations finished by a worker as given: 'ok' succeeds, 'fail' fails."""
+    ids = [server.must("POST", f"/v1/queues/{queue}/operations", {"kind": "external", "spec": {"lease": 30}, "retry": {"maxAttempts": 1}})["id"]
+           for _ in outcomes]
+    claims = []
+    while len(claims) < len(ids):
+        code, got = server.request("POST", f"/v1/queues/{queue}/claim?wait=2&max={len(ids)}")
+        claims += (got or {}).get("claims", []) if code == 200 else []
+    finishes = [{"id": c["operation"]["id"], "leaseToken": c["lease"]["token"],
+                 **({"result": {"n": i}} if o == "ok" else {"error": {"type": "declined", "detail": "card declined"}})}
+                for i, (c, o) in enumerate(zip(claims, outcomes))]
+    server.must("POST", "/v1/operations:finish", {"finishes": finishes})
+    return ids
+
+
+def run_charts(server, browser):
+    """The history charts against GET /v1/history and GET /v1/queues/{q}/history (panels run)."""
+    server.must("POST", "/v1/queues", {"name": "jobs", "maxConcurrentOperationCount": 8})
+    finish_external(server, "jobs", ["ok", "ok", "fail", "ok", "fail"])
+    browser.eval("location.hash = '#/'")
+    browser.until("the overview charts", "document.body.dataset.chartsRendered === '*'")
+    check_charts(server, browser, "overview-charts", "/v1/history", "overview")
+    verdict = browser.eval(CVD)
+    check(verdict.startswith("ok"), f"failed and succeeded differ by pattern and lightness, not hue alone: {verdict}")
+    # Live: finishes seen on the stream grow the newest bucket before the next read; that read
+    # then has them.
+    add_delay(server, "jobs", 0.01, "tick")
+    browser.pump(0.5)
+    for i in range(3):
+        add_delay(server, "jobs", 0.01, f"live-{i}")
+    grown = wait_for("the newest bucket to grow from the stream",
+                     lambda: browser.eval("[...document.querySelectorAll('#overview-charts figure[data-range=hour] g[data-live]')]"
+                                          ".reduce((n, g) => n + Number(g.dataset.live), 0)") or None, timeout=4)
+    check(grown >= 1, f"finishes seen live grow the newest bucket between reads (+{grown} before the next read)")
+    check_charts(server, browser, "overview-charts", "/v1/history", "overview after the next read")
+    browser.eval("location.hash = '#/q/jobs'")
+    browser.until("the queue's charts", "document.body.dataset.chartsRendered === 'jobs'")
+    check_charts(server, browser, "q-charts", "/v1/queues/jobs/history", "queue jobs")
+
+
+def run_panels(binary, browser):
+    print("\n== panels: hosts, limiters, schedules, and why an operation waits", flush=True)
+    server = Server(binary, "--breaker-failures", "2", "--breaker-open", "300")
+    target = Target()
+    host = f"127.0.0.1:{target.port}"
+    try:
+        # A host that refuses: 4 http operations with retries; 2 failures in a row open it.
+        server.must("POST", "/v1/queues", {"name": "hooks"})
+        hooks = [server.must("POST", "/v1/queues/hooks/operations", {
+            "kind": "http", "name": f"hook-{i}", "spec": {"method": "POST", "url": f"http://{host}/hook", "body": "x"},
+            "retry": {"maxAttempts": 5, "backoff": 0.2}})["id"] for i in range(4)]
+        # A limiter: 2 at once per key, 1 for acct-7; 5 operations on acct-42, 1 on acct-7.
+        server.must("POST", "/v1/limiters", {"name": "stripe", "concurrency": 2, "overrides": {"acct-7": {"concurrency": 1}}})
+        server.must("POST", "/v1/limiters", {"name": "smtp", "rate": {"perSecond": 0.01, "burst": 1}})
+        server.must("POST", "/v1/queues", {"name": "billing", "maxConcurrentOperationCount": 10})
+        charges = [server.must("POST", "/v1/queues/billing/operations", {
+            "kind": "delay", "name": f"charge-{i}", "spec": {"seconds": 120},
+            "limits": [{"limiter": "stripe", "key": "acct-42"}]})["id"] for i in range(5)]
+        server.must("POST", "/v1/queues/billing/operations", {
+            "kind": "delay", "name": "refund", "spec": {"seconds": 120}, "limits": [{"limiter": "stripe", "key": "acct-7"}]})
+        for i in range(2):
+            server.must("POST", "/v1/queues/billing/operations", {
+                "kind": "delay", "name": f"mail-{i}", "spec": {"seconds": 0.01}, "limits": [{"limiter": "smtp", "key": "news"}]})
+        # Schedules: one by cron in a zone with daylight saving, one every 10 minutes.
+        server.must("POST", "/v1/queues/billing/schedules", {
+            "name": "nightly", "cron": "30 2 * * *", "timezone": "Europe/Berlin", "operation": {"kind": "delay", "spec": {"seconds": 0.01}}})
+        server.must("POST", "/v1/queues/hooks/schedules", {"name": "ping", "every": 600, "operation": {"kind": "delay", "spec": {"seconds": 0.01}}})
+        wait_for("the host to open and hold all 4", lambda: (h := server.request("GET", f"/v1/hosts/{host}")[1]) and
+                 h.get("state") == "open" and h.get("held") == 4, timeout=15)
+
+        browser.goto(server.base + "/")
+        browser.until("the page", "document.body.dataset.queuesRendered === 'true' && document.getElementById('conn').textContent === 'live'")
+
+        # Hosts: the row says what GET /v1/hosts says.
+        browser.eval("location.hash = '#/hosts'")
+        row = f"#hosts-body tr[data-host='{host}']"
+        browser.until("the host row", f"!!document.querySelector({json.dumps(row)})")
+        api = server.must("GET", f"/v1/hosts/{host}")
+        seen = browser.eval(f"""(tr => ({{state: tr.querySelector('[data-field=state]').dataset.state,
+            badge: tr.querySelector('.badge').textContent, held: tr.querySelector('[data-field=held]').textContent,
+            failures: tr.querySelector('[data-field=consecutiveFailures]').textContent,
+            trips: tr.querySelector('[data-field=trips]').textContent,
+            until: tr.querySelector('[data-field=until]').textContent,
+            error: tr.querySelector('[data-field=lastError]').title}}))(document.querySelector({json.dumps(row)}))""")
+        check(seen["state"] == "open" and seen["badge"] == "open" and seen["held"] == str(api["held"]) and
+              seen["failures"] == str(api["consecutiveFailures"]) and seen["trips"] == str(api["trips"]),
+              f"the hosts panel shows {host} open, held {seen['held']}, failures {seen['failures']}, trips {seen['trips']} as the API: "
+              f"{api['state']}, {api['held']}, {api['consecutiveFailures']}, {api['trips']}")
+        check(shown_time(browser, row + " [data-field=until]") == api["until"] and seen["until"].startswith("next probe"),
+              f"and its next probe at the API's until {api['until']}: {seen['until']!r}")
+        check(api["lastError"]["type"] in seen["error"], f"and its last error ({api['lastError']['type']})")
+
+        # The held operation says why it waits, with the host's numbers.
+        browser.eval(f"location.hash = '#/op/{hooks[0]}'")
+        browser.until("why the hook waits", "(l => l && /\\d held/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=host]'))")
+        words = browser.eval("document.querySelector('#op-waiting li[data-type=host]').textContent")
+        waiting = op_state(server, hooks[0])["waitingOn"]
+        check(f"host {host} is held: its breaker is open until" in words and "4 held" in words and
+              shown_time(browser, "#op-waiting li[data-type=host]") == waiting[0].get("until"),
+              f"waitingOn in words: {words!r}")
+
+        # Close it from the page, with the target up: the held work runs and succeeds.
+        target.up()
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the host row", f"!!document.querySelector({json.dumps(row + ' .h-closed')})")
+        browser.eval(f"document.querySelector({json.dumps(row + ' .h-closed')}).click()")
+        check(server.must("GET", f"/v1/hosts/{host}")["state"] == "open", "nothing changes before confirming")
+        confirm(browser)
+        wait_for("the host closed by hand", lambda: (h := server.must("GET", f"/v1/hosts/{host}")).get("state") == "closed" and
+                 (h.get("manual") or {}).get("breaker") == "closed")
+        check(True, "Close through the page closed the host on the server (by hand)")
+        wait_for("the held hooks to succeed", lambda: all(op_state(server, i).get("outcome") == "succeeded" for i in hooks), timeout=15)
+        check(True, "and the 4 held operations ran and succeeded")
+        browser.until("the row to follow", f"(tr => tr.querySelector('.badge').textContent === 'closed (by hand)' && "
+                      f"tr.querySelector('[data-field=held]').textContent === '0')(document.querySelector({json.dumps(row)}))")
+        check(True, "the row says closed (by hand), 0 held")
+        check(browser.eval(f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('host {host} breaker open → closed'))"),
+              "the live tail shows the host's breaker change")
+        # By keyboard: Tab from the top reaches the row's Auto button, drawn with a focus outline.
+        browser.eval("document.activeElement.blur()")
+        for _ in range(30):
+            key(browser, "Tab", "Tab", 9)
+            if browser.eval("document.activeElement.classList.contains('h-auto')"):
+                break
+        check(browser.eval("document.activeElement.classList.contains('h-auto') && getComputedStyle(document.activeElement).outlineStyle === 'solid'"),
+              "Tab reaches the host's buttons, with a focus outline")
+        browser.eval(f"document.querySelector({json.dumps(row + ' .h-auto')}).click()")
+        wait_for("the host back on the automatic rules", lambda: "manual" not in server.must("GET", f"/v1/hosts/{host}"))
+        check(True, "Auto through the page hands it back to the automatic rules")
+
+        # Limiters: every number the panel shows is the API's.
+        browser.eval("location.hash = '#/limiters'")
+        browser.until("the limiter rows and busiest keys", "document.querySelectorAll('#limiters-body tr').length === 2 && "
+                      "!!document.querySelector('#limiters-body tr[data-limiter=stripe] .busiest li[data-key]')")
+        fields = ("concurrency", "running", "waiting", "keys")
+        want = {lim["name"]: {f: "–" if lim[f] is None else f"{lim[f]:,}" for f in fields}
+                for lim in server.must("GET", "/v1/limiters")["limiters"]}
+        shown = browser.eval("Object.fromEntries([...document.querySelectorAll('#limiters-body tr')].map(tr => [tr.dataset.limiter, "
+                             f"Object.fromEntries({json.dumps(fields)}.map(f => [f, tr.querySelector('[data-field=' + f + ']').textContent]))]))")
+        check(shown == want, f"the limiter panel's numbers equal GET /v1/limiters: {shown}")
+        keys = server.must("GET", "/v1/limiters/stripe/keys")["keys"]
+        busiest = browser.eval("[...document.querySelectorAll('#limiters-body tr[data-limiter=stripe] .busiest li[data-key]')].map(li => "
+                               "[li.dataset.key, Number(li.dataset.running), Number(li.dataset.waiting), li.textContent])")
+        ranked = sorted(keys, key=lambda k: (-k["running"], -k["waiting"], k["key"]))
+        check([b[:3] for b in busiest] == [[k["key"], k["running"], k["waiting"]] for k in ranked][:3] and
+              busiest[0][3] == "acct-42: 2 of 2 running, 3 waiting" and busiest[1][3].startswith("acct-7: 1 of 1 running"),
+              f"its busiest keys are the keys endpoint's, busiest first: {[b[3] for b in busiest]}")
+        browser.eval(f"location.hash = '#/op/{charges[4]}'")
+        browser.until("why the charge waits", "(l => l && /\\d of \\d running/.test(l.textContent))(document.querySelector('#op-waiting li[data-type=limiter]'))")
+        words = browser.eval("document.querySelector('#op-waiting li[data-type=limiter]').textContent")
+        check(words == "waiting for limiter stripe, key acct-42: 2 of 2 running, 3 waiting", f"waitingOn in words: {words!r}")
+
+        # Schedules: next and last runs as the API has them; a trigger from the page makes a run.
+        browser.eval("location.hash = '#/schedules'")
+        browser.until("the schedule rows", "document.querySelectorAll('#schedules-body tr').length === 2")
+        listed = {f"{s['queue']}/{s['name']}": s for s in server.must("GET", "/v1/schedules")["schedules"]}
+        for name, s in listed.items():
+            sel = f"#schedules-body tr[data-schedule='{name}']"
+            last = browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}).textContent")
+            check(shown_time(browser, sel + " [data-field=nextRunAt]") == s["nextRunAt"] and
+                  (last == "never" if "lastRun" not in s else s["lastRun"]["operation"] in last),
+                  f"{name}: next run {s['nextRunAt']}, last run {last!r}, as the API says")
+        sel = "#schedules-body tr[data-schedule='billing/nightly']"
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-trigger')}).click()")
+        confirm(browser)
+        runs = listed["billing/nightly"]["runs"]
+        made = wait_for("a run of nightly", lambda: (s := server.must("GET", "/v1/queues/billing/schedules/nightly")).get("runs") == runs + 1 and s)
+        run = op_state(server, made["lastRun"]["operation"])
+        check(run.get("schedule", {}).get("name") == "nightly", f"Run now through the page created a run: {run['id']} of schedule nightly")
+        browser.until("the row's last run", f"(td => td.textContent.includes('{run['id']}'))(document.querySelector({json.dumps(sel + ' [data-field=lastRun]')}))")
+        check(shown_time(browser, sel + " [data-field=lastRun]") == made["lastRun"]["nominalTime"] and
+              browser.eval(f"document.querySelector({json.dumps(sel + ' [data-field=counts]')}).textContent") ==
+              f"{made['runs']} · {made['skipped']} · {made['missed']}",
+              f"the row shows that run (its nominal time and operation) and counts {made['runs']} · {made['skipped']} · {made['missed']}")
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-toggle')}).click()")
+        confirm(browser)
+        wait_for("nightly paused", lambda: server.must("GET", "/v1/queues/billing/schedules/nightly")["isPaused"])
+        browser.until("the row to say paused", f"document.querySelector({json.dumps(sel + ' .badge')}).textContent === 'paused'")
+        check(True, "Pause through the page paused the schedule")
+        browser.eval(f"document.querySelector({json.dumps(sel + ' .s-toggle')}).click()")
+        wait_for("nightly resumed", lambda: not server.must("GET", "/v1/queues/billing/schedules/nightly")["isPaused"])
+        check(True, "Resume through the page resumed it")
+
+        # One schedule: the preview of its next runs is the API's.
+        browser.eval("location.hash = '#/q/billing/s/nightly'")
+        browser.until("the preview", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 10")
+        runs = server.must("GET", "/v1/queues/billing/schedules/nightly/next?count=10")["runs"]
+        shown = browser.eval("[...document.querySelectorAll('#sched-next-body tr')].map(tr => [tr.dataset.nominal, tr.children[2].textContent])")
+        check(shown == [[r["nominalTime"], r["localTime"]] for r in runs], f"the next 10 runs are GET …/next?count=10's ({runs[0]['localTime']} first)")
+        browser.eval("document.getElementById('sched-next-count').value = '25'; document.getElementById('sched-next-count').dispatchEvent(new Event('change'))")
+        browser.until("25 runs", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 25")
+        check(True, "and 25 when asked for 25")
+        # A queue's view lists its schedules.
+        browser.eval("location.hash = '#/q/hooks'")
+        browser.until("the queue's schedules", "!document.getElementById('q-sched').hidden && "
+                      "document.querySelector('#q-schedules-body tr').dataset.schedule === 'hooks/ping'")
+        check(True, "a queue's view lists its schedules")
+
+        run_charts(server, browser)
+
+        for view in ("#/", "#/q/jobs", "#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+            browser.eval(f"location.hash = '{view}'")
+            browser.pump(0.4)
+            bad = browser.eval(A11Y)
+            check(not bad, f"{view}: every text has AA contrast and every control a name" + (f": {bad[:8]}" if bad else ""))
+        problems = browser.problems()
+        check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
+        browser.goto(server.base + "/", width=375, height=740, mobile=True)
+        browser.until("the page at 375 px", "document.body.dataset.queuesRendered === 'true'")
+        for view in ("#/", "#/q/jobs", "#/hosts", "#/limiters", "#/schedules", "#/q/billing/s/nightly"):
+            browser.eval(f"location.hash = '{view}'")
+            browser.pump(0.4)
+            width = browser.eval("document.documentElement.scrollWidth")
+            check(width <= 375, f"at 375 px {view} is {width} px wide")
+    finally:
+        target.down()
+        server.stop()
+
+
 def run_token(binary, browser):
     print("\n== token: --token and --read-token", flush=True)
     server = Server(binary, "--token", "full-token-x", "--read-token", "read-token-y")
@@ -685,6 +998,8 @@ def run_token(binary, browser):
     try:
         server.must("POST", "/v1/queues", {"name": "billing"})
         op_id = add_delay(server, "billing", 30, "invoice")
+        server.must("POST", "/v1/queues/billing/schedules", {"name": "monthly", "cron": "@monthly", "operation": {"kind": "delay", "spec": {"seconds": 1}}})
+        server.must("PATCH", "/v1/hosts/api.example.com:443", {"breaker": "open", "reason": "maintenance"})
         browser.goto(server.base + "/")
         browser.until("the token form", "!document.getElementById('login').hidden")
         check(browser.eval("document.getElementById('view-queues').hidden"), "no queues are shown before a token is given")
@@ -700,6 +1015,18 @@ def run_token(binary, browser):
                            "document.querySelectorAll('button.danger, .q-toggle').length === 0"),
               "read token: no queue or operation action is in the page")
         check("read-only" in browser.eval("document.getElementById('mode').textContent"), "the page says it is read-only")
+        # The panels: everything is shown, no action is offered.
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the held host", "(tr => tr && tr.querySelector('.badge').textContent === 'open (by hand)')(document.querySelector('#hosts-body tr'))")
+        browser.eval("location.hash = '#/schedules'")
+        browser.until("the schedule", "document.querySelectorAll('#schedules-body tr').length === 1")
+        browser.eval("location.hash = '#/q/billing/s/monthly'")
+        browser.until("the schedule's view", "document.querySelectorAll('#sched-next-body tr[data-nominal]').length === 10")
+        browser.eval("location.hash = '#/q/billing'")
+        browser.until("the queue's schedules", "!document.getElementById('q-sched').hidden")
+        check(browser.eval("document.querySelectorAll('#hosts-body button, #schedules-body button, #q-schedules-body button').length === 0 && "
+                           "document.getElementById('sched-actions') === null"),
+              "read token: the hosts and schedules are shown, with no action (open, close, pause, resume, run now)")
         status = browser.eval("fetch('/v1/queues/billing/suspend', {method: 'POST', headers: {Authorization: 'Bearer ' + "
                               "sessionStorage.getItem('opqd.token')}}).then(r => r.status)")
         check(status == 403 and server.must("GET", "/v1/queues/billing")["isSuspended"] is False,
@@ -715,6 +1042,9 @@ def run_token(binary, browser):
         check(True, "a wrong token is refused on the form")
         browser.eval("document.getElementById('login-token').value = 'full-token-x'; document.getElementById('login-form').requestSubmit()")
         browser.until("the queue table with the full token", "document.querySelectorAll('#queues-body .q-toggle').length === 1")
+        browser.eval("location.hash = '#/hosts'")
+        browser.until("the host's actions", "document.querySelectorAll('#hosts-body button').length === 3")
+        browser.eval("location.hash = '#/'")
         check(True, "full token: actions are offered")
         problems = browser.problems()
         check(not problems, "no console errors, exceptions or CSP refusals" + (f": {problems}" if problems else ""))
@@ -749,12 +1079,15 @@ def create_many(server, queues, per_queue):
 
 
 def measure_load(browser, url, settle=1.0):
-    """Loads url with the cache off; returns (first render ms, bytes fetched, per-URL bytes)."""
+    """Loads url with the cache off; returns (first render ms of the queue table, of the overview
+    charts, bytes fetched, per-URL bytes)."""
     browser.send("Network.setCacheDisabled", {"cacheDisabled": True})
     browser.goto(url)
     browser.until("the first render", "performance.getEntriesByName('opqd-queues-rendered').length > 0", timeout=15)
+    browser.until("the overview charts", "performance.getEntriesByName('opqd-overview-rendered').length > 0", timeout=15)
     browser.pump(settle)
     render = browser.eval("performance.getEntriesByName('opqd-queues-rendered')[0].startTime")
+    charts = browser.eval("performance.getEntriesByName('opqd-overview-rendered')[0].startTime")
     urls, finished, streamed = {}, {}, {}
     for e in browser.events:
         p = e.get("params", {})
@@ -769,7 +1102,7 @@ def measure_load(browser, url, settle=1.0):
         n = finished.get(rid, streamed.get(rid, 0))
         per_url[url] = per_url.get(url, 0) + n
     browser.send("Network.setCacheDisabled", {"cacheDisabled": False})
-    return render, sum(per_url.values()), per_url
+    return render, charts, sum(per_url.values()), per_url
 
 
 def run_scale(binary, browser, queues=100, per_queue=1000):
@@ -782,16 +1115,17 @@ def run_scale(binary, browser, queues=100, per_queue=1000):
         total = sum(sum(c.values()) for c in server_counts(server).values())
         check(total == queues * per_queue, f"the server counts {total:,} operations")
 
-        render, fetched, per_url = measure_load(browser, server.base + "/")
+        render, charts, fetched, per_url = measure_load(browser, server.base + "/")
         rows = browser.eval("document.querySelectorAll('#queues-body tr').length")
         check(rows == queues, f"the page lists {rows} queues")
         shown = browser.eval("document.querySelector('tr[data-queue=q042] td[data-state=ready]').textContent")
         check(shown == f"{per_queue:,}", f"q042 shows ready {shown}")
         for url, n in sorted(per_url.items(), key=lambda kv: -kv[1]):
             print(f"    {n:>8,} B  {url.replace(server.base, '')}")
-        print(f"  FIGURES first render {render:.0f} ms, fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
+        print(f"  FIGURES first render {render:.0f} ms (charts {charts:.0f} ms), fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
               f"with {queues} queues and {total:,} operations")
         check(render <= RENDER_BUDGET_MS, f"first render {render:.0f} ms <= {RENDER_BUDGET_MS} ms")
+        check(charts <= RENDER_BUDGET_MS, f"overview charts drawn at {charts:.0f} ms <= {RENDER_BUDGET_MS} ms")
         check(fetched <= BYTES_BUDGET, f"fetched {fetched:,} B <= {BYTES_BUDGET:,} B")
 
         # A queue's operations: one page, never everything.
@@ -862,6 +1196,133 @@ def run_scale(binary, browser, queues=100, per_queue=1000):
         server.stop()
 
 
+def seed_history(path, queues, now):
+    """Every minute of the last 24 hours and every hour of the last 30 days busy, in each queue:
+    the rows the server keeps (SQLite table `history`, StoreKit.HistoryText), written while it is
+    stopped. The most history a queue can have, so the largest answers the page can get."""
+    con = sqlite3.connect(path)
+    rows = []
+    for q in queues:
+        for step, ring in ((60, 1440), (3600, 720)):
+            k = step // 60
+            for i in range(ring):
+                start = (now // step - i) * step
+                # created started succeeded failed cancelled | wait bins | run bins
+                text = f"{40 * k} {42 * k} {36 * k} {3 * k} {k}|6:{30 * k} 9:{8 * k} 12:{4 * k}|8:{30 * k} 11:{9 * k}"
+                rows.append((q, step, (start // step) % ring, start, text))
+    con.executemany("INSERT OR REPLACE INTO history (queue, step, slot, start, data) VALUES (?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    return len(rows)
+
+
+def run_history_scale(binary, browser, queues=100):
+    """100 queues with 30 days of history each (seeded into a stopped server's SQLite store): the
+    overview's first render and its bytes stay within the budget, and its charts equal the API's."""
+    print(f"\n== scale: {queues} queues with 30 days of history each", flush=True)
+    server = Server(binary)
+    try:
+        names = [f"h{i:03d}" for i in range(queues)]
+        for name in names:
+            server.must("POST", "/v1/queues", {"name": name, "isSuspended": True})
+        port = server.port
+        server.halt()
+        t = time.monotonic()
+        n = seed_history(os.path.join(server.data, "db", "opqd.sqlite"), names, int(time.time()))
+        print(f"  seeded {n:,} history buckets in {time.monotonic() - t:.1f} s")
+        t = time.monotonic()
+        server.start(port)
+        print(f"  restarted with them in {time.monotonic() - t:.1f} s")
+        month = server.must("GET", "/v1/queues/h042/history?step=3600&since=" +
+                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 30 * 86400)))["buckets"]
+        check(len(month) >= 719, f"h042 answers {len(month)} hourly buckets for the last 30 days")
+
+        render, charts, fetched, per_url = measure_load(browser, server.base + "/")
+        for url, size in sorted(per_url.items(), key=lambda kv: -kv[1]):
+            print(f"    {size:>8,} B  {url.replace(server.base, '')}")
+        print(f"  FIGURES first render {render:.0f} ms (charts {charts:.0f} ms), fetched {fetched:,} bytes ({fetched / 1024:.1f} KB) "
+              f"with {queues} queues of 30 days' history")
+        check(render <= RENDER_BUDGET_MS and charts <= RENDER_BUDGET_MS,
+              f"first render {render:.0f} ms, overview charts {charts:.0f} ms <= {RENDER_BUDGET_MS} ms")
+        check(fetched <= BYTES_BUDGET, f"fetched {fetched:,} B <= {BYTES_BUDGET:,} B")
+        history = [u for u in per_url if "/history" in u]
+        check(len(history) == 2 and all("/v1/history?" in u for u in history),
+              f"the overview reads GET /v1/history twice (hour, day) and no queue's history: {[u.replace(server.base, '') for u in history]}")
+        check_charts(server, browser, "overview-charts", "/v1/history", "overview of 100 queues")
+    finally:
+        server.stop()
+
+
+def seed_day(path, queues, now):
+    """A plausible day for the screenshots: traffic that rises and falls over the day, a burst of
+    failures, waits that grow with the load (rows as the server keeps them, see seed_history)."""
+    con = sqlite3.connect(path)
+    rows = []
+    for qi, q in enumerate(queues):
+        scale = (3, 1.2, 0.5)[qi % 3]
+        hours = {}
+        for i in range(1440):
+            start = (now // 60 - i) * 60
+            phase = (start % 86400) / 86400 * 2 * math.pi
+            load = max(0.0, 1 + 0.8 * math.sin(phase + qi) + 0.3 * math.sin(start / 420.0 + qi * 2))
+            done = int(scale * 12 * load)
+            if done == 0:
+                continue
+            failed = int(done * 0.35) if (start // 60) % 97 in (40, 41, 42, 43) else int(done * 0.04 * (1 + math.sin(start / 900.0)))
+            ok = done - failed
+            cancelled = 1 if (start // 60) % 23 == 0 else 0
+            slow = int(2 * load)  # the wait's upper bins fill as the load grows
+            text = f"{done + cancelled} {done + failed // 2} {ok} {failed} {cancelled}|8:{done} {10 + slow}:{max(1, done // 5)}|9:{ok} 11:{failed + 1}"
+            rows.append((q, 60, (start // 60) % 1440, start, text))
+            h = hours.setdefault(start // 3600 * 3600, [0, 0, 0, 0, 0, 0])
+            for j, v in enumerate((done + cancelled, done + failed // 2, ok, failed, cancelled, slow)):
+                h[j] = max(h[j], v) if j == 5 else h[j] + v
+        for start, (c, st, ok, f, ca, slow) in hours.items():
+            rows.append((q, 3600, (start // 3600) % 720, start, f"{c} {st} {ok} {f} {ca}|8:{ok} {10 + slow}:{max(1, ok // 5)}|9:{ok} 11:{f + 1}"))
+    con.executemany("INSERT OR REPLACE INTO history (queue, step, slot, start, data) VALUES (?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+
+
+def run_screenshots(binary, browser, out):
+    """docs/dashboard-overview.png and docs/dashboard-queue.png: three queues with a day of
+    history (seeded, see seed_day), work in flight, a schedule and a live tail."""
+    print("\n== screenshots", flush=True)
+    server = Server(binary)
+    try:
+        for name, limit in (("emails", 8), ("images", 2), ("reports", 1)):
+            server.must("POST", "/v1/queues", {"name": name, "maxConcurrentOperationCount": limit})
+        server.must("POST", "/v1/queues/emails/schedules", {"name": "digest", "cron": "0 7 * * mon-fri", "timezone": "Europe/Berlin",
+                                                              "operation": {"kind": "delay", "spec": {"seconds": 2}}})
+        server.must("POST", "/v1/queues/reports/schedules", {"name": "hourly", "every": 3600, "operation": {"kind": "delay", "spec": {"seconds": 5}}})
+        port = server.port
+        server.halt()
+        seed_day(os.path.join(server.data, "db", "opqd.sqlite"), ["emails", "images", "reports"], int(time.time()))
+        server.start(port)
+        for i in range(6):
+            add_delay(server, "emails", 300, f"welcome-{i}")
+        for i in range(3):
+            add_delay(server, "images", 300, f"thumbnail-{i}")
+        add_delay(server, "reports", 300, "quarterly")
+        browser.goto(server.base + "/", width=1400, height=860)
+        browser.until("the overview", "document.body.dataset.queuesRendered === 'true' && document.body.dataset.chartsRendered === '*'")
+        for i in range(4):
+            add_delay(server, "emails", 0.05, f"receipt-{i}")
+        browser.pump(1.5)
+        path = os.path.join(out, "dashboard-overview.png")
+        browser.screenshot(path)
+        print(f"  saved {path}")
+        browser.eval("location.hash = '#/q/emails'")
+        browser.until("the queue view", "document.body.dataset.chartsRendered === 'emails' && document.querySelectorAll('#ops-body tr').length > 0 && "
+                      "!document.getElementById('q-sched').hidden")
+        browser.pump(1.0)
+        path = os.path.join(out, "dashboard-queue.png")
+        browser.screenshot(path)
+        print(f"  saved {path}")
+    finally:
+        server.stop()
+
+
 def main():
     # `timeout` (scripts/dashboard-check.sh) ends a run that hangs with SIGTERM: unwind through
     # the finally blocks, so the servers and Chromium started here are stopped and removed.
@@ -871,9 +1332,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=".build/debug/opqd")
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
-    ap.add_argument("--screenshot", help="save a screenshot of the basic run here")
+    ap.add_argument("--screenshot", metavar="DIR", help="save dashboard-overview.png and dashboard-queue.png here")
     ap.add_argument("--skip-scale", action="store_true")
-    ap.add_argument("--only", choices=["basic", "resume", "token", "scale"])
+    ap.add_argument("--only", choices=["basic", "resume", "panels", "token", "scale"])
     ap.add_argument("--per-queue", type=int, default=1000)
     args = ap.parse_args()
     if not os.access(args.binary, os.X_OK):
@@ -882,13 +1343,18 @@ def main():
     browser = Browser(args.chromium)
     try:
         if args.only in (None, "basic"):
-            run_basic(args.binary, browser, args.screenshot)
+            run_basic(args.binary, browser)
         if args.only in (None, "resume"):
             run_resume(args.binary, browser)
+        if args.only in (None, "panels"):
+            run_panels(args.binary, browser)
         if args.only in (None, "token"):
             run_token(args.binary, browser)
         if args.only == "scale" or (args.only is None and not args.skip_scale):
             run_scale(args.binary, browser, per_queue=args.per_queue)
+            run_history_scale(args.binary, browser)
+        if args.screenshot:
+            run_screenshots(args.binary, browser, args.screenshot)
     except Exception as e:  # a timeout or a broken step: report it as a failure, clean up below
         failures.append(f"{type(e).__name__}: {e}")
         print(f"  FAIL  {type(e).__name__}: {e}", flush=True)
