@@ -2599,10 +2599,9 @@ paths:
         - name: since
           in: query
           required: false
-          description: The oldest time wanted (RFC 3339; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
+          description: The oldest time wanted (RFC 3339, by NotBefore's rule; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
           schema:
-            type: string
-            format: date-time
+            $ref: '#/components/schemas/NotBefore'
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
         '400':
@@ -2648,10 +2647,9 @@ paths:
         - name: since
           in: query
           required: false
-          description: The oldest time wanted (RFC 3339; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
+          description: The oldest time wanted (RFC 3339, by NotBefore's rule; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
           schema:
-            type: string
-            format: date-time
+            $ref: '#/components/schemas/NotBefore'
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
         '400':
@@ -4188,8 +4186,9 @@ components:
               maximum: 604800
             maxSeconds:
               type: number
+              minimum: 0.001
               maximum: 31536000
-              description: At least `seconds`; default 10 × `seconds` (at most 31536000).
+              description: At least `seconds` (a smaller one is 422); default 10 × `seconds` (at most 31536000).
         singleton:
           type: object
           additionalProperties: false
