@@ -177,6 +177,8 @@ final class QueueHistory: @unchecked Sendable {
     var dirtyHours: Set<Int64> = []
     /// False for the engine's sum over its queues, which is never written (it is rebuilt).
     var tracksDirty = true
+    /// The minute last marked dirty since the last flush.
+    private var lastDirtyMinute: Int64 = .min
 
     /// The buckets of `t` (seconds) in both rings, made or reset when their slot held an older
     /// one; `body` changes each.
@@ -187,8 +189,12 @@ final class QueueHistory: @unchecked Sendable {
         Self.change(&minutes, start: m, step: HistoryRing.minute, body)
         Self.change(&hours, start: h, step: HistoryRing.hour, body)
         guard tracksDirty else { return }
-        dirty.insert(m)
-        dirtyHours.insert(h)
+        // Most changes fall in the minute of the one before: no set insert for those.
+        if m != lastDirtyMinute {
+            dirty.insert(m)
+            dirtyHours.insert(h)
+            lastDirtyMinute = m
+        }
     }
 
     private static func change(_ ring: inout [HistoryBucket?], start: Int64, step: Int64, _ body: (inout HistoryBucket) -> Void) {
@@ -253,6 +259,7 @@ final class QueueHistory: @unchecked Sendable {
         }
         dirty.removeAll(keepingCapacity: true)
         dirtyHours.removeAll(keepingCapacity: true)
+        lastDirtyMinute = .min
         return rows
     }
 
