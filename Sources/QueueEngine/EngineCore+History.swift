@@ -18,7 +18,7 @@ extension EngineCore {
     @inline(__always)
     func noteHistory(_ q: QueueRecord, _ body: (inout HistoryBucket) -> Void) {
         let h = history(q)
-        let wasClean = h.dirty.isEmpty
+        let wasClean = !h.needsFlush
         let t = now.nanoseconds / 1_000_000_000
         h.change(at: t, body)
         historyTotal.change(at: t, body)

@@ -166,58 +166,127 @@ public enum HistoryRing {
     }
 }
 
+/// One ring: a bucket per slot, and each slot's start kept apart, so that finding a bucket
+/// never copies one (a bucket's sketches are arrays: a copy retains them) and a change is made
+/// in place.
+struct HistoryRingBuffer {
+    let step: Int64
+    let size: Int64
+    /// `Int64.min`: empty.
+    private(set) var starts: [Int64] = []
+    private(set) var buckets: [HistoryBucket?] = []
+
+    init(step: Int64) {
+        self.step = step
+        self.size = HistoryRing.size(step)
+    }
+
+    @inline(__always) func slot(_ start: Int64) -> Int {
+        let i = start / step
+        return Int(((i % size) + size) % size)
+    }
+
+    /// The bucket of `start`, made (or its slot's older one replaced); `body` changes it. A time
+    /// older than what its slot holds (a clock that stepped back past a day) changes nothing.
+    @inline(__always) mutating func change(start: Int64, _ body: (inout HistoryBucket) -> Void) {
+        if starts.isEmpty {
+            starts = [Int64](repeating: .min, count: Int(size))
+            buckets = [HistoryBucket?](repeating: nil, count: Int(size))
+        }
+        let s = slot(start)
+        let old = starts[s]
+        if old != start {
+            if old > start { return }
+            starts[s] = start
+            buckets[s] = HistoryBucket(start: start)
+        }
+        buckets[s]?.change(body)
+    }
+
+    /// `change`, only where the bucket of `start` exists.
+    mutating func changeIfPresent(start: Int64, _ body: (inout HistoryBucket) -> Void) {
+        guard !starts.isEmpty else { return }
+        let s = slot(start)
+        guard starts[s] == start else { return }
+        buckets[s]?.change(body)
+    }
+
+    func bucket(_ start: Int64) -> HistoryBucket? {
+        guard !starts.isEmpty else { return nil }
+        let s = slot(start)
+        return starts[s] == start ? buckets[s] : nil
+    }
+
+    /// A stored bucket back, unless its slot holds a newer one.
+    mutating func restore(_ b: HistoryBucket) {
+        if starts.isEmpty {
+            starts = [Int64](repeating: .min, count: Int(size))
+            buckets = [HistoryBucket?](repeating: nil, count: Int(size))
+        }
+        let s = slot(b.start)
+        guard starts[s] < b.start else { return }
+        starts[s] = b.start
+        buckets[s] = b
+    }
+
+    var all: [HistoryBucket] { buckets.compactMap { $0 } }
+}
+
 /// A queue's two rings (under the engine's lock).
 final class QueueHistory: @unchecked Sendable {
-    var minutes: [HistoryBucket?] = []
-    var hours: [HistoryBucket?] = []
+    var minutes = HistoryRingBuffer(step: HistoryRing.minute)
+    var hours = HistoryRingBuffer(step: HistoryRing.hour)
     /// Moves with every change (the history's ETag).
     var version: UInt64 = 0
-    /// Buckets changed since the last flush to the store, as (step, start).
+    /// Buckets changed since the last flush to the store, by start.
     var dirty: Set<Int64> = []
     var dirtyHours: Set<Int64> = []
     /// False for the engine's sum over its queues, which is never written (it is rebuilt).
     var tracksDirty = true
-    /// The minute last marked dirty since the last flush.
-    private var lastDirtyMinute: Int64 = .min
 
-    /// The buckets of `t` (seconds) in both rings, made or reset when their slot held an older
-    /// one; `body` changes each.
-    func change(at t: Int64, _ body: (inout HistoryBucket) -> Void) {
+    /// Changes of the minute `pendingStart` not yet in the rings: a change adds to it alone, and
+    /// it goes into both rings (and is marked for the store) when another minute begins or the
+    /// rings are read or written (`settle`). Most changes cost a comparison and the change.
+    private var pending = HistoryBucket(start: 0)
+    private var pendingStart: Int64 = .min
+
+    /// Whether anything is waiting to be written.
+    var needsFlush: Bool { !dirty.isEmpty || pendingStart != .min }
+
+    /// The bucket of `t` (seconds); `body` changes it.
+    @inline(__always) func change(at t: Int64, _ body: (inout HistoryBucket) -> Void) {
         version &+= 1
         let m = t - ((t % HistoryRing.minute) + HistoryRing.minute) % HistoryRing.minute
-        let h = t - ((t % HistoryRing.hour) + HistoryRing.hour) % HistoryRing.hour
-        Self.change(&minutes, start: m, step: HistoryRing.minute, body)
-        Self.change(&hours, start: h, step: HistoryRing.hour, body)
-        guard tracksDirty else { return }
-        // Most changes fall in the minute of the one before: no set insert for those.
-        if m != lastDirtyMinute {
-            dirty.insert(m)
-            dirtyHours.insert(h)
-            lastDirtyMinute = m
+        if m != pendingStart {
+            settle()
+            pendingStart = m
+            pending.start = m
         }
+        body(&pending)
     }
 
-    private static func change(_ ring: inout [HistoryBucket?], start: Int64, step: Int64, _ body: (inout HistoryBucket) -> Void) {
-        if ring.isEmpty { ring = [HistoryBucket?](repeating: nil, count: Int(HistoryRing.size(step))) }
-        let s = Int(HistoryRing.slot(of: start, step: step))
-        if let old = ring[s]?.start, old > start { return }  // older than what the ring holds now
-        if ring[s]?.start != start { ring[s] = HistoryBucket(start: start) }
-        // In place (optional chaining through the subscript): no copy of the bucket's sketches.
-        ring[s]?.change(body)
+    /// The pending minute into both rings.
+    func settle() {
+        guard pendingStart != .min else { return }
+        let m = pendingStart
+        pendingStart = .min
+        let d = pending
+        pending = HistoryBucket(start: 0)
+        guard !d.isEmpty else { return }
+        let h = m - ((m % HistoryRing.hour) + HistoryRing.hour) % HistoryRing.hour
+        minutes.change(start: m) { $0.add(d) }
+        hours.change(start: h) { $0.add(d) }
+        guard tracksDirty else { return }
+        dirty.insert(m)
+        dirtyHours.insert(h)
     }
 
     /// A stored bucket back (a restart, a queue taken over): kept unless its slot holds a newer one.
     func restore(_ row: HistoryRow) {
+        settle()
         let step = row.step
         guard step == HistoryRing.minute || step == HistoryRing.hour, row.bucket.start % step == 0 else { return }
-        let s = Int(row.slot)
-        if step == HistoryRing.minute {
-            if minutes.isEmpty { minutes = [HistoryBucket?](repeating: nil, count: Int(HistoryRing.minuteBuckets)) }
-            if (minutes[s]?.start ?? .min) < row.bucket.start { minutes[s] = row.bucket }
-        } else {
-            if hours.isEmpty { hours = [HistoryBucket?](repeating: nil, count: Int(HistoryRing.hourBuckets)) }
-            if (hours[s]?.start ?? .min) < row.bucket.start { hours[s] = row.bucket }
-        }
+        if step == HistoryRing.minute { minutes.restore(row.bucket) } else { hours.restore(row.bucket) }
         version &+= 1
     }
 
@@ -225,55 +294,40 @@ final class QueueHistory: @unchecked Sendable {
     /// time or nothing: the engine's sum over its queues (`EngineCore.historyTotal`).
     func merge(_ other: QueueHistory, negative: Bool = false) {
         version &+= 1
-        for (ring, step) in [(other.minutes, HistoryRing.minute), (other.hours, HistoryRing.hour)] {
-            for case let b? in ring {
-                switch (negative, step == HistoryRing.hour) {
-                case (true, true): Self.changeIfPresent(&hours, start: b.start, step: step) { $0.subtract(b) }
-                case (true, false): Self.changeIfPresent(&minutes, start: b.start, step: step) { $0.subtract(b) }
-                case (false, true): Self.change(&hours, start: b.start, step: step) { $0.add(b) }
-                case (false, false): Self.change(&minutes, start: b.start, step: step) { $0.add(b) }
-                }
-            }
+        settle()
+        other.settle()
+        for b in other.minutes.all {
+            if negative { minutes.changeIfPresent(start: b.start) { $0.subtract(b) } } else { minutes.change(start: b.start) { $0.add(b) } }
         }
-    }
-
-    private static func changeIfPresent(_ ring: inout [HistoryBucket?], start: Int64, step: Int64, _ body: (inout HistoryBucket) -> Void) {
-        guard !ring.isEmpty else { return }
-        let s = Int(HistoryRing.slot(of: start, step: step))
-        guard ring[s]?.start == start else { return }
-        ring[s]?.change(body)
+        for b in other.hours.all {
+            if negative { hours.changeIfPresent(start: b.start) { $0.subtract(b) } } else { hours.change(start: b.start) { $0.add(b) } }
+        }
     }
 
     /// The buckets changed since the last call, as rows (and forgets they changed).
     func takeDirty(queue: String) -> [HistoryRow] {
+        settle()
         var rows: [HistoryRow] = []
         for m in dirty {
-            if let b = minutes[Int(HistoryRing.slot(of: m, step: HistoryRing.minute))], b.start == m {
-                rows.append(HistoryRow(queue: queue, step: HistoryRing.minute, bucket: b))
-            }
+            if let b = minutes.bucket(m) { rows.append(HistoryRow(queue: queue, step: HistoryRing.minute, bucket: b)) }
         }
         for h in dirtyHours {
-            if let b = hours[Int(HistoryRing.slot(of: h, step: HistoryRing.hour))], b.start == h {
-                rows.append(HistoryRow(queue: queue, step: HistoryRing.hour, bucket: b))
-            }
+            if let b = hours.bucket(h) { rows.append(HistoryRow(queue: queue, step: HistoryRing.hour, bucket: b)) }
         }
         dirty.removeAll(keepingCapacity: true)
         dirtyHours.removeAll(keepingCapacity: true)
-        lastDirtyMinute = .min
         return rows
     }
 
     /// Buckets of `step` (60, 300 or 3600) from `since` up to `now` (seconds), oldest first,
     /// empty ones left out. 300 sums five minutes.
     func buckets(step: Int64, since: Int64, now: Int64) -> [HistoryBucket] {
+        settle()
         let ring = step == HistoryRing.hour ? hours : minutes
-        let size = step == HistoryRing.hour ? HistoryRing.hourBuckets * HistoryRing.hour : HistoryRing.minuteBuckets * HistoryRing.minute
+        let span = ring.step * ring.size
         // Only what the ring still holds: no older than its length before now.
-        let from = max(since, now - size)
-        var found = ring.compactMap { b -> HistoryBucket? in
-            guard let b, b.start + (step == HistoryRing.hour ? HistoryRing.hour : HistoryRing.minute) > from, b.start <= now, !b.isEmpty else { return nil }
-            return b
-        }
+        let from = max(since, now - span)
+        var found = ring.all.filter { $0.start + ring.step > from && $0.start <= now && !$0.isEmpty }
         found.sort { $0.start < $1.start }
         guard step == 300 else { return found }
         var out: [HistoryBucket] = []
