@@ -65,7 +65,7 @@ package enum ScheduleText {
             throw Refusal("has neither a cron nor an every")
         }
         guard case let .string(zone)? = v["timezone"], Zone.isName(zone) else { throw Refusal("has no valid timezone") }
-        guard case let .object? = v["operation"], let o = v["operation"], case let .string(kind)? = o["kind"] else {
+        guard case .object? = v["operation"], let o = v["operation"], case let .string(kind)? = o["kind"] else {
             throw Refusal("has no operation kind")
         }
         var t = OperationRequest(kind: kind)
