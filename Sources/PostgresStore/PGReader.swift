@@ -358,19 +358,7 @@ final class PGReader {
         var out: [HistoryRow] = []
         out.reserveCapacity(r.rows)
         for i in 0..<r.rows {
-            let queue = r.text(i, 0) ?? ""
-            let step = r.int64(i, 1) ?? 0
-            let start = r.int64(i, 2) ?? -1
-            func fail(_ column: String, _ why: String) -> DecodeFailure {
-                DecodeFailure(detail: "history row \(queue.debugDescription)/\(step)/\(start): column \(column) \(why)")
-            }
-            guard step == HistoryRing.minute || step == HistoryRing.hour else { throw fail("step", "is not 60 or 3600") }
-            guard start >= 0, start % step == 0 else { throw fail("start", "is not a multiple of the step") }
-            do throws(HistoryText.Refusal) {
-                out.append(HistoryRow(queue: queue, step: step, bucket: try HistoryText.read(start: start, r.text(i, 3) ?? "")))
-            } catch {
-                throw fail("data", error.why)
-            }
+            out.append(try HistoryText.row(queue: r.text(i, 0) ?? "", step: r.int64(i, 1) ?? 0, start: r.int64(i, 2) ?? -1, data: r.text(i, 3)).get())
         }
         return out
     }

@@ -2588,20 +2588,8 @@ paths:
         restart (kill -9 loses at most the last 2 seconds' counts) and follows the queue to a new
         owner. Percentiles come from a log-scaled histogram per bucket (factor-2 bins).
       parameters:
-        - name: step
-          in: query
-          required: false
-          description: Seconds per bucket (300 sums five one-minute buckets).
-          schema:
-            type: integer
-            enum: [60, 300, 3600]
-            default: 60
-        - name: since
-          in: query
-          required: false
-          description: The oldest time wanted (RFC 3339, by NotBefore's rule; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
-          schema:
-            $ref: '#/components/schemas/NotBefore'
+        - $ref: '#/components/parameters/HistoryStep'
+        - $ref: '#/components/parameters/HistorySince'
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
         '400':
@@ -2636,20 +2624,8 @@ paths:
         instance's answer merged: counts exactly; a bucket several instances have takes the
         largest p95 and a p50 weighted by starts (waits) or ends (runs), an estimate.
       parameters:
-        - name: step
-          in: query
-          required: false
-          description: Seconds per bucket (300 sums five one-minute buckets).
-          schema:
-            type: integer
-            enum: [60, 300, 3600]
-            default: 60
-        - name: since
-          in: query
-          required: false
-          description: The oldest time wanted (RFC 3339, by NotBefore's rule; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
-          schema:
-            $ref: '#/components/schemas/NotBefore'
+        - $ref: '#/components/parameters/HistoryStep'
+        - $ref: '#/components/parameters/HistorySince'
         - $ref: '#/components/parameters/IfNoneMatch'
       responses:
         '400':
@@ -3263,6 +3239,22 @@ components:
         Only when the server runs with `--token` (and optionally `--read-token` for
         `GET`/`HEAD`); see the description above. Tokens are compared in constant time.
   parameters:
+    HistoryStep:
+      name: step
+      in: query
+      required: false
+      description: Seconds per bucket (300 sums five one-minute buckets).
+      schema:
+        type: integer
+        enum: [60, 300, 3600]
+        default: 60
+    HistorySince:
+      name: since
+      in: query
+      required: false
+      description: The oldest time wanted (RFC 3339, by NotBefore's rule; default 24 hours ago). One-minute buckets reach 24 hours back, one-hour buckets 30 days.
+      schema:
+        $ref: '#/components/schemas/NotBefore'
     QueueName:
       name: name
       in: path

@@ -34,23 +34,21 @@ extension EngineCore {
         historyFlushArmed = false
         let queues = historyDirty
         historyDirty.removeAll(keepingCapacity: true)
-        for q in queues where !q.deleted {
-            guard let rows = q.history?.takeDirty(queue: q.name), !rows.isEmpty else { continue }
-            for row in rows {
-                ticket &+= 1
-                if wantsRecords { outRecords.append(.history(row)) }
-            }
-        }
+        for q in queues { recordHistory(of: q) }
     }
 
     /// The changed buckets of queues leaving this engine (given up to another instance), now:
     /// their history follows them in the last commit made for them here.
     func flushHistory(of names: Set<String>) {
-        for q in historyDirty where names.contains(q.name) && !q.deleted {
-            for row in q.history?.takeDirty(queue: q.name) ?? [] {
-                ticket &+= 1
-                if wantsRecords { outRecords.append(.history(row)) }
-            }
+        for q in historyDirty where names.contains(q.name) { recordHistory(of: q) }
+    }
+
+    /// `q`'s changed buckets as records of this section.
+    private func recordHistory(of q: QueueRecord) {
+        guard !q.deleted, let rows = q.history?.takeDirty(queue: q.name) else { return }
+        for row in rows {
+            ticket &+= 1
+            if wantsRecords { outRecords.append(.history(row)) }
         }
     }
 

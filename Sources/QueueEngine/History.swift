@@ -181,6 +181,13 @@ struct HistoryRingBuffer {
         self.size = HistoryRing.size(step)
     }
 
+    /// Its slots, on first use: a queue that never records anything keeps none.
+    private mutating func allocate() {
+        guard starts.isEmpty else { return }
+        starts = [Int64](repeating: .min, count: Int(size))
+        buckets = [HistoryBucket?](repeating: nil, count: Int(size))
+    }
+
     @inline(__always) func slot(_ start: Int64) -> Int {
         let i = start / step
         return Int(((i % size) + size) % size)
@@ -189,10 +196,7 @@ struct HistoryRingBuffer {
     /// The bucket of `start`, made (or its slot's older one replaced); `body` changes it. A time
     /// older than what its slot holds (a clock that stepped back past a day) changes nothing.
     @inline(__always) mutating func change(start: Int64, _ body: (inout HistoryBucket) -> Void) {
-        if starts.isEmpty {
-            starts = [Int64](repeating: .min, count: Int(size))
-            buckets = [HistoryBucket?](repeating: nil, count: Int(size))
-        }
+        allocate()
         let s = slot(start)
         let old = starts[s]
         if old != start {
@@ -219,10 +223,7 @@ struct HistoryRingBuffer {
 
     /// A stored bucket back, unless its slot holds a newer one.
     mutating func restore(_ b: HistoryBucket) {
-        if starts.isEmpty {
-            starts = [Int64](repeating: .min, count: Int(size))
-            buckets = [HistoryBucket?](repeating: nil, count: Int(size))
-        }
+        allocate()
         let s = slot(b.start)
         guard starts[s] < b.start else { return }
         starts[s] = b.start

@@ -299,19 +299,7 @@ package enum RecordDecoder {
     }
 
     static func history(_ st: SQLiteStatement) throws(DecodeFailure) -> HistoryRow {
-        let queue = st.text(0) ?? ""
-        let step = st.int64(1)
-        let start = st.int64(2)
-        func fail(_ column: String, _ why: String) -> DecodeFailure {
-            DecodeFailure(detail: "history row \(queue.debugDescription)/\(step)/\(start): column \(column) \(why)")
-        }
-        guard step == HistoryRing.minute || step == HistoryRing.hour else { throw fail("step", "is not 60 or 3600") }
-        guard start % step == 0, start >= 0 else { throw fail("start", "is not a multiple of the step") }
-        do throws(HistoryText.Refusal) {
-            return HistoryRow(queue: queue, step: step, bucket: try HistoryText.read(start: start, st.text(3) ?? ""))
-        } catch {
-            throw fail("data", error.why)
-        }
+        try HistoryText.row(queue: st.text(0) ?? "", step: st.int64(1), start: st.int64(2), data: st.text(3)).get()
     }
 
     static func schedule(_ st: SQLiteStatement) throws(DecodeFailure) -> ScheduleSnapshot {

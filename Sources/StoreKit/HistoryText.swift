@@ -23,6 +23,20 @@ package enum HistoryText {
         return s
     }
 
+    /// A stored row (its columns as read) back, or why not: `(column, why)`. Both stores use it.
+    package static func row(queue: String, step: Int64, start: Int64, data: String?) -> Result<HistoryRow, DecodeFailure> {
+        func fail(_ column: String, _ why: String) -> Result<HistoryRow, DecodeFailure> {
+            .failure(DecodeFailure(detail: "history row \(queue.debugDescription)/\(step)/\(start): column \(column) \(why)"))
+        }
+        guard step == HistoryRing.minute || step == HistoryRing.hour else { return fail("step", "is not 60 or 3600") }
+        guard start >= 0, start % step == 0 else { return fail("start", "is not a multiple of the step") }
+        do throws(Refusal) {
+            return .success(HistoryRow(queue: queue, step: step, bucket: try read(start: start, data ?? "")))
+        } catch {
+            return fail("data", error.why)
+        }
+    }
+
     package static func read(start: Int64, _ text: String) throws(Refusal) -> HistoryBucket {
         let parts = text.split(separator: "|", omittingEmptySubsequences: false)
         guard parts.count == 3 else { throw Refusal("is not `counts|wait|run`") }
