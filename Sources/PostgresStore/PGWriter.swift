@@ -45,6 +45,13 @@ import Darwin
 /// or atomic.
 final class PGWriter: @unchecked Sendable {
     let queue = GroupCommitQueue()
+    /// Where a commit's aftermath runs (its events published, then marking it durable and its
+    /// callbacks: answers, held starts), in commit order, while the writer thread already
+    /// sends the next transaction, as the SQLite store's `StoreWriter` does. On the writer
+    /// thread the aftermath was 42 % of that thread's CPU with workers claiming and finishing
+    /// (`scripts/bench-pgqueuer.sh`, perf), time in which nothing was being written.
+    private let completions = DispatchQueue(label: "opqd.pg.completions")
+    private static let completionsKey = DispatchSpecificKey<Bool>()
     private let url: String
     let displayURL: String
 
@@ -95,6 +102,7 @@ final class PGWriter: @unchecked Sendable {
         self.url = url
         self.displayURL = displayURL
         self.lastSeq = Atomic(lastSeq)
+        completions.setSpecific(key: Self.completionsKey, value: true)
     }
 
     // MARK: - callers
@@ -104,7 +112,10 @@ final class PGWriter: @unchecked Sendable {
 
     func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) { queue.whenDurable(ticket, done) }
 
+    /// True when called on the writer thread itself or from a commit's aftermath (where
+    /// waiting for the writer would deadlock).
     var isWriterThread: Bool {
+        if DispatchQueue.getSpecific(key: Self.completionsKey) == true { return true }
         guard let t = thread else { return false }
         return pthread_equal(t, pthread_self()) != 0
     }
@@ -145,6 +156,7 @@ final class PGWriter: @unchecked Sendable {
             pthread_detach(t)
         } else {
             pthread_join(t, nil)
+            completions.sync {}  // the last commits' aftermath has run
         }
     }
 
@@ -324,7 +336,7 @@ final class PGWriter: @unchecked Sendable {
                 if outcome.hadEvents { committed(notified: outcome.notified) }
                 outcome.seconds = counters.timed(since: start)
                 lastError.withLock { $0 = nil }
-                afterCommit(outcome)
+                report(outcome)
                 return
             } catch {
                 if error.sqlState == PGSchema.fencedState {
@@ -342,7 +354,7 @@ final class PGWriter: @unchecked Sendable {
                     // it sent a NOTIFY is not known: one more is owed.
                     if Self.hasEvents(jobs) { committed(notified: false) }
                     lastError.withLock { $0 = nil }
-                    afterCommit(Self.outcomeWithoutCommit(jobs))
+                    report(Self.outcomeWithoutCommit(jobs))
                     return
                 }
                 if error.sqlState == "23505" && !catchUp {
@@ -393,7 +405,7 @@ final class PGWriter: @unchecked Sendable {
         }
     }
 
-    private struct Outcome {
+    private struct Outcome: Sendable {
         var ticket: UInt64 = 0
         var records = 0
         var callbacks: [@Sendable () -> Void] = []
@@ -764,16 +776,22 @@ final class PGWriter: @unchecked Sendable {
         ]
     }
 
-    /// Called on the writer thread after each commit with events, before anyone waiting for it
-    /// is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
+    /// Called after each commit with events, in commit order (on the writer's `completions`
+    /// queue), before anyone waiting for it is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
     /// (read them back). See `PostgresStore.onCommittedEvents`. Read with `value` (see
     /// `Lock.value`): once per commit.
     let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
 
-    private func afterCommit(_ out: Outcome) {
-        if out.events?.isEmpty != true, let tell = committedEvents.value { tell(out.events) }
+    /// On the writer thread, once `out` is committed: what the writer itself needs now (the
+    /// newest seq, the counters), then the rest on `completions`, in commit order.
+    private func report(_ out: Outcome) {
         counters.counted(records: out.records, seconds: out.seconds)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
+        completions.async { [self, out] in afterCommit(out) }
+    }
+
+    private func afterCommit(_ out: Outcome) {
+        if out.events?.isEmpty != true, let tell = committedEvents.value { tell(out.events) }
         queue.committed(through: out.ticket)
         for done in out.callbacks { done() }
         for (reply, n) in out.replies { reply.send(n) }

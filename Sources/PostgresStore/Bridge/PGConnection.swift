@@ -55,7 +55,7 @@ package final class PGConnection: @unchecked Sendable {
     /// Connects to `url` (a `postgres://` or `postgresql://` URI, or any libpq conninfo). The
     /// timeout applies unless the URL sets its own `connect_timeout`.
     /// `boundedReads`: for reads that must not hang (answers to clients on server threads, the
-    /// owner's feed on its writer's thread): a statement runs at most 2 s, and a link that stops
+    /// owner's feed in its writer's aftermath): a statement runs at most 2 s, and a link that stops
     /// answering is given up after about 4 s (TCP), instead of the system's TCP timeout
     /// (minutes). The statement timeout is set after connecting, not as a startup option (which
     /// the URL's own `options` would replace and poolers refuse).

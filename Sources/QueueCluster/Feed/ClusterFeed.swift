@@ -92,15 +92,15 @@ package final class FeedTail: Sendable {
 /// are published as its writer reports them, before the requests that made them are answered
 /// (a client that got a 2xx finds its change in the feed, as on SQLite); when they do not
 /// follow the feed's newest (seqs a failed commit drew, events deleted with their queue, or a
-/// commit whose events are not known), what lies between is read back first, on the writer's
-/// thread, so the order holds.
+/// commit whose events are not known), what lies between is read back first, in the writer's
+/// aftermath (one report at a time, in commit order), so the order holds.
 package final class OwnerFeed: Sendable {
     let events: EventLog
     let webhooks: Webhooks
     package let tail: FeedTail
-    /// Reads a gap before its own commit on the writer's thread (one writer: rare). False
+    /// Reads a gap before its own commit in the writer's aftermath (one writer: rare). False
     /// when other instances commit all the time (partitions): the gap is read by the tail, at
-    /// once but not on the writer's thread, so a change may reach this instance's feed a few
+    /// once but not in the writer's aftermath, so a change may reach this instance's feed a few
     /// milliseconds after its request was answered.
     let readsGaps: Bool
 
@@ -132,7 +132,8 @@ package final class OwnerFeed: Sendable {
         }
     }
 
-    /// From the writer thread, after a commit with events (nil: not known, read them back).
+    /// From the writer's aftermath, in commit order, after a commit with events (nil: not
+    /// known, read them back).
     package func committed(_ batch: [ChangeEvent]?) {
         if let first = batch?.first, first.seq == events.lastSeq &+ 1, let batch {
             tail.publish(batch)
