@@ -618,16 +618,24 @@ package enum PGSchema {
     static let selectQueues = "SELECT \(queueColumns) FROM opqd.queues ORDER BY name COLLATE \"C\""
     static let idempotencyColumns = "scope, body_hash, status, headers, body, created_at"
 
-    /// `INSERT ... SELECT FROM unnest($1::t1[], $2::t2[], ...)`: one statement for every row of
-    /// a batch, each column one array parameter. The upsert replaces the whole row, as the
-    /// SQLite store's does; the caller sends each key at most once per statement.
+    /// `INSERT ... SELECT unnest($1::t1[]), unnest($2::t2[]), ...`: one statement for every row
+    /// of a batch, each column one array parameter. The upsert replaces the whole row, as the
+    /// SQLite store's does; the caller sends each key at most once per statement (and every
+    /// array has one element per row).
+    ///
+    /// The `unnest`s are in the select list, where they run in lockstep and stream their rows
+    /// (ProjectSet), rather than in `FROM unnest(a, b, ...)`, which first copies every row into
+    /// a tuplestore: perf put that copy at about a sixth of the writer backend's CPU with
+    /// workers claiming and finishing, and the operations' upsert of 600 rows took 20 % less
+    /// time this way (an alternating A/B of 40 rounds of one insert and one update each).
     static func bulkUpsert(table: String, columns: String, types: [String], conflict: String, casts: [String: String] = [:]) -> String {
         let names = columns.split(separator: ",").map { $0.trimmingCharacters() }
-        let arrays = types.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
-        let select = names.map { name in casts[name].map { "r.\(name)::\($0)" } ?? "r.\(name)" }.joined(separator: ", ")
+        let select = zip(names, types).enumerated().map { i, column in
+            "unnest($\(i + 1)::\(column.1))" + (casts[column.0].map { "::\($0)" } ?? "")
+        }.joined(separator: ", ")
         let update = names.filter { $0 != conflict }.map { "\($0) = excluded.\($0)" }.joined(separator: ", ")
         return """
-            INSERT INTO opqd.\(table) (\(columns)) SELECT \(select) FROM unnest(\(arrays)) AS r(\(columns)) \
+            INSERT INTO opqd.\(table) (\(columns)) SELECT \(select) \
             ON CONFLICT (\(conflict)) DO UPDATE SET \(update)
             """
     }
@@ -653,18 +661,19 @@ package enum PGSchema {
     static let lockAndInsertEvents = insertEventsStatement(locking: true)
 
     static func insertEventsStatement(locking: Bool) -> String {
-        let arrays = eventArrayTypes.enumerated().map { "$\($0.offset + 1)::\($0.element)" }.joined(separator: ", ")
         let n = "$\(eventArrayTypes.count + 1)::bigint"
         let lock = locking ? "l AS (\(lockEvents)), " : ""
         let afterLock = locking ? " FROM l" : ""
         // The block is taken in one step (nextval, then setval past the block: nobody else
         // draws while the lock is held) and row n gets top - count + n: no reliance on the order
         // in which the planner would evaluate nextval per row.
+        // The rows stream from `unnest`s in the select list, in lockstep with the ordinal
+        // (see `bulkUpsert`); `$1`, the engine's seqs, only sets how many there are.
+        let values = eventArrayTypes.enumerated().dropFirst().map { "unnest($\($0.offset + 1)::\($0.element))" }.joined(separator: ", ")
         return """
             WITH \(lock)t AS (SELECT setval('opqd.event_seq', nextval('opqd.event_seq') + \(n) - 1) AS top\(afterLock)), \
             i AS (INSERT INTO opqd.events (\(eventColumns)) \
-            SELECT t.top - \(n) + r.n, r.time, r.queue, r.operation, r.key, r.old, r.new, r.state, r.epoch \
-            FROM t, unnest(\(arrays)) WITH ORDINALITY AS r(\(eventColumns), n)) \
+            SELECT t.top - \(n) + generate_series(1::bigint, cardinality($1::\(eventArrayTypes[0]))::bigint), \(values) FROM t) \
             SELECT top FROM t
             """
     }
