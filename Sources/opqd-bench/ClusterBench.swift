@@ -276,8 +276,12 @@ enum ClusterBench {
         // Direct: client c (on instance c mod n) takes turns over the queues instance c mod n holds
         // (`balancedNames` dealt queue i to instance i mod n).
         let (clients, direct) = (o.clients, spread && o.direct && queues.count % n == 0)
+        // Otherwise: client c's j-th create goes to queue (c + j) mod 12, whose holder is
+        // (c + j) mod n (12 is a multiple of 2 and 3), so every client's creates go round the
+        // holders and (n - 1)/n are forwarded at any n. (Before, `k mod 12` kept each client on
+        // queues of its own instance at n = 2: none was forwarded there.)
         let (created, failed, wall) = forEachClient(ports: ports, clients: o.clients, seconds: o.seconds) { c, k in
-            let q = direct ? queues[(k % clients) % n + n * ((k / clients) % (queues.count / n))] : queues[k % queues.count]
+            let q = direct ? queues[(k % clients) % n + n * ((k / clients) % (queues.count / n))] : queues[(k % clients + k / clients) % queues.count]
             return (try? c.request("POST", "/v1/queues/\(q)/operations", body: body).status) == 201
         }
         let cpu1 = pids.map(cpuSeconds)
