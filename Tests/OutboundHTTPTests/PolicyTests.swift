@@ -22,6 +22,12 @@ import Testing
         #expect(hop(next(302, "//[::1]/"))?.url == "http://[::1]/")
         #expect(hop(next(302, "HTTPS://B.example:8443/"))?.originChanged == true)
         #expect(hop(next(302, "http://a.example:80/q"))?.originChanged == false)
+        // The same link-local address on another interface is another machine.
+        let linkLocal = "http://[fe80::1%25eth0]:8080/x"
+        #expect(hop(next(302, "http://[fe80::1%25eth1]:8080/y", from: linkLocal))?.originChanged == true)
+        #expect(hop(next(302, "http://[fe80::1]:8080/y", from: linkLocal))?.originChanged == true)
+        #expect(hop(next(302, "/y", from: linkLocal))?.originChanged == false)
+        #expect(hop(next(302, "http://[FE80::1%25eth0]:8080/y", from: linkLocal))?.originChanged == false)
         #expect(hop(next(302, "  /padded  "))?.url == "http://a.example/padded")
     }
 
