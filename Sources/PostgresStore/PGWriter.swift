@@ -343,9 +343,14 @@ final class PGWriter: @unchecked Sendable {
                     lastError.withLock {
                         $0 = PostgresStoreError(.io, url: displayURL, detail: "this instance no longer owns the queues: \(error.message)")
                     }
-                    if !fenced.exchange(true, ordering: .acquiringAndReleasing) { onFenced() }
-                    for case let .purge(_, _, reply) in jobs { reply.send(0) }
-                    for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
+                    // Told after the aftermath of every commit before this one (their answers and
+                    // events), as on the writer thread before, but not on `completions` itself.
+                    let first = !fenced.exchange(true, ordering: .acquiringAndReleasing)
+                    completions.async { [onFenced] in
+                        for case let .purge(_, _, reply) in jobs { reply.send(0) }
+                        for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
+                        if first { DispatchQueue.global().async { onFenced() } }
+                    }
                     return
                 }
                 if error.sqlState == PGSchema.committedState {
