@@ -15,11 +15,11 @@ import Darwin
 /// SQLite store's `StoreWriter` does; `synchronous_commit` stays at the server's `on`, so a
 /// commit that returned is on the server's disk (and its synchronous standbys, if any).
 ///
-/// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT FROM unnest(...)`
-/// per table (every row of the batch in array parameters; `ON CONFLICT DO UPDATE` for queues and
-/// operations, a plain INSERT for events, retried as an upsert after a unique violation), the
-/// few other statements, `COMMIT` and a sync point, then reads the answers. The statements of
-/// the common commit are prepared once per connection (`Statement`).
+/// A batch is one round trip: pipeline mode sends `BEGIN`, one `INSERT ... SELECT unnest($1),
+/// unnest($2), ...` per table (every row of the batch in array parameters; `ON CONFLICT DO
+/// UPDATE` for queues and operations, a plain INSERT for events, retried as an upsert after a
+/// unique violation), the few other statements, `COMMIT` and a sync point, then reads the
+/// answers. The statements of the common commit are prepared once per connection (`Statement`).
 ///
 /// Without a fence, the connection also holds the session-level advisory lock that keeps a
 /// second opqd off the database. Holding it on the connection that commits, rather than a
@@ -51,7 +51,12 @@ final class PGWriter: @unchecked Sendable {
     /// thread the aftermath was 42 % of that thread's CPU with workers claiming and finishing
     /// (`scripts/bench-pgqueuer.sh`, perf), time in which nothing was being written.
     private let completions = DispatchQueue(label: "opqd.pg.completions")
-    private static let completionsKey = DispatchSpecificKey<Bool>()
+    /// This writer's own (another store's writer in the same process, a test's, is not it).
+    private let completionsKey = DispatchSpecificKey<Bool>()
+    /// Commits whose aftermath may wait on `completions` at once: past that, the writer waits
+    /// before it reports another, so a slow aftermath (a feed reading a gap back) holds the
+    /// writer back instead of piling up outcomes.
+    private let reportRoom = DispatchSemaphore(value: 64)
     private let url: String
     let displayURL: String
 
@@ -102,7 +107,7 @@ final class PGWriter: @unchecked Sendable {
         self.url = url
         self.displayURL = displayURL
         self.lastSeq = Atomic(lastSeq)
-        completions.setSpecific(key: Self.completionsKey, value: true)
+        completions.setSpecific(key: completionsKey, value: true)
     }
 
     // MARK: - callers
@@ -115,7 +120,7 @@ final class PGWriter: @unchecked Sendable {
     /// True when called on the writer thread itself or from a commit's aftermath (where
     /// waiting for the writer would deadlock).
     var isWriterThread: Bool {
-        if DispatchQueue.getSpecific(key: Self.completionsKey) == true { return true }
+        if DispatchQueue.getSpecific(key: completionsKey) == true { return true }
         guard let t = thread else { return false }
         return pthread_equal(t, pthread_self()) != 0
     }
@@ -792,7 +797,11 @@ final class PGWriter: @unchecked Sendable {
     private func report(_ out: Outcome) {
         counters.counted(records: out.records, seconds: out.seconds)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
-        completions.async { [self, out] in afterCommit(out) }
+        reportRoom.wait()
+        completions.async { [self, out] in
+            afterCommit(out)
+            reportRoom.signal()
+        }
     }
 
     private func afterCommit(_ out: Outcome) {

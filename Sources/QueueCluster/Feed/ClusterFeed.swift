@@ -135,7 +135,9 @@ package final class OwnerFeed: Sendable {
     /// From the writer's aftermath, in commit order, after a commit with events (nil: not
     /// known, read them back).
     package func committed(_ batch: [ChangeEvent]?) {
-        if let first = batch?.first, first.seq == events.lastSeq &+ 1, let batch {
+        // Published as it is when it follows the feed's newest, or when the tail read part of
+        // it already (publish drops what is not newer; a commit's seqs have no gap).
+        if let first = batch?.first, first.seq <= events.lastSeq &+ 1, let batch {
             tail.publish(batch)
             return
         }
