@@ -27,7 +27,8 @@ final class StoreWriter: @unchecked Sendable {
     /// the next transaction. On the writer thread the callbacks took a quarter of its time
     /// at high rates, time in which nothing was being written.
     private let completions = DispatchQueue(label: "opqd.store.completions")
-    private static let completionsKey = DispatchSpecificKey<Bool>()
+    /// This writer's own (another store's writer in the same process is not it).
+    private let completionsKey = DispatchSpecificKey<Bool>()
 
     let counters = WriterCounters()
     let lastError = StoreLock<StoreError?>(nil)
@@ -58,7 +59,7 @@ final class StoreWriter: @unchecked Sendable {
         self.connection = connection
         self.path = path
         self.lastSeq = Atomic(lastSeq)
-        completions.setSpecific(key: Self.completionsKey, value: true)
+        completions.setSpecific(key: completionsKey, value: true)
         begin = try connection.prepare("BEGIN IMMEDIATE")
         commit = try connection.prepare("COMMIT")
         rollback = try connection.prepare("ROLLBACK")
@@ -101,7 +102,7 @@ final class StoreWriter: @unchecked Sendable {
     /// True when called on the writer thread itself or from a commit's callbacks (where
     /// waiting for the writer would deadlock).
     var isWriterThread: Bool {
-        if DispatchQueue.getSpecific(key: Self.completionsKey) == true { return true }
+        if DispatchQueue.getSpecific(key: completionsKey) == true { return true }
         guard let t = thread else { return false }
         return pthread_equal(t, pthread_self()) != 0
     }
