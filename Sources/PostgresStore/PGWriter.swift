@@ -787,9 +787,9 @@ final class PGWriter: @unchecked Sendable {
     }
 
     /// Called after each commit with events, in commit order (on the writer's `completions`
-    /// queue), before anyone waiting for it is told: the events with the seqs PostgreSQL gave them, or nil when they are not known
-    /// (read them back). See `PostgresStore.onCommittedEvents`. Read with `value` (see
-    /// `Lock.value`): once per commit.
+    /// queue), before anyone waiting for it is told: the events with the seqs PostgreSQL gave
+    /// them, or nil when they are not known (read them back). See
+    /// `PostgresStore.onCommittedEvents`. Read with `value` (see `Lock.value`): once per commit.
     let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
 
     /// On the writer thread, once `out` is committed: what the writer itself needs now (the

@@ -215,10 +215,10 @@ public final class PostgresStore: OperationStore {
     }
 
     /// `tell` is called after each commit that had events (on the writer's completions queue,
-    /// while the writer thread sends the next transaction), before the
-    /// callbacks of `whenDurable` for it run: with the committed events, numbered as PostgreSQL
-    /// numbered them (their `seq` is the global one, not the engine's), or with nil when they
-    /// are not known (a commit whose answer was lost: read them back). In order, one call at a
+    /// while the writer thread sends the next transaction), before the callbacks of
+    /// `whenDurable` for it run: with the committed events, numbered as PostgreSQL numbered
+    /// them (their `seq` is the global one, not the engine's), or with nil when they are not
+    /// known (a commit whose answer was lost: read them back). In order, one call at a
     /// time; it must not block.
     public func onCommittedEvents(_ tell: @escaping @Sendable ([ChangeEvent]?) -> Void) {
         writer.committedEvents.withLock { $0 = tell }
