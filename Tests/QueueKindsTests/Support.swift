@@ -88,8 +88,8 @@ extension JSONValue {
 // MARK: - processes
 
 /// Children of the test process: pid, state letter and argv.
-func childProcesses() -> [(pid: pid_t, state: Character, argv: [String])] {
-    let me = getpid()
+func childProcesses(of parent: pid_t = getpid()) -> [(pid: pid_t, state: Character, argv: [String])] {
+    let me = parent
     var out: [(pid_t, Character, [String])] = []
     guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
     for entry in entries {
