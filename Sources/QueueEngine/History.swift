@@ -188,10 +188,7 @@ struct HistoryRingBuffer {
         buckets = [HistoryBucket?](repeating: nil, count: Int(size))
     }
 
-    @inline(__always) func slot(_ start: Int64) -> Int {
-        let i = start / step
-        return Int(((i % size) + size) % size)
-    }
+    @inline(__always) func slot(_ start: Int64) -> Int { Int(HistoryRing.slot(of: start, step: step)) }
 
     /// The bucket of `start`, made (or its slot's older one replaced); `body` changes it. A time
     /// older than what its slot holds (a clock that stepped back past a day) changes nothing.

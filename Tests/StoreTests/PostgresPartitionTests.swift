@@ -20,12 +20,17 @@ func queuesInTwoPartitions() -> (String, Int, String, Int) {
 final class FencedStore: Sendable {
     let store: PostgresStore
     let fenced = Counter()
-    init(url: String, instance: String, holding won: [Int: Int64]) throws {
+    /// `onFenced` is called after the count moves (a test that orders it against other callbacks).
+    init(url: String, instance: String, holding won: [Int: Int64], onFenced: @escaping @Sendable () -> Void = {}) throws {
         let held = PartitionEpochs()
         for (p, e) in won { held.set(p, e) }
         let fenced = self.fenced
         store = try PostgresStore(
-            url: url, fence: PGFence(instance: instance, epoch: 0, leaseSeconds: 5, partitions: held), onFenced: { fenced.add() })
+            url: url, fence: PGFence(instance: instance, epoch: 0, leaseSeconds: 5, partitions: held),
+            onFenced: {
+                fenced.add()
+                onFenced()
+            })
     }
 
     final class Counter: Sendable {

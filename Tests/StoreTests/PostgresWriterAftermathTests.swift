@@ -20,16 +20,12 @@ extension PostgresStoreTests {
             let b = try PGMembership(url: url, instanceID: "b", leaseSeconds: 5)
             defer { a.close(); b.close() }
             let won = try a.claim([pa], token: "ta")
-            let held = PartitionEpochs()
-            for (p, e) in won { held.set(p, e) }
             let order = Mutex<[String]>([])
             let fencedNow = DispatchSemaphore(value: 0)
-            let store = try PostgresStore(
-                url: url, fence: PGFence(instance: "a", epoch: 0, leaseSeconds: 5, partitions: held),
-                onFenced: {
-                    order.withLock { $0.append("fenced") }
-                    fencedNow.signal()
-                })
+            let store = try FencedStore(url: url, instance: "a", holding: won) {
+                order.withLock { $0.append("fenced") }
+                fencedNow.signal()
+            }.store
             defer { store.close() }
             // The first commit's aftermath is slow (a feed reading a gap back, a busy answer).
             let entered = DispatchSemaphore(value: 0)
