@@ -46,17 +46,10 @@ import Darwin
 final class PGWriter: @unchecked Sendable {
     let queue = GroupCommitQueue()
     /// Where a commit's aftermath runs (its events published, then marking it durable and its
-    /// callbacks: answers, held starts), in commit order, while the writer thread already
-    /// sends the next transaction, as the SQLite store's `StoreWriter` does. On the writer
-    /// thread the aftermath was 42 % of that thread's CPU with workers claiming and finishing
-    /// (`scripts/bench-pgqueuer.sh`, perf), time in which nothing was being written.
-    private let completions = DispatchQueue(label: "opqd.pg.completions")
-    /// This writer's own (another store's writer in the same process, a test's, is not it).
-    private let completionsKey = DispatchSpecificKey<Bool>()
-    /// Commits whose aftermath may wait on `completions` at once: past that, the writer waits
-    /// before it reports another, so a slow aftermath (a feed reading a gap back) holds the
-    /// writer back instead of piling up outcomes.
-    private let reportRoom = DispatchSemaphore(value: 64)
+    /// callbacks: answers, held starts), in commit order, as in the SQLite store's
+    /// `StoreWriter`: on the writer thread it was 42 % of that thread's CPU with workers claiming
+    /// and finishing (`scripts/bench-pgqueuer.sh`, perf), time in which nothing was written.
+    private let aftermath = CommitAftermath(label: "opqd.pg.completions")
     private let url: String
     let displayURL: String
 
@@ -107,7 +100,6 @@ final class PGWriter: @unchecked Sendable {
         self.url = url
         self.displayURL = displayURL
         self.lastSeq = Atomic(lastSeq)
-        completions.setSpecific(key: completionsKey, value: true)
     }
 
     // MARK: - callers
@@ -120,7 +112,7 @@ final class PGWriter: @unchecked Sendable {
     /// True when called on the writer thread itself or from a commit's aftermath (where
     /// waiting for the writer would deadlock).
     var isWriterThread: Bool {
-        if DispatchQueue.getSpecific(key: completionsKey) == true { return true }
+        if aftermath.isCurrent { return true }
         guard let t = thread else { return false }
         return pthread_equal(t, pthread_self()) != 0
     }
@@ -161,7 +153,7 @@ final class PGWriter: @unchecked Sendable {
             pthread_detach(t)
         } else {
             pthread_join(t, nil)
-            completions.sync {}  // the last commits' aftermath has run
+            aftermath.drain()  // the last commits' aftermath has run
         }
     }
 
@@ -349,9 +341,9 @@ final class PGWriter: @unchecked Sendable {
                         $0 = PostgresStoreError(.io, url: displayURL, detail: "this instance no longer owns the queues: \(error.message)")
                     }
                     // Told after the aftermath of every commit before this one (their answers and
-                    // events), as on the writer thread before, but not on `completions` itself.
+                    // events), but never on the writer thread.
                     let first = !fenced.exchange(true, ordering: .acquiringAndReleasing)
-                    completions.async { [onFenced] in
+                    aftermath.after { [onFenced] in
                         for case let .purge(_, _, reply) in jobs { reply.send(0) }
                         for case let .purgeIdempotency(_, reply) in jobs { reply.send(0) }
                         if first { DispatchQueue.global().async { onFenced() } }
@@ -786,22 +778,18 @@ final class PGWriter: @unchecked Sendable {
         ]
     }
 
-    /// Called after each commit with events, in commit order (on the writer's `completions`
-    /// queue), before anyone waiting for it is told: the events with the seqs PostgreSQL gave
+    /// Called after each commit with events, in commit order (in the writer's `aftermath`),
+    /// before anyone waiting for it is told: the events with the seqs PostgreSQL gave
     /// them, or nil when they are not known (read them back). See
     /// `PostgresStore.onCommittedEvents`. Read with `value` (see `Lock.value`): once per commit.
     let committedEvents = Lock<(@Sendable ([ChangeEvent]?) -> Void)?>(nil)
 
     /// On the writer thread, once `out` is committed: what the writer itself needs now (the
-    /// newest seq, the counters), then the rest on `completions`, in commit order.
+    /// newest seq, the counters), then the rest in `aftermath`, in commit order.
     private func report(_ out: Outcome) {
         counters.counted(records: out.records, seconds: out.seconds)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
-        reportRoom.wait()
-        completions.async { [self, out] in
-            afterCommit(out)
-            reportRoom.signal()
-        }
+        aftermath.run(writerIdle: !queue.hasJobs) { [self, out] in afterCommit(out) }
     }
 
     private func afterCommit(_ out: Outcome) {

@@ -214,8 +214,8 @@ public final class PostgresStore: OperationStore {
         writer.whenDurable(ticket, done)
     }
 
-    /// `tell` is called after each commit that had events (on the writer's completions queue,
-    /// while the writer thread sends the next transaction), before the callbacks of
+    /// `tell` is called after each commit that had events (in the writer's aftermath: on the
+    /// writer thread when idle, else on its own queue), before the callbacks of
     /// `whenDurable` for it run: with the committed events, numbered as PostgreSQL numbered
     /// them (their `seq` is the global one, not the engine's), or with nil when they are not
     /// known (a commit whose answer was lost: read them back). In order, one call at a

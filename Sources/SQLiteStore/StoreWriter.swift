@@ -22,13 +22,10 @@ import Darwin
 final class StoreWriter: @unchecked Sendable {
     let queue = GroupCommitQueue()
     let path: String
-    /// Where a commit's aftermath runs (marking it durable, then its callbacks: answers,
-    /// event publication), in commit order, while the writer thread already builds and syncs
-    /// the next transaction. On the writer thread the callbacks took a quarter of its time
-    /// at high rates, time in which nothing was being written.
-    private let completions = DispatchQueue(label: "opqd.store.completions")
-    /// This writer's own (another store's writer in the same process is not it).
-    private let completionsKey = DispatchSpecificKey<Bool>()
+    /// Where a commit's aftermath runs (marking it durable, then its callbacks: answers, event
+    /// publication), in commit order: on the writer thread the callbacks took a quarter of its
+    /// time at high rates, time in which nothing was being written.
+    private let aftermath = CommitAftermath(label: "opqd.store.completions")
 
     let counters = WriterCounters()
     let lastError = StoreLock<StoreError?>(nil)
@@ -59,7 +56,6 @@ final class StoreWriter: @unchecked Sendable {
         self.connection = connection
         self.path = path
         self.lastSeq = Atomic(lastSeq)
-        completions.setSpecific(key: completionsKey, value: true)
         begin = try connection.prepare("BEGIN IMMEDIATE")
         commit = try connection.prepare("COMMIT")
         rollback = try connection.prepare("ROLLBACK")
@@ -102,7 +98,7 @@ final class StoreWriter: @unchecked Sendable {
     /// True when called on the writer thread itself or from a commit's callbacks (where
     /// waiting for the writer would deadlock).
     var isWriterThread: Bool {
-        if DispatchQueue.getSpecific(key: completionsKey) == true { return true }
+        if aftermath.isCurrent { return true }
         guard let t = thread else { return false }
         return pthread_equal(t, pthread_self()) != 0
     }
@@ -136,7 +132,7 @@ final class StoreWriter: @unchecked Sendable {
             pthread_detach(t)
         } else {
             pthread_join(t, nil)
-            completions.sync {}  // the last commits' callbacks have run
+            aftermath.drain()  // the last commits' callbacks have run
             finish()
         }
     }
@@ -177,7 +173,7 @@ final class StoreWriter: @unchecked Sendable {
                 var outcome = try apply(jobs, replacingEvents: replacing)
                 outcome.seconds = counters.timed(since: start)
                 lastError.withLock { $0 = nil }
-                completions.async { [self, outcome] in afterCommit(outcome) }
+                aftermath.run(writerIdle: !queue.hasJobs) { [self, outcome] in afterCommit(outcome) }
                 return
             } catch {
                 if error.isConstraint && !replacing {
