@@ -7,6 +7,13 @@ import QueueCluster
 import Glibc
 #endif
 
+// A UTF-8 character type, whatever the environment says: libcurl (libidn2) converts a host name
+// outside ASCII (`http://bücher.example/`) to its A-label only in a UTF-8 locale, and in the C
+// locale every such URL failed with invalid-spec. LC_CTYPE alone: number formatting and the rest
+// stay "C". Debian's libc-bin installs C.UTF-8 (/usr/lib/locale/C.utf8), in the runtime image too;
+// where it is missing, nothing changes.
+_ = setlocale(LC_CTYPE, "C.UTF-8")
+
 // `opqd healthcheck` is a client of a running server: it parses its own options and exits
 // before anything of the server (signal mask, logging, store) is set up.
 if CommandLine.arguments.dropFirst().first == "healthcheck" {

@@ -106,6 +106,24 @@ struct HostileTargetTests {
         }
     }
 
+    @Test("an internationalized host name goes out as its A-label (bücher.invalid as xn--bcher-kva.invalid), not refused as invalid-spec")
+    func internationalizedHost() async throws {
+        // The target is the server's proxy: the name needs no resolver here, and the request
+        // line shows it as libcurl sent it. In the C locale libcurl cannot convert the name and
+        // the operation failed with invalid-spec before the server set a UTF-8 LC_CTYPE.
+        let target = try HostileTarget { _ in .raw("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok") }
+        let server = try Opqd(Self.noBreaker, environment: ["http_proxy": target.url("/"), "no_proxy": "", "NO_PROXY": ""])
+        try await blocking {
+            _ = try server.request("POST", "/v1/queues", json: #"{"name":"t"}"#).expecting(201)
+            let id = try Self.create(server, "http://b\u{00FC}cher.invalid/idn")
+            let last = try Self.finish(server, [id], timeout: 15)
+            let text = last[id]?.text.prefix(400) ?? "no answer"
+            #expect(last[id]?.string("outcome") == "succeeded", "http://bücher.invalid/idn through the proxy: \(text)")
+            #expect(target.requests.contains("GET http://xn--bcher-kva.invalid/idn"), "the proxy saw \(target.requests)")
+            server.expectAlive("an internationalized host")
+        }
+    }
+
     @Test("an endless body (fast or slow) ends in a timeout or a truncated body, with the process alive and its memory bounded")
     func endlessBodies() async throws {
         // The targets go on for 90 s (they stop sooner when the server goes away): an operation

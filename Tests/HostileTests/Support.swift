@@ -17,12 +17,14 @@ final class Opqd: @unchecked Sendable {  // used from one test at a time
     private var generation = 0
     private let ownsData: Bool
 
-    /// Starts `opqd` with `arguments` (after `--host 127.0.0.1 --port 0 --data … --log-level warning`).
-    init(_ arguments: [String] = [], data: String? = nil) throws {
+    /// Starts `opqd` with `arguments` (after `--host 127.0.0.1 --port 0 --data … --log-level warning`),
+    /// with `environment` set over this process's (for the first start only).
+    init(_ arguments: [String] = [], data: String? = nil, environment: [String: String] = [:]) throws {
         self.arguments = arguments
         if let data { self.data = data; ownsData = false } else { self.data = try makeTemporaryDirectory(prefix: "opqd-hostile-data"); ownsData = true }
         logs = try makeTemporaryDirectory(prefix: "opqd-hostile-logs")
-        process = try ServerProcess(binary: try OpqdBinary.locate(), data: self.data, logPath: logs + "/opqd-0.log", extraArguments: arguments)
+        process = try ServerProcess(
+            binary: try OpqdBinary.locate(), data: self.data, logPath: logs + "/opqd-0.log", extraArguments: arguments, environment: environment)
     }
 
     deinit {

@@ -74,13 +74,14 @@ public final class ServerProcess: Sendable {
     /// Starts `binary --host 127.0.0.1 --port 0 --data <data> --log-level <logLevel> <extra>`;
     /// throws (with the log) if it does not print its listening line within `timeout`. The child
     /// gets this process's environment without its OPQD_* settings (which would change the server)
-    /// unless `keepOpqdSettings`.
+    /// unless `keepOpqdSettings`, with `environment` set over it.
     public init(
         binary: String, data: String, logPath: String, extraArguments: [String] = [], timeout: Double = 30,
-        logLevel: String = "warning", keepOpqdSettings: Bool = false
+        logLevel: String = "warning", keepOpqdSettings: Bool = false, environment extra: [String: String] = [:]
     ) throws {
         let arguments = [binary, "--host", "127.0.0.1", "--port", "0", "--data", data, "--log-level", logLevel] + extraArguments
         let environment = ProcessInfo.processInfo.environment.filter { keepOpqdSettings || !$0.key.hasPrefix("OPQD_") }
+            .merging(extra) { _, new in new }
         var request = SpawnRequest(arguments, environment: environment.map { "\($0.key)=\($0.value)" })
         request.stdout = .pipe
         request.stderr = .file(logPath, append: true)
