@@ -49,7 +49,7 @@ final class PGWriter: @unchecked Sendable {
     /// callbacks: answers, held starts), in commit order, as in the SQLite store's
     /// `StoreWriter`: on the writer thread it was 42 % of that thread's CPU with workers claiming
     /// and finishing (`scripts/bench-pgqueuer.sh`, perf), time in which nothing was written.
-    private let aftermath = CommitAftermath(label: "opqd.pg.completions")
+    let aftermath = CommitAftermath(label: "opqd.pg.completions")
     private let url: String
     let displayURL: String
 
@@ -789,7 +789,8 @@ final class PGWriter: @unchecked Sendable {
     private func report(_ out: Outcome) {
         counters.counted(records: out.records, seconds: out.seconds)
         if out.lastSeq > lastSeq.load(ordering: .relaxed) { lastSeq.store(out.lastSeq, ordering: .relaxed) }
-        aftermath.run(writerIdle: !queue.hasJobs) { [self, out] in afterCommit(out) }
+        // Events not known (read back from PostgreSQL in the aftermath): never on this thread.
+        aftermath.run(writerIdle: !queue.hasJobs && out.events != nil) { [self, out] in afterCommit(out) }
     }
 
     private func afterCommit(_ out: Outcome) {

@@ -231,6 +231,13 @@ public final class PostgresStore: OperationStore {
         set { writer.notifySpacing.store(newValue, ordering: .relaxed) }
     }
 
+    /// Whether the writer runs a commit's aftermath itself when nothing waits for it
+    /// (`CommitAftermath`); tests turn it off to see the aftermath overtaken on its queue.
+    package var aftermathRunsOnIdleWriter: Bool {
+        get { writer.aftermath.runsOnIdleWriter.load(ordering: .relaxed) }
+        set { writer.aftermath.runsOnIdleWriter.store(newValue, ordering: .relaxed) }
+    }
+
     /// The highest ticket committed so far.
     public var durableTicket: UInt64 { writer.queue.durableTicket }
 

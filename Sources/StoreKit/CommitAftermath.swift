@@ -26,6 +26,8 @@ public final class CommitAftermath: @unchecked Sendable {
     private let room: DispatchSemaphore
     /// Aftermaths handed to `queue` that have not run yet.
     private let queued = Atomic<Int>(0)
+    /// Whether an idle writer runs the aftermath itself (tests turn it off).
+    public let runsOnIdleWriter = Atomic<Bool>(true)
 
     public init(label: String, room: Int = 64) {
         queue = DispatchQueue(label: label)
@@ -41,7 +43,7 @@ public final class CommitAftermath: @unchecked Sendable {
     /// thread, when `writerIdle` and no earlier aftermath waits on the queue; else on the queue
     /// after those, waiting first while `room` of them wait.
     public func run(writerIdle: Bool, _ work: @escaping @Sendable () -> Void) {
-        if writerIdle && queued.load(ordering: .acquiring) == 0 { return work() }
+        if writerIdle && queued.load(ordering: .acquiring) == 0 && runsOnIdleWriter.load(ordering: .relaxed) { return work() }
         room.wait()
         queued.add(1, ordering: .relaxed)
         queue.async { [self] in

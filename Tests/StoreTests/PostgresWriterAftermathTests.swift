@@ -5,7 +5,8 @@ import QueueEngine
 import Synchronization
 import Testing
 
-/// Review of baa16de (the PostgreSQL writer's aftermath on a queue of its own).
+/// Review of baa16de (the PostgreSQL writer's aftermath on a queue of its own), and of 8dbec0d
+/// (an idle writer runs it itself).
 extension PostgresStoreTests {
     /// A commit that succeeded, then a commit refused by the fence: `onFenced` (which gives the
     /// instance's role up: hand-over, answers cut off after 1 s) must not overtake the
@@ -27,6 +28,10 @@ extension PostgresStoreTests {
                 fencedNow.signal()
             }.store
             defer { store.close() }
+            // An idle writer would run the first aftermath itself, and send the next commit
+            // only after it: the order would hold by construction. On its queue, it can be
+            // overtaken (a busy writer's case).
+            store.aftermathRunsOnIdleWriter = false
             // The first commit's aftermath is slow (a feed reading a gap back, a busy answer).
             let entered = DispatchSemaphore(value: 0)
             let gate = DispatchSemaphore(value: 0)
