@@ -242,6 +242,9 @@ echo "root ready in $t_root s ($cold); binary copied to $BINARY_DEST"
 missing=$(chroot "$root" /usr/bin/ldd "$BINARY_DEST" | grep 'not found' || true)
 [ -z "$missing" ] || fail "libraries missing in the root: $missing"
 echo "every library the binary needs resolves inside the root"
+# opqd sets LC_CTYPE to C.UTF-8 (libcurl converts host names outside ASCII only in a UTF-8 locale).
+[ -e "$root/usr/lib/locale/C.utf8" ] || fail "the root has no C.UTF-8 locale (/usr/lib/locale/C.utf8): http targets named outside ASCII would fail"
+echo "the C.UTF-8 locale opqd sets is in the root"
 root_size=$(du -sh --exclude=./proc "$root" | cut -f1)
 installed=$(chroot "$root" dpkg-query -W -f '${Package}=${Version}\n' | sort)
 for p in "${PACKAGES[@]}"; do

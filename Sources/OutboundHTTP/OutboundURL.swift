@@ -26,10 +26,16 @@ public enum OutboundURL {
         /// The zone of an IPv6 link-local address (`eth0` of `[fe80::1%25eth0]`), which ``host``
         /// leaves out; nil for any other host.
         public var zone: String?
-        /// `scheme://host:port`, with an IPv6 address's zone (`%eth0`) after the host: the
-        /// same link-local address on another interface is another machine, so a redirect
-        /// there is to another origin (its credentials are not sent).
-        public var origin: String { "\(scheme)://\(host.lowercased())\(zone.map { "%" + $0 } ?? ""):\(port)" }
+        /// `scheme://host:port` with the host as libcurl connects to it (``asciiHost``), and an
+        /// IPv6 address's zone (`%eth0`) after it: the same link-local address on another
+        /// interface is another machine, so a redirect there is to another origin (its
+        /// credentials are not sent). Not the Unicode host lowercased: `STRAẞE.de` lowercases to
+        /// `straße.de`, but libcurl sends it to `strasse.de`, and `straße.de` to
+        /// `xn--strae-oqa.de`. Nil when the host has no ASCII form: then it is no origin's.
+        public var origin: String? {
+            guard let asciiHost else { return nil }
+            return "\(scheme)://\(asciiHost.lowercased())\(zone.map { "%" + $0 } ?? ""):\(port)"
+        }
     }
 
     /// Checks an absolute URL: http or https, a host, at most ``maxLength`` bytes, no control

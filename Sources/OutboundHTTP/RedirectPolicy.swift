@@ -74,7 +74,7 @@ public enum RedirectPolicy {
         return .follow(
             RedirectHop(
                 url: target.url, method: newMethod, keepsBody: keepsBody,
-                originChanged: target.origin != current.origin))
+                originChanged: target.origin == nil || target.origin != current.origin))
     }
 
     /// The headers to send on a hop: credentials dropped when the origin changed, and

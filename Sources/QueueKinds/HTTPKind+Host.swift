@@ -14,8 +14,9 @@ extension HTTPKind {
     /// a zone (`[fe80::1%25eth0]`: another zone is another machine, and `%` is no part of a host
     /// name), port 0, a name with bytes other than letters, digits, `.`, `-` and `_` or longer
     /// than 253 bytes (no DNS name is), or an IDN libcurl cannot put in ASCII. libidn2 reads
-    /// an IDN in the process's locale: in the C locale (opqd's) it cannot, and the request
-    /// fails before it is sent (`invalid-url`, reported as `invalid-spec`): no host to hold.
+    /// an IDN in the process's locale: opqd sets a UTF-8 LC_CTYPE at start (main.swift); in the
+    /// C locale it cannot, and the request fails before it is sent (`invalid-url`, reported as
+    /// `invalid-spec`): no host to hold.
     static func hostKey(_ parts: OutboundURL.Parts) -> String? {
         guard parts.zone == nil, let host = parts.asciiHost, let port = UInt16(parts.port), port != 0 else { return nil }
         var name: [UInt8] = []

@@ -11,8 +11,8 @@ import Glibc
 // outside ASCII (`http://bücher.example/`) to its A-label only in a UTF-8 locale, and in the C
 // locale every such URL failed with invalid-spec. LC_CTYPE alone: number formatting and the rest
 // stay "C". Debian's libc-bin installs C.UTF-8 (/usr/lib/locale/C.utf8), in the runtime image too;
-// where it is missing, nothing changes.
-_ = setlocale(LC_CTYPE, "C.UTF-8")
+// where it is missing, nothing changes but a warning at start.
+let utf8CharacterType = setlocale(LC_CTYPE, "C.UTF-8") != nil
 
 // `opqd healthcheck` is a client of a running server: it parses its own options and exits
 // before anything of the server (signal mask, logging, store) is set up.
@@ -58,6 +58,9 @@ do {
 
 var logger = Logger(label: "opqd")
 logger.logLevel = configuration.logLevel
+if !utf8CharacterType {
+    logger.warning("the C.UTF-8 locale is missing: http targets whose host name is not ASCII will fail with invalid-spec")
+}
 
 // Set by the image before this one when a cluster instance changed role (`execv` below).
 let environment = ProcessEnvironment.all()

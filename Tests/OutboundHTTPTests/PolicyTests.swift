@@ -29,6 +29,12 @@ import Testing
         #expect(hop(next(302, "/y", from: linkLocal))?.originChanged == false)
         #expect(hop(next(302, "http://[FE80::1%25eth0]:8080/y", from: linkLocal))?.originChanged == false)
         #expect(hop(next(302, "  /padded  "))?.url == "http://a.example/padded")
+        // Hosts outside ASCII compare as libcurl sends them: `STRAẞE.de` goes to `strasse.de`,
+        // another registrant than `straße.de` (`xn--strae-oqa.de`), though Swift lowercases
+        // both to `straße.de`. In this process's C locale libcurl converts neither: no origin,
+        // so credentials are dropped there too.
+        #expect(hop(next(302, "https://STRA\u{1E9E}E.de/", from: "https://stra\u{00DF}e.de/"))?.originChanged == true)
+        #expect(hop(next(302, "https://xn--bcher-kva.example/b", from: "https://xn--bcher-kva.example/a"))?.originChanged == false)
     }
 
     @Test func refusals() {

@@ -44,8 +44,9 @@ extension KindsTests {
         }
 
         /// libcurl puts an international name in ASCII (IDNA, libidn2) only in a process whose
-        /// locale is UTF-8; in the C locale (opqd's, and this test's) the request itself fails
-        /// before anything is sent. Either way the name agrees with the request.
+        /// locale is UTF-8 (opqd sets one at start; HostileTargetTests.internationalizedHost
+        /// sees the name go out); in the C locale (this test's) the request itself fails before
+        /// anything is sent. Either way the name agrees with the request.
         @Test func anInternationalNameIsInPunycodeWhenTheRequestCanUseIt() throws {
             let host = Self.host
             #expect(host("https://xn--bcher-kva.example/") == "xn--bcher-kva.example:443")
