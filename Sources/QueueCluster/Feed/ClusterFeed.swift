@@ -59,12 +59,30 @@ package final class FeedTail: Sendable {
     }
 
     func pull() {
-        let start = state.withLock { s -> Bool in
+        guard claim() else { return }
+        pulls()
+    }
+
+    /// A pull on another thread, unless one runs: then that one reads again, and no thread is
+    /// woken for nothing. At 3 instances an instance asks after most of its own commits (the
+    /// others' events come between), about 500 times a second, nearly always while a pull
+    /// runs (it reads, then waits `spacing`).
+    func pullSoon() {
+        guard claim() else { return }
+        DispatchQueue.global().async { [self] in pulls() }
+    }
+
+    /// True when the caller is to run the pulls; else the running one reads again.
+    private func claim() -> Bool {
+        state.withLock { s -> Bool in
             if s.running { s.again = true; return false }
             s.running = true
             return true
         }
-        guard start else { return }
+    }
+
+    /// Reads until no pull was asked for meanwhile (the caller claimed the run).
+    private func pulls() {
         while true {
             do {
                 try readNow()
@@ -142,7 +160,7 @@ package final class OwnerFeed: Sendable {
             return
         }
         if !readsGaps {
-            DispatchQueue.global().async { [tail] in tail.pull() }
+            tail.pullSoon()
             return
         }
         do {
@@ -152,7 +170,7 @@ package final class OwnerFeed: Sendable {
             // batch is committed, so the background pull (and the tail's timer) brings it in
             // order, a moment after its requests are answered.
             tail.logger.warning("cannot read the feed back from PostgreSQL", metadata: ["error": "\(error)"])
-            DispatchQueue.global().async { [tail] in tail.pull() }
+            tail.pullSoon()
             return
         }
         if let batch { tail.publish(batch) }
