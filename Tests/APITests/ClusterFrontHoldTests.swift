@@ -66,6 +66,31 @@ struct ClusterFrontHoldTests {
         #expect(monotonicSeconds() - t0 >= 0.15, "answered before the queue was taken in")
     }
 
+    @Test("a queue whose partition leaves between the decision and the engine (its 404) is held for its next holder, not refused")
+    func leftBeforeTheEngineLooked() {
+        let placement = MovingPlacement()
+        placement.set(served: ["moving", "here"])
+        let calls = Lock(0)
+        let front = Self.front(placement, hold: 3) { request in
+            let n = calls.withLock { c -> Int in
+                c += 1; return c
+            }
+            if request.path.contains("/here/") { return .response(HTTPResponse(status: 404, headers: [], body: [])) }
+            if n > 1 { return .response(HTTPResponse(status: 201, headers: [], body: [])) }
+            // The handover happens now: the engine no longer has the queue, nobody holds it yet.
+            placement.set(served: ["here"])
+            DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) { placement.set(served: ["here", "moving"]) }
+            return .response(HTTPResponse(status: 404, headers: [], body: Array("no queue named 'moving'".utf8)))
+        }
+        let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#)), within: 5)
+        #expect(response?.status == 201, "answered by the queue's next holder (here again)")
+        #expect(calls.value == 2)
+        // A 404 for a queue this instance still serves is the answer, at once.
+        let missing = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/here/operations", #"{"kind":"immediate"}"#)), within: 5)
+        #expect(missing?.status == 404)
+        #expect(calls.value == 3)
+    }
+
     /// A keyed suspend of queue "moving" through a front that holds requests 0.3 s: its
     /// answer, the answer's body, and how long it took.
     static func suspendHeld(over placement: MovingPlacement) -> (response: HTTPResponse?, text: String, waited: Double) {

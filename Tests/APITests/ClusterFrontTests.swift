@@ -95,7 +95,7 @@ struct ClusterFrontTests {
     /// A decision in words.
     static func summary(_ decision: ClusterFront.Decision) -> String {
         switch decision {
-        case .local: return "local"
+        case .local, .served: return "local"
         case .storeRead: return "store read"
         case .gather: return "gather"
         case let .forward(url, _): return "forward \(url)"

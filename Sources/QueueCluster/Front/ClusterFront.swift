@@ -42,6 +42,10 @@ package struct ClusterFront: Sendable {
     enum Decision {
         /// Answered here, by the dispatcher.
         case local
+        /// Answered here, by the dispatcher: a request for `queue`, which this instance served
+        /// when it decided. Should the queue's partition leave before the engine looks (a
+        /// handover), its 404 changed nothing and the request goes where the queue is now.
+        case served(queue: String)
         /// Answered here from what the holders committed (`reads`).
         case storeRead
         /// Relayed to the holder of `queue` at this base URL.
@@ -87,6 +91,11 @@ package struct ClusterFront: Sendable {
         let problem: Problem
         switch decision {
         case .local: return nil
+        case let .served(queue):
+            guard let local else { return nil }
+            let answer = local(request)
+            guard Self.response(of: answer)?.status == 404, !placement.serves(queue: queue), DispatchTime.now() < deadline else { return answer }
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
         case .storeRead: return reads.handle(request)
         case let .forward(url, queue):
             var again: (@Sendable (HTTPResponder, HTTPResponse) -> Void)?
@@ -268,7 +277,10 @@ package struct ClusterFront: Sendable {
             }
             decision = split(request, list: list, member: member, elements: elements, queueOf: queueOf)
         }
-        if case .local = decision { return decision }
+        switch decision {
+        case .local, .served: return decision
+        default: break
+        }
         // The token rules of the route's method, before a body is relayed for a caller without one.
         return refusal(request).map { .refused($0) } ?? decision
     }
@@ -328,7 +340,7 @@ package struct ClusterFront: Sendable {
 
     /// A request for the queue `name`: here when this instance serves it, else to its holder.
     private func to(queue name: String, _ request: HTTPRequest) -> Decision {
-        if placement.serves(queue: name) { return .local }
+        if placement.serves(queue: name) { return .served(queue: name) }
         // Forwarded here already: once more only (the queue moved on while the request was on
         // its way), back to its sender too when that is where it moved (a handover from here
         // to there); a third instance that disagrees holds it until its placement says.
