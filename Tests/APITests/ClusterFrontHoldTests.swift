@@ -80,7 +80,7 @@ struct ClusterFrontHoldTests {
             // The handover happens now: the engine no longer has the queue, nobody holds it yet.
             placement.set(served: ["here"])
             DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) { placement.set(served: ["here", "moving"]) }
-            return .response(HTTPResponse(status: 404, headers: [], body: Array("no queue named 'moving'".utf8)))
+            return .response(Problem.notFound("no queue named 'moving'").response)
         }
         let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", #"{"kind":"immediate"}"#)), within: 5)
         #expect(response?.status == 201, "answered by the queue's next holder (here again)")
@@ -89,6 +89,15 @@ struct ClusterFrontHoldTests {
         let missing = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/here/operations", #"{"kind":"immediate"}"#)), within: 5)
         #expect(missing?.status == 404)
         #expect(calls.value == 3)
+        // A 404 about something else (an operation read again after a cancel changed it) is the
+        // answer even when the queue has left: sent on, the change would be made twice.
+        placement.set(served: ["cancelled"])
+        let again = Self.front(placement, hold: 3) { _ in
+            placement.set(served: [])
+            return .response(Problem.notFound("no operation op-0000000000000001").response)
+        }
+        let cancel = Self.answer(again.route(ClusterFrontTests.request("POST /v1/queues/cancelled/operations", #"{"kind":"immediate"}"#)), within: 5)
+        #expect(cancel?.status == 404)
     }
 
     /// A keyed suspend of queue "moving" through a front that holds requests 0.3 s: its

@@ -44,7 +44,8 @@ package struct ClusterFront: Sendable {
         case local
         /// Answered here, by the dispatcher: a request for `queue`, which this instance served
         /// when it decided. Should the queue's partition leave before the engine looks (a
-        /// handover), its 404 changed nothing and the request goes where the queue is now.
+        /// handover), its 404 for the queue changed nothing and the request goes where the queue
+        /// is now (`queueMissing`).
         case served(queue: String)
         /// Answered here from what the holders committed (`reads`).
         case storeRead
@@ -94,7 +95,8 @@ package struct ClusterFront: Sendable {
         case let .served(queue):
             guard let local else { return nil }
             let answer = local(request)
-            guard Self.response(of: answer)?.status == 404, !placement.serves(queue: queue), DispatchTime.now() < deadline else { return answer }
+            guard let missing = Self.response(of: answer), Self.queueMissing(missing, queue), !placement.serves(queue: queue), DispatchTime.now() < deadline
+            else { return answer }
             return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
         case .storeRead: return reads.handle(request)
         case let .forward(url, queue):
@@ -186,6 +188,15 @@ package struct ClusterFront: Sendable {
             }
             responder.respond(last ?? Self.noOwner(queue).response)
         }
+    }
+
+    /// True when `answer` is the engine's 404 for `queue` itself (`EngineError.queueNotFound`,
+    /// answered at once): the queue was not there, so the request changed nothing. A 404 about
+    /// anything else is the answer: a cancel or a finish reads its operation again after its
+    /// change, and sent on, it would be done twice.
+    static func queueMissing(_ answer: HTTPResponse, _ queue: String) -> Bool {
+        guard answer.status == 404, case let .string(detail)? = (try? JSONValue.parse(answer.body))?["detail"] else { return false }
+        return detail == "no queue named '\(queue)'"
     }
 
     /// Where the placement puts a held request's queue, as last looked at.
