@@ -883,13 +883,16 @@ def run_panels(binary, browser):
         wait_for("the host closed by hand", lambda: (h := server.must("GET", f"/v1/hosts/{host}")).get("state") == "closed" and
                  (h.get("manual") or {}).get("breaker") == "closed")
         check(True, "Close through the page closed the host on the server (by hand)")
+        # Looked for now, before the held hooks' events come: the tail keeps the last 100
+        # events, and looking once after them raced both its rendering and that bound.
+        browser.until("the live tail to show the host's breaker change",
+                      f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('host {host} breaker open → closed'))")
+        check(True, "the live tail shows the host's breaker change")
         wait_for("the held hooks to succeed", lambda: all(op_state(server, i).get("outcome") == "succeeded" for i in hooks), timeout=15)
         check(True, "and the 4 held operations ran and succeeded")
         browser.until("the row to follow", f"(tr => tr.querySelector('.badge').textContent === 'closed (by hand)' && "
                       f"tr.querySelector('[data-field=held]').textContent === '0')(document.querySelector({json.dumps(row)}))")
         check(True, "the row says closed (by hand), 0 held")
-        check(browser.eval(f"[...document.querySelectorAll('#tail-list li')].some(li => li.textContent.includes('host {host} breaker open → closed'))"),
-              "the live tail shows the host's breaker change")
         # By keyboard: Tab from the top reaches the row's Auto button, drawn with a focus outline.
         browser.eval("document.activeElement.blur()")
         for _ in range(30):
