@@ -71,6 +71,12 @@ package struct Durability: Sendable {
             let (outcome, slot) = engine.withSlot { () -> Result<HTTPResponse, any Error> in
                 do {
                     return .success(try body())
+                } catch let error where QueueAbsent.matches(error) {
+                    // Not kept: nothing was done, and the queue may be there at the retry (created
+                    // since, or this instance's again after a handover). Answered at once, so a
+                    // cluster's front can tell it from an answer and hold the request for the
+                    // queue's next holder (`ClusterFront.queueMissing`).
+                    return .failure(error)
                 } catch let error as any ProblemConvertible {
                     // A refusal is an answer too: a repeat with the same key gets the same refusal.
                     return .success(error.problem.response)
@@ -116,5 +122,19 @@ package struct Durability: Sendable {
                 }
             }
         }
+    }
+}
+
+/// A refusal because a queue named in the request is not there (a batch element's queue): the
+/// request changed nothing. Answered like any problem, but never kept for an `Idempotency-Key`.
+package struct QueueAbsent: Error, ProblemConvertible {
+    package let queue: String
+    package let problem: Problem
+
+    /// True for the engine's `queueNotFound` and for this.
+    static func matches(_ error: any Error) -> Bool {
+        if error is QueueAbsent { return true }
+        if case .queueNotFound? = error as? EngineError { return true }
+        return false
     }
 }

@@ -2,6 +2,7 @@ import Dispatch
 import Locking
 import MicroHTTP
 import QueueEngine
+import SQLiteStore
 import TestKit
 import Testing
 
@@ -98,6 +99,78 @@ struct ClusterFrontHoldTests {
         }
         let cancel = Self.answer(again.route(ClusterFrontTests.request("POST /v1/queues/cancelled/operations", #"{"kind":"immediate"}"#)), within: 5)
         #expect(cancel?.status == 404)
+    }
+
+    @Test("a keyed create or batch whose queue leaves before the engine looks: held for the next holder, and its 404 never kept as the key's answer")
+    func keyedCreateLeftBeforeTheEngineLooked() throws {
+        try withTemporaryDirectory { dir in
+            // A durable store: a kept answer waits for its commit (a deferred answer).
+            let store = try SQLiteStore(directory: dir.path)
+            defer { store.close() }
+            let (router, engine) = RouteTables.api(store: store)
+            let dispatcher = APIDispatcher(router: router, access: Access(token: nil, readToken: nil)) { _, _ in }
+            let placement = MovingPlacement()
+            placement.set(served: ["moving"])
+            let calls = Lock(0)
+            let front = Self.front(placement, hold: 3) { request in
+                let first = calls.withLock { c -> Bool in
+                    c += 1; return c == 1
+                }
+                // The handover: the queue is not in the engine and has left this instance's
+                // placement; it comes back (this instance its next holder) 0.2 s later.
+                for queue in ["moving", "leaves"] where first && placement.serves(queue: queue) {
+                    placement.set(served: placement.serves(queue: "stays") ? ["stays"] : [])
+                    DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
+                        _ = try? engine.createQueue(name: queue)
+                        placement.set(served: queue == "leaves" ? ["stays", "leaves"] : [queue])
+                    }
+                }
+                return dispatcher.handle(request)
+            }
+            let keyed = ["idempotency-key": "k-moving", "content-type": "application/json"]
+            let body = #"{"kind":"immediate"}"#
+            let response = Self.answer(front.route(ClusterFrontTests.request("POST /v1/queues/moving/operations", body, headers: keyed)), within: 5)
+            #expect(response?.status == 201, "answered by the queue's next holder, not 404: \(String(decoding: response?.body ?? [], as: UTF8.self))")
+            #expect(calls.value == 2)
+            // A 404 for a queue this instance serves (none named 'absent') is the answer, and is
+            // not kept either: once the queue exists, the same key creates.
+            placement.set(served: ["moving", "absent"])
+            let absent = Self.answer(
+                front.route(
+                    ClusterFrontTests.request(
+                        "POST /v1/queues/absent/operations", body, headers: ["idempotency-key": "k-absent", "content-type": "application/json"])), within: 5)
+            #expect(absent?.status == 404)
+            try engine.createQueue(name: "absent")
+            let retried = Self.answer(
+                front.route(
+                    ClusterFrontTests.request(
+                        "POST /v1/queues/absent/operations", body, headers: ["idempotency-key": "k-absent", "content-type": "application/json"])), within: 5)
+            #expect(retried?.status == 201)
+            // A keyed batch over two queues this instance serves, one of which leaves before the
+            // engine looks: all or none, so nothing was made; held, and made at the next holder.
+            try engine.createQueue(name: "stays")
+            placement.set(served: ["stays", "leaves"])
+            calls.withLock { $0 = 0 }
+            let batch = #"{"operations":[{"queue":"stays","kind":"immediate"},{"queue":"leaves","kind":"immediate"}]}"#
+            let made = Self.answer(
+                front.route(
+                    ClusterFrontTests.request("POST /v1/operations:batch", batch, headers: ["idempotency-key": "k-batch", "content-type": "application/json"])),
+                within: 5)
+            #expect(made?.status == 201, "the batch made at the next holder: \(String(decoding: made?.body ?? [], as: UTF8.self))")
+            #expect(calls.value == 2)
+        }
+    }
+
+    @Test("the engine's 404 for a queue, alone or as a batch element's, is told from other 404s")
+    func queueMissingForms() {
+        func answer(_ detail: String, _ status: Int = 404) -> HTTPResponse { Problem(status, "not-found", "Not Found", detail).response }
+        #expect(ClusterFront.queueMissing(answer("no queue named 'q'"), "q"))
+        #expect(ClusterFront.queueMissing(answer("operations[12].queue: no queue named 'q'"), "q"))
+        #expect(!ClusterFront.queueMissing(answer("operations[12].queue: no queue named 'q'"), "p"))
+        #expect(!ClusterFront.queueMissing(answer("operations[].queue: no queue named 'q'"), "q"))
+        #expect(!ClusterFront.queueMissing(answer("operations[1x].queue: no queue named 'q'"), "q"))
+        #expect(!ClusterFront.queueMissing(answer("operations[1].dependencies: no operation with id 'q'"), "q"))
+        #expect(!ClusterFront.queueMissing(answer("no queue named 'q'", 409), "q"))
     }
 
     /// A keyed suspend of queue "moving" through a front that holds requests 0.3 s: its

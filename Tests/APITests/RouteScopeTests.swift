@@ -13,19 +13,22 @@ import Testing
 /// `buildApplication` calls it, and the follower reads a partitioned instance answers from
 /// PostgreSQL (its pool connects on the first read only, so none is made here).
 enum RouteTables {
-    static func api(token: String? = nil) -> Router {
-        let store = MemoryStore()
+    static func api(token: String? = nil) -> Router { api(token: token, store: MemoryStore()).router }
+
+    /// The route table over `store` (durable: changes are answered once committed), and its engine.
+    static func api(token: String? = nil, store: any DurableStore) -> (router: Router, engine: QueueEngine) {
         let engine = QueueEngine(kinds: ["immediate": ImmediateKind()], store: store.engineStore)
         let events = EventLog(capacity: 16)
         let webhooks = Webhooks(
             logger: Logger(label: "route-tables"), transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
             limits: .init(perOperation: 1, perQueue: 1, total: 1), newestSeq: { 0 })
-        let durability = Durability(engine: engine, idempotency: IdempotencyCache(maxKeys: 1, maxBytes: 1 << 10), store: store, retain: 1)
+        let durability = Durability(engine: engine, idempotency: IdempotencyCache(maxKeys: 1_000, maxBytes: 1 << 20), store: store, retain: 1)
         let instance = InstanceInfo(id: "route-tables", store: "memory", now: Timestamp(nanoseconds: 0))
-        return buildRouter(
+        let router = buildRouter(
             engine: engine, events: events, metrics: Metrics(), webhooks: webhooks, external: ExternalKind(), durability: durability,
             store: store, lifecycle: Lifecycle(), limits: OpqdConfiguration.Limits(), access: Access(token: token, readToken: nil), maxBody: 1 << 20,
             instance: instance, serverID: "route-tables", placement: SingleInstance(instance: instance))
+        return (router, engine)
     }
 
     static func followerReads() -> Router {

@@ -19,7 +19,10 @@ extension OperationsController {
         do {
             made = try engine.admitOperations(elements)
         } catch {
-            throw Self.naming(element: error.index, error.error)
+            let problem = Self.naming(element: error.index, error.error)
+            // Nothing was made: not kept for an Idempotency-Key, like a create's 404 (`Durability`).
+            if case let .queueNotFound(name) = error.error { throw QueueAbsent(queue: name, problem: problem) }
+            throw problem
         }
         var o = JSONOut(capacity: 640 * made.count + 32)
         o.open(); o.key("operations"); o.openArray()

@@ -42,11 +42,11 @@ package struct ClusterFront: Sendable {
     enum Decision {
         /// Answered here, by the dispatcher.
         case local
-        /// Answered here, by the dispatcher: a request for `queue`, which this instance served
-        /// when it decided. Should the queue's partition leave before the engine looks (a
-        /// handover), its 404 for the queue changed nothing and the request goes where the queue
-        /// is now (`queueMissing`).
-        case served(queue: String)
+        /// Answered here, by the dispatcher: a request for `queues` (one, or a batch's), which
+        /// this instance served when it decided. Should a queue's partition leave before the
+        /// engine looks (a handover), the engine's 404 for that queue changed nothing and the
+        /// request goes where the queue is now (`queueMissing`).
+        case served(queues: [String])
         /// Answered here from what the holders committed (`reads`).
         case storeRead
         /// Relayed to the holder of `queue` at this base URL.
@@ -92,10 +92,11 @@ package struct ClusterFront: Sendable {
         let problem: Problem
         switch decision {
         case .local: return nil
-        case let .served(queue):
+        case let .served(queues):
             guard let local else { return nil }
             let answer = local(request)
-            guard let missing = Self.response(of: answer), Self.queueMissing(missing, queue), !placement.serves(queue: queue), DispatchTime.now() < deadline
+            guard let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }),
+                !placement.serves(queue: queue), DispatchTime.now() < deadline
             else { return answer }
             return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
         case .storeRead: return reads.handle(request)
@@ -191,12 +192,19 @@ package struct ClusterFront: Sendable {
     }
 
     /// True when `answer` is the engine's 404 for `queue` itself (`EngineError.queueNotFound`,
-    /// answered at once): the queue was not there, so the request changed nothing. A 404 about
-    /// anything else is the answer: a cancel or a finish reads its operation again after its
-    /// change, and sent on, it would be done twice.
+    /// answered at once, never kept for an `Idempotency-Key`): the queue was not there, so the
+    /// request changed nothing; in a batch, `operations[i].queue` (all or none: nothing changed
+    /// either). A 404 about anything else is the answer: a cancel or a finish reads its
+    /// operation again after its change, and sent on, it would be done twice.
     static func queueMissing(_ answer: HTTPResponse, _ queue: String) -> Bool {
         guard answer.status == 404, case let .string(detail)? = (try? JSONValue.parse(answer.body))?["detail"] else { return false }
-        return detail == "no queue named '\(queue)'"
+        let missing = "no queue named '\(queue)'"
+        if detail == missing { return true }
+        // `OperationsController.naming(element:)`: "operations[12].queue: no queue named 'q'".
+        let prefix = "operations[", suffix = "].queue: " + missing
+        guard detail.hasPrefix(prefix), detail.hasSuffix(suffix), detail.utf8.count > prefix.utf8.count + suffix.utf8.count else { return false }
+        let index = detail.utf8.dropFirst(prefix.utf8.count).dropLast(suffix.utf8.count)
+        return index.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
     }
 
     /// Where the placement puts a held request's queue, as last looked at.
@@ -339,7 +347,7 @@ package struct ClusterFront: Sendable {
     /// instances would need a commit across their writers).
     private func together(_ names: Set<String>, _ request: HTTPRequest, what: String) -> Decision {
         let elsewhere = names.filter { !placement.serves(queue: $0) }.sorted()
-        guard let first = elsewhere.first else { return .local }
+        guard let first = elsewhere.first else { return names.isEmpty ? .local : .served(queues: names.sorted()) }
         // A queue nobody holds right now (moving): 503, not a refusal of the request's shape.
         if let moving = elsewhere.first(where: { placement.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
         if elsewhere.count == names.count && Set(names.map { placement.holder(ofQueue: $0)?.instance ?? "" }).count == 1 {
@@ -351,7 +359,7 @@ package struct ClusterFront: Sendable {
 
     /// A request for the queue `name`: here when this instance serves it, else to its holder.
     private func to(queue name: String, _ request: HTTPRequest) -> Decision {
-        if placement.serves(queue: name) { return .served(queue: name) }
+        if placement.serves(queue: name) { return .served(queues: [name]) }
         // Forwarded here already: once more only (the queue moved on while the request was on
         // its way), back to its sender too when that is where it moved (a handover from here
         // to there); a third instance that disagrees holds it until its placement says.
