@@ -11,6 +11,14 @@ extension HTTPResponder {
         return responder
     }
 
+    /// A responder of no connection that hands its answer, once given, to `onAnswer` (on the
+    /// thread that answers): a request run inside another (`/v1/cluster/relay`).
+    package static func detached(onAnswer: @escaping @Sendable (HTTPResponse) -> Void) -> HTTPResponder {
+        let responder = detached()
+        responder.state.withLock { $0.onAnswer = onAnswer }
+        return responder
+    }
+
     /// The answer given so far (nil while pending). Only meaningful for `detached()` responders:
     /// a server's responder hands its answer to MHD.
     package var detachedResponse: HTTPResponse? {

@@ -19,6 +19,8 @@ public final class HTTPResponder: Sendable {
         var connection: MHDConnection?
         /// Answered by its owner even during shutdown (see `answerBeforeShutdown`).
         var keepThroughShutdown = false
+        /// A detached responder's taker of its answer (`detached(onAnswer:)`), called once.
+        var onAnswer: (@Sendable (HTTPResponse) -> Void)?
     }
 
     enum Outcome {
@@ -36,8 +38,8 @@ public final class HTTPResponder: Sendable {
     /// Sends `response` (the first call wins). Safe from any thread, also from inside the
     /// `.deferred` closure itself, and after the client has gone (then it does nothing).
     public func respond(_ response: HTTPResponse) {
-        state.withLock { state in
-            guard !state.answered else { return }
+        let taker = state.withLock { state -> (@Sendable (HTTPResponse) -> Void)? in
+            guard !state.answered else { return nil }
             state.answered = true
             state.response = response
             if state.suspended, let connection = state.connection {
@@ -45,7 +47,9 @@ public final class HTTPResponder: Sendable {
                 state.suspended = false
                 connection.resume()
             }
+            return state.onAnswer.take()
         }
+        taker?(response)
     }
 
     /// Marks this request as one whose answer is on its way (e.g. waiting for a commit): at

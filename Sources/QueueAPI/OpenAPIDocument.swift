@@ -432,6 +432,52 @@ paths:
               schema:
                 $ref: '#/components/schemas/Cluster'
 
+  /v1/cluster/relay:
+    post:
+      operationId: relayRequests
+      tags: [service]
+      summary: Creates one instance sends another together (between instances only)
+      description: |
+        How an instance of a partitioned cluster sends the holder of some queues several
+        creates at once (`POST /v1/queues/{name}/operations` forwarded while an exchange with
+        that holder was out): a binary envelope (`application/vnd.opqd.relay`, its format in
+        CLUSTER.md) of at most 256 forwarded requests, each run as if it had come alone, each
+        with its own token check, and one reply with their answers in the same order once every
+        one is in. A request whose queue the instance does not serve right now is answered 503
+        `no-owner` with `Opqd-Unstarted: 1` inside the reply (it did nothing there). Clients do not
+        call it. Needs the full token. A malformed envelope is refused whole with 400 before any
+        request in it runs; an instance that is not part of a partitioned cluster answers 409
+        `not-a-cluster`.
+      requestBody:
+        required: true
+        content:
+          application/vnd.opqd.relay:
+            schema:
+              type: string
+              format: binary
+      responses:
+        '400':
+          $ref: '#/components/responses/BadRequest'
+        '401':
+          $ref: '#/components/responses/Unauthorized'
+        '403':
+          $ref: '#/components/responses/Forbidden'
+        '409':
+          $ref: '#/components/responses/Conflict'
+        '413':
+          $ref: '#/components/responses/PayloadTooLarge'
+        '431':
+          $ref: '#/components/responses/HeadersTooLarge'
+        '503':
+          $ref: '#/components/responses/ServiceUnavailable'
+        '200':
+          description: The answers, in the order of the requests.
+          content:
+            application/vnd.opqd.relay:
+              schema:
+                type: string
+                format: binary
+
   /v1/queues:
     post:
       operationId: createQueue

@@ -56,6 +56,8 @@ struct RouteScopeTests {
         "GET /openapi.yaml": "instance",
         "GET /v1/access": "instance",
         "GET /v1/cluster": "instance",
+        // Between instances: a partitioned instance's front answers it before the table.
+        "POST /v1/cluster/relay": "instance",
         "GET /v1/events": "instance",
         "GET /v1/events/stream": "instance",
         // This instance's leases only, in a cluster too (see the report of issue 23).

@@ -33,6 +33,13 @@ package struct ClusterController: Sendable {
 
     package func addRoutes(to r: inout Router) {
         r.add("GET", "/v1/cluster", scope: .instance) { req, _ in try cluster(req) }
+        // Requests one instance of a cluster sends another together; a partitioned instance's
+        // front answers it (`ClusterFront.relay`) before this table is asked.
+        r.add("POST", "/v1/cluster/relay", scope: .instance) { _, _ in
+            throw Problem(
+                409, "not-a-cluster", "Conflict",
+                "this instance relays no requests: /v1/cluster/relay carries requests between the instances of a partitioned cluster")
+        }
     }
 
     func cluster(_ req: HTTPRequest) throws -> HTTPHandlerResult {

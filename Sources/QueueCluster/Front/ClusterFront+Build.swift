@@ -15,7 +15,7 @@ extension ClusterFront {
         FollowerReads(reads: PostgresOperationReads(pool: pool), queues: PostgresQueueReads(pool: pool), limits: limits).addRoutes(to: &readRoutes)
         let forwarder = Forwarder(
             selfID: owner.selfID, maxResponseBytes: max(64 << 20, maxBody * 4), maxWaitSeconds: OperationsController.maxWaitSeconds,
-            maxGatheredBytes: limits.pageBytes * 2 + (64 << 10))
+            maxGatheredBytes: limits.pageBytes * 2 + (64 << 10), relayBytes: maxBody)
         var front = ClusterFront(
             placement: owner, router: router, engine: engine, forwarder: forwarder,
             access: access, queues: OperationQueues(read: { id in try postgres.queue(of: id) }, readMany: { ids in try postgres.queues(of: ids) }),

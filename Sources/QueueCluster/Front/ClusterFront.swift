@@ -74,6 +74,9 @@ package struct ClusterFront: Sendable {
         if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
             return .routed("batch-part", batches.participate(phase, request))
         }
+        if request.path == RelayEnvelope.path, request.method == "POST", local != nil {
+            return .routed("POST /v1/cluster/relay", relay(request))
+        }
         let decision = decide(request)
         let deadline = DispatchTime.now() + holdSeconds
         if case let .noOwner(queue) = decision, let local {

@@ -77,18 +77,43 @@ package final class Forwarder: Sendable {
     /// about `--max-page-bytes`, so a larger one is refused, not parsed.
     let maxGatheredBytes: Int
     let client: OutboundHTTPClient
+    /// Creates for one holder that wait while an exchange with it is out go together in the
+    /// next (`RelayLanes`); nil: every request goes alone.
+    let lanes: RelayLanes?
+    /// The largest create body that may go in an envelope.
+    let maxRelayedBody: Int
 
     /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
     /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
+    /// `relayBytes`, when given, sends waiting creates together in envelopes of at most that
+    /// many bytes (the holders' `--max-body`).
     package init(
-        selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout, maxGatheredBytes: Int = 4 << 20
+        selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout, maxGatheredBytes: Int = 4 << 20,
+        relayBytes: Int? = nil
     ) {
         self.maxGatheredBytes = max(4096, maxGatheredBytes)
         self.selfID = selfID
         self.requestTimeout = requestTimeout.isFinite && requestTimeout > 0 ? min(requestTimeout, 3600) : Self.defaultRequestTimeout
         self.maxResponseBytes = max(0, maxResponseBytes)
         self.maxWaitSeconds = maxWaitSeconds.isFinite ? min(max(maxWaitSeconds, 0), 86_400) : 300
-        client = OutboundHTTPClient()
+        let client = OutboundHTTPClient()
+        self.client = client
+        let envelope = relayBytes.map { min(max($0, 1024), 8 << 20) }
+        maxRelayedBody = (envelope ?? 0) / 8
+        let (timeout, cap) = (self.requestTimeout, min(self.maxResponseBytes, 64 << 20))
+        lanes = envelope.map {
+            RelayLanes(client: client, requestTimeout: timeout, connectTimeout: Self.connectTimeout, maxResponseBytes: cap, maxEnvelopeBytes: $0)
+        }
+    }
+
+    /// True for a create (`POST /v1/queues/{name}/operations`, no query) small enough to go in
+    /// an envelope: its answer comes at its commit, like its envelope mates', so none waits on
+    /// another's long work.
+    func relayable(_ request: HTTPRequest) -> Bool {
+        guard request.method == "POST", request.query.isEmpty, request.body.count <= maxRelayedBody else { return false }
+        let parts = request.path.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
+        return parts.count == 5 && parts[0].isEmpty && parts[1].elementsEqual("v1".utf8) && parts[2].elementsEqual("queues".utf8) && !parts[3].isEmpty
+            && parts[4].elementsEqual("operations".utf8)
     }
 
     /// The answer of the instance at `base` (e.g. `http://10.0.0.2:8080`, no trailing slash)
@@ -117,6 +142,7 @@ package final class Forwarder: Sendable {
         let isLongPoll = Self.longPollSeconds(request.query) != nil
         let (client, cap) = (self.client, maxResponseBytes)
         let replayable = Self.replayable(request)
+        let lanes = isLongPoll || !relayable(request) ? nil : self.lanes
         return .deferred { responder in
             // A change may be committed at the owner right now: at shutdown, wait for its
             // answer rather than answer 503. Long polls may hold for minutes, so shutdown
@@ -128,11 +154,17 @@ package final class Forwarder: Sendable {
             } else if !responder.answerBeforeShutdown() {
                 return
             }
-            let task = client.send(outbound) { result in
+            let finish: @Sendable (Result<OutboundResponse, OutboundError>) -> Void = { result in
                 let answer = Self.relay(result, maxResponseBytes: cap)
                 if let undelivered, Self.neverHandled(result, replayable: replayable) { return undelivered(responder, answer) }
                 responder.respond(answer)
             }
+            if let lanes {
+                let inner = RelayEnvelope.Inner(
+                    method: outbound.method, path: request.path, query: request.query, headers: outbound.headers, body: outbound.body ?? [])
+                return lanes.submit(RelayLanes.Item(single: outbound, inner: inner, finish: finish), to: base)
+            }
+            let task = client.send(outbound, completion: finish)
             if isLongPoll { Self.watch(responder, task) }
         }
     }

@@ -1,0 +1,96 @@
+import Locking
+import MicroHTTP
+import QueueAPI
+
+extension ClusterFront {
+    /// `POST /v1/cluster/relay`: the requests another instance sent together (`RelayEnvelope`),
+    /// each run here as if it had come alone, when this instance serves its queue; their answers
+    /// in one reply, in order, once every one is in (creates: at their commit).
+    ///
+    /// One whose queue this instance does not serve (it moved on meanwhile), or that the engine
+    /// answers 404 because its queue left just now, is answered 503 `no-owner` with
+    /// `Opqd-Unstarted`: it did nothing here, and its sender holds it for the queue's next holder
+    /// as it would a request refused by a stopping holder (`Forwarder.neverHandled`).
+    func relay(_ request: HTTPRequest) -> HTTPHandlerResult {
+        guard let local else {
+            return .response(Problem(409, "not-a-cluster", "Conflict", "this instance relays no requests").response)
+        }
+        if let refused = refusal(forRelay: request) { return .response(refused.response) }
+        guard let inner = RelayEnvelope.decodeRequests(request.body, id: request.id) else {
+            return .response(
+                Problem.badRequest(
+                    "the body is not a relay envelope (\(RelayEnvelope.contentType), at most \(RelayEnvelope.maxRequests) requests) that this version reads"
+                ).response)
+        }
+        return .deferred { responder in
+            // Every answer in it may be a commit made: waited for at shutdown.
+            guard responder.answerBeforeShutdown() else { return }
+            let gathered = Lock<(answers: [HTTPResponse?], left: Int)>((Array(repeating: nil, count: inner.count), inner.count))
+            for (i, one) in inner.enumerated() {
+                let take: @Sendable (HTTPResponse) -> Void = { answer in
+                    let all: [HTTPResponse]? = gathered.withLock { g in
+                        guard g.answers[i] == nil else { return nil }
+                        g.answers[i] = answer
+                        g.left -= 1
+                        return g.left == 0 ? g.answers.map { $0 ?? Self.unstarted("") } : nil
+                    }
+                    guard let all else { return }
+                    responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(all)))
+                }
+                Self.deliver(relayed(one, local: local), to: take)
+            }
+        }
+    }
+
+    /// One relayed request's result here.
+    private func relayed(_ request: HTTPRequest, local: @Sendable (HTTPRequest) -> HTTPHandlerResult) -> HTTPHandlerResult {
+        // Only what a forwarder sends: a forwarded request, never a long poll.
+        guard Forwarder.wasForwarded(request), Forwarder.longPollSeconds(request.query) == nil else {
+            return .response(Problem.badRequest("a relayed request must be a forwarded one, and not a long poll").response)
+        }
+        switch decide(request) {
+        case let .served(queues):
+            let answer = local(request)
+            if let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }), !placement.serves(queue: queue) {
+                return .response(Self.unstarted(queue))
+            }
+            return answer
+        case .local:
+            // Not about a queue (or no route): answered here, as alone.
+            return local(request)
+        case let .refused(problem):
+            return .response(problem.response)
+        case let .noOwner(queue), let .forward(_, queue):
+            return .response(Self.unstarted(queue))
+        default:
+            return .response(Self.unstarted(""))
+        }
+    }
+
+    /// 503 `no-owner` that says nothing was done (`Opqd-Unstarted`): the sender decides again.
+    static func unstarted(_ queue: String) -> HTTPResponse {
+        var problem = Problem.noOwner(
+            queue.isEmpty
+                ? "this instance does not serve the request's queue right now; retry shortly"
+                : "this instance does not serve queue '\(queue)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes")
+        problem.headers.append((Problem.unstartedHeader, "1"))
+        return problem.response
+    }
+
+    /// Hands `result`'s answer to `take` once it is given.
+    static func deliver(_ result: HTTPHandlerResult, to take: @escaping @Sendable (HTTPResponse) -> Void) {
+        switch result {
+        case let .response(r): take(r)
+        case let .routed(_, inner): deliver(inner, to: take)
+        case let .deferred(body): body(HTTPResponder.detached(onAnswer: take))
+        case .stream:
+            take(Problem.badRequest("a stream cannot be relayed").response)
+        }
+    }
+
+    /// The token rule of the envelope itself: the full token when the API has one (the
+    /// requests in it are checked again, each on its own route).
+    private func refusal(forRelay request: HTTPRequest) -> Problem? {
+        access.refusal(request, match: router.match(method: request.method, path: request.path))
+    }
+}

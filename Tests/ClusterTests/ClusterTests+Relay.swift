@@ -1,0 +1,77 @@
+import Foundation
+import Locking
+import TestKit
+import Testing
+
+extension ClusterTests {
+    @Test("creates sent at once through an instance that does not hold their queue go to its holder together, each made once, keys kept")
+    func relayedTogether() async throws {
+        try await TestCluster(name: "relay").run(Self.relayedTogether)
+    }
+
+    static func relayedTogether(_ cluster: TestCluster) throws {
+        guard cluster.awaitSpread() else {
+            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
+            return
+        }
+        guard let (qa, qb, _) = queuesOfTwoOwners(cluster, prefix: "relay"), let a = cluster.awaitHolder(of: qa), let b = cluster.awaitHolder(of: qb) else {
+            cluster.record(["no two queue names with different holders among 40"], "relay")
+            return
+        }
+        // Suspended: every create stays unfinished, so the queue's count says how many were made.
+        try cluster.createQueue(qb, maxConcurrent: 1, suspended: true, via: b)
+        // 32 clients at once through a, for qb (held by b): far more than the two exchanges a
+        // sends b at a time, so most wait and go in envelopes. Every other one carries a key.
+        let (clients, each) = (32, 10)
+        let made = Lock<[String: String]>([:])
+        let problems = Lock<[String]>([])
+        let done = DispatchGroup()
+        for c in 0..<clients {
+            done.enter()
+            Thread.detachNewThread {
+                defer { done.leave() }
+                for k in 0..<each {
+                    let name = "c\(c)-\(k)"
+                    let headers = k % 2 == 0 ? ["Idempotency-Key": "key-\(name)"] : [:]
+                    let body = #"{"kind":"delay","spec":{"seconds":0.01},"name":"\#(name)"}"#
+                    do {
+                        let r = try a.request("POST", "/v1/queues/\(qb)/operations", json: body, headers: headers)
+                        guard r.status == 201, let id = r.string("id"), r.string("name") == name else {
+                            problems.withLock { $0.append("\(name): \(r.status) \(r.text.prefix(200))") }
+                            continue
+                        }
+                        made.withLock { $0[name] = id }
+                    } catch {
+                        problems.withLock { $0.append("\(name): \(error)") }
+                    }
+                }
+            }
+        }
+        done.wait()
+        var found = problems.value
+        let ids = made.value
+        if Set(ids.values).count != ids.count { found.append("\(ids.count) creates answered \(Set(ids.values).count) distinct ids") }
+        let queue = try b.request("GET", "/v1/queues/\(qb)")
+        let count = queue.object["operationCount"] as? Int
+        if count != clients * each { found.append("\(qb) has \(count.map(String.init) ?? "no") operations, \(clients * each) were created") }
+        // The keyed ones again: their first answers, made nothing more.
+        for c in 0..<4 {
+            let name = "c\(c)-0"
+            let again = try a.request(
+                "POST", "/v1/queues/\(qb)/operations", json: #"{"kind":"delay","spec":{"seconds":0.01},"name":"\#(name)"}"#,
+                headers: ["Idempotency-Key": "key-\(name)"])
+            if again.status != 201 || again.string("id") != ids[name] || again.headers["idempotent-replayed"] != "true" {
+                found.append("the keyed create \(name) again: \(again.status) \(again.string("id") ?? "-") (first \(ids[name] ?? "-"))")
+            }
+        }
+        // They went together: the holder answered envelopes.
+        let metrics = try b.request("GET", "/metrics").text
+        let envelopes = metrics.split(separator: "\n").filter {
+            $0.hasPrefix("opqd_http_requests_total{") && $0.contains(#"route="/v1/cluster/relay""#) && $0.contains(#"code="200""#)
+        }
+        .compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
+        if envelopes < 1 { found.append("opqd #\(b.index) answered no relay envelope (\(ids.count) creates forwarded by opqd #\(a.index))") }
+        print("ClusterTests.relayedTogether: \(ids.count) creates through opqd #\(a.index) for a queue of opqd #\(b.index), \(Int(envelopes)) envelopes")
+        cluster.record(found, "relayed creates")
+    }
+}
