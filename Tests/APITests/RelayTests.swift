@@ -17,11 +17,12 @@ struct RelayTests {
     /// envelopes (or refuses them with `relayStatus`); counts both.
     final class Holder: Sendable {
         let envelopes = Lock<[Int]>([])
+        let refused = Lock(0)
         let alone = Lock(0)
         let server: HTTPServer
 
-        init(relayStatus: Int? = nil) throws {
-            let (envelopes, alone) = (self.envelopes, self.alone)
+        init(relayStatus: Int? = nil, delay: Double = 0.04) throws {
+            let (envelopes, alone, refused) = (self.envelopes, self.alone, self.refused)
             @Sendable func created(_ r: HTTPRequest) -> HTTPResponse {
                 HTTPResponse(status: 201, headers: [("Content-Type", "application/json"), ("X-Path", r.path)], body: r.body)
             }
@@ -29,13 +30,16 @@ struct RelayTests {
                 configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20),
                 handler: { req in
                     if req.path == RelayEnvelope.path {
-                        if let relayStatus { return .response(Problem(relayStatus, "nope", "Nope", "no relays here").response) }
+                        if let relayStatus {
+                            refused.withLock { $0 += 1 }
+                            return .response(Problem(relayStatus, "nope", "Nope", "no relays here").response)
+                        }
                         guard let inner = RelayEnvelope.decodeRequests(req.body, id: req.id) else {
                             return .response(Problem.badRequest("bad envelope").response)
                         }
                         envelopes.withLock { $0.append(inner.count) }
                         return .deferred { responder in
-                            DispatchQueue.global().asyncAfter(deadline: .now() + 0.04) {
+                            DispatchQueue.global().asyncAfter(deadline: .now() + delay) {
                                 let answers = inner.map(created)
                                 responder.respond(
                                     HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(answers)))
@@ -44,7 +48,7 @@ struct RelayTests {
                     }
                     alone.withLock { $0 += 1 }
                     return .deferred { responder in
-                        DispatchQueue.global().asyncAfter(deadline: .now() + 0.04) { responder.respond(created(req)) }
+                        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { responder.respond(created(req)) }
                     }
                 })
             try server.start()
@@ -53,7 +57,7 @@ struct RelayTests {
 
     /// `count` creates sent at once through a forwarding server in front of `holder`; each
     /// answer's status and whether its body is the one its request sent.
-    static func createAtOnce(_ count: Int, through holder: Holder) throws -> [(status: Int, own: Bool, path: String?)] {
+    static func createAtOnce(_ count: Int, through holder: Holder, headers extra: [(String, String)] = []) throws -> [(status: Int, own: Bool, path: String?)] {
         let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, relayBytes: 1 << 20)
         let base = "http://127.0.0.1:\(holder.server.port)"
         let front = HTTPServer(
@@ -77,7 +81,8 @@ struct RelayTests {
             let queue = "q\(i % 3)"
             guard let connection = try? RawConnection(port: front.port, timeout: 20),
                 let r = try? connection.request(
-                    "POST", "/v1/queues/\(queue)/operations", headers: [("Content-Type", "application/json"), ("Authorization", "Bearer t")], body: body)
+                    "POST", "/v1/queues/\(queue)/operations", headers: [("Content-Type", "application/json"), ("Authorization", "Bearer t")] + extra, body: body
+                )
             else { return }
             connection.close()
             results.withLock { $0[i] = (r.status, r.body == body, r.headers["x-path"]) }
@@ -109,7 +114,38 @@ struct RelayTests {
             let results = try Self.createAtOnce(30, through: holder)
             #expect(results.allSatisfy { $0.status == 201 && $0.own })
             #expect(holder.alone.value == 30)
+            #expect(holder.refused.value >= 1, "an envelope was tried")
+            #expect(holder.envelopes.value.isEmpty)
         }
+    }
+
+    @Test("a holder that keeps both exchanges out: what waits past the bound is answered 503 Opqd-Unstarted, and never sent")
+    func stuckHolder() async throws {
+        try await onThread {
+            let holder = try Holder(delay: 3)
+            defer { holder.server.shutdown(timeout: .seconds(5)) }
+            let t0 = monotonicSeconds()
+            let results = try Self.createAtOnce(6, through: holder)
+            let statuses = results.map(\.status).sorted()
+            #expect(statuses == [201, 201, 503, 503, 503, 503], "\(statuses)")
+            #expect(holder.alone.value == 2 && holder.envelopes.value.isEmpty, "only the two exchanges out reached the holder")
+            #expect(monotonicSeconds() - t0 >= 2.9, "the first two were answered when the holder answered")
+        }
+    }
+
+    @Test("a create the envelope cannot carry exactly (hundreds of header fields) goes alone, with every field")
+    func tooManyFieldsGoAlone() async throws {
+        try await onThread {
+            let holder = try Holder()
+            defer { holder.server.shutdown(timeout: .seconds(2)) }
+            let many = (0..<300).map { ("X-F\($0)", "v") }
+            let results = try Self.createAtOnce(12, through: holder, headers: many)
+            #expect(results.allSatisfy { $0.status == 201 && $0.own })
+            #expect(holder.envelopes.value.isEmpty && holder.alone.value == 12)
+        }
+        let inner = RelayEnvelope.Inner(method: "POST", path: "/v1/queues/q/operations", query: [:], headers: [("A", "1"), ("a", "2")], body: [])
+        #expect(!RelayEnvelope.fits(inner), "a field named twice")
+        #expect(RelayEnvelope.decodeRequests(RelayEnvelope.encode([inner]), id: 0) == nil)
     }
 
     /// A front over `placement` whose dispatcher answers creates in "later" after 30 ms, in

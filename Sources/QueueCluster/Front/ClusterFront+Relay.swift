@@ -1,3 +1,4 @@
+import Dispatch
 import Locking
 import MicroHTTP
 import QueueAPI
@@ -43,24 +44,28 @@ extension ClusterFront {
     }
 
     /// One relayed request's result here.
-    private func relayed(_ request: HTTPRequest, local: @Sendable (HTTPRequest) -> HTTPHandlerResult) -> HTTPHandlerResult {
-        // Only what a forwarder sends: a forwarded request, never a long poll.
-        guard Forwarder.wasForwarded(request), Forwarder.longPollSeconds(request.query) == nil else {
-            return .response(Problem.badRequest("a relayed request must be a forwarded one, and not a long poll").response)
+    private func relayed(_ request: HTTPRequest, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult) -> HTTPHandlerResult {
+        // Only what a forwarder sends (`Forwarder.relayable`): a forwarded create. Nothing else
+        // is run from an envelope: no list built 256 times over, no long poll or claim held by
+        // a responder of no connection.
+        guard Forwarder.wasForwarded(request), Forwarder.isCreate(request) else {
+            return .response(Problem.badRequest("a relayed request must be a forwarded POST /v1/queues/{name}/operations without a query").response)
         }
-        switch decide(request) {
+        let decision = decide(request)
+        switch decision {
         case let .served(queues):
             let answer = local(request)
             if let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }), !placement.serves(queue: queue) {
                 return .response(Self.unstarted(queue))
             }
             return answer
-        case .local:
-            // Not about a queue (or no route): answered here, as alone.
-            return local(request)
         case let .refused(problem):
             return .response(problem.response)
-        case let .noOwner(queue), let .forward(_, queue):
+        case .forward:
+            // This instance's placement names another holder (a handover seen here first): sent
+            // on once more, as the request would have been alone (`Forwarder.maxHops`).
+            return execute(decision, request, until: .now() + holdSeconds) ?? local(request)
+        case let .noOwner(queue):
             return .response(Self.unstarted(queue))
         default:
             return .response(Self.unstarted(""))

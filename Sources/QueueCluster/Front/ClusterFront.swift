@@ -91,7 +91,7 @@ package struct ClusterFront: Sendable {
     /// certainly did not handle (it is handing its queues over and stopping:
     /// `Forwarder.neverHandled`) is held like one for a moving queue, until `deadline`, and
     /// sent to the next holder.
-    private func execute(_ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime) -> HTTPHandlerResult? {
+    func execute(_ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime) -> HTTPHandlerResult? {
         let problem: Problem
         switch decision {
         case .local: return nil

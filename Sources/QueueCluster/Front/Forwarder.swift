@@ -110,7 +110,12 @@ package final class Forwarder: Sendable {
     /// an envelope: its answer comes at its commit, like its envelope mates', so none waits on
     /// another's long work.
     func relayable(_ request: HTTPRequest) -> Bool {
-        guard request.method == "POST", request.query.isEmpty, request.body.count <= maxRelayedBody else { return false }
+        request.body.count <= maxRelayedBody && Self.isCreate(request)
+    }
+
+    /// `POST /v1/queues/{name}/operations` without a query.
+    static func isCreate(_ request: HTTPRequest) -> Bool {
+        guard request.method == "POST", request.query.isEmpty else { return false }
         let parts = request.path.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
         return parts.count == 5 && parts[0].isEmpty && parts[1].elementsEqual("v1".utf8) && parts[2].elementsEqual("queues".utf8) && !parts[3].isEmpty
             && parts[4].elementsEqual("operations".utf8)
@@ -162,7 +167,11 @@ package final class Forwarder: Sendable {
             if let lanes {
                 let inner = RelayEnvelope.Inner(
                     method: outbound.method, path: request.path, query: request.query, headers: outbound.headers, body: outbound.body ?? [])
-                return lanes.submit(RelayLanes.Item(single: outbound, inner: inner, finish: finish), to: base)
+                // One the envelope cannot carry exactly (hundreds of fields, a huge one) goes alone.
+                if RelayEnvelope.fits(inner) {
+                    return lanes.submit(
+                        RelayLanes.Item(single: outbound, inner: inner, queuedAt: .now(), isAnswered: { responder.isAnswered }, finish: finish), to: base)
+                }
             }
             let task = client.send(outbound, completion: finish)
             if isLongPoll { Self.watch(responder, task) }

@@ -10,7 +10,8 @@ import MicroHTTP
 /// as if it had come alone, and its writer commits them together.
 ///
 /// The format is binary, big-endian, every length checked against what is left before it is
-/// used; anything malformed is refused whole, before any request in it is run:
+/// used; anything malformed (a field named twice too) is refused whole, before any request in
+/// it is run:
 ///
 ///     request:  "OPQDRELAY1" u16 count (1…maxRequests), then per request:
 ///               u8 method length, method; u16 path length, path;
@@ -34,6 +35,20 @@ enum RelayEnvelope {
         var query: [String: String]
         var headers: [(String, String)]
         var body: [UInt8]
+    }
+
+    /// True when `inner` goes in an envelope exactly as it is (the encoder cuts nothing it
+    /// was given only because `fits` said so; what does not fit is sent alone).
+    static func fits(_ inner: Inner) -> Bool {
+        guard (1...16).contains(inner.method.utf8.count), (1...0xFFFF).contains(inner.path.utf8.count), inner.query.count <= maxFields,
+            inner.headers.count <= maxFields, inner.body.count <= Int(UInt32.max)
+        else { return false }
+        for (name, value) in inner.query where name.utf8.count > 0xFFFF || value.utf8.count > 0xFFFF { return false }
+        var names = Set<String>()
+        for (name, value) in inner.headers {
+            guard (1...0xFFFF).contains(name.utf8.count), value.utf8.count <= maxFieldBytes, names.insert(asciiLowercased(name)).inserted else { return false }
+        }
+        return true
     }
 
     static func encode(_ requests: [Inner]) -> [UInt8] {
@@ -78,8 +93,8 @@ enum RelayEnvelope {
             guard let fields = r.fields() else { return nil }
             var headers: [String: String] = [:]
             for (name, value) in fields {
-                let key = asciiLowercased(name)
-                headers[key] = headers[key].map { $0 + ", " + value } ?? value
+                // A forwarder sends each field once (its request's fields, already joined).
+                guard headers.updateValue(value, forKey: asciiLowercased(name)) == nil else { return nil }
             }
             guard let bodyLength = r.u32(), let body = r.take(bodyLength) else { return nil }
             requests.append(HTTPRequest(id: id, method: method, path: path, query: query, headers: headers, body: Array(body)))

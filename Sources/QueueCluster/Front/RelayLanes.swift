@@ -20,10 +20,20 @@ final class RelayLanes: Sendable {
     /// How long a holder that refused an envelope gets requests alone before envelopes are tried again.
     static let unsupportedSeconds = 30.0
 
+    /// The longest a create waits for an exchange. Exchanges take milliseconds; a holder that
+    /// keeps both out longer is stuck, and a create that waited this long is answered that it was
+    /// not sent (503 `Opqd-Unstarted`: its sender holds it for the next holder, or its client
+    /// retries): never sent later, when its client may have given up and created it again.
+    static let maxWaitSeconds = 1.0
+
     struct Item: Sendable {
         /// The request as it would go alone.
         let single: OutboundRequest
         let inner: RelayEnvelope.Inner
+        let queuedAt: DispatchTime
+        /// True once the client was answered otherwise (at this instance's shutdown): then it is
+        /// not sent at all.
+        let isAnswered: @Sendable () -> Bool
         /// Takes the holder's answer (or the failure), as the exchange of `single` would give it.
         let finish: @Sendable (Result<OutboundResponse, OutboundError>) -> Void
     }
@@ -59,37 +69,79 @@ final class RelayLanes: Sendable {
     /// Sends `item` to the holder at `base`: now when nothing is out to it, else with the next
     /// exchange.
     func submit(_ item: Item, to base: String) {
-        enum Next { case lead, alone, wait }
+        enum Next { case lead, alone, wait, firstToWait }
         let next: Next = lanes.withLock { lanes in
             var lane = lanes[base] ?? Lane()
             defer { lanes[base] = lane }
             if DispatchTime.now() < lane.aloneUntil || lane.waiting.count >= Self.maxWaiting { return .alone }
             if lane.out >= Self.exchanges {
                 lane.waiting.append(item)
-                return .wait
+                return lane.waiting.count == 1 ? .firstToWait : .wait
             }
             lane.out += 1
             return .lead
         }
         switch next {
         case .wait: return
+        case .firstToWait: sweepLater(base)
         case .alone: _ = client.send(item.single) { item.finish($0) }
         case .lead: send([item], to: base)
         }
     }
 
+    /// While creates wait for `base`, looks every `maxWaitSeconds` for those that waited too long
+    /// (both exchanges stuck at the holder) and answers them unsent.
+    private func sweepLater(_ base: String) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + Self.maxWaitSeconds) {
+            let (stale, more): ([Item], Bool) = self.lanes.withLock { lanes in
+                guard var lane = lanes[base] else { return ([], false) }
+                defer { lanes[base] = lane }
+                let (stale, kept) = Self.split(lane.waiting, now: .now())
+                lane.waiting = kept
+                return (stale, !kept.isEmpty)
+            }
+            Self.unsent(stale)
+            if more { self.sweepLater(base) }
+        }
+    }
+
+    /// `waiting` split into what waited past `maxWaitSeconds` or was answered meanwhile, and the rest.
+    private static func split(_ waiting: [Item], now: DispatchTime) -> (stale: [Item], kept: [Item]) {
+        let limit = UInt64(maxWaitSeconds * 1e9)
+        var stale: [Item] = [], kept: [Item] = []
+        for item in waiting {
+            if item.isAnswered() || now.uptimeNanoseconds &- item.queuedAt.uptimeNanoseconds > limit { stale.append(item) } else { kept.append(item) }
+        }
+        return (stale, kept)
+    }
+
+    /// Answers creates that were never sent: 503 with `Opqd-Unstarted` (a no-op for one answered already).
+    private static func unsent(_ items: [Item]) {
+        guard !items.isEmpty else { return }
+        let body = Array(
+            #"{"type":"https://opqd.dev/problems/owner-unavailable","title":"Service Unavailable","status":503,"detail":"the instance that owns this queue kept this instance's earlier requests waiting; this one was not sent. Retry it; send an Idempotency-Key so that a retried create happens once"}"#
+                .utf8)
+        let answer = OutboundResponse(
+            status: 503, headers: [("Content-Type", "application/problem+json"), ("Retry-After", "1"), (Problem.unstartedHeader, "1")], body: body,
+            truncated: false, size: body.count, contentLength: body.count, finalURL: "", redirects: 0)
+        for item in items { item.finish(.success(answer)) }
+    }
+
     /// What waits for `base`, sent as the next exchange; one exchange fewer is out when nothing waits.
     private func next(_ base: String) {
-        let batch: [Item] = lanes.withLock { lanes in
-            guard var lane = lanes[base] else { return [] }
+        let (batch, stale, alone): ([Item], [Item], Bool) = lanes.withLock { lanes in
+            guard var lane = lanes[base] else { return ([], [], false) }
             defer { lanes[base] = lane }
+            let now = DispatchTime.now()
+            let (stale, kept) = Self.split(lane.waiting, now: now)
+            lane.waiting = kept
             guard !lane.waiting.isEmpty else {
                 lane.out -= 1
-                return []
+                return ([], stale, false)
             }
             // At least one; more while the envelope stays within what the holder's `--max-body`
             // takes (the instances of a cluster share their configuration).
-            var n = 0, bytes = 0
+            var n = 0, bytes = RelayEnvelope.magic.count + 2
             for item in lane.waiting.prefix(Self.maxBatch) {
                 let size = Self.encodedSize(item.inner)
                 if n > 0 && bytes + size > maxEnvelopeBytes { break }
@@ -98,9 +150,16 @@ final class RelayLanes: Sendable {
             }
             let batch = Array(lane.waiting.prefix(n))
             lane.waiting.removeFirst(n)
-            return batch
+            return (batch, stale, now < lane.aloneUntil)
         }
-        if !batch.isEmpty { send(batch, to: base) }
+        Self.unsent(stale)
+        guard !batch.isEmpty else { return }
+        // The holder refused an envelope a moment ago: these go alone, and the next waits as usual.
+        if alone && batch.count > 1 {
+            for item in batch.dropLast() { _ = client.send(item.single) { item.finish($0) } }
+            return send([batch[batch.count - 1]], to: base)
+        }
+        send(batch, to: base)
     }
 
     private func send(_ batch: [Item], to base: String) {
