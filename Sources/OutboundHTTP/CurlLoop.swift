@@ -13,6 +13,8 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are to
     struct Inbox {
         var adds: [OutboundTask] = []
         var cancels: [OutboundTask] = []
+        /// Run on the loop thread at its next pass, before the adds (`OutboundHTTPClient.onLoop`).
+        var jobs: [@Sendable () -> Void] = []
         var stopped = false
     }
 
@@ -80,6 +82,16 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are to
         }
     }
 
+    /// Runs `job` on the loop thread at its next pass (at once, here, once the loop stopped).
+    func perform(_ job: @escaping @Sendable () -> Void) {
+        let accepted = inbox.withLock { box -> Bool in
+            guard !box.stopped else { return false }
+            box.jobs.append(job)
+            return true
+        }
+        if accepted, let multi { curl_multi_wakeup(multi) } else { job() }
+    }
+
     func cancel(_ task: OutboundTask) {
         let queued = inbox.withLock { box -> Bool in
             guard !box.stopped else { return false }
@@ -100,11 +112,20 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are to
         guard let multi else { return }
         var done: [(UnsafeMutableRawPointer, CURLcode)] = []
         while true {
-            let box = inbox.withLock { box -> Inbox in
+            var box = inbox.withLock { box -> Inbox in
                 let taken = box
                 box.adds = []
                 box.cancels = []
+                box.jobs = []
                 return taken
+            }
+            if !box.jobs.isEmpty {
+                for job in box.jobs { job() }
+                // What the jobs sent starts in this pass, not after another wake-up.
+                box.adds += inbox.withLock { inbox -> [OutboundTask] in
+                    defer { inbox.adds = [] }
+                    return inbox.adds
+                }
             }
             for task in box.adds where !task.isSettled { begin(Transfer(task)) }
             for task in box.cancels {
@@ -132,7 +153,8 @@ final class CurlLoop: @unchecked Sendable {  // `transfers` and `handles` are to
         }
         handles.drain()
         liveHandles.store(handles.live, ordering: .relaxed)
-        // Tasks that arrived after the last look at the inbox.
+        // Tasks and jobs that arrived after the last look at the inbox (a job's sends fail at once).
+        for job in inbox.withLock({ $0.jobs }) { job() }
         for task in inbox.withLock({ $0.adds }) { task.deliver(.failure(shutdown)) }
     }
 

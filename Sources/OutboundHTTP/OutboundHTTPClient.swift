@@ -51,6 +51,15 @@ public final class OutboundHTTPClient: Sendable {
     }
 }
 
+extension OutboundHTTPClient {
+    /// Runs `job` on the client's thread the next time it wakes (at once, on this thread, once
+    /// the client has stopped). What the job sends starts in that same pass. A caller that has
+    /// several requests to make as they come can gather them until then and send them as one.
+    public func onLoop(_ job: @escaping @Sendable () -> Void) {
+        loop.perform(job)
+    }
+}
+
 /// One exchange of an ``OutboundHTTPClient``.
 public final class OutboundTask: Sendable {
     enum State: Sendable, Equatable {

@@ -20,8 +20,8 @@ extension ClusterTests {
         }
         // Suspended: every create stays unfinished, so the queue's count says how many were made.
         try cluster.createQueue(qb, maxConcurrent: 1, suspended: true, via: b)
-        // 32 clients at once through a, for qb (held by b): far more than the two exchanges a
-        // sends b at a time, so most wait and go in envelopes. Every other one carries a key.
+        // 32 clients at once through a, for qb (held by b): a's forwarding thread is busy with
+        // some while the next arrive, so creates go together. Every other one carries a key.
         let (clients, each) = (32, 10)
         let made = Lock<[String: String]>([:])
         let problems = Lock<[String]>([])

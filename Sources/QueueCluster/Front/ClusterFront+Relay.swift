@@ -8,10 +8,8 @@ extension ClusterFront {
     /// each run here as if it had come alone, when this instance serves its queue; their answers
     /// in one reply, in order, once every one is in (creates: at their commit).
     ///
-    /// One whose queue this instance does not serve (it moved on meanwhile), or that the engine
-    /// answers 404 because its queue left just now, is answered 503 `no-owner` with
-    /// `Opqd-Unstarted`: it did nothing here, and its sender holds it for the queue's next holder
-    /// as it would a request refused by a stopping holder (`Forwarder.neverHandled`).
+    /// Each is decided as it would be alone: a create for a queue moving right now is held here
+    /// (bounded) and answered by the queue's next holder, and the reply waits for it.
     func relay(_ request: HTTPRequest) -> HTTPHandlerResult {
         guard let local else {
             return .response(Problem(409, "not-a-cluster", "Conflict", "this instance relays no requests").response)
@@ -51,23 +49,19 @@ extension ClusterFront {
         guard Forwarder.wasForwarded(request), Forwarder.isCreate(request) else {
             return .response(Problem.badRequest("a relayed request must be a forwarded POST /v1/queues/{name}/operations without a query").response)
         }
+        // Decided as if it had come alone: answered here, held here while its queue moves (this
+        // instance's placement may be a moment behind the sender's), or sent on once more.
         let decision = decide(request)
+        let deadline = DispatchTime.now() + holdSeconds
         switch decision {
-        case let .served(queues):
-            let answer = local(request)
-            if let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }), !placement.serves(queue: queue) {
-                return .response(Self.unstarted(queue))
-            }
-            return answer
+        case .served, .forward:
+            return execute(decision, request, until: deadline) ?? local(request)
+        case let .noOwner(queue):
+            return .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) }
         case let .refused(problem):
             return .response(problem.response)
-        case .forward:
-            // This instance's placement names another holder (a handover seen here first): sent
-            // on once more, as the request would have been alone (`Forwarder.maxHops`).
-            return execute(decision, request, until: .now() + holdSeconds) ?? local(request)
-        case let .noOwner(queue):
-            return .response(Self.unstarted(queue))
         default:
+            // Not for a create; answered as a request that did nothing here.
             return .response(Self.unstarted(""))
         }
     }

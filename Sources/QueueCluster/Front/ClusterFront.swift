@@ -168,7 +168,7 @@ package struct ClusterFront: Sendable {
     /// decided again (its body parsed again, for body-scoped routes) only when the placement's
     /// answer for its queue changed, not at every look: a held batch of megabytes costs one
     /// parse per move, not one per 25 ms.
-    private func hold(
+    func hold(
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
         _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil
     ) {

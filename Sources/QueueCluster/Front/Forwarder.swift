@@ -170,7 +170,7 @@ package final class Forwarder: Sendable {
                 // One the envelope cannot carry exactly (hundreds of fields, a huge one) goes alone.
                 if RelayEnvelope.fits(inner) {
                     return lanes.submit(
-                        RelayLanes.Item(single: outbound, inner: inner, queuedAt: .now(), isAnswered: { responder.isAnswered }, finish: finish), to: base)
+                        RelayLanes.Item(single: outbound, inner: inner, isAnswered: { responder.isAnswered }, finish: finish), to: base)
                 }
             }
             let task = client.send(outbound, completion: finish)

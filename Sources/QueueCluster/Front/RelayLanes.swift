@@ -3,11 +3,17 @@ import Locking
 import MicroHTTP
 import OutboundHTTP
 
-/// Creates forwarded to one holder go at most `exchanges` exchanges at a time; those that arrive
-/// while they are out wait and go together in the next (`RelayEnvelope`), like a writer's group
-/// commit. Under light
-/// load nothing waits (a create goes alone, as before); under load the holder gets several creates
-/// per exchange, its writer commits them together, and both instances wake once for them all.
+/// Creates forwarded to one holder that are sent while the client's thread is busy go together
+/// (`RelayEnvelope`), like a writer's group commit, but without waiting for anything: each
+/// create is put in its holder's lane, and the lane is emptied on the client's thread the next
+/// time it wakes (`OutboundHTTPClient.onLoop`), as one envelope when it holds several, as the
+/// request itself when it holds one. A create is sent at the same moment as it would be alone;
+/// under load the holder gets several per exchange, its writer commits them together, and both
+/// instances wake once for them all.
+///
+/// (An earlier form let at most two exchanges per holder be out and made the rest wait for one
+/// to come back. With 16 clients over 3 instances, creates waited often enough to cost more in
+/// latency, and in smaller commits at the holder, than the envelopes saved: CLUSTER.md.)
 ///
 /// A holder that does not take envelopes (an instance of an older version during a rolling
 /// upgrade, one that refuses the envelope's token) gets each request alone again: nothing in a
@@ -15,22 +21,15 @@ import OutboundHTTP
 final class RelayLanes: Sendable {
     /// The most creates in one envelope.
     static let maxBatch = 64
-    /// The most creates waiting for one holder; past it a create goes alone.
+    /// The most creates gathered for one holder; past it a create goes alone.
     static let maxWaiting = 4096
     /// How long a holder that refused an envelope gets requests alone before envelopes are tried again.
     static let unsupportedSeconds = 30.0
-
-    /// The longest a create waits for an exchange. Exchanges take milliseconds; a holder that
-    /// keeps both out longer is stuck, and a create that waited this long is answered that it was
-    /// not sent (503 `Opqd-Unstarted`: its sender holds it for the next holder, or its client
-    /// retries): never sent later, when its client may have given up and created it again.
-    static let maxWaitSeconds = 1.0
 
     struct Item: Sendable {
         /// The request as it would go alone.
         let single: OutboundRequest
         let inner: RelayEnvelope.Inner
-        let queuedAt: DispatchTime
         /// True once the client was answered otherwise (at this instance's shutdown): then it is
         /// not sent at all.
         let isAnswered: @Sendable () -> Bool
@@ -38,14 +37,10 @@ final class RelayLanes: Sendable {
         let finish: @Sendable (Result<OutboundResponse, OutboundError>) -> Void
     }
 
-    /// Exchanges out to one holder at once. One makes the largest envelopes, but a create then
-    /// often waits a whole exchange behind another: with 16 clients over 3 instances that cost
-    /// more in lost batching at the holder than the envelopes saved (CLUSTER.md).
-    static let exchanges = 2
-
     private struct Lane {
-        var out = 0
-        var waiting: [Item] = []
+        var gathered: [Item] = []
+        /// True while an emptying of the lane is due on the client's thread.
+        var due = false
         var aloneUntil: DispatchTime = .now()
     }
 
@@ -54,7 +49,6 @@ final class RelayLanes: Sendable {
     private let connectTimeout: Double
     private let maxResponseBytes: Int
     private let lanes = Lock<[String: Lane]>([:])
-
     /// The most bytes of one envelope's body.
     private let maxEnvelopeBytes: Int
 
@@ -66,111 +60,59 @@ final class RelayLanes: Sendable {
         self.maxResponseBytes = maxResponseBytes
     }
 
-    /// Sends `item` to the holder at `base`: now when nothing is out to it, else with the next
-    /// exchange.
+    /// Sends `item` to the holder at `base` when the client's thread next wakes, with whatever
+    /// else was gathered for it by then.
     func submit(_ item: Item, to base: String) {
-        enum Next { case lead, alone, wait, firstToWait }
+        enum Next { case alone, gathered, due }
         let next: Next = lanes.withLock { lanes in
             var lane = lanes[base] ?? Lane()
             defer { lanes[base] = lane }
-            if DispatchTime.now() < lane.aloneUntil || lane.waiting.count >= Self.maxWaiting { return .alone }
-            if lane.out >= Self.exchanges {
-                lane.waiting.append(item)
-                return lane.waiting.count == 1 ? .firstToWait : .wait
-            }
-            lane.out += 1
-            return .lead
+            if DispatchTime.now() < lane.aloneUntil || lane.gathered.count >= Self.maxWaiting { return .alone }
+            lane.gathered.append(item)
+            if lane.due { return .gathered }
+            lane.due = true
+            return .due
         }
         switch next {
-        case .wait: return
-        case .firstToWait: sweepLater(base)
-        case .alone: _ = client.send(item.single) { item.finish($0) }
-        case .lead: send([item], to: base)
+        case .gathered: return
+        case .alone: client.send(item.single) { item.finish($0) }
+        case .due: client.onLoop { self.empty(base) }
         }
     }
 
-    /// While creates wait for `base`, looks every `maxWaitSeconds` for those that waited too long
-    /// (both exchanges stuck at the holder) and answers them unsent.
-    private func sweepLater(_ base: String) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + Self.maxWaitSeconds) {
-            let (stale, more): ([Item], Bool) = self.lanes.withLock { lanes in
+    /// On the client's thread: sends what was gathered for `base`, in envelopes within the bounds.
+    private func empty(_ base: String) {
+        while true {
+            let (batch, more): ([Item], Bool) = lanes.withLock { lanes in
                 guard var lane = lanes[base] else { return ([], false) }
                 defer { lanes[base] = lane }
-                let (stale, kept) = Self.split(lane.waiting, now: .now())
-                lane.waiting = kept
-                return (stale, !kept.isEmpty)
+                // At least one; more while the envelope stays within what the holder's
+                // `--max-body` takes (the instances of a cluster share their configuration).
+                var n = 0, bytes = RelayEnvelope.magic.count + 2
+                for item in lane.gathered.prefix(Self.maxBatch) {
+                    let size = Self.encodedSize(item.inner)
+                    if n > 0 && bytes + size > maxEnvelopeBytes { break }
+                    n += 1
+                    bytes += size
+                }
+                let batch = Array(lane.gathered.prefix(n))
+                lane.gathered.removeFirst(n)
+                if lane.gathered.isEmpty { lane.due = false }
+                return (batch, !lane.gathered.isEmpty)
             }
-            Self.unsent(stale)
-            if more { self.sweepLater(base) }
-        }
-    }
-
-    /// `waiting` split into what waited past `maxWaitSeconds` or was answered meanwhile, and the rest.
-    private static func split(_ waiting: [Item], now: DispatchTime) -> (stale: [Item], kept: [Item]) {
-        let limit = UInt64(maxWaitSeconds * 1e9)
-        var stale: [Item] = [], kept: [Item] = []
-        for item in waiting {
-            if item.isAnswered() || now.uptimeNanoseconds &- item.queuedAt.uptimeNanoseconds > limit { stale.append(item) } else { kept.append(item) }
-        }
-        return (stale, kept)
-    }
-
-    /// Answers creates that were never sent: 503 with `Opqd-Unstarted` (a no-op for one answered already).
-    private static func unsent(_ items: [Item]) {
-        guard !items.isEmpty else { return }
-        let body = Array(
-            #"{"type":"https://opqd.dev/problems/owner-unavailable","title":"Service Unavailable","status":503,"detail":"the instance that owns this queue kept this instance's earlier requests waiting; this one was not sent. Retry it; send an Idempotency-Key so that a retried create happens once"}"#
-                .utf8)
-        let answer = OutboundResponse(
-            status: 503, headers: [("Content-Type", "application/problem+json"), ("Retry-After", "1"), (Problem.unstartedHeader, "1")], body: body,
-            truncated: false, size: body.count, contentLength: body.count, finalURL: "", redirects: 0)
-        for item in items { item.finish(.success(answer)) }
-    }
-
-    /// What waits for `base`, sent as the next exchange; one exchange fewer is out when nothing waits.
-    private func next(_ base: String) {
-        let (batch, stale, alone): ([Item], [Item], Bool) = lanes.withLock { lanes in
-            guard var lane = lanes[base] else { return ([], [], false) }
-            defer { lanes[base] = lane }
-            let now = DispatchTime.now()
-            let (stale, kept) = Self.split(lane.waiting, now: now)
-            lane.waiting = kept
-            guard !lane.waiting.isEmpty else {
-                lane.out -= 1
-                return ([], stale, false)
+            // One answered already (503 at this instance's shutdown) is not sent.
+            let live = batch.filter { !$0.isAnswered() }
+            if live.count == 1 {
+                let item = live[0]
+                client.send(item.single) { item.finish($0) }
+            } else if !live.isEmpty {
+                send(live, to: base)
             }
-            // At least one; more while the envelope stays within what the holder's `--max-body`
-            // takes (the instances of a cluster share their configuration).
-            var n = 0, bytes = RelayEnvelope.magic.count + 2
-            for item in lane.waiting.prefix(Self.maxBatch) {
-                let size = Self.encodedSize(item.inner)
-                if n > 0 && bytes + size > maxEnvelopeBytes { break }
-                n += 1
-                bytes += size
-            }
-            let batch = Array(lane.waiting.prefix(n))
-            lane.waiting.removeFirst(n)
-            return (batch, stale, now < lane.aloneUntil)
+            if !more { return }
         }
-        Self.unsent(stale)
-        guard !batch.isEmpty else { return }
-        // The holder refused an envelope a moment ago: these go alone, and the next waits as usual.
-        if alone && batch.count > 1 {
-            for item in batch.dropLast() { _ = client.send(item.single) { item.finish($0) } }
-            return send([batch[batch.count - 1]], to: base)
-        }
-        send(batch, to: base)
     }
 
     private func send(_ batch: [Item], to base: String) {
-        guard batch.count > 1 else {
-            let item = batch[0]
-            _ = client.send(item.single) { result in
-                item.finish(result)
-                self.next(base)
-            }
-            return
-        }
         var url = base
         while url.hasSuffix("/") { url.removeLast() }
         var headers: [(String, String)] = [("Content-Type", RelayEnvelope.contentType)]
@@ -183,10 +125,7 @@ final class RelayLanes: Sendable {
             method: "POST", url: url + RelayEnvelope.path, headers: headers, body: RelayEnvelope.encode(batch.map(\.inner)),
             timeout: requestTimeout, connectTimeout: connectTimeout, maxResponseBytes: maxResponseBytes, followRedirects: false, useProxy: false,
             pathAsIs: true)
-        _ = client.send(envelope) { result in
-            self.answered(batch, base: base, result)
-            self.next(base)
-        }
+        client.send(envelope) { result in self.answered(batch, base: base, result) }
     }
 
     /// Hands each request of `batch` its answer from the holder's reply.
@@ -219,7 +158,7 @@ final class RelayLanes: Sendable {
         case let .success(reply) where Self.refusedWhole(reply.status):
             // Nothing in the envelope was run: each goes alone, and the lane sends alone a while.
             lanes.withLock { lanes in lanes[base]?.aloneUntil = .now() + Self.unsupportedSeconds }
-            for item in batch { _ = client.send(item.single) { item.finish($0) } }
+            for item in batch { client.send(item.single) { item.finish($0) } }
         case let .success(reply):
             // A 503 at the holder's shutdown (each then waits for the next holder, as alone), a
             // 5xx: each gets it, as it would have alone.
