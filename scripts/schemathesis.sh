@@ -45,7 +45,7 @@
 #     batch naming a queue or dependency that does not exist is 404, as a create's is.
 #     Flow control: `limits` naming a limiter that does not exist (422 `limits[i].limiter`,
 #     as a state-dependent refusal like an unknown dependency) or one limiter and key twice
-#     where one leaves `key` out (it means ""), in a create, a batch, an archive or a copy;
+#     where one leaves `key` out (it means ""), in a create, a batch, an archive, a copy or a schedule's template;
 #     and a limiter PATCH that would leave neither `concurrency` nor `rate` (it depends on
 #     the limiter's settings). A limiter's keys over `--max-limiter-keys` is 429, which
 #     valid data may get anyway. A host's PATCH whose `until` is not in the future (422

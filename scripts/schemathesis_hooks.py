@@ -33,7 +33,7 @@ LONG_POLLS = {
     ("POST", "/v1/queues/{name}/claim"): ("wait", 300.0, None),
 }
 CREATES = {"/v1/queues", "/v1/queues/{name}/operations", "/v1/queues/{name}/barrier"}
-BYTE_LIMIT = re.compile(r"must be at most [0-9]+ bytes")
+BYTE_LIMIT = re.compile(r"must be at most [0-9]+ bytes|\(1 to [0-9]+ bytes\)")
 COMMAND_PATH_FIELD = re.compile(r'"detail":"spec\.(argv\[0\]|cwd): must be an absolute path')
 # The same refusals for an element of a batch, and the batch's own that JSON Schema cannot
 # express: a ref must be unique and may name only an earlier element.
@@ -65,7 +65,10 @@ LIMITS_DOCUMENTED = re.compile(
 SCHEDULE_DOCUMENTED = re.compile(
     r'"detail":"(cron: |timezone: |endAt: must be after startAt|to: (must be after from|\[from, to\) holds)'
     r"|operation\.(spec|limits|fairnessKey|kind|queuePriority|retry|name|timeout|admission\.debounce\.maxSeconds: must be a number of seconds from seconds)"
-    r"|name: must match)")
+    r"|name: must match"
+    # The template's limits, refused as a create's are (the problem names `limits[i]`, without
+    # the `operation.` in front).
+    r"|(operation\.)?limits\[[0-9]+\](\.limiter: no limiter named |: names limiter '.*' with key '.*' a second time))")
 ADMISSION_MAX_BELOW_SECONDS = re.compile(
     r'"detail":"(operations\[[0-9]+\]\.)?admission\.debounce\.maxSeconds: must be a number of seconds from seconds')
 LIMITER_NEEDS_A_BUDGET = '"detail":"concurrency: a limiter needs at least one of concurrency and rate"'

@@ -439,19 +439,21 @@ paths:
       summary: Creates one instance sends another together (between instances only)
       description: |
         How an instance of a partitioned cluster sends the holder of some queues several
-        creates at once (`POST /v1/queues/{name}/operations` forwarded while an exchange with
-        that holder was out): a binary envelope (`application/vnd.opqd.relay`, its format in
+        creates at once (`POST /v1/queues/{name}/operations` forwarded while its forwarding
+        thread was busy): a binary envelope (`application/octet-stream`, its format in
         CLUSTER.md) of at most 256 forwarded requests, each run as if it had come alone, each
         with its own token check, and one reply with their answers in the same order once every
-        one is in. A request whose queue the instance does not serve right now is answered 503
-        `no-owner` with `Opqd-Unstarted: 1` inside the reply (it did nothing there). Clients do not
-        call it. Needs the full token. A malformed envelope is refused whole with 400 before any
+        one is in. Each is decided as if it had come alone: a create for a queue that is moving
+        right now is held there (bounded) and answered by the queue's next holder, one whose
+        queue another instance holds is sent on once more. Only forwarded creates are run from
+        an envelope (anything else in it is answered 400). Clients do not call it. Needs the
+        full token. A malformed envelope is refused whole with 400 before any
         request in it runs; an instance that is not part of a partitioned cluster answers 409
         `not-a-cluster`.
       requestBody:
         required: true
         content:
-          application/vnd.opqd.relay:
+          application/octet-stream:
             schema:
               type: string
               format: binary
@@ -473,7 +475,7 @@ paths:
         '200':
           description: The answers, in the order of the requests.
           content:
-            application/vnd.opqd.relay:
+            application/octet-stream:
               schema:
                 type: string
                 format: binary

@@ -21,7 +21,7 @@ import MicroHTTP
 ///               u16 status; u16 header count, per field u16 + name, u32 + value; u32 + body
 enum RelayEnvelope {
     static let path = "/v1/cluster/relay"
-    static let contentType = "application/vnd.opqd.relay"
+    static let contentType = "application/octet-stream"
     static let magic = Array("OPQDRELAY1".utf8)
     /// The most requests one envelope carries (a forwarder sends at most `RelayLanes.maxBatch`).
     static let maxRequests = 256
