@@ -49,7 +49,7 @@ public struct HTTPRequest: Sendable {
 
 /// Lowercases ASCII letters only (header names are ASCII tokens), without Foundation.
 @inline(__always)
-func asciiLowercased(_ string: String) -> String {
+package func asciiLowercased(_ string: String) -> String {
     // Most names arrive lowercase already: no copy for them.
     guard string.utf8.contains(where: { $0 &- 65 < 26 }) else { return string }
     var utf8 = Array(string.utf8)

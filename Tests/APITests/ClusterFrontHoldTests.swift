@@ -135,16 +135,12 @@ struct ClusterFrontHoldTests {
             // A 404 for a queue this instance serves (none named 'absent') is the answer, and is
             // not kept either: once the queue exists, the same key creates.
             placement.set(served: ["moving", "absent"])
-            let absent = Self.answer(
-                front.route(
-                    ClusterFrontTests.request(
-                        "POST /v1/queues/absent/operations", body, headers: ["idempotency-key": "k-absent", "content-type": "application/json"])), within: 5)
+            let keyedAbsent = ClusterFrontTests.request(
+                "POST /v1/queues/absent/operations", body, headers: ["idempotency-key": "k-absent", "content-type": "application/json"])
+            let absent = Self.answer(front.route(keyedAbsent), within: 5)
             #expect(absent?.status == 404)
             try engine.createQueue(name: "absent")
-            let retried = Self.answer(
-                front.route(
-                    ClusterFrontTests.request(
-                        "POST /v1/queues/absent/operations", body, headers: ["idempotency-key": "k-absent", "content-type": "application/json"])), within: 5)
+            let retried = Self.answer(front.route(keyedAbsent), within: 5)
             #expect(retried?.status == 201)
             // A keyed batch over two queues this instance serves, one of which leaves before the
             // engine looks: all or none, so nothing was made; held, and made at the next holder.

@@ -31,7 +31,7 @@ extension ClusterFront {
                         guard g.answers[i] == nil else { return nil }
                         g.answers[i] = answer
                         g.left -= 1
-                        return g.left == 0 ? g.answers.map { $0 ?? Self.unstarted("") } : nil
+                        return g.left == 0 ? g.answers.compactMap { $0 } : nil
                     }
                     guard let all else { return }
                     responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(all)))
@@ -62,16 +62,13 @@ extension ClusterFront {
             return .response(problem.response)
         default:
             // Not for a create; answered as a request that did nothing here.
-            return .response(Self.unstarted(""))
+            return .response(Self.unstarted)
         }
     }
 
     /// 503 `no-owner` that says nothing was done (`Opqd-Unstarted`): the sender decides again.
-    static func unstarted(_ queue: String) -> HTTPResponse {
-        var problem = Problem.noOwner(
-            queue.isEmpty
-                ? "this instance does not serve the request's queue right now; retry shortly"
-                : "this instance does not serve queue '\(queue)' right now (its partition is moving); retry shortly, with an Idempotency-Key for changes")
+    static var unstarted: HTTPResponse {
+        var problem = Problem.noOwner("this instance does not serve the request's queue right now; retry shortly")
         problem.headers.append((Problem.unstartedHeader, "1"))
         return problem.response
     }

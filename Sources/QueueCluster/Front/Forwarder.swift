@@ -77,15 +77,15 @@ package final class Forwarder: Sendable {
     /// about `--max-page-bytes`, so a larger one is refused, not parsed.
     let maxGatheredBytes: Int
     let client: OutboundHTTPClient
-    /// Creates for one holder that wait while an exchange with it is out go together in the
-    /// next (`RelayLanes`); nil: every request goes alone.
+    /// Creates for one holder that meet on the client's thread go together (`RelayLanes`); nil:
+    /// every request goes alone.
     let lanes: RelayLanes?
     /// The largest create body that may go in an envelope.
     let maxRelayedBody: Int
 
     /// `selfID` goes into ``header``; answers longer than `maxResponseBytes` become 502;
     /// `maxWaitSeconds` is the longest long poll the API accepts (`wait`, `timeout`).
-    /// `relayBytes`, when given, sends waiting creates together in envelopes of at most that
+    /// `relayBytes`, when given, sends creates that meet together in envelopes of at most that
     /// many bytes (the holders' `--max-body`).
     package init(
         selfID: String, maxResponseBytes: Int, maxWaitSeconds: Double, requestTimeout: Double = defaultRequestTimeout, maxGatheredBytes: Int = 4 << 20,
@@ -107,8 +107,7 @@ package final class Forwarder: Sendable {
     }
 
     /// True for a create (`POST /v1/queues/{name}/operations`, no query) small enough to go in
-    /// an envelope: its answer comes at its commit, like its envelope mates', so none waits on
-    /// another's long work.
+    /// an envelope: its answer comes at its commit, like its envelope mates'.
     func relayable(_ request: HTTPRequest) -> Bool {
         request.body.count <= maxRelayedBody && Self.isCreate(request)
     }

@@ -131,12 +131,6 @@ enum RelayEnvelope {
         return answers
     }
 
-    /// Lowercases ASCII letters only (header names are tokens).
-    static func asciiLowercased(_ name: String) -> String {
-        guard name.utf8.contains(where: { $0 &- 65 < 26 }) else { return name }
-        return String(decoding: name.utf8.map { $0 &- 65 < 26 ? $0 | 0x20 : $0 }, as: UTF8.self)
-    }
-
     struct Writer {
         var buffer: [UInt8] = []
         mutating func u8(_ v: Int) { buffer.append(UInt8(truncatingIfNeeded: v)) }

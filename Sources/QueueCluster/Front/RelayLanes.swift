@@ -136,12 +136,14 @@ final class RelayLanes: Sendable {
         case let .success(reply) where reply.status == 200 && !reply.truncated:
             guard let answers = RelayEnvelope.decodeResponses(reply.body, expected: batch.count) else {
                 // Run there, answered in a form this instance cannot read: each learns so (502).
+                let problem = Problem(
+                    502, "owner-answer-invalid", "Bad Gateway",
+                    "the owner's answer to several relayed requests could not be read; the request may have been handled there"
+                ).response
                 var bad = reply
-                bad.status = 502
-                bad.headers = [("Content-Type", "application/problem+json")]
-                bad.body = Array(
-                    #"{"type":"https://opqd.dev/problems/owner-answer-invalid","title":"Bad Gateway","status":502,"detail":"the owner's answer to several relayed requests could not be read; the request may have been handled there"}"#
-                        .utf8)
+                bad.status = problem.status
+                bad.headers = problem.headers
+                bad.body = problem.body
                 for item in batch { item.finish(.success(bad)) }
                 return
             }
