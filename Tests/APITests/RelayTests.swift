@@ -14,7 +14,9 @@ import Testing
 @Suite("Relay: forwarded creates sent together, answered each as alone")
 struct RelayTests {
     /// A holder that answers every create 201 with the body it got, 40 ms late, and takes
-    /// envelopes (or refuses them with `relayStatus`); counts both.
+    /// envelopes (or refuses them with `relayStatus`); counts both. In an envelope, a create for
+    /// a queue whose name starts with "hb" is handed back (`RelayedHold.handedBack`), as a
+    /// holder whose placement is behind does.
     final class Holder: Sendable {
         let envelopes = Lock<[Int]>([])
         let refused = Lock(0)
@@ -24,7 +26,8 @@ struct RelayTests {
         init(relayStatus: Int? = nil, delay: Double = 0.04) throws {
             let (envelopes, alone, refused) = (self.envelopes, self.alone, self.refused)
             @Sendable func created(_ r: HTTPRequest) -> HTTPResponse {
-                HTTPResponse(status: 201, headers: [("Content-Type", "application/json"), ("X-Path", r.path)], body: r.body)
+                if r.path.hasPrefix("/v1/queues/hb") { return RelayedHold.handedBack }
+                return HTTPResponse(status: 201, headers: [("Content-Type", "application/json"), ("X-Path", r.path)], body: r.body)
             }
             server = HTTPServer(
                 configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20),
@@ -48,76 +51,130 @@ struct RelayTests {
                     }
                     alone.withLock { $0 += 1 }
                     return .deferred { responder in
-                        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { responder.respond(created(req)) }
+                        DispatchQueue.global().asyncAfter(deadline: .now() + delay) {
+                            responder.respond(HTTPResponse(status: 201, headers: [("Content-Type", "application/json"), ("X-Path", req.path)], body: req.body))
+                        }
                     }
                 })
             try server.start()
         }
     }
 
-    /// `count` creates sent at once through a forwarding server in front of `holder`; each
-    /// answer's status and whether its body is the one its request sent.
-    static func createAtOnce(_ count: Int, through holder: Holder, headers extra: [(String, String)] = []) throws -> [(status: Int, own: Bool, path: String?)] {
+    /// A forwarding server in front of `holder`.
+    final class Front: Sendable {
         let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1 << 20, maxWaitSeconds: 300, relayBytes: 1 << 20)
-        // The client's thread busy for 0.3 s (as under load): what is sent meanwhile gathers.
-        forwarder.client.onLoop { Thread.sleep(forTimeInterval: 0.3) }
-        let base = "http://127.0.0.1:\(holder.server.port)"
-        let front = HTTPServer(
-            configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 4, maxBodyBytes: 4 << 20),
-            handler: { req in forwarder.forward(req, to: base) })
-        try front.start()
-        defer { front.shutdown(timeout: .seconds(2)) }
-        let results = Lock<[Int: (Int, Bool, String?)]>([:])
-        // A thread per create (`concurrentPerform` would run one per core): all out at once.
-        let done = DispatchGroup()
-        for i in 0..<count {
-            done.enter()
-            Thread.detachNewThread {
-                defer { done.leave() }
-                send(i)
+        let server: HTTPServer
+        let base: String
+
+        init(_ holder: Holder) throws {
+            let base = "http://127.0.0.1:\(holder.server.port)"
+            let forwarder = self.forwarder
+            self.base = base
+            server = HTTPServer(
+                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 4, maxBodyBytes: 4 << 20),
+                handler: { req in forwarder.forward(req, to: base) })
+            try server.start()
+        }
+
+        deinit { server.shutdown(timeout: .seconds(2)) }
+
+        var lanes: RelayLanes? { forwarder.lanes }
+
+        /// Keeps the client's thread busy (as under load) until `count` creates wait in the
+        /// holder's lane, then runs `then` on it: what is sent meanwhile goes together.
+        func gather(_ count: Int, then: @escaping @Sendable () -> Void = {}) {
+            let (lanes, base) = (forwarder.lanes, base)
+            forwarder.client.onLoop {
+                _ = waitUntil(timeout: 10, every: 0.002) { (lanes?.gathered(for: base) ?? 0) >= count }
+                then()
             }
         }
-        done.wait()
-        @Sendable func send(_ i: Int) {
-            let body = Array(#"{"kind":"immediate","name":"n\#(i)"}"#.utf8)
-            let queue = "q\(i % 3)"
-            guard let connection = try? RawConnection(port: front.port, timeout: 20),
-                let r = try? connection.request(
-                    "POST", "/v1/queues/\(queue)/operations", headers: [("Content-Type", "application/json"), ("Authorization", "Bearer t")] + extra, body: body
-                )
-            else { return }
-            connection.close()
-            results.withLock { $0[i] = (r.status, r.body == body, r.headers["x-path"]) }
-        }
-        return (0..<count).map { i in
-            results.value[i].map { (status: $0.0, own: $0.1 && $0.2 == "/v1/queues/q\(i % 3)/operations", path: $0.2) } ?? (0, false, nil)
+
+        /// `count` creates sent at once (the i-th to `queue(i)`); each answer's status and
+        /// whether its body and path are the ones its request sent.
+        func createAtOnce(_ count: Int, queue: @escaping @Sendable (Int) -> String = { "q\($0 % 3)" }, headers extra: [(String, String)] = [])
+            -> [(status: Int, own: Bool)]
+        {
+            let results = Lock<[Int: (Int, Bool)]>([:])
+            // A thread per create (`concurrentPerform` would run one per core): all out at once.
+            let done = DispatchGroup()
+            let port = server.port
+            for i in 0..<count {
+                done.enter()
+                Thread.detachNewThread {
+                    defer { done.leave() }
+                    let body = Array(#"{"kind":"immediate","name":"n\#(i)"}"#.utf8)
+                    let path = "/v1/queues/\(queue(i))/operations"
+                    guard let connection = try? RawConnection(port: port, timeout: 20),
+                        let r = try? connection.request(
+                            "POST", path, headers: [("Content-Type", "application/json"), ("Authorization", "Bearer t")] + extra, body: body)
+                    else { return }
+                    connection.close()
+                    results.withLock { $0[i] = (r.status, r.body == body && r.headers["x-path"] == path) }
+                }
+            }
+            done.wait()
+            return (0..<count).map { i in results.value[i].map { (status: $0.0, own: $0.1) } ?? (0, false) }
         }
     }
 
-    @Test("creates sent while the client's thread is busy go together, and each gets its own answer")
+    @Test("creates sent while the client's thread is busy go together, each gets its own answer, and the next burst goes together too")
     func together() async throws {
         try await onThread {
             let holder = try Holder()
             defer { holder.server.shutdown(timeout: .seconds(2)) }
-            let results = try Self.createAtOnce(40, through: holder)
-            #expect(results.allSatisfy { $0.status == 201 && $0.own }, "\(results.filter { !($0.status == 201 && $0.own) })")
-            let envelopes = holder.envelopes.value
-            #expect(!envelopes.isEmpty, "the creates sent while the thread was busy went together")
-            #expect(envelopes.reduce(0, +) + holder.alone.value == 40, "every create reached the holder once")
-            #expect(envelopes.allSatisfy { (2...RelayLanes.maxBatch).contains($0) })
+            let front = try Front(holder)
+            for burst in 1...2 {
+                front.gather(40)
+                let results = front.createAtOnce(40)
+                #expect(results.allSatisfy { $0.status == 201 && $0.own }, "\(results.filter { !($0.status == 201 && $0.own) })")
+                #expect(holder.envelopes.value == Array(repeating: 40, count: burst), "the 40 gathered went in one envelope")
+                #expect(holder.alone.value == 0)
+            }
         }
     }
 
-    @Test("a holder that refuses envelopes (an older version: 404) gets each create alone, once, and every create is made")
+    @Test(
+        "a holder that refuses envelopes (an older version: 404) gets each create alone, once, and every create is made; those gathered when it refused go alone"
+    )
     func refusedEnvelopeGoesAlone() async throws {
         try await onThread {
             let holder = try Holder(relayStatus: 404)
             defer { holder.server.shutdown(timeout: .seconds(2)) }
-            let results = try Self.createAtOnce(30, through: holder)
+            let front = try Front(holder)
+            front.gather(30)
+            var results = front.createAtOnce(30)
             #expect(results.allSatisfy { $0.status == 201 && $0.own })
-            #expect(holder.alone.value == 30)
-            #expect(holder.refused.value >= 1, "an envelope was tried")
+            #expect(holder.alone.value == 30 && holder.refused.value == 1, "one envelope tried, then every create alone")
+            // For a while no envelope is tried again.
+            results = front.createAtOnce(10)
+            #expect(results.allSatisfy { $0.status == 201 && $0.own })
+            #expect(holder.alone.value == 40 && holder.refused.value == 1)
             #expect(holder.envelopes.value.isEmpty)
+
+            // Creates gathered before a refusal is known go alone once it is, not as one more
+            // envelope.
+            let other = try Front(holder)
+            let lanes = try #require(other.lanes)
+            let base = other.base
+            other.gather(12) { lanes.refused(base) }
+            results = other.createAtOnce(12)
+            #expect(results.allSatisfy { $0.status == 201 && $0.own })
+            #expect(holder.alone.value == 52 && holder.refused.value == 1)
+        }
+    }
+
+    @Test("a create its holder hands back (its placement behind) goes again alone, once, and is made; its envelope mates are answered from the envelope")
+    func handedBackGoesAlone() async throws {
+        try await onThread {
+            let holder = try Holder()
+            defer { holder.server.shutdown(timeout: .seconds(2)) }
+            let front = try Front(holder)
+            front.gather(12)
+            let results = front.createAtOnce(12) { $0 % 4 == 0 ? "hb\($0)" : "q\($0)" }
+            #expect(results.allSatisfy { $0.status == 201 && $0.own }, "\(results)")
+            #expect(holder.envelopes.value == [12])
+            #expect(holder.alone.value == 3, "the 3 handed back went alone, once each")
         }
     }
 
@@ -126,8 +183,10 @@ struct RelayTests {
         try await onThread {
             let holder = try Holder()
             defer { holder.server.shutdown(timeout: .seconds(2)) }
+            let front = try Front(holder)
             let many = (0..<300).map { ("X-F\($0)", "v") }
-            let results = try Self.createAtOnce(12, through: holder, headers: many)
+            front.forwarder.client.onLoop { Thread.sleep(forTimeInterval: 0.2) }
+            let results = front.createAtOnce(12, headers: many)
             #expect(results.allSatisfy { $0.status == 201 && $0.own })
             #expect(holder.envelopes.value.isEmpty && holder.alone.value == 12)
         }
@@ -175,7 +234,8 @@ struct RelayTests {
     func holderSide() throws {
         let placement = MovingPlacement()
         placement.set(served: ["here", "later", "left"])
-        let front = Self.front(placement)
+        var front = Self.front(placement)
+        front.relayHoldSeconds = 3
         let envelope = RelayEnvelope.encode([
             Self.inner("later"), Self.inner("here"), Self.inner("elsewhere"), Self.inner("here", forwarded: false), Self.inner("left"),
             Self.inner("here", query: ["wait": "5"]),
@@ -195,6 +255,82 @@ struct RelayTests {
         cut.removeLast()
         let refused = try #require(ClusterFrontHoldTests.answer(front.route(HTTPRequest(method: "POST", path: RelayEnvelope.path, body: cut)), within: 1))
         #expect(refused.status == 400)
+    }
+
+    /// A front over `placement` whose dispatcher answers every create 201 at once, and counts
+    /// them by queue.
+    static func countingFront(_ placement: MovingPlacement, made: Lock<[String: Int]>) -> ClusterFront {
+        ClusterFrontHoldTests.front(placement, hold: 3) { req in
+            made.withLock { $0[req.path, default: 0] += 1 }
+            return .response(HTTPResponse(status: 201, headers: [("X-Which", "here")], body: req.body))
+        }
+    }
+
+    @Test(
+        "a relayed create held longer than an envelope waits is handed back unstarted and never run here; its mates, one sent on to another holder, are answered at once"
+    )
+    func heldTooLongIsHandedBack() async throws {
+        try await onThread {
+            let other = try Holder()
+            defer { other.server.shutdown(timeout: .seconds(2)) }
+            let placement = MovingPlacement()
+            placement.set(served: ["here"], holders: ["away": PlacementHolder(instance: "c", url: "http://127.0.0.1:\(other.server.port)")])
+            let made = Lock<[String: Int]>([:])
+            var front = Self.countingFront(placement, made: made)
+            front.relayHoldSeconds = 0.1
+            let envelope = RelayEnvelope.encode([Self.inner("here"), Self.inner("moving"), Self.inner("away")])
+            let t0 = monotonicSeconds()
+            let reply = try #require(
+                ClusterFrontHoldTests.answer(front.route(HTTPRequest(method: "POST", path: RelayEnvelope.path, body: envelope)), within: 3))
+            let took = monotonicSeconds() - t0
+            let answers = try #require(RelayEnvelope.decodeResponses(reply.body, expected: 3))
+            #expect(answers.map(\.status) == [201, 503, 201])
+            #expect(answers[1].headers.contains { $0.0 == RelayEnvelope.aloneHeader && $0.1 == "1" })
+            #expect(answers[1].headers.contains { $0.0 == Problem.unstartedHeader && $0.1 == "1" })
+            #expect(answers[2].body == Array("away".utf8) && other.alone.value == 1, "sent on to its holder")
+            #expect(took >= 0.09 && took < 1, "answered once the hold was ended, not at its end (\(took) s)")
+            // The queue is served here after the envelope was answered: the ended hold runs nothing.
+            placement.set(served: ["here", "moving"])
+            Thread.sleep(forTimeInterval: 0.2)
+            #expect(made.value == ["/v1/queues/here/operations": 1])
+        }
+    }
+
+    @Test("an envelope with a create held for a moving queue does not hold up its holder's shutdown; its mates' answers are given")
+    func shutdownWithAHeldCreate() async throws {
+        try await onThread {
+            let placement = MovingPlacement()
+            placement.set(served: ["here"])
+            let made = Lock<[String: Int]>([:])
+            let front = Self.countingFront(placement, made: made)
+            let local = try #require(front.local)
+            let server = HTTPServer(
+                configuration: HTTPServerConfiguration(host: "127.0.0.1", port: 0, threads: 2, maxBodyBytes: 4 << 20),
+                handler: { req in front.route(req) ?? local(req) })
+            try server.start()
+            let reply = Lock<TestResponse?>(nil)
+            let sent = DispatchGroup()
+            sent.enter()
+            let port = server.port
+            Thread.detachNewThread {
+                defer { sent.leave() }
+                let connection = try? RawConnection(port: port, timeout: 10)
+                let body = RelayEnvelope.encode([Self.inner("here"), Self.inner("moving")])
+                let answer = try? connection?.request("POST", RelayEnvelope.path, headers: [("Content-Type", RelayEnvelope.contentType)], body: body)
+                reply.withLock { $0 = answer }
+            }
+            #expect(waitUntil(timeout: 5) { made.value.values.reduce(0, +) == 1 })
+            let t0 = monotonicSeconds()
+            server.shutdown(timeout: .seconds(8))
+            let took = monotonicSeconds() - t0
+            sent.wait()
+            #expect(took < 2, "the envelope held the drain \(took) s")
+            let answer = try #require(reply.value)
+            #expect(answer.status == 200)
+            let answers = try #require(RelayEnvelope.decodeResponses(answer.body, expected: 2))
+            #expect(answers.map(\.status) == [201, 503])
+            #expect(answers[1].headers.contains { $0.0 == RelayEnvelope.aloneHeader })
+        }
     }
 
     @Test("an envelope survives the round trip; every truncation, bad count, trailing byte and mutation is refused or read, never a trap")

@@ -9,7 +9,10 @@ extension ClusterFront {
     /// in one reply, in order, once every one is in (creates: at their commit).
     ///
     /// Each is decided as it would be alone: a create for a queue moving right now is held here
-    /// (bounded) and answered by the queue's next holder, and the reply waits for it.
+    /// and answered by the queue's next holder, and the reply waits for it, but only for
+    /// `relayHoldSeconds` (this instance's placement a moment behind its sender's): past that it
+    /// is handed back unstarted (`RelayedHold`), its sender sends it alone, and its envelope
+    /// mates' answers, committed, go out.
     func relay(_ request: HTTPRequest) -> HTTPHandlerResult {
         guard let local else {
             return .response(Problem(409, "not-a-cluster", "Conflict", "this instance relays no requests").response)
@@ -53,11 +56,12 @@ extension ClusterFront {
         // instance's placement may be a moment behind the sender's), or sent on once more.
         let decision = decide(request)
         let deadline = DispatchTime.now() + holdSeconds
+        let claim = RelayedHold()
         switch decision {
         case .served, .forward:
-            return execute(decision, request, until: deadline) ?? local(request)
+            return execute(decision, request, until: deadline, claim: claim) ?? local(request)
         case let .noOwner(queue):
-            return .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) }
+            return .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) }
         case let .refused(problem):
             return .response(problem.response)
         default:
@@ -88,5 +92,69 @@ extension ClusterFront {
     /// requests in it are checked again, each on its own route).
     private func refusal(forRelay request: HTTPRequest) -> Problem? {
         access.refusal(request, match: router.match(method: request.method, path: request.path))
+    }
+}
+
+/// The hold of a create that came in a relay envelope (`ClusterFront.hold`): the envelope's
+/// reply waits for every create in it, so one held for a moving queue would delay its mates'
+/// committed answers by up to the whole hold, and at this instance's shutdown past its drain,
+/// turn them all into 503s that may or may not have happened. So a hold that has lasted
+/// `relayHoldSeconds` is ended here: the create is answered `handedBack` (it did nothing), and
+/// its sender sends it alone, where it is held as long as any request.
+///
+/// Ending it and running it exclude each other: a hold that has begun to run its request
+/// (`leaving`) is not ended, and one that was ended does not run.
+final class RelayedHold: Sendable {
+    private struct State {
+        var held = false
+        var ended = false
+        /// Counts holds begun, so that a timer set for an earlier one ends no later one early.
+        var holds = 0
+    }
+
+    private let state = Lock(State())
+
+    /// The hold begins or goes on; false when it was ended. A hold that begins ends after
+    /// `seconds` unless it has left by then.
+    func holding(_ responder: HTTPResponder, for seconds: Double) -> Bool {
+        enum Step { case ended, goesOn, begins(Int) }
+        let step: Step = state.withLock { s in
+            if s.ended { return .ended }
+            if s.held { return .goesOn }
+            s.held = true
+            s.holds += 1
+            return .begins(s.holds)
+        }
+        switch step {
+        case .ended: return false
+        case .goesOn: return true
+        case let .begins(hold):
+            DispatchQueue.global().asyncAfter(deadline: .now() + max(0, seconds)) {
+                let ends = self.state.withLock { s in
+                    guard s.held, !s.ended, s.holds == hold else { return false }
+                    s.ended = true
+                    return true
+                }
+                if ends { responder.respond(Self.handedBack) }
+            }
+            return true
+        }
+    }
+
+    /// The hold ends to run its request; false when it was ended already (then it is not run).
+    func leaving() -> Bool {
+        state.withLock { s in
+            guard !s.ended else { return false }
+            s.held = false
+            return true
+        }
+    }
+
+    /// 503 `no-owner`, nothing done (`Opqd-Unstarted`), and `Opqd-Relay-Alone`: send it alone.
+    static var handedBack: HTTPResponse {
+        var problem = Problem.noOwner("this instance does not serve the request's queue yet; send the request alone")
+        problem.headers.append((Problem.unstartedHeader, "1"))
+        problem.headers.append((RelayEnvelope.aloneHeader, "1"))
+        return problem.response
     }
 }

@@ -37,6 +37,9 @@ package struct ClusterFront: Sendable {
     /// looked at again every `holdEvery` seconds, before it is refused with 503 `no-owner`.
     var holdSeconds = 5.0
     var holdEvery = 0.025
+    /// How long a create from a relay envelope is held here before it is handed back to its
+    /// sender, to be sent alone (`RelayedHold`): its envelope mates' answers wait for it.
+    var relayHoldSeconds = 0.25
 
     /// What becomes of a request (`decide`).
     enum Decision {
@@ -91,7 +94,8 @@ package struct ClusterFront: Sendable {
     /// certainly did not handle (it is handing its queues over and stopping:
     /// `Forwarder.neverHandled`) is held like one for a moving queue, until `deadline`, and
     /// sent to the next holder.
-    func execute(_ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime) -> HTTPHandlerResult? {
+    /// `claim`: the request came in a relay envelope, and its holds may be ended by it.
+    func execute(_ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime, claim: RelayedHold? = nil) -> HTTPHandlerResult? {
         let problem: Problem
         switch decision {
         case .local: return nil
@@ -101,7 +105,7 @@ package struct ClusterFront: Sendable {
             guard let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }),
                 !placement.serves(queue: queue), DispatchTime.now() < deadline
             else { return answer }
-            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) })
         case .storeRead: return reads.handle(request)
         case let .forward(url, queue):
             var again: (@Sendable (HTTPResponder, HTTPResponse) -> Void)?
@@ -110,7 +114,7 @@ package struct ClusterFront: Sendable {
                 again = { responder, failed in
                     // Bounded by the hold: past it, the holder's answer stands.
                     guard DispatchTime.now() < deadline else { return responder.respond(failed) }
-                    hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed)
+                    hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed, claim: claim)
                 }
             }
             return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
@@ -168,13 +172,18 @@ package struct ClusterFront: Sendable {
     /// decided again (its body parsed again, for body-scoped routes) only when the placement's
     /// answer for its queue changed, not at every look: a held batch of megabytes costs one
     /// parse per move, not one per 25 ms.
+    ///
+    /// `claim`: a create from a relay envelope, whose hold the envelope ends (answering it
+    /// `RelayedHold.handedBack`) once it has lasted `relayHoldSeconds`; once the hold has ended
+    /// so, the request is not run here.
     func hold(
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
-        _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil
+        _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil, claim: RelayedHold? = nil
     ) {
         // Waited for at this instance's shutdown (the hold ends well within its drain); already
         // answered (503 at shutdown): nothing more is done for it.
         guard responder.answerBeforeShutdown() else { return }
+        if let claim, !claim.holding(responder, for: relayHoldSeconds) { return }
         DispatchQueue.global().asyncAfter(deadline: .now() + holdEvery) {
             guard !responder.isAnswered else { return }
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
@@ -183,12 +192,14 @@ package struct ClusterFront: Sendable {
                 let decision = decide(request)
                 if case .noOwner = decision {
                 } else {
-                    return Self.answer(execute(decision, request, until: deadline) ?? local(request), with: responder)
+                    // Handed back to its sender a moment ago: it is sent alone, not run here.
+                    if let claim, !claim.leaving() { return }
+                    return Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
                 }
             }
             let last = moved ? nil : otherwise
             if DispatchTime.now() < deadline {
-                return hold(request, queue: queue, until: deadline, local: local, responder, seen: now, otherwise: last)
+                return hold(request, queue: queue, until: deadline, local: local, responder, seen: now, otherwise: last, claim: claim)
             }
             responder.respond(last ?? Self.noOwner(queue).response)
         }

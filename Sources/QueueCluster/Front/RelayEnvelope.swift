@@ -22,6 +22,9 @@ import MicroHTTP
 enum RelayEnvelope {
     static let path = "/v1/cluster/relay"
     static let contentType = "application/octet-stream"
+    /// On a relayed request's 503 (with `Opqd-Unstarted`): it did nothing there and goes again
+    /// alone (`RelayedHold`).
+    static let aloneHeader = "Opqd-Relay-Alone"
     static let magic = Array("OPQDRELAY1".utf8)
     /// The most requests one envelope carries (a forwarder sends at most `RelayLanes.maxBatch`).
     static let maxRequests = 256

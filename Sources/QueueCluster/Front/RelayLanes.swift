@@ -83,9 +83,15 @@ final class RelayLanes: Sendable {
     /// On the client's thread: sends what was gathered for `base`, in envelopes within the bounds.
     private func empty(_ base: String) {
         while true {
-            let (batch, more): ([Item], Bool) = lanes.withLock { lanes in
-                guard var lane = lanes[base] else { return ([], false) }
+            let (batch, alone, more): ([Item], Bool, Bool) = lanes.withLock { lanes in
+                guard var lane = lanes[base] else { return ([], false, false) }
                 defer { lanes[base] = lane }
+                // The holder refused an envelope since these were gathered: all go alone.
+                if DispatchTime.now() < lane.aloneUntil {
+                    defer { lane.gathered = [] }
+                    lane.due = false
+                    return (lane.gathered, true, false)
+                }
                 // At least one; more while the envelope stays within what the holder's
                 // `--max-body` takes (the instances of a cluster share their configuration).
                 var n = 0, bytes = RelayEnvelope.magic.count + 2
@@ -98,13 +104,12 @@ final class RelayLanes: Sendable {
                 let batch = Array(lane.gathered.prefix(n))
                 lane.gathered.removeFirst(n)
                 if lane.gathered.isEmpty { lane.due = false }
-                return (batch, !lane.gathered.isEmpty)
+                return (batch, false, !lane.gathered.isEmpty)
             }
             // One answered already (503 at this instance's shutdown) is not sent.
             let live = batch.filter { !$0.isAnswered() }
-            if live.count == 1 {
-                let item = live[0]
-                client.send(item.single) { item.finish($0) }
+            if live.count == 1 || alone {
+                sendAlone(live)
             } else if !live.isEmpty {
                 send(live, to: base)
             }
@@ -147,7 +152,14 @@ final class RelayLanes: Sendable {
                 for item in batch { item.finish(.success(bad)) }
                 return
             }
+            var again: [Item] = []
             for (item, answer) in zip(batch, answers) {
+                // Held at the holder past what an envelope waits for (its placement behind this
+                // one's): it did nothing there, and goes again alone, to be held there as alone.
+                if answer.status == 503, answer.headers.contains(where: { $0.0.lowercased() == Self.aloneHeader && $0.1 == "1" }) {
+                    again.append(item)
+                    continue
+                }
                 var one = reply
                 one.status = answer.status
                 one.headers = answer.headers
@@ -157,15 +169,34 @@ final class RelayLanes: Sendable {
                 one.truncated = answer.body.count > item.single.maxResponseBytes
                 item.finish(.success(one))
             }
+            sendAlone(again.filter { !$0.isAnswered() })
         case let .success(reply) where Self.refusedWhole(reply.status):
             // Nothing in the envelope was run: each goes alone, and the lane sends alone a while.
-            lanes.withLock { lanes in lanes[base]?.aloneUntil = .now() + Self.unsupportedSeconds }
-            for item in batch { client.send(item.single) { item.finish($0) } }
+            refused(base)
+            sendAlone(batch.filter { !$0.isAnswered() })
         case let .success(reply):
             // A 503 at the holder's shutdown (each then waits for the next holder, as alone), a
             // 5xx: each gets it, as it would have alone.
             for item in batch { item.finish(.success(reply)) }
         }
+    }
+
+    static let aloneHeader = RelayEnvelope.aloneHeader.lowercased()
+
+    /// Each of `items` in an exchange of its own.
+    private func sendAlone(_ items: [Item]) {
+        for item in items { client.send(item.single) { item.finish($0) } }
+    }
+
+    /// The holder at `base` refused an envelope: requests go to it alone for a while, those
+    /// gathered already too.
+    func refused(_ base: String) {
+        lanes.withLock { lanes in lanes[base, default: Lane()].aloneUntil = .now() + Self.unsupportedSeconds }
+    }
+
+    /// How many requests wait in the lane for `base` (tests).
+    func gathered(for base: String) -> Int {
+        lanes.withLock { $0[base]?.gathered.count ?? 0 }
     }
 
     /// About the bytes `inner` takes in an envelope (at least; a bound, not an exact count).
