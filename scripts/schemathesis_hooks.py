@@ -66,9 +66,8 @@ SCHEDULE_DOCUMENTED = re.compile(
     r'"detail":"(cron: |timezone: |endAt: must be after startAt|to: (must be after from|\[from, to\) holds)'
     r"|operation\.(spec|limits|fairnessKey|kind|queuePriority|retry|name|timeout|admission\.debounce\.maxSeconds: must be a number of seconds from seconds)"
     r"|name: must match"
-    # The template's limits, refused as a create's are (the problem names `limits[i]`, without
-    # the `operation.` in front).
-    r"|(operation\.)?limits\[[0-9]+\](\.limiter: no limiter named |: names limiter '.*' with key '.*' a second time))")
+    # The template's limits, refused as a create's are.
+    r"|operation\.limits\[[0-9]+\](\.limiter: no limiter named |: names limiter '.*' with key '.*' a second time))")
 ADMISSION_MAX_BELOW_SECONDS = re.compile(
     r'"detail":"(operations\[[0-9]+\]\.)?admission\.debounce\.maxSeconds: must be a number of seconds from seconds')
 LIMITER_NEEDS_A_BUDGET = '"detail":"concurrency: a limiter needs at least one of concurrency and rate"'

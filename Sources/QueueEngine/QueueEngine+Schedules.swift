@@ -218,7 +218,15 @@ extension QueueEngine {
         }
         guard t.dependencies.isEmpty else { throw .invalidArgument(field: "operation.dependencies", detail: "a schedule's runs take no dependencies") }
         guard t.options.notBefore == nil else { throw .invalidArgument(field: "operation.notBefore", detail: "a schedule's runs start at their own times") }
-        if !t.options.limits.isEmpty || t.options.fairnessKey != nil { try Self.validateFlow(t.options) }
+        if !t.options.limits.isEmpty || t.options.fairnessKey != nil {
+            // Named as in the schedule's body: `operation.limits[i]`, as the limiter check below.
+            do throws(EngineError) {
+                try Self.validateFlow(t.options)
+            } catch {
+                if case let .invalidArgument(field, detail) = error { throw .invalidArgument(field: "operation.\(field)", detail: detail) }
+                throw error
+            }
+        }
         if !t.options.limits.isEmpty { try ensureLimiters(t.options.limits.map(\.limiter)) }
         guard ScheduleSpec.jitterRange.contains(spec.jitter) else {
             throw .invalidArgument(field: "jitter", detail: "must be seconds from 0 to \(Int(ScheduleSpec.jitterRange.upperBound))")

@@ -72,6 +72,15 @@ struct ScheduleEndpointTests {
                 (#"{"name":"a","every":5,"jitter":7200,\#(op)}"#, "jitter", 422),
                 (#"{"name":"a b","every":5,\#(op)}"#, "name", 422),
                 (#"{"name":"a","every":5,"startAt":"2027-01-02T00:00:00Z","endAt":"2027-01-01T00:00:00Z",\#(op)}"#, "endAt", 422),
+                // The template's limits are named where they are in the body.
+                (
+                    #"{"name":"a","every":5,"operation":{"kind":"delay","spec":{"seconds":1},"limits":[{"limiter":"L"},{"limiter":"L","key":""}]}}"#,
+                    "operation.limits[1]", 422
+                ),
+                (
+                    #"{"name":"a","every":5,"operation":{"kind":"delay","spec":{"seconds":1},"limits":[{"limiter":"nope"}]}}"#, "operation.limits[0].limiter",
+                    422
+                ),
             ] {
                 expectProblem(try await server.request("POST", "/v1/queues/q/schedules", json: body), status, mentioning: [field])
             }
