@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import Locking
 import MicroHTTP
 import QueueEngine
@@ -20,6 +21,16 @@ final class MovingPlacement: FrontTestPlacement, @unchecked Sendable {
     func set(served: Set<String> = [], holders: [String: PlacementHolder] = [:]) { lock.withLock { $0 = (served, holders) } }
     func serves(queue name: String) -> Bool { lock.withLock { $0.served.contains(name) } }
     func holder(ofQueue name: String) -> PlacementHolder? { lock.withLock { $0.holders[name] } }
+
+    let gate = ServingGate()
+    func whileServing<T>(_ body: () throws -> T) rethrows -> T { try gate.pass(body) }
+
+    /// As a partition holder gives a queue up: out of `served`, then the requests decided
+    /// "served here" before are waited for (`PartitionOwner.release`).
+    func giveUp(_ queue: String) {
+        lock.withLock { _ = $0.served.remove(queue) }
+        gate.drain(within: 2)
+    }
 }
 
 /// A request for a queue in the middle of its handover waits for the new holder (API.md "Many
@@ -268,6 +279,81 @@ struct ClusterFrontHoldTests {
         #expect(response?.status == 503)
         #expect(text.contains("owner-unavailable"), "\(text)")
         #expect(waited >= 0.25 && waited < 3, "held \(waited) s for a bound of 0.3 s")
+    }
+
+    @Test(
+        "a queue given up while a request decided 'served here' is in its handler: the engine lets it go only after that handler, and a request decided after is not served here"
+    )
+    func givenUpAfterTheHandler() async throws {
+        try await onThread {
+            let placement = MovingPlacement()
+            placement.set(served: ["slow"])
+            // True once the engine let the queue go: the handler then finds no queue.
+            let released = Lock(false)
+            let entered = DispatchSemaphore(value: 0)
+            let calls = Lock(0)
+            let front = Self.front(placement, hold: 3) { _ in
+                calls.withLock { $0 += 1 }
+                entered.signal()
+                Thread.sleep(forTimeInterval: 0.2)
+                return .response(released.value ? Problem.notFound("no queue named 'slow'").response : HTTPResponse(status: 201, headers: [], body: []))
+            }
+            let request = ClusterFrontTests.request("POST /v1/queues/slow/operations", #"{"kind":"immediate"}"#)
+            let first = Lock<HTTPResponse?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                let answer = Self.answer(front.route(request), within: 3)
+                first.withLock { $0 = answer }
+                done.signal()
+            }
+            entered.wait()
+            let t0 = monotonicSeconds()
+            placement.giveUp("slow")
+            let waited = monotonicSeconds() - t0
+            released.withLock { $0 = true }
+            #expect(waited >= 0.1, "the queue was let go of after \(waited) s, under the handler")
+            // Decided now: nobody holds the queue, so it is held, not run here.
+            let second = front.route(request)
+            #expect(second != nil)
+            done.wait()
+            #expect(first.value?.status == 201)
+            Thread.sleep(forTimeInterval: 0.1)
+            #expect(calls.value == 1)
+        }
+    }
+
+    @Test("a gate's drain waits for those inside before it, not for those after, and no longer than its bound")
+    func gate() async throws {
+        try await onThread {
+            let gate = ServingGate()
+            #expect(gate.drain(within: 1), "nobody inside")
+            let inside = DispatchSemaphore(value: 0)
+            let leave = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                gate.pass {
+                    inside.signal()
+                    leave.wait()
+                }
+            }
+            inside.wait()
+            let t0 = monotonicSeconds()
+            #expect(!gate.drain(within: 0.1), "one inside past the bound")
+            #expect(monotonicSeconds() - t0 >= 0.09)
+            // One that enters after a drain began is not waited for by it.
+            let later = DispatchSemaphore(value: 0)
+            let draining = Lock(false)
+            Thread.detachNewThread {
+                let drained = gate.drain(within: 5)
+                draining.withLock { $0 = drained }
+                later.signal()
+            }
+            Thread.sleep(forTimeInterval: 0.05)
+            gate.pass {
+                leave.signal()
+                #expect(later.wait(timeout: .now() + 5) == .success, "the drain ended while a later one was inside")
+            }
+            #expect(draining.value)
+        }
     }
 
     @Test("without a dispatcher to hand over to, the front refuses at once, as before")

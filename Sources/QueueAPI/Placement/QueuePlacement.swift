@@ -16,6 +16,10 @@ package protocol QueuePlacement: Sendable {
     /// Where requests for the queue `name` go when this instance does not serve it, as last
     /// known; nil while nobody holds it (it is moving: 503 `no-owner`, retry shortly).
     func holder(ofQueue name: String) -> PlacementHolder?
+    /// Runs `body`: a request's decision "served here" up to its handler's hand-over of its
+    /// change to the engine. A placement that gives queues up lets its engine go of them only
+    /// once the requests inside have left (`ServingGate`).
+    func whileServing<T>(_ body: () throws -> T) rethrows -> T
 
     /// True when this instance serves every queue of the store: then an observer of a queue it
     /// does not have is an orphan, and its clean stop is the store's to record. False for a
@@ -54,6 +58,9 @@ package protocol QueuePlacement: Sendable {
 }
 
 extension QueuePlacement {
+    /// Nothing is given up while requests run: nothing to wait for.
+    package func whileServing<T>(_ body: () throws -> T) rethrows -> T { try body() }
+
     /// Nothing to hand over: an instance alone, or the one owner, whose followers take over
     /// when its lease is given up at `stop`.
     package func handOver(within seconds: Double) -> Bool { false }

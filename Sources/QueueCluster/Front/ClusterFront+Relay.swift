@@ -39,7 +39,7 @@ extension ClusterFront {
                     guard let all else { return }
                     responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(all)))
                 }
-                Self.deliver(relayed(one, local: local), to: take)
+                Self.deliver(placement.whileServing { relayed(one, local: local) }, to: take)
             }
         }
     }

@@ -73,21 +73,24 @@ package struct ClusterFront: Sendable {
 
     /// nil: answer here.
     package func route(_ request: HTTPRequest) -> HTTPHandlerResult? {
-        // A phase of a batch across instances that this instance holds a part of.
-        if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
-            return .routed("batch-part", batches.participate(phase, request))
-        }
         if request.path == RelayEnvelope.path, request.method == "POST", local != nil {
             return .routed("POST /v1/cluster/relay", relay(request))
         }
-        let decision = decide(request)
-        let deadline = DispatchTime.now() + holdSeconds
-        if case let .noOwner(queue) = decision, let local {
-            // A handover: the queue has no holder this instance can reach yet. The request waits
-            // (its connection suspended, no thread held) for the new holder, bounded.
-            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
+        // From the decision to the engine, a queue served here stays in the engine (`whileServing`).
+        return placement.whileServing {
+            // A phase of a batch across instances that this instance holds a part of.
+            if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
+                return .routed("batch-part", batches.participate(phase, request))
+            }
+            let decision = decide(request)
+            let deadline = DispatchTime.now() + holdSeconds
+            if case let .noOwner(queue) = decision, let local {
+                // A handover: the queue has no holder this instance can reach yet. The request waits
+                // (its connection suspended, no thread held) for the new holder, bounded.
+                return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
+            }
+            return execute(decision, request, until: deadline)
         }
-        return execute(decision, request, until: deadline)
     }
 
     /// What `decision` answers; nil: the dispatcher answers. A forwarded request that its holder
@@ -189,13 +192,15 @@ package struct ClusterFront: Sendable {
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
             let moved = now != (seen ?? Where(served: false, holder: nil))
             if moved {
-                let decision = decide(request)
-                if case .noOwner = decision {
-                } else {
+                let ran = placement.whileServing { () -> Bool in
+                    let decision = decide(request)
+                    if case .noOwner = decision { return false }
                     // Handed back to its sender a moment ago: it is sent alone, not run here.
-                    if let claim, !claim.leaving() { return }
-                    return Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
+                    if let claim, !claim.leaving() { return true }
+                    Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
+                    return true
                 }
+                if ran { return }
             }
             let last = moved ? nil : otherwise
             if DispatchTime.now() < deadline {
