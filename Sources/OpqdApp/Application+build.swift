@@ -193,6 +193,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     var routing = composition.front?(router, engine, access)
     // A request held through a handover may turn out to be this instance's to answer.
     routing?.local = { request in dispatcher.handle(request) }
+    routing?.answered = { route, status, duration in metrics.answered(route: route, status: status, duration: duration) }
     let front = routing
     let server = HTTPServer(
         configuration: HTTPServerConfiguration(

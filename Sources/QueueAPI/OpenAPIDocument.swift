@@ -444,8 +444,10 @@ paths:
         CLUSTER.md) of at most 256 forwarded requests, each run as if it had come alone, each
         with its own token check, and one reply with their answers in the same order once every
         one is in. Each is decided as if it had come alone: a create for a queue that is moving
-        right now is held there (bounded) and answered by the queue's next holder, one whose
-        queue another instance holds is sent on once more. Only forwarded creates are run from
+        right now is held there (for at most 0.25 s, then answered 503 with `Opqd-Unstarted`
+        and `Opqd-Relay-Alone`, having done nothing, for its sender to send alone), one whose
+        queue another instance holds is sent on once more. Each is counted in `/metrics` under
+        its own route. Only forwarded creates are run from
         an envelope (anything else in it is answered 400). Clients do not call it. Needs the
         full token. A malformed envelope is refused whole with 400 before any
         request in it runs; an instance that is not part of a partitioned cluster answers 409

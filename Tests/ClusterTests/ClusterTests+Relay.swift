@@ -71,6 +71,15 @@ extension ClusterTests {
         }
         .compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
         if envelopes < 1 { found.append("opqd #\(b.index) answered no relay envelope (\(ids.count) creates forwarded by opqd #\(a.index))") }
+        // Each create in them is counted at the holder under its own route, as if alone.
+        let creates = metrics.split(separator: "\n").filter {
+            $0.hasPrefix("opqd_http_requests_total{") && $0.contains(#"route="/v1/queues/{name}/operations""#) && $0.contains(#"method="POST""#)
+                && $0.contains(#"code="201""#)
+        }
+        .compactMap { $0.split(separator: " ").last.flatMap { Double($0) } }.reduce(0, +)
+        if creates < Double(clients * each) {
+            found.append("opqd #\(b.index) counts \(Int(creates)) creates answered 201 under their route; it made \(clients * each)")
+        }
         print("ClusterTests.relayedTogether: \(ids.count) creates through opqd #\(a.index) for a queue of opqd #\(b.index), \(Int(envelopes)) envelopes")
         cluster.record(found, "relayed creates")
     }

@@ -24,12 +24,15 @@ extension ClusterFront {
                     "the body is not a relay envelope (\(RelayEnvelope.contentType), at most \(RelayEnvelope.maxRequests) requests) that this version reads"
                 ).response)
         }
+        let (answered, start) = (self.answered, ContinuousClock.now)
         return .deferred { responder in
             // Every answer in it may be a commit made: waited for at shutdown.
             guard responder.answerBeforeShutdown() else { return }
             let gathered = Lock<(answers: [HTTPResponse?], left: Int)>((Array(repeating: nil, count: inner.count), inner.count))
             for (i, one) in inner.enumerated() {
-                let take: @Sendable (HTTPResponse) -> Void = { answer in
+                let take: @Sendable (String?, HTTPResponse) -> Void = { route, answer in
+                    // Counted under its own route too, as if it had come alone.
+                    answered?(route ?? Router.unmatched, answer.status, ContinuousClock.now - start)
                     let all: [HTTPResponse]? = gathered.withLock { g in
                         guard g.answers[i] == nil else { return nil }
                         g.answers[i] = answer
@@ -50,7 +53,9 @@ extension ClusterFront {
         // is run from an envelope: no list built 256 times over, no long poll or claim held by
         // a responder of no connection.
         guard Forwarder.wasForwarded(request), Forwarder.isCreate(request) else {
-            return .response(Problem.badRequest("a relayed request must be a forwarded POST /v1/queues/{name}/operations without a query").response)
+            return .routed(
+                Router.unmatched,
+                .response(Problem.badRequest("a relayed request must be a forwarded POST /v1/queues/{name}/operations without a query").response))
         }
         // Decided as if it had come alone: answered here, held here while its queue moves (this
         // instance's placement may be a moment behind the sender's), or sent on once more.
@@ -61,12 +66,12 @@ extension ClusterFront {
         case .served, .forward:
             return execute(decision, request, until: deadline, claim: claim) ?? local(request)
         case let .noOwner(queue):
-            return .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) }
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) })
         case let .refused(problem):
-            return .response(problem.response)
+            return .routed(Router.unmatched, .response(problem.response))
         default:
             // Not for a create; answered as a request that did nothing here.
-            return .response(Self.unstarted)
+            return .routed(Router.unmatched, .response(Self.unstarted))
         }
     }
 
@@ -77,14 +82,15 @@ extension ClusterFront {
         return problem.response
     }
 
-    /// Hands `result`'s answer to `take` once it is given.
-    static func deliver(_ result: HTTPHandlerResult, to take: @escaping @Sendable (HTTPResponse) -> Void) {
+    /// Hands `result`'s answer to `take` once it is given, with the route it was answered by
+    /// (the innermost named; nil: none).
+    static func deliver(_ result: HTTPHandlerResult, route: String? = nil, to take: @escaping @Sendable (String?, HTTPResponse) -> Void) {
         switch result {
-        case let .response(r): take(r)
-        case let .routed(_, inner): deliver(inner, to: take)
-        case let .deferred(body): body(HTTPResponder.detached(onAnswer: take))
+        case let .response(r): take(route, r)
+        case let .routed(name, inner): deliver(inner, route: name, to: take)
+        case let .deferred(body): body(HTTPResponder.detached { take(route, $0) })
         case .stream:
-            take(Problem.badRequest("a stream cannot be relayed").response)
+            take(route, Problem.badRequest("a stream cannot be relayed").response)
         }
     }
 

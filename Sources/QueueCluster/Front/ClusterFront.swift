@@ -33,6 +33,9 @@ package struct ClusterFront: Sendable {
     /// Batches over queues of several instances, decided here or asked of this instance as an
     /// owner (`BatchAcross`); nil: refused with 409 `spans-instances`.
     package var batches: BatchAcross? = nil
+    /// Counts an answer under its route (`Metrics.answered`): the creates of a relay envelope,
+    /// each as if it had come alone (the server counts the envelope).
+    package var answered: (@Sendable (String, Int, Duration) -> Void)? = nil
     /// How long a request for a queue nobody serves right now (its partition moving) is held,
     /// looked at again every `holdEvery` seconds, before it is refused with 503 `no-owner`.
     var holdSeconds = 5.0
