@@ -83,4 +83,86 @@ extension ClusterTests {
         print("ClusterTests.relayedTogether: \(ids.count) creates through opqd #\(a.index) for a queue of opqd #\(b.index), \(Int(envelopes)) envelopes")
         cluster.record(found, "relayed creates")
     }
+    @Test("finishes, one by one and several per request, sent at once through an instance that does not hold their queue: each finishes its operation once")
+    func forwardedFinishes() async throws {
+        try await TestCluster(name: "fwdfin").run(Self.forwardedFinishes)
+    }
+
+    static func forwardedFinishes(_ cluster: TestCluster) throws {
+        guard cluster.awaitSpread() else {
+            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
+            return
+        }
+        guard let (qa, qb, _) = queuesOfTwoOwners(cluster, prefix: "fin"), let a = cluster.awaitHolder(of: qa), let b = cluster.awaitHolder(of: qb) else {
+            cluster.record(["no two queue names with different holders among 40"], "relay")
+            return
+        }
+        let count = 240
+        try cluster.createQueue(qb, maxConcurrent: count, via: b)
+        var found: [String] = []
+        for start in stride(from: 0, to: count, by: 100) {
+            let n = min(100, count - start)
+            let ops = (0..<n).map { _ in #"{"queue":"\#(qb)","kind":"external","spec":{"lease":60}}"# }.joined(separator: ",")
+            let made = try b.request("POST", "/v1/operations:batch", json: #"{"operations":[\#(ops)]}"#)
+            if made.status != 201 { found.append("batch of \(n) externals: \(made.status) \(made.text.prefix(200))") }
+        }
+        // Claimed at the holder: (id, token) each.
+        var leases: [(id: String, token: String)] = []
+        let deadline = Date().addingTimeInterval(20)
+        while leases.count < count, Date() < deadline {
+            let claim = try b.request("POST", "/v1/queues/\(qb)/claim?max=100&wait=1", json: #"{"worker":"w"}"#)
+            guard claim.status == 200 else { continue }
+            for c in claim.objects("claims") {
+                if let id = (c["operation"] as? [String: Any])?["id"] as? String, let token = (c["lease"] as? [String: Any])?["token"] as? String {
+                    leases.append((id, token))
+                }
+            }
+        }
+        guard leases.count == count else {
+            cluster.record(found + ["claimed \(leases.count) of \(count) operations of \(qb) within 20 s"], "claims")
+            return
+        }
+        // 24 clients through a: each finishes its share one by one, the last ones of each
+        // share in one POST /v1/operations:finish.
+        let clients = 24
+        let claimed = leases
+        let problems = Lock<[String]>([])
+        let done = DispatchGroup()
+        for c in 0..<clients {
+            done.enter()
+            Thread.detachNewThread {
+                defer { done.leave() }
+                let mine = stride(from: c, to: count, by: clients).map { claimed[$0] }
+                do {
+                    for l in mine.dropLast(3) {
+                        let r = try a.request("POST", "/v1/operations/\(l.id)/finish", json: #"{"leaseToken":"\#(l.token)","result":{"n":1}}"#)
+                        if r.status != 200 || r.string("state") != "finished" {
+                            problems.withLock { $0.append("finish \(l.id): \(r.status) \(r.text.prefix(200))") }
+                        }
+                    }
+                    let bulk = mine.suffix(3).map { #"{"id":"\#($0.id)","leaseToken":"\#($0.token)","result":{"n":2}}"# }.joined(separator: ",")
+                    let r = try a.request("POST", "/v1/operations:finish", json: #"{"finishes":[\#(bulk)]}"#)
+                    let statuses = r.objects("finishes").compactMap { $0["status"] as? Int }
+                    if r.status != 200 || statuses != [200, 200, 200] { problems.withLock { $0.append("bulk finish: \(r.status) \(r.text.prefix(300))") } }
+                } catch {
+                    problems.withLock { $0.append("client \(c): \(error)") }
+                }
+            }
+        }
+        done.wait()
+        found += problems.value
+        // Each finished once, with its own result; a finish again is refused.
+        for (i, l) in leases.enumerated() where i % 20 == 0 {
+            let op = try b.request("GET", "/v1/operations/\(l.id)")
+            if op.string("state") != "finished" || op.string("outcome") != "succeeded" {
+                found.append("\(l.id): \(op.string("state") ?? "?") \(op.string("outcome") ?? "?")")
+            }
+            let again = try a.request("POST", "/v1/operations/\(l.id)/finish", json: #"{"leaseToken":"\#(l.token)","result":{}}"#)
+            if again.status != 409 { found.append("\(l.id) finished again: \(again.status)") }
+        }
+        let queue = try b.request("GET", "/v1/queues/\(qb)")
+        if let n = queue.object["operationCount"] as? Int, n != 0 { found.append("\(qb) still has \(n) unfinished operations") }
+        print("ClusterTests.forwardedFinishes: \(count) finishes through opqd #\(a.index) for a queue of opqd #\(b.index)")
+        cluster.record(found, "forwarded finishes")
+    }
 }
