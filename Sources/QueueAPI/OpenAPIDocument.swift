@@ -445,8 +445,10 @@ paths:
         with its own token check, and one reply with their answers in the same order once every
         one is in. Each is decided as if it had come alone: a create for a queue that is moving
         right now is held there (for at most 0.25 s, then answered 503 with `Opqd-Unstarted`
-        and `Opqd-Relay-Alone`, having done nothing, for its sender to send alone), one whose
-        queue another instance holds is sent on once more. Each is counted in `/metrics` under
+        and `Opqd-Relay-Alone`, having done nothing, for its sender to send alone), and one
+        whose queue another instance holds is answered so at once (to a sender that says with
+        `opqd-relay-hands-back: 1` that it sends such creates alone; without it, they are held
+        longer and sent on, as alone). Each is counted in `/metrics` under
         its own route. Only forwarded creates are run from
         an envelope (anything else in it is answered 400). Clients do not call it. Needs the
         full token. A malformed envelope is refused whole with 400 before any

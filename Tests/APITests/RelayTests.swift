@@ -267,7 +267,7 @@ struct RelayTests {
     }
 
     @Test(
-        "a relayed create held longer than an envelope waits is handed back unstarted and never run here; its mates, one sent on to another holder, are answered at once"
+        "a relayed create held longer than an envelope waits is handed back unstarted and never run here; one whose queue another instance holds is handed back at once; their mates are answered"
     )
     func heldTooLongIsHandedBack() async throws {
         try await onThread {
@@ -280,19 +280,111 @@ struct RelayTests {
             front.relayHoldSeconds = 0.1
             let envelope = RelayEnvelope.encode([Self.inner("here"), Self.inner("moving"), Self.inner("away")])
             let t0 = monotonicSeconds()
-            let reply = try #require(
-                ClusterFrontHoldTests.answer(front.route(HTTPRequest(method: "POST", path: RelayEnvelope.path, body: envelope)), within: 3))
+            let request = HTTPRequest(method: "POST", path: RelayEnvelope.path, headers: [RelayEnvelope.handBackHeader: "1"], body: envelope)
+            let reply = try #require(ClusterFrontHoldTests.answer(front.route(request), within: 3))
             let took = monotonicSeconds() - t0
             let answers = try #require(RelayEnvelope.decodeResponses(reply.body, expected: 3))
-            #expect(answers.map(\.status) == [201, 503, 201])
-            #expect(answers[1].headers.contains { $0.0 == RelayEnvelope.aloneHeader && $0.1 == "1" })
-            #expect(answers[1].headers.contains { $0.0 == Problem.unstartedHeader && $0.1 == "1" })
-            #expect(answers[2].body == Array("away".utf8) && other.alone.value == 1, "sent on to its holder")
+            #expect(answers.map(\.status) == [201, 503, 503])
+            for i in [1, 2] {
+                #expect(answers[i].headers.contains { $0.0 == RelayEnvelope.aloneHeader && $0.1 == "1" })
+                #expect(answers[i].headers.contains { $0.0 == Problem.unstartedHeader && $0.1 == "1" })
+            }
+            #expect(other.alone.value == 0, "not sent on from inside the envelope")
             #expect(took >= 0.09 && took < 1, "answered once the hold was ended, not at its end (\(took) s)")
             // The queue is served here after the envelope was answered: the ended hold runs nothing.
             placement.set(served: ["here", "moving"])
             Thread.sleep(forTimeInterval: 0.2)
             #expect(made.value == ["/v1/queues/here/operations": 1])
+        }
+    }
+
+    @Test("a relayed create held while its queue moves, whose placement then names another holder, is handed back then, not sent on")
+    func heldThenElsewhereIsHandedBack() async throws {
+        try await onThread {
+            let other = try Holder()
+            defer { other.server.shutdown(timeout: .seconds(2)) }
+            let placement = MovingPlacement()
+            placement.set(served: ["here"])
+            let made = Lock<[String: Int]>([:])
+            var front = Self.countingFront(placement, made: made)
+            front.relayHoldSeconds = 2
+            DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) {
+                placement.set(served: ["here"], holders: ["moving": PlacementHolder(instance: "c", url: "http://127.0.0.1:\(other.server.port)")])
+            }
+            let request = HTTPRequest(
+                method: "POST", path: RelayEnvelope.path, headers: [RelayEnvelope.handBackHeader: "1"],
+                body: RelayEnvelope.encode([Self.inner("here"), Self.inner("moving")]))
+            let t0 = monotonicSeconds()
+            let reply = try #require(ClusterFrontHoldTests.answer(front.route(request), within: 3))
+            let took = monotonicSeconds() - t0
+            let answers = try #require(RelayEnvelope.decodeResponses(reply.body, expected: 2))
+            #expect(answers.map(\.status) == [201, 503])
+            #expect(answers[1].headers.contains { $0.0 == RelayEnvelope.aloneHeader })
+            #expect(took >= 0.08 && took < 1.5, "handed back when its holder was known (\(took) s), not at the 2 s bound")
+            #expect(other.alone.value == 0)
+        }
+    }
+
+    @Test("an envelope from a sender that does not send handed-back creates alone (an older version): they are held and sent on at the holder, as before")
+    func olderSenderIsServedAsBefore() async throws {
+        try await onThread {
+            let other = try Holder()
+            defer { other.server.shutdown(timeout: .seconds(2)) }
+            let placement = MovingPlacement()
+            placement.set(served: ["here"], holders: ["away": PlacementHolder(instance: "c", url: "http://127.0.0.1:\(other.server.port)")])
+            let made = Lock<[String: Int]>([:])
+            var front = Self.countingFront(placement, made: made)
+            front.relayHoldSeconds = 0.05
+            DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) {
+                placement.set(served: ["here", "moving"], holders: ["away": PlacementHolder(instance: "c", url: "http://127.0.0.1:\(other.server.port)")])
+            }
+            let envelope = RelayEnvelope.encode([Self.inner("here"), Self.inner("moving"), Self.inner("away")])
+            let reply = try #require(
+                ClusterFrontHoldTests.answer(front.route(HTTPRequest(method: "POST", path: RelayEnvelope.path, body: envelope)), within: 3))
+            let answers = try #require(RelayEnvelope.decodeResponses(reply.body, expected: 3))
+            #expect(answers.map(\.status) == [201, 201, 201])
+            #expect(answers[2].body == Array("away".utf8) && other.alone.value == 1, "sent on to its holder")
+            #expect(made.value == ["/v1/queues/here/operations": 1, "/v1/queues/moving/operations": 1])
+        }
+    }
+
+    @Test("a relayed hold: ended once, never after it left to run; the bound counts from the first hold; ending and leaving exclude each other")
+    func relayedHoldAlone() async throws {
+        try await onThread {
+            // Held, then left to run before the bound: never ended.
+            let answers = Lock<[HTTPResponse]>([])
+            var responder = HTTPResponder.detached { r in answers.withLock { $0.append(r) } }
+            var hold = RelayedHold()
+            #expect(hold.holding(responder, for: 0.05))
+            #expect(hold.leaving())
+            Thread.sleep(forTimeInterval: 0.1)
+            #expect(answers.value.isEmpty)
+            // Held again after leaving: the bound counts from the first hold, so it ends at once.
+            #expect(!hold.holding(responder, for: 0.05))
+            #expect(answers.value.map(\.status) == [503])
+            #expect(!hold.leaving(), "ended: not run")
+
+            // Held past the bound: ended, and not run after.
+            let taken = Lock<[HTTPResponse]>([])
+            responder = HTTPResponder.detached { r in taken.withLock { $0.append(r) } }
+            hold = RelayedHold()
+            #expect(hold.holding(responder, for: 0.05))
+            #expect(hold.holding(responder, for: 0.05), "goes on")
+            #expect(waitUntil(timeout: 2) { !taken.value.isEmpty })
+            #expect(!hold.leaving())
+            #expect(taken.value.count == 1 && taken.value[0].headers.contains { $0.0 == RelayEnvelope.aloneHeader })
+
+            // Leaving races the bound: exactly one of "ran" and "handed back", every time.
+            for _ in 0..<300 {
+                let given = Lock(0)
+                let r = HTTPResponder.detached { _ in given.withLock { $0 += 1 } }
+                let h = RelayedHold()
+                _ = h.holding(r, for: 0.0005)
+                usleep(UInt32.random(in: 0...1000))
+                let ran = h.leaving()
+                usleep(2000)
+                #expect(ran != (given.value == 1), "ran \(ran), handed back \(given.value)")
+            }
         }
     }
 
@@ -316,7 +408,8 @@ struct RelayTests {
                 defer { sent.leave() }
                 let connection = try? RawConnection(port: port, timeout: 10)
                 let body = RelayEnvelope.encode([Self.inner("here"), Self.inner("moving")])
-                let answer = try? connection?.request("POST", RelayEnvelope.path, headers: [("Content-Type", RelayEnvelope.contentType)], body: body)
+                let answer = try? connection?.request(
+                    "POST", RelayEnvelope.path, headers: [("Content-Type", RelayEnvelope.contentType), (RelayEnvelope.handBackHeader, "1")], body: body)
                 reply.withLock { $0 = answer }
             }
             #expect(waitUntil(timeout: 5) { made.value.values.reduce(0, +) == 1 })

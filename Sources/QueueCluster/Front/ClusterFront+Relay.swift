@@ -25,6 +25,9 @@ extension ClusterFront {
                 ).response)
         }
         let (answered, start) = (self.answered, ContinuousClock.now)
+        // A sender that sends alone what is handed back (`RelayedHold`) says so; one of an
+        // older version gets its creates held or sent on here, as before.
+        let handsBack = request.header(RelayEnvelope.handBackHeader) == "1"
         return .deferred { responder in
             // Every answer in it may be a commit made: waited for at shutdown.
             guard responder.answerBeforeShutdown() else { return }
@@ -42,13 +45,13 @@ extension ClusterFront {
                     guard let all else { return }
                     responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(all)))
                 }
-                Self.deliver(placement.whileServing { relayed(one, local: local) }, to: take)
+                Self.deliver(placement.whileServing { relayed(one, handsBack: handsBack, local: local) }, to: take)
             }
         }
     }
 
     /// One relayed request's result here.
-    private func relayed(_ request: HTTPRequest, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult) -> HTTPHandlerResult {
+    private func relayed(_ request: HTTPRequest, handsBack: Bool, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult) -> HTTPHandlerResult {
         // Only what a forwarder sends (`Forwarder.relayable`): a forwarded create. Nothing else
         // is run from an envelope: no list built 256 times over, no long poll or claim held by
         // a responder of no connection.
@@ -57,12 +60,17 @@ extension ClusterFront {
                 Router.unmatched,
                 .response(Problem.badRequest("a relayed request must be a forwarded POST /v1/queues/{name}/operations without a query").response))
         }
-        // Decided as if it had come alone: answered here, held here while its queue moves (this
-        // instance's placement may be a moment behind the sender's), or sent on once more.
+        // Decided as if it had come alone: answered here, or held here while its queue moves
+        // (this instance's placement may be a moment behind the sender's), but for
+        // `relayHoldSeconds` at most. One whose queue another instance holds now is handed back
+        // at once and goes to it alone: sent on from here, its envelope mates' answers would
+        // wait for that exchange, and for that instance's own hold.
         let decision = decide(request)
         let deadline = DispatchTime.now() + holdSeconds
-        let claim = RelayedHold()
+        let claim = handsBack ? RelayedHold() : nil
         switch decision {
+        case .forward where handsBack:
+            return .routed("forwarded", .response(RelayedHold.handedBack))
         case .served, .forward:
             return execute(decision, request, until: deadline, claim: claim) ?? local(request)
         case let .noOwner(queue):
@@ -104,9 +112,11 @@ extension ClusterFront {
 /// The hold of a create that came in a relay envelope (`ClusterFront.hold`): the envelope's
 /// reply waits for every create in it, so one held for a moving queue would delay its mates'
 /// committed answers by up to the whole hold, and at this instance's shutdown past its drain,
-/// turn them all into 503s that may or may not have happened. So a hold that has lasted
-/// `relayHoldSeconds` is ended here: the create is answered `handedBack` (it did nothing), and
-/// its sender sends it alone, where it is held as long as any request.
+/// turn them all into 503s that may or may not have happened. So its holds end
+/// `relayHoldSeconds` after the first began (however often it is held again): the create is
+/// answered `handedBack` (it did nothing), and its sender sends it alone, where it is held as
+/// long as any request. One that would be sent on to another instance is handed back at once
+/// (`handBack`).
 ///
 /// Ending it and running it exclude each other: a hold that has begun to run its request
 /// (`leaving`) is not ended, and one that was ended does not run.
@@ -114,28 +124,40 @@ final class RelayedHold: Sendable {
     private struct State {
         var held = false
         var ended = false
-        /// Counts holds begun, so that a timer set for an earlier one ends no later one early.
+        /// Counts holds begun, so that a timer set for an earlier one ends no later one.
         var holds = 0
+        /// When the holds end, set as the first begins.
+        var endAt: DispatchTime?
     }
 
     private let state = Lock(State())
 
-    /// The hold begins or goes on; false when it was ended. A hold that begins ends after
-    /// `seconds` unless it has left by then.
+    /// The hold begins or goes on; false when it was ended (then `responder` has its answer).
+    /// A hold that begins ends `seconds` after the first one began, unless it has left by then.
     func holding(_ responder: HTTPResponder, for seconds: Double) -> Bool {
-        enum Step { case ended, goesOn, begins(Int) }
+        enum Step { case ended, goesOn, endsNow, begins(Int, DispatchTime) }
         let step: Step = state.withLock { s in
             if s.ended { return .ended }
             if s.held { return .goesOn }
+            let now = DispatchTime.now()
+            let endAt = s.endAt ?? now + max(0, seconds)
+            s.endAt = endAt
+            if now >= endAt {
+                s.ended = true
+                return .endsNow
+            }
             s.held = true
             s.holds += 1
-            return .begins(s.holds)
+            return .begins(s.holds, endAt)
         }
         switch step {
         case .ended: return false
         case .goesOn: return true
-        case let .begins(hold):
-            DispatchQueue.global().asyncAfter(deadline: .now() + max(0, seconds)) {
+        case .endsNow:
+            responder.respond(Self.handedBack)
+            return false
+        case let .begins(hold, endAt):
+            DispatchQueue.global().asyncAfter(deadline: endAt) {
                 let ends = self.state.withLock { s in
                     guard s.held, !s.ended, s.holds == hold else { return false }
                     s.ended = true
@@ -156,9 +178,21 @@ final class RelayedHold: Sendable {
         }
     }
 
+    /// Ends it now, instead of sending its request on to another instance; false when it was
+    /// ended already.
+    func handBack(_ responder: HTTPResponder) -> Bool {
+        let ends = state.withLock { s in
+            guard !s.ended else { return false }
+            s.ended = true
+            return true
+        }
+        if ends { responder.respond(Self.handedBack) }
+        return ends
+    }
+
     /// 503 `no-owner`, nothing done (`Opqd-Unstarted`), and `Opqd-Relay-Alone`: send it alone.
     static var handedBack: HTTPResponse {
-        var problem = Problem.noOwner("this instance does not serve the request's queue yet; send the request alone")
+        var problem = Problem.noOwner("this instance does not serve the request's queue; send the request alone")
         problem.headers.append((Problem.unstartedHeader, "1"))
         problem.headers.append((RelayEnvelope.aloneHeader, "1"))
         return problem.response

@@ -198,8 +198,16 @@ package struct ClusterFront: Sendable {
                 let ran = placement.whileServing { () -> Bool in
                     let decision = decide(request)
                     if case .noOwner = decision { return false }
-                    // Handed back to its sender a moment ago: it is sent alone, not run here.
-                    if let claim, !claim.leaving() { return true }
+                    if let claim {
+                        // From an envelope: not sent on from here (its mates would wait for
+                        // that exchange); handed back, it goes to its holder alone.
+                        if case .forward = decision {
+                            _ = claim.handBack(responder)
+                            return true
+                        }
+                        // Handed back to its sender a moment ago: it is sent alone, not run here.
+                        if !claim.leaving() { return true }
+                    }
                     Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
                     return true
                 }

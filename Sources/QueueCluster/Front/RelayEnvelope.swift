@@ -25,6 +25,9 @@ enum RelayEnvelope {
     /// On a relayed request's 503 (with `Opqd-Unstarted`): it did nothing there and goes again
     /// alone (`RelayedHold`).
     static let aloneHeader = "Opqd-Relay-Alone"
+    /// On an envelope: its sender sends alone what is answered with `aloneHeader` (a sender of
+    /// an older version does not, and its creates are held or sent on at the holder instead).
+    static let handBackHeader = "opqd-relay-hands-back"
     static let magic = Array("OPQDRELAY1".utf8)
     /// The most requests one envelope carries (a forwarder sends at most `RelayLanes.maxBatch`).
     static let maxRequests = 256

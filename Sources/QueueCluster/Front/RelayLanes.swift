@@ -120,7 +120,7 @@ final class RelayLanes: Sendable {
     private func send(_ batch: [Item], to base: String) {
         var url = base
         while url.hasSuffix("/") { url.removeLast() }
-        var headers: [(String, String)] = [("Content-Type", RelayEnvelope.contentType)]
+        var headers: [(String, String)] = [("Content-Type", RelayEnvelope.contentType), (RelayEnvelope.handBackHeader, "1")]
         // The envelope's route needs the full token when the API has one: every create in it
         // carries it (the forwarder refuses one without before it is relayed).
         if let auth = batch.lazy.compactMap({ $0.inner.headers.first { $0.0.lowercased() == "authorization" } }).first {
