@@ -174,7 +174,10 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
         newestSeq: { events.lastSeq }, serves: servesQueue)
     placement.onChange { change in
         switch change {
-        case let .released(queue): webhooks.forget(queues: queue)
+        case let .released(queue):
+            webhooks.forget(queues: queue)
+            // Claims waiting here for a queue that left are answered now: claimed again where it is.
+            external.dropWaiters(where: queue)
         case let .adopted(partitions):
             webhooks.load()
             preloadIdempotency(partitions)

@@ -226,6 +226,18 @@ public final class ExternalKind: OperationKind {
         }
     }
 
+    /// Ends the claim long polls waiting on the queues `leaving` (their partition went to another
+    /// instance): each is answered now (204), and its worker claims again where the queue is,
+    /// instead of waiting out its `wait` here for operations that will not come.
+    public func dropWaiters(where leaving: (String) -> Bool) {
+        let dropped: [Waiter] = state.withLock { s in
+            var out: [Waiter] = []
+            for name in s.waiters.keys.filter(leaving) { out += s.waiters.removeValue(forKey: name) ?? [] }
+            return out
+        }
+        for w in dropped { w.drop() }
+    }
+
     /// Forgets a claim long poll (it timed out). False when it was already handed an operation.
     public func cancelClaim(queue: String, waiter: UInt64) -> Bool {
         state.withLock { s in

@@ -322,6 +322,28 @@ struct ClusterFrontHoldTests {
         }
     }
 
+    @Test("a request decided 'served here' whose queue left before it entered the gate is not run here, but decided again")
+    func servedButLeftBeforeTheGate() {
+        let placement = MovingPlacement()
+        let calls = Lock(0)
+        let front = Self.front(placement, hold: 3) { _ in
+            calls.withLock { $0 += 1 }
+            return .response(HTTPResponse(status: 201, headers: [], body: []))
+        }
+        let request = ClusterFrontTests.request("POST /v1/queues/gone/operations", #"{"kind":"immediate"}"#)
+        let decision = ClusterFront.Decision.served(queues: ["gone"])
+        guard case .moved = front.runServed(["gone"], decision, request, until: .now() + 3) else {
+            Issue.record("run although its queue is not served here")
+            return
+        }
+        placement.set(served: ["gone"])
+        guard case .ran = front.runServed(["gone"], decision, request, until: .now() + 3) else {
+            Issue.record("not run although served here")
+            return
+        }
+        #expect(calls.value == 1)
+    }
+
     @Test("a gate's drain waits for those inside before it, not for those after, and no longer than its bound")
     func gate() async throws {
         try await onThread {

@@ -246,6 +246,16 @@ struct ClusterFrontTests {
         #expect(reads.withLock { $0 } == 0)
     }
 
+    /// Served here, not merely local: it runs inside the placement's gate, so a handover
+    /// cannot take its queues out of the engine under it (`runServed`).
+    @Test func aFinishOfOperationsAllServedHereIsServedHere() {
+        guard case let .served(queues) = Self.front().decide(Self.request("POST /v1/operations:finish", Self.finish(Self.op.here, Self.op.here))) else {
+            Issue.record("not decided served here")
+            return
+        }
+        #expect(queues == ["here"])
+    }
+
     @Test func anOperationWhoseQueueCannotBeReadIs503() {
         let front = Self.front(storeDown: true)
         #expect(Self.summary(front.decide(Self.request("POST /v1/operations/\(Self.op.b1)/cancel"))) == "503 store-unavailable down")

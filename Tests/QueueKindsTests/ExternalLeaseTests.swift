@@ -108,6 +108,23 @@ extension KindsTests {
             #expect(dropped.withLock { $0 } == 1, "the skipped long poll is ended")
         }
 
+        @Test("claims waiting on queues that left (a handover) are ended at once; those of other queues wait on")
+        func waitersOfQueuesThatLeftAreEnded() throws {
+            try engine.createQueue(name: "stays")
+            let dropped = Lock<[String]>([])
+            var waiters: [String: UInt64] = [:]
+            for queue in ["q", "stays"] {
+                let (got, waiter) = external.claim(
+                    queue: queue, worker: "w", max: 1, isAlive: { true }, drop: { dropped.withLock { $0.append(queue) } }, wait: { _ in })
+                #expect(got.isEmpty)
+                waiters[queue] = waiter
+            }
+            external.dropWaiters { $0 == "q" }
+            #expect(dropped.value == ["q"])
+            #expect(waiters["q"].map { external.cancelClaim(queue: "q", waiter: $0) } == false, "gone already")
+            #expect(waiters["stays"].map { external.cancelClaim(queue: "stays", waiter: $0) } == true, "still waiting")
+        }
+
         func claimOneQueued() throws -> OperationID {
             var request = OperationRequest(kind: "external", spec: .object([("lease", .number(30))]))
             request.options.retry = RetryPolicy(maxAttempts: 1, backoff: 0, multiplier: 1)

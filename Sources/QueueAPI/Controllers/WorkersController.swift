@@ -196,6 +196,12 @@ package struct WorkersController: Sendable {
                 wait: wait > 0 ? deliver : nil)
             if !leases.isEmpty { send(leases); return }
             guard let waiter else { responder.respond(HTTPResponse(status: 204)); return }
+            // The queue left this instance since the check above (a handover, whose release
+            // ended the waiters it found): ended now, the worker claims again where it is.
+            if (try? engine.queue(named: queue)) == nil, external.cancelClaim(queue: queue, waiter: waiter) {
+                responder.respond(HTTPResponse(status: 204))
+                return
+            }
             engine.scheduler.after(seconds: wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }

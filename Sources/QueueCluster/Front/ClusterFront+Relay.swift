@@ -34,8 +34,11 @@ extension ClusterFront {
             let gathered = Lock<(answers: [HTTPResponse?], left: Int)>((Array(repeating: nil, count: inner.count), inner.count))
             for (i, one) in inner.enumerated() {
                 let take: @Sendable (String?, HTTPResponse) -> Void = { route, answer in
-                    // Counted under its own route too, as if it had come alone.
-                    answered?(route ?? Router.unmatched, answer.status, ContinuousClock.now - start)
+                    // Counted under its own route too, as if it had come alone; not a hand-back,
+                    // which its sender sends again (not a failure to alert on).
+                    if !answer.headers.contains(where: { $0.0 == RelayEnvelope.aloneHeader }) {
+                        answered?(route ?? Router.unmatched, answer.status, ContinuousClock.now - start)
+                    }
                     let all: [HTTPResponse]? = gathered.withLock { g in
                         guard g.answers[i] == nil else { return nil }
                         g.answers[i] = answer
@@ -45,7 +48,7 @@ extension ClusterFront {
                     guard let all else { return }
                     responder.respond(HTTPResponse(status: 200, headers: [("Content-Type", RelayEnvelope.contentType)], body: RelayEnvelope.encode(all)))
                 }
-                Self.deliver(placement.whileServing { relayed(one, handsBack: handsBack, local: local) }, to: take)
+                Self.deliver(relayed(one, handsBack: handsBack, local: local), to: take)
             }
         }
     }
@@ -71,7 +74,12 @@ extension ClusterFront {
         switch decision {
         case .forward where handsBack:
             return .routed("forwarded", .response(RelayedHold.handedBack))
-        case .served, .forward:
+        case let .served(queues):
+            if case let .ran(result) = runServed(queues, decision, request, until: deadline, claim: claim) { return result ?? local(request) }
+            // Its queue left this instance since the decision: held for its next holder.
+            let queue = queues.first ?? ""
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) })
+        case .forward:
             return execute(decision, request, until: deadline, claim: claim) ?? local(request)
         case let .noOwner(queue):
             return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder, claim: claim) })

@@ -79,20 +79,48 @@ package struct ClusterFront: Sendable {
         if request.path == RelayEnvelope.path, request.method == "POST", local != nil {
             return .routed("POST /v1/cluster/relay", relay(request))
         }
-        // From the decision to the engine, a queue served here stays in the engine (`whileServing`).
-        return placement.whileServing {
-            // A phase of a batch across instances that this instance holds a part of.
-            if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
-                return .routed("batch-part", batches.participate(phase, request))
-            }
-            let decision = decide(request)
-            let deadline = DispatchTime.now() + holdSeconds
-            if case let .noOwner(queue) = decision, let local {
-                // A handover: the queue has no holder this instance can reach yet. The request waits
-                // (its connection suspended, no thread held) for the new holder, bounded.
-                return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
-            }
-            return execute(decision, request, until: deadline)
+        // A phase of a batch across instances that this instance holds a part of: its engine
+        // work is done inside the gate, like a request served here.
+        if let batches, let phase = request.header(BatchAcross.phaseHeader), Forwarder.wasForwarded(request) {
+            return placement.whileServing { .routed("batch-part", batches.participate(phase, request)) }
+        }
+        let deadline = DispatchTime.now() + holdSeconds
+        var decision = decide(request)
+        // Served here: run inside the gate, once its queues are seen served from inside it (a
+        // queue that left meanwhile: decided again, twice at most).
+        for _ in 0..<2 {
+            guard case let .served(queues) = decision else { break }
+            if case let .ran(result) = runServed(queues, decision, request, until: deadline) { return result }
+            decision = decide(request)
+        }
+        if case let .noOwner(queue) = decision, let local {
+            // A handover: the queue has no holder this instance can reach yet. The request waits
+            // (its connection suspended, no thread held) for the new holder, bounded.
+            return .routed("forwarded", .deferred { responder in hold(request, queue: queue, until: deadline, local: local, responder) })
+        }
+        return execute(decision, request, until: deadline)
+    }
+
+    /// What running a request decided "served here" came to.
+    enum ServedRun {
+        /// `execute`'s result (nil: the dispatcher answers).
+        case ran(HTTPHandlerResult?)
+        /// One of its queues left this instance since the decision: decide again.
+        case moved
+    }
+
+    /// Runs `decision` (`.served`) inside the placement's gate (`whileServing`), once every one of
+    /// `queues` is seen served from inside it: a partition given up waits for it before its
+    /// queues leave the engine, so the handler finds them (a create, a finish, a claim's check),
+    /// and a request decided a moment before the partition left is decided again instead.
+    /// Only this part of a request is inside the gate: forwarding, reads from PostgreSQL and
+    /// holds never make a handover wait.
+    func runServed(_ queues: [String], _ decision: Decision, _ request: HTTPRequest, until deadline: DispatchTime, claim: RelayedHold? = nil)
+        -> ServedRun
+    {
+        placement.whileServing {
+            guard queues.allSatisfy({ placement.serves(queue: $0) }) else { return .moved }
+            return .ran(execute(decision, request, until: deadline, claim: claim))
         }
     }
 
@@ -195,23 +223,28 @@ package struct ClusterFront: Sendable {
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
             let moved = now != (seen ?? Where(served: false, holder: nil))
             if moved {
-                let ran = placement.whileServing { () -> Bool in
-                    let decision = decide(request)
-                    if case .noOwner = decision { return false }
+                let decision = decide(request)
+                if case .noOwner = decision {
+                } else {
                     if let claim {
                         // From an envelope: not sent on from here (its mates would wait for
                         // that exchange); handed back, it goes to its holder alone.
                         if case .forward = decision {
                             _ = claim.handBack(responder)
-                            return true
+                            return
                         }
                         // Handed back to its sender a moment ago: it is sent alone, not run here.
-                        if !claim.leaving() { return true }
+                        if !claim.leaving() { return }
                     }
-                    Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
-                    return true
+                    if case let .served(queues) = decision {
+                        // Left again since: held on (a hold begun again, for a claim).
+                        if case let .ran(result) = runServed(queues, decision, request, until: deadline, claim: claim) {
+                            return Self.answer(result ?? local(request), with: responder)
+                        }
+                    } else {
+                        return Self.answer(execute(decision, request, until: deadline, claim: claim) ?? local(request), with: responder)
+                    }
                 }
-                if ran { return }
             }
             let last = moved ? nil : otherwise
             if DispatchTime.now() < deadline {
@@ -342,7 +375,8 @@ package struct ClusterFront: Sendable {
     private func split(_ request: HTTPRequest, list: String, member: String, elements: [JSONValue], queueOf: [Int: String]) -> Decision {
         let names = Set(queueOf.values)
         let elsewhere = names.filter { !placement.serves(queue: $0) }.sorted()
-        guard let first = elsewhere.first else { return .local }
+        // All here: served here (inside the gate); none known: 404s, here.
+        guard let first = elsewhere.first else { return names.isEmpty ? .local : .served(queues: names.sorted()) }
         if let moving = elsewhere.first(where: { placement.holder(ofQueue: $0) == nil }) { return to(queue: moving, request) }
         func instance(_ queue: String) -> String {
             placement.serves(queue: queue) ? placement.selfID : placement.holder(ofQueue: queue)?.instance ?? ""

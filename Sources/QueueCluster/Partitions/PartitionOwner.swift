@@ -49,6 +49,9 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     private let serving = Locking.Lock<Set<Int>>([])
     /// Requests between their decision "served here" and the engine (`release` waits for them).
     private let gate = ServingGate()
+    /// Partitions out of `serving` whose requests inside the gate are waited for: the engine
+    /// still takes new queues in them (a `POST /v1/queues` decided "served here" a moment before).
+    private let draining = Locking.Lock<Set<Int>>([])
     private let holders = Locking.Lock<[Int: PlacementHolder]>([:])
     private let advertised = Locking.Lock("")
     private let others = Locking.Lock<Bool>(false)
@@ -123,8 +126,11 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     package func start(engine: QueueEngine, advertise: String) throws {
         engineBox.withLock { $0 = engine }
         engine.setRemoteOperations(self)
-        let serving = self.serving
-        engine.onlyQueues { name in serving.withLock { $0.contains(QueuePartitions.of(queue: name)) } }
+        let (serving, draining) = (self.serving, self.draining)
+        engine.onlyQueues { name in
+            let p = QueuePartitions.of(queue: name)
+            return serving.withLock { $0.contains(p) } || draining.withLock { $0.contains(p) }
+        }
         try membership.register(advertise: advertise)
         advertised.withLock { $0 = advertise }
         engine.useIDs(try membership.takeIDBlock())
@@ -461,12 +467,14 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
     /// Gives partitions up (see the type's comment for the order).
     private func release(_ parts: Set<Int>, engine: QueueEngine) {
         leaving.withLock { $0.formUnion(parts) }
+        draining.withLock { $0.formUnion(parts) }
         serving.withLock { $0.subtract(parts) }
         // A request decided "served here" a moment ago reaches the engine before its queue goes
         // (bounded: a handler stuck on an outage does not hold the handover up).
         if !gate.drain(within: 1) {
             logger.warning("giving partitions up with a request still in its handler", metadata: ["partitions": "\(parts.sorted())"])
         }
+        draining.withLock { $0.subtract(parts) }
         // Decided inside the engine's lock: a queue created a moment ago in these partitions goes
         // too, and none can be created in them from now on (`onlyQueues`).
         let stopped = engine.release(handingOver: true) { parts.contains(QueuePartitions.of(queue: $0)) }
