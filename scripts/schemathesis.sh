@@ -140,6 +140,10 @@ fi
 # and a 404 for a dependency that does not exist (filtered as the documented answer). Its
 # links reach operations that name a real limiter: createQueue -> createLimiter (named like
 # the queue) -> addOperation / addOperations in that queue naming it.
+# `filter_too_much` is Hypothesis's check that its generator wastes few examples; it failed the
+# fuzzing phase at random for schedule operations whose path names must match two patterns
+# (a CI run on 2ac3de0: backfill, pause, trigger), which says nothing about the server. Those
+# operations are still fuzzed with the examples that do match, and covered by the other phases.
 phases="examples,coverage,fuzzing"
 [[ "${ST_STATEFUL:-1}" == 1 ]] && phases="$phases,stateful"
 
@@ -155,6 +159,7 @@ echo "== schemathesis $("$st" --version </dev/null | awk '{print $NF}') against 
     --workers "${ST_WORKERS:-1}" \
     --request-timeout 10 \
     --generation-database none \
+    --suppress-health-check=filter_too_much \
     --no-color \
     "$@" </dev/null) || status=$?
 
