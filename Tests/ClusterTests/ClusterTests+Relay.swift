@@ -10,14 +10,7 @@ extension ClusterTests {
     }
 
     static func relayedTogether(_ cluster: TestCluster) throws {
-        guard cluster.awaitSpread() else {
-            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
-            return
-        }
-        guard let (qa, qb, _) = queuesOfTwoOwners(cluster, prefix: "relay"), let a = cluster.awaitHolder(of: qa), let b = cluster.awaitHolder(of: qb) else {
-            cluster.record(["no two queue names with different holders among 40"], "relay")
-            return
-        }
+        guard let (a, b, qb) = throughAnother(cluster, prefix: "relay") else { return }
         // Suspended: every create stays unfinished, so the queue's count says how many were made.
         try cluster.createQueue(qb, maxConcurrent: 1, suspended: true, via: b)
         // 32 clients at once through a, for qb (held by b): a's forwarding thread is busy with
@@ -89,14 +82,7 @@ extension ClusterTests {
     }
 
     static func forwardedFinishes(_ cluster: TestCluster) throws {
-        guard cluster.awaitSpread() else {
-            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
-            return
-        }
-        guard let (qa, qb, _) = queuesOfTwoOwners(cluster, prefix: "fin"), let a = cluster.awaitHolder(of: qa), let b = cluster.awaitHolder(of: qb) else {
-            cluster.record(["no two queue names with different holders among 40"], "relay")
-            return
-        }
+        guard let (a, b, qb) = throughAnother(cluster, prefix: "fin") else { return }
         let count = 240
         try cluster.createQueue(qb, maxConcurrent: count, via: b)
         var found: [String] = []
@@ -164,5 +150,19 @@ extension ClusterTests {
         if let n = queue.object["operationCount"] as? Int, n != 0 { found.append("\(qb) still has \(n) unfinished operations") }
         print("ClusterTests.forwardedFinishes: \(count) finishes through opqd #\(a.index) for a queue of opqd #\(b.index)")
         cluster.record(found, "forwarded finishes")
+    }
+
+    /// Once the partitions are spread over all three: an instance `a`, and a queue `qb` held by
+    /// another, `b` (nil, recorded, when either cannot be had).
+    static func throughAnother(_ cluster: TestCluster, prefix: String) -> (a: ClusterNode, b: ClusterNode, qb: String)? {
+        guard cluster.awaitSpread() else {
+            cluster.record(["the instances did not agree within 20 s on a spread of the partitions over all three"], "start")
+            return nil
+        }
+        guard let (qa, qb, _) = queuesOfTwoOwners(cluster, prefix: prefix), let a = cluster.awaitHolder(of: qa), let b = cluster.awaitHolder(of: qb) else {
+            cluster.record(["no two queue names with different holders among 40"], "relay")
+            return nil
+        }
+        return (a, b, qb)
     }
 }

@@ -36,7 +36,7 @@ extension ClusterFront {
                 let take: @Sendable (String?, HTTPResponse) -> Void = { route, answer in
                     // Counted under its own route too, as if it had come alone; not a hand-back,
                     // which its sender sends again (not a failure to alert on).
-                    if !answer.headers.contains(where: { $0.0 == RelayEnvelope.aloneHeader }) {
+                    if !RelayEnvelope.isHandedBack(status: answer.status, headers: answer.headers) {
                         answered?(route ?? Router.unmatched, answer.status, ContinuousClock.now - start)
                     }
                     let all: [HTTPResponse]? = gathered.withLock { g in

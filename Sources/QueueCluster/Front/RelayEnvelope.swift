@@ -25,6 +25,14 @@ enum RelayEnvelope {
     /// On a relayed request's 503 (with `Opqd-Unstarted`): it did nothing there and goes again
     /// alone (`RelayedHold`).
     static let aloneHeader = "Opqd-Relay-Alone"
+
+    /// True for a relayed request's answer that hands it back (`RelayedHold.handedBack`): 503
+    /// with `aloneHeader: 1`, whatever the field name's case.
+    static func isHandedBack(status: Int, headers: [(String, String)]) -> Bool {
+        status == 503 && headers.contains { $0.1 == "1" && $0.0.lowercased() == aloneHeaderLowercased }
+    }
+
+    private static let aloneHeaderLowercased = aloneHeader.lowercased()
     /// On an envelope: its sender sends alone what is answered with `aloneHeader` (a sender of
     /// an older version does not, and its creates are held or sent on at the holder instead).
     static let handBackHeader = "opqd-relay-hands-back"

@@ -156,7 +156,7 @@ final class RelayLanes: Sendable {
             for (item, answer) in zip(batch, answers) {
                 // Held at the holder past what an envelope waits for (its placement behind this
                 // one's): it did nothing there, and goes again alone, to be held there as alone.
-                if answer.status == 503, answer.headers.contains(where: { $0.0.lowercased() == Self.aloneHeader && $0.1 == "1" }) {
+                if RelayEnvelope.isHandedBack(status: answer.status, headers: answer.headers) {
                     again.append(item)
                     continue
                 }
@@ -180,8 +180,6 @@ final class RelayLanes: Sendable {
             for item in batch { item.finish(.success(reply)) }
         }
     }
-
-    static let aloneHeader = RelayEnvelope.aloneHeader.lowercased()
 
     /// Each of `items` in an exchange of its own.
     private func sendAlone(_ items: [Item]) {
