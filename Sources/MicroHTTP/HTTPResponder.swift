@@ -21,6 +21,8 @@ public final class HTTPResponder: Sendable {
         var keepThroughShutdown = false
         /// A detached responder's taker of its answer (`detached(onAnswer:)`), called once.
         var onAnswer: (@Sendable (HTTPResponse) -> Void)?
+        /// A long poll's early answer (`answerEarlyAtShutdown`), taken by the first `hurry`.
+        var hurry: (@Sendable () -> Void)?
     }
 
     enum Outcome {
@@ -47,6 +49,7 @@ public final class HTTPResponder: Sendable {
                 state.suspended = false
                 connection.resume()
             }
+            state.hurry = nil
             return state.onAnswer.take()
         }
         taker?(response)
@@ -68,18 +71,56 @@ public final class HTTPResponder: Sendable {
 
     var keepsThroughShutdown: Bool { state.withLock { $0.keepThroughShutdown } }
 
+    /// A long poll says how it answers early, as if its wait had ended now: at shutdown the
+    /// server calls `answer` (once, on its own thread) instead of answering 503, and waits for
+    /// the answer like one marked `answerBeforeShutdown` (up to the shutdown's deadline), so a
+    /// client waiting for work or a change gets the answer its timeout would give, not an
+    /// error. `answer` must lead to `respond` soon (it may wait for a commit). A responder that
+    /// was answered already ignores it.
+    public func answerEarlyAtShutdown(_ answer: @escaping @Sendable () -> Void) {
+        state.withLock { s in
+            guard !s.answered else { return }
+            s.hurry = answer
+        }
+    }
+
+    /// Calls the early answer set by `answerEarlyAtShutdown` now (once; later calls and a
+    /// responder without one do nothing), marked to be waited for at shutdown. True when there
+    /// was one to call: a request relayed by another server (`ClusterFront`) hands its server's
+    /// shutdown on to the handler that answers it.
+    @discardableResult
+    package func hurry() -> Bool {
+        let answer = state.withLock { s -> (@Sendable () -> Void)? in
+            guard !s.answered, let h = s.hurry.take() else { return nil }
+            s.keepThroughShutdown = true
+            return h
+        }
+        answer?()
+        return answer != nil
+    }
+
     /// Shutdown: answers `response` unless marked `answerBeforeShutdown`, in one step with the
-    /// mark (a request marked a moment later is not also answered here).
+    /// mark (a request marked a moment later is not also answered here); a long poll with an
+    /// early answer (`answerEarlyAtShutdown`) gives that instead, marked or not.
     func respondUnlessKept(_ response: HTTPResponse) {
-        state.withLock { state in
-            guard !state.answered, !state.keepThroughShutdown else { return }
+        let early = state.withLock { state -> (@Sendable () -> Void)? in
+            guard !state.answered else { return nil }
+            // Also for one marked to be waited for since (a long poll held for its queue's new
+            // holder, then relayed there): its early answer is sooner than the deadline.
+            if let h = state.hurry.take() {
+                state.keepThroughShutdown = true
+                return h
+            }
+            guard !state.keepThroughShutdown else { return nil }
             state.answered = true
             state.response = response
             if state.suspended, let connection = state.connection {
                 state.suspended = false
                 connection.resume()
             }
+            return nil
         }
+        early?()
     }
 
     /// True when the client is known to have gone while its answer is pending: the request
@@ -125,6 +166,7 @@ public final class HTTPResponder: Sendable {
             state.response = nil
             state.suspended = false
             state.connection = nil
+            state.hurry = nil
         }
     }
 }

@@ -38,6 +38,11 @@ info:
       their delivery cursors are durable like everything else.
     * Every change event is shown (feed, stream, long poll, webhook) only once it is
       committed, so a `seq` once seen always names the same change, also after a crash.
+    * A long poll still waiting when the server stops (`wait` of the feed and of a claim,
+      `timeout` of an operation's or a queue's wait) is answered as its timeout would answer
+      it: the feed's page, 204, the status or the queue's state now; not 503. In a cluster,
+      a wait whose queue moves to another instance while it waits (a handover) goes on there
+      for the rest of its `timeout`: the client sees one answer.
     * With `--store postgres://…` any number of instances serve one database (a cluster).
       By default (`--ownership partitions`) the queues are spread over the instances: every
       queue belongs to one of 64 partitions by its name, and each partition is owned by one

@@ -87,6 +87,8 @@ final class EngineCore: @unchecked Sendable {
     /// Operations given up with their queue (`QueueEngine.release`), until taken in again;
     /// bounded (`QueueEngine.wasReleased`).
     var released = Set<UInt64>()
+    /// Names of queues released (`QueueEngine.release`) and not held again since.
+    var releasedQueues = Set<String>()
     var nextID: UInt64 = 1
     /// Batch parts across instances checked and given ids, not yet added or let go
     /// (`prepareBatchPart`), by their batch's id.

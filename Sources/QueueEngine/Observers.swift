@@ -12,6 +12,9 @@ final class ObserverHub: Sendable {
         let token: ObserverToken
         let keys: Set<ChangeKey>?
         let batch: @Sendable ([ChangeEvent]) -> Void
+        /// For an observer of one operation: called if the operation leaves this engine
+        /// unfinished (its queue went to another cluster instance, `released`).
+        var gone: (@Sendable () -> Void)? = nil
     }
     struct Registry: Sendable {
         var global: [Entry] = []
@@ -20,11 +23,13 @@ final class ObserverHub: Sendable {
     }
     private let registry = Lock(Registry())
 
-    func add(operation: OperationID?, keys: Set<ChangeKey>?, batch: @escaping @Sendable ([ChangeEvent]) -> Void) -> ObserverToken {
+    func add(
+        operation: OperationID?, keys: Set<ChangeKey>?, gone: (@Sendable () -> Void)? = nil, batch: @escaping @Sendable ([ChangeEvent]) -> Void
+    ) -> ObserverToken {
         registry.withLock { r in
             let token = ObserverToken(id: r.nextID)
             r.nextID += 1
-            let entry = Entry(token: token, keys: keys, batch: batch)
+            let entry = Entry(token: token, keys: keys, batch: batch, gone: gone)
             if let operation { r.perOperation[operation, default: []].append(entry) } else { r.global.append(entry) }
             return token
         }
@@ -50,6 +55,21 @@ final class ObserverHub: Sendable {
             let rest = list.filter { $0.token != token }
             r.perOperation[operation] = rest.isEmpty ? nil : rest
         }
+    }
+
+    /// Operations that left this engine (`QueueEngine.release`): their observers are dropped,
+    /// and told (`gone`) when they asked to be.
+    func released(_ operations: [OperationID]) {
+        let told: [@Sendable () -> Void] = registry.withLock { r in
+            guard !r.perOperation.isEmpty else { return [] }
+            var told: [@Sendable () -> Void] = []
+            for id in operations {
+                guard let list = r.perOperation.removeValue(forKey: id) else { continue }
+                told.append(contentsOf: list.compactMap(\.gone))
+            }
+            return told
+        }
+        for g in told { g() }
     }
 
     func deliver(_ events: [ChangeEvent]) {

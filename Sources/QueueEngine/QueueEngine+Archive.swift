@@ -187,6 +187,7 @@ extension QueueEngine {
                     q.rate = rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
                     q.fairnessWeights = fairnessWeights
                     core.queues[name] = q
+                    core.releasedQueues.remove(name)
                     core.touch(q)
                 }
                 var made = [OpRecord?](repeating: nil, count: elements.count)

@@ -29,7 +29,8 @@ extension QueueEngine {
 
     /// `waitUntilFinished()` without blocking a thread: calls `callback` once the operation's
     /// `isFinished` change has been reported to observers, or at once (before returning nil)
-    /// when it is finished already. Otherwise returns a token for ``cancelFinishWait(_:of:)``,
+    /// when it is finished already; also when the operation leaves this engine unfinished (its
+    /// queue went to another cluster instance: `wasReleased` says so). Otherwise returns a token for ``cancelFinishWait(_:of:)``,
     /// which a caller with a deadline must call at the deadline. The callback runs on the
     /// thread that reports changes, outside the engine's lock; it may be called after the
     /// finish is applied but before it is durable (see ``whenDurable(_:)``).
@@ -41,8 +42,8 @@ extension QueueEngine {
         let fired = OneShot()
         // Registered before the state is read again: a finish applied after that read is
         // reported after it, so to this observer.
-        let token = observe(id, keys: [.isFinished]) { e in
-            if case .bool(true) = e.new, fired.fire() { callback() }
+        let token = observers.add(operation: id, keys: [.isFinished], gone: { if fired.fire() { callback() } }) { events in
+            for e in events { if case .bool(true) = e.new, fired.fire() { callback() } }
         }
         let finished: Bool
         do throws(EngineError) {

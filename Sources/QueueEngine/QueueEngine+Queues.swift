@@ -24,6 +24,7 @@ extension QueueEngine {
             q.rate = rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
             q.fairnessWeights = fairnessWeights
             core.queues[name] = q
+            core.releasedQueues.remove(name)
             core.touch(q)
             core.settle()
             return q.snapshot(defaultMax: core.defaultMaxConcurrent)

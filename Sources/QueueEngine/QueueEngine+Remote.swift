@@ -107,6 +107,12 @@ extension QueueEngine {
         (try? read { core in core.released.contains(id.raw) }) ?? false
     }
 
+    /// True when queue `name` is not here because it went to another cluster instance
+    /// (`release`), not because it was deleted or never existed: a long poll on it may follow it.
+    public func wasReleased(queue name: String) -> Bool {
+        (try? read { core in core.queues[name] == nil && core.releasedQueues.contains(name) }) ?? false
+    }
+
     /// How many ids are left in the block (`useIDs`).
     public var idsLeft: UInt64 { (try? read { core in core.idEnd &- core.nextID }) ?? 0 }
 
@@ -142,62 +148,71 @@ extension QueueEngine {
     /// the new owner loads them. Nothing else is written.
     @discardableResult
     public func release(handingOver: Bool = false, where leaving: (String) -> Bool) -> ReleasedRuns {
-        (try? mutate { core throws(EngineError) -> ReleasedRuns in
-            var gone: [OpRecord] = []
-            var stopped = ReleasedRuns()
-            for name in core.queues.keys.sorted() where leaving(name) {
-                guard let q = core.queues[name] else { continue }
-                if handingOver { core.flushHistory(of: [name]) }
-                core.historyLeaves(q)
-                // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
-                q.deleted = true
-                core.queues[name] = nil
-                core.dropSchedules(of: name)
-                for op in q.ops { gone.append(op) }
-                let waiters = q.idleWaiters
-                q.idleWaiters = []
-                for (_, w) in waiters { core.effects.append(.call({ w(false) })) }
-            }
-            var leaving = Set<ObjectIdentifier>()
-            for op in gone { leaving.insert(ObjectIdentifier(op)) }
-            var watch: [OperationID] = []
-            // Bounded: past a million, the oldest knowledge goes (they answer as not found).
-            if core.released.count + gone.count > 1_000_000 { core.released.removeAll() }
-            for op in gone {
-                core.ops[op.id] = nil
-                core.released.insert(op.id)
-                core.dropRemoteWaits(op)
-                if op.state != .finished {
-                    op.queue.unfinished -= 1
-                    core.unfinishedTotal -= 1
-                    core.detachFlow(op)
+        let (stopped, left) =
+            (try? mutate { core throws(EngineError) -> (ReleasedRuns, [OperationID]) in
+                var gone: [OpRecord] = []
+                var stopped = ReleasedRuns()
+                for name in core.queues.keys.sorted() where leaving(name) {
+                    guard let q = core.queues[name] else { continue }
+                    if handingOver { core.flushHistory(of: [name]) }
+                    core.historyLeaves(q)
+                    // Nothing of it reaches the store or the observers from here on (`record`, `emit`).
+                    q.deleted = true
+                    core.queues[name] = nil
+                    // Bounded like `released`: past it, a wait on a queue that left long ago ends as
+                    // on a deleted one.
+                    if core.releasedQueues.count >= 100_000 { core.releasedQueues.removeAll() }
+                    core.releasedQueues.insert(name)
+                    core.dropSchedules(of: name)
+                    for op in q.ops { gone.append(op) }
+                    let waiters = q.idleWaiters
+                    q.idleWaiters = []
+                    for (_, w) in waiters { core.effects.append(.call({ w(false) })) }
                 }
-                if (op.state == .executing && !op.inBackoff && op.parkedCompletion == nil)
-                    || (op.state == .paused && op.hasStarted && op.parkedCompletion == nil)
-                {
-                    core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
-                    stopped.runs += 1
-                    stopped.grace = max(stopped.grace, op.kind.stopGrace)
-                }
-                op.runToken &+= 1
-                // Its local dependencies no longer wake it; its dependents that stay here wait
-                // for it as a remote operation.
-                for depID in op.dependencyIDs {
-                    if let dep = core.ops[depID.raw], let i = dep.dependents.firstIndex(where: { $0 === op }) {
-                        dep.dependents.remove(at: i)
+                var leaving = Set<ObjectIdentifier>()
+                for op in gone { leaving.insert(ObjectIdentifier(op)) }
+                var watch: [OperationID] = []
+                // Bounded: past a million, the oldest knowledge goes (they answer as not found).
+                if core.released.count + gone.count > 1_000_000 { core.released.removeAll() }
+                for op in gone {
+                    core.ops[op.id] = nil
+                    core.released.insert(op.id)
+                    core.dropRemoteWaits(op)
+                    if op.state != .finished {
+                        op.queue.unfinished -= 1
+                        core.unfinishedTotal -= 1
+                        core.detachFlow(op)
+                    }
+                    if (op.state == .executing && !op.inBackoff && op.parkedCompletion == nil)
+                        || (op.state == .paused && op.hasStarted && op.parkedCompletion == nil)
+                    {
+                        core.effects.append(.cancel(op.kind, core.context(op, resume: false)))
+                        stopped.runs += 1
+                        stopped.grace = max(stopped.grace, op.kind.stopGrace)
+                    }
+                    op.runToken &+= 1
+                    // Its local dependencies no longer wake it; its dependents that stay here wait
+                    // for it as a remote operation.
+                    for depID in op.dependencyIDs {
+                        if let dep = core.ops[depID.raw], let i = dep.dependents.firstIndex(where: { $0 === op }) {
+                            dep.dependents.remove(at: i)
+                        }
+                    }
+                    let staying = op.dependents.filter { !leaving.contains(ObjectIdentifier($0)) }
+                    op.dependents = []
+                    if !staying.isEmpty {
+                        core.remoteWaiters[op.id, default: []].append(contentsOf: staying)
+                        for d in staying { d.remoteWaits.append(op.id) }
+                        watch.append(op.operationID)
                     }
                 }
-                let staying = op.dependents.filter { !leaving.contains(ObjectIdentifier($0)) }
-                op.dependents = []
-                if !staying.isEmpty {
-                    core.remoteWaiters[op.id, default: []].append(contentsOf: staying)
-                    for d in staying { d.remoteWaits.append(op.id) }
-                    watch.append(op.operationID)
-                }
-            }
-            if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
-            return stopped
-        }) ?? ReleasedRuns()
+                if !watch.isEmpty { core.effects.append(.watchRemote(watch)) }
+                return (stopped, gone.map(\.operationID))
+            }) ?? (ReleasedRuns(), [])
+        // Their finish waits end now (`wasReleased`), not at their timeout: they follow the
+        // queue to its new holder.
+        if !left.isEmpty { observers.released(left) }
+        return stopped
     }
 }
 

@@ -44,6 +44,7 @@ extension QueueEngine {
                 q.rate = qs.rateLimit.map { TokenBucket($0, now: core.now.nanoseconds) }
                 q.fairnessWeights = qs.fairnessWeights
                 core.queues[qs.name] = q
+                core.releasedQueues.remove(qs.name)
                 core.touch(q)
             }
             // Before anything of the operations runs (a restart's new attempt is a start).

@@ -378,6 +378,85 @@ struct ClusterFrontHoldTests {
         }
     }
 
+    @Test("a wait served here whose queue moves away follows it: the rest of its wait is asked of the new holder, and the client sees one answer")
+    func waitFollowsItsQueue() throws {
+        let seen = Lock<[String]>([])
+        let next = try RawServer { connection, _ in
+            while let r = try? connection.readRequest() {
+                seen.withLock { $0.append(r.path + " hops=" + (r.headers["opqd-forwarded-hops"] ?? "-")) }
+                guard connection.send("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nat b !") else { return }
+            }
+        }
+        defer { next.stop() }
+        let placement = MovingPlacement()
+        placement.set(served: ["moving", "staying"])
+        let front = Self.front(placement, hold: 3) { request in
+            .deferred { responder in
+                // At shutdown, this handler's early answer.
+                responder.answerEarlyAtShutdown { responder.respond(HTTPResponse(status: 200, body: Array("early".utf8))) }
+                DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) {
+                    if request.path.contains("/staying/") { return responder.respond(HTTPResponse(status: 200, body: Array("here".utf8))) }
+                    // The handover: the queue leaves, its wait ends "moved".
+                    placement.set(served: ["staying"], holders: ["moving": PlacementHolder(instance: "b", url: next.base)])
+                    responder.respond(LongPoll.moved("moved while it waited"))
+                }
+            }
+        }
+        let wait = ClusterFrontTests.request("GET /v1/queues/moving/wait")
+        let timed = HTTPRequest(method: wait.method, path: wait.path, query: ["timeout": "5"])
+        let t0 = monotonicSeconds()
+        let response = Self.answer(front.route(timed), within: 5)
+        #expect(response?.status == 200 && String(decoding: response?.body ?? [], as: UTF8.self) == "at b !", "\(String(describing: response))")
+        #expect(monotonicSeconds() - t0 < 2)
+        // The rest of the wait, not all of it again, and the hop counted.
+        let asked = seen.value
+        #expect(asked.count == 1)
+        if let line = asked.first, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+            #expect(left > 4 && left < 4.8, "asked for \(left) s of 5, 0.3 s spent: \(line)")
+            #expect(line.hasSuffix("hops=1"))
+        } else {
+            Issue.record("no timeout in \(asked)")
+        }
+        // A wait whose queue stays: its own answer, unchanged.
+        let here = HTTPRequest(method: "GET", path: "/v1/queues/staying/wait", query: ["timeout": "5"])
+        #expect(Self.answer(front.route(here), within: 5)?.body == Array("here".utf8))
+        // Shutdown's early answer reaches the handler through the front.
+        let early = HTTPResponder.detached()
+        if let result = front.route(here) { ClusterFront.answer(result, with: early) }
+        #expect(early.hurry())
+        #expect(early.detachedResponse?.body == Array("early".utf8))
+    }
+
+    @Test("a long poll forwarded to its holder, at this instance's shutdown: asked again with no wait, the long exchange cut, never 503")
+    func forwardedLongPollAtShutdown() throws {
+        let asked = Lock<[String]>([])
+        let holder = try RawServer(timeout: 10) { connection, server in
+            while let r = try? connection.readRequest() {
+                asked.withLock { $0.append(r.path) }
+                if r.path.contains("wait=0") {
+                    guard connection.send("HTTP/1.1 204 No Content\r\n\r\n") else { return }
+                    continue
+                }
+                // The long poll: no answer until the exchange is cut (or the server stops).
+                while !server.isStopping, (try? connection.readRequest()) != nil {}
+                return
+            }
+        }
+        defer { holder.stop() }
+        let placement = MovingPlacement()
+        placement.set(holders: ["elsewhere": PlacementHolder(instance: "b", url: holder.base)])
+        let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 500)) }
+        let claim = HTTPRequest(method: "POST", path: "/v1/queues/elsewhere/claim", query: ["wait": "30"])
+        let responder = HTTPResponder.detached()
+        if let result = front.route(claim) { ClusterFront.answer(result, with: responder) }
+        #expect(waitUntil(timeout: 5, every: 0.01) { asked.value.count == 1 }, "the long poll reached its holder")
+        #expect(responder.detachedResponse == nil)
+        #expect(responder.hurry(), "a forwarded long poll has an early answer")
+        #expect(waitUntil(timeout: 5, every: 0.01) { responder.detachedResponse != nil })
+        #expect(responder.detachedResponse?.status == 204)
+        #expect(asked.value.count == 2 && asked.value.last?.contains("wait=0") == true, "\(asked.value)")
+    }
+
     @Test("without a dispatcher to hand over to, the front refuses at once, as before")
     func noHoldWithoutLocal() {
         var front = Self.front(MovingPlacement(), hold: 3) { _ in .response(HTTPResponse(status: 201, headers: [], body: [])) }

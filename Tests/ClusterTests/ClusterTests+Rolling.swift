@@ -30,33 +30,63 @@ extension ClusterTests {
         let stop = Lock(false)
         let made = Lock<(ids: [String], refused: [String], slowest: Double, count: Int)>(([], [], 0, 0))
         let group = DispatchGroup()
-        for c in 0..<4 {
-            group.enter()
-            let thread = Thread {
-                defer { group.leave() }
-                var n = 0
-                while !stop.value {
-                    let nodes = up.value
-                    let node = nodes[(n + c) % nodes.count]
-                    let queue = queues[(n * 4 + c) % queues.count]
-                    n += 1
-                    let t = monotonicSeconds()
-                    let outcome = node.exchange("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#)
-                    let d = monotonicSeconds() - t
-                    made.withLock { m in
-                        m.count += 1
-                        m.slowest = max(m.slowest, d)
-                        if let r = outcome.response, r.status == 201, let id = r.string("id") {
-                            m.ids.append(id)
-                        } else {
-                            let what = outcome.response.map { "\($0.status) \(String(decoding: $0.body.prefix(200), as: UTF8.self))" } ?? "\(outcome)"
-                            m.refused.append("create in \(queue) through opqd #\(node.index) (pid \(node.pid)): \(what)")
-                        }
+        // `count` clients, client c calling `send(c, n, node)` for its n-th request, through the
+        // instances that are up in turn, until `stop`.
+        func clients(_ count: Int, _ send: @escaping @Sendable (_ c: Int, _ n: Int, _ node: ClusterNode) -> Void) {
+            for c in 0..<count {
+                group.enter()
+                let thread = Thread {
+                    defer { group.leave() }
+                    var n = 0
+                    while !stop.value {
+                        let nodes = up.value
+                        send(c, n, nodes[(n + c) % nodes.count])
+                        n += 1
                     }
                 }
+                thread.stackSize = 1 << 20
+                thread.start()
             }
-            thread.stackSize = 1 << 20
-            thread.start()
+        }
+        clients(4) { c, n, node in
+            let queue = queues[(n * 4 + c) % queues.count]
+            let t = monotonicSeconds()
+            let outcome = node.exchange("POST", "/v1/queues/\(queue)/operations", json: #"{"kind":"delay","spec":{"seconds":0.05}}"#)
+            let d = monotonicSeconds() - t
+            made.withLock { m in
+                m.count += 1
+                m.slowest = max(m.slowest, d)
+                if let r = outcome.response, r.status == 201, let id = r.string("id") {
+                    m.ids.append(id)
+                } else {
+                    let what = outcome.response.map { "\($0.status) \(String(decoding: $0.body.prefix(200), as: UTF8.self))" } ?? "\(outcome)"
+                    m.refused.append("create in \(queue) through opqd #\(node.index) (pid \(node.pid)): \(what)")
+                }
+            }
+        }
+        // Long polls through it all, as workers and watchers make them: a wait on an operation,
+        // a wait on a queue, a claim on a queue with nothing to claim. Each, wherever it waits
+        // when its queue moves or its instance stops, is answered as at its timeout or sooner
+        // (200, 204), never refused.
+        try cluster.createQueue("roll-claims", maxConcurrent: 4, via: cluster.nodes[0])
+        let polls = Lock<(count: Int, refused: [String])>((0, []))
+        clients(3) { c, n, node in
+            let recent = made.withLock { m in m.ids.suffix(50).randomElement() }
+            let (method, path): (String, String)
+            switch (n + c) % 3 {
+            case 0 where recent != nil: (method, path) = ("GET", "/v1/operations/\(recent ?? "")/wait?timeout=3")
+            case 1: (method, path) = ("POST", "/v1/queues/roll-claims/claim?wait=3")
+            default: (method, path) = ("GET", "/v1/queues/\(queues[(n * 3 + c) % queues.count])/wait?timeout=3")
+            }
+            let outcome = node.exchange(method, path, timeout: 15)
+            polls.withLock { p in
+                p.count += 1
+                guard let r = outcome.response, r.status == 200 || r.status == 204 else {
+                    let what = outcome.response.map { "\($0.status) \(String(decoding: $0.body.prefix(200), as: UTF8.self))" } ?? "\(outcome)"
+                    p.refused.append("\(method) \(path) through opqd #\(node.index) (pid \(node.pid)): \(what)")
+                    return
+                }
+            }
         }
         var started: [ClusterNode] = []
         defer { for node in started { node.stop() } }
@@ -102,6 +132,10 @@ extension ClusterTests {
 
         let m = made.value
         print(String(format: "ClusterTests.rollingRestart: %d creates, %d refused, slowest %.3f s", m.count, m.refused.count, m.slowest))
+        let p = polls.value
+        print("ClusterTests.rollingRestart: \(p.count) long polls, \(p.refused.count) refused")
+        problems += p.refused.prefix(10)
+        if p.refused.count > 10 { problems.append("… and \(p.refused.count - 10) more long polls refused") }
         problems += m.refused.prefix(10)
         if m.refused.count > 10 { problems.append("… and \(m.refused.count - 10) more refused") }
         // Held at most a few seconds (API.md: bounded) while a queue moves.

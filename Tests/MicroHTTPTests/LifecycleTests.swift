@@ -38,6 +38,60 @@ struct LifecycleTests {
         server.shutdown()  // idempotent
     }
 
+    @Test("a long poll with an early answer gets it at shutdown instead of 503, also one answered later or marked to be waited for")
+    func shutdownAsksLongPollsForTheirEarlyAnswer() throws {
+        let responders = Lock<[String: HTTPResponder]>([:])
+        let asked = Lock<[String]>([])
+        let server = HTTPServer(
+            configuration: HTTPServerConfiguration(port: 0, threads: 2),
+            handler: { request in
+                .deferred { responder in
+                    let path = request.path
+                    switch path {
+                    case "/now":
+                        responder.answerEarlyAtShutdown {
+                            asked.withLock { $0.append(path) }
+                            responder.respond(HTTPResponse(status: 204))
+                        }
+                    case "/later":
+                        // Answered from another thread a moment after it was asked (a commit).
+                        responder.answerEarlyAtShutdown {
+                            asked.withLock { $0.append(path) }
+                            DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { responder.respond(HTTPResponse(status: 200, body: Array("late".utf8))) }
+                        }
+                    case "/kept":
+                        responder.answerBeforeShutdown()
+                        responder.answerEarlyAtShutdown {
+                            asked.withLock { $0.append(path) }
+                            responder.respond(HTTPResponse(status: 200, body: Array("kept".utf8)))
+                        }
+                    case "/answered":
+                        // Answered before the shutdown: its early answer is never asked for.
+                        responder.answerEarlyAtShutdown { asked.withLock { $0.append(path) } }
+                        responder.respond(HTTPResponse(status: 200, body: Array("done".utf8)))
+                    default: break
+                    }
+                    responders.withLock { $0[path] = responder }
+                }
+            })
+        try server.start()
+        let paths = ["/now", "/later", "/kept", "/answered", "/plain"]
+        let sockets = try paths.map { _ in try RawConnection(port: server.port) }
+        for (socket, path) in zip(sockets, paths) { socket.send("GET \(path) HTTP/1.1\r\nHost: x\r\n\r\n") }
+        #expect(waitUntil { responders.withLock { $0.count } == paths.count })
+        #expect(try sockets[3].readResponse().text == "done")
+
+        let started = ContinuousClock.now
+        server.shutdown(timeout: .seconds(3))
+        #expect(ContinuousClock.now - started < .seconds(2))
+        #expect(try sockets[0].readResponse().status == 204)
+        #expect(try sockets[1].readResponse().text == "late")
+        #expect(try sockets[2].readResponse().text == "kept")
+        // Without an early answer: 503 as before.
+        #expect(try sockets[4].readResponse().status == 503)
+        #expect(asked.withLock { $0.sorted() } == ["/kept", "/later", "/now"])
+    }
+
     @Test("shutdown closes open streams (their bodies end properly) and fires onClose")
     func shutdownClosesStreams() throws {
         let closed = Atomic<Int>(0)

@@ -222,6 +222,35 @@ extension Engine {
             #expect(try f.state(y) == .executing)
         }
 
+        @Test("release: finish waits and idle waits on the queue end at once, and the queue is known to have moved until it is held or made again")
+        func releaseEndsWaits() throws {
+            let f = Fixture()
+            try f.queue("a")
+            try f.queue("b")
+            let x = try f.add("a")
+            let y = try f.add("b")
+            let told = Locked<[String]>([])
+            #expect(try f.engine.onFinished(x) { told.withLock { $0.append("x finished or gone") } } != nil)
+            #expect(try f.engine.onFinished(y) { told.withLock { $0.append("y") } } != nil)
+            #expect(try f.engine.onIdle("a") { idle in told.withLock { $0.append("a idle \(idle)") } } != nil)
+            #expect(!f.engine.wasReleased(queue: "a"))
+            let observed = f.engine.operationObserverCount
+            let savedA = try f.engine.queue(named: "a")
+            f.engine.release(queues: ["a"])
+            #expect(told.withLock { $0.sorted() } == ["a idle false", "x finished or gone"], "the waits on what left end now, not at their timeouts")
+            #expect(f.engine.operationObserverCount == observed - 1, "the wait on x is dropped with it")
+            #expect(f.engine.wasReleased(x) && f.engine.wasReleased(queue: "a"))
+            #expect(!f.engine.wasReleased(queue: "b") && !f.engine.wasReleased(queue: "never"))
+            // Made here again (it came back), then deleted: no longer "moved".
+            let saved = RecoveredState(queues: [savedA], operations: [])
+            f.engine.adopt(saved, remote: RemoteStates(finished: [:]))
+            #expect(!f.engine.wasReleased(queue: "a"), "held again")
+            try f.engine.deleteQueue("a")
+            #expect(!f.engine.wasReleased(queue: "a"), "deleted, not moved")
+            f.kind.finish(y)
+            #expect(told.withLock { $0.contains("y") })
+        }
+
         @Test("adopt: a queue comes back with its operations; waits held here become local again, and the adopted ones wait remotely for what is elsewhere")
         func adopt() throws {
             let peer = Fixture()

@@ -265,6 +265,11 @@ extension OperationsController {
                 return
             }
             guard let token else { return }
+            // At shutdown: the status now, as at the timeout (200, `isFinished` false), not 503.
+            responder.answerEarlyAtShutdown {
+                engine.cancelFinishWait(token, of: id)
+                fire()
+            }
             engine.scheduler.after(seconds: timeout) {
                 engine.cancelFinishWait(token, of: id)
                 fire()
@@ -272,12 +277,12 @@ extension OperationsController {
         }
     }
 
-    /// The answer of a wait whose operation left meanwhile: "moved" (503 `no-owner`, retry at
-    /// the new owner) when its queue went to another cluster instance, else the error's problem
-    /// (404 once it was deleted).
+    /// The answer of a wait whose operation left meanwhile: `LongPoll.moved` (the cluster front
+    /// asks the new holder for the rest of the wait) when its queue went to another cluster
+    /// instance, else the error's problem (404 once it was deleted).
     static func problem(_ error: any Error, _ id: OperationID, _ engine: QueueEngine, _ requestID: UInt64) -> HTTPResponse {
         if case .operationNotFound? = error as? EngineError, engine.wasReleased(id) {
-            return Problem.noOwner("operation \(id)'s queue moved to another instance of the cluster while this request waited; retry it").response
+            return LongPoll.moved("operation \(id)'s queue moved to another instance of the cluster while this request waited; retry it")
         }
         return Problem.from(error, requestID: requestID).response
     }

@@ -126,6 +126,11 @@ package struct QueuesController: Sendable {
         _ = try engine.queue(named: name)
         let engine = self.engine
         @Sendable func answer(_ idle: Bool) -> HTTPResponse {
+            // Its queue went to another cluster instance (a handover) while this waited: the
+            // cluster front asks the new holder for the rest of the wait.
+            if !idle, engine.wasReleased(queue: name) {
+                return LongPoll.moved("queue '\(name)' moved to another instance of the cluster while this request waited; retry it")
+            }
             let count = (try? engine.queue(named: name).operationCount) ?? 0
             var o = JSONOut()
             o.open()
@@ -143,11 +148,15 @@ package struct QueuesController: Sendable {
             do {
                 token = try engine.onIdle(name) { idle in responder.respond(answer(idle)) }
             } catch {
-                // Deleted between the check above and now.
-                responder.respond(Problem.from(error, requestID: req.id).response)
+                // Deleted, or moved to another cluster instance, between the check above and now.
+                responder.respond(engine.wasReleased(queue: name) ? answer(false) : Problem.from(error, requestID: req.id).response)
                 return
             }
             guard let token else { return }
+            // At shutdown: answered as at the timeout, not 503.
+            responder.answerEarlyAtShutdown {
+                if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
+            }
             engine.scheduler.after(seconds: timeout) {
                 if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
             }

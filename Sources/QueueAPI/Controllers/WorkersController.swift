@@ -202,6 +202,11 @@ package struct WorkersController: Sendable {
                 responder.respond(HTTPResponse(status: 204))
                 return
             }
+            // At shutdown: 204 as at the timeout, not 503 (an operation handed out meanwhile is
+            // answered by `send`, after its commit).
+            responder.answerEarlyAtShutdown {
+                if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
+            }
             engine.scheduler.after(seconds: wait) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }

@@ -136,6 +136,7 @@ package struct ClusterFront: Sendable {
         case let .served(queues):
             guard let local else { return nil }
             let answer = local(request)
+            if let followed = following(answer, request) { return followed }
             guard let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }),
                 !placement.serves(queue: queue), DispatchTime.now() < deadline
             else { return answer }
@@ -183,6 +184,46 @@ package struct ClusterFront: Sendable {
         let answer = local(request)
         guard !others.isEmpty, let here = Self.response(of: answer), here.status == 200 else { return answer }
         return .routed("gathered", forwarder.gather(request, from: others, here: here, merge: merge))
+    }
+
+    /// A wait served here (`GET …/wait?timeout=S`), run so that it follows its queue: should the
+    /// queue go to another instance while it waits, its handler answers `LongPoll.moved`, and the
+    /// request is decided again with the rest of its wait (held for the new holder, forwarded
+    /// there) instead: the client sees one long poll. Shutdown's early answer is handed on to
+    /// the handler. Nil for any other result (answered as it is).
+    func following(_ answer: HTTPHandlerResult, _ request: HTTPRequest) -> HTTPHandlerResult? {
+        guard request.method == "GET", let wait = Forwarder.longPollSeconds(request.query), let local else { return nil }
+        // A slim copy: a wait may last an hour, and only these parts are needed to decide it again.
+        guard let body = Self.deferredBody(of: answer), let slim = LongPoll.request(request, waiting: wait) else { return nil }
+        let start = DispatchTime.now()
+        return Self.replacingDeferred(in: answer) { responder in
+            let inner = HTTPResponder.detached { response in
+                let spent = Double(DispatchTime.now().uptimeNanoseconds &- start.uptimeNanoseconds) / 1e9
+                guard LongPoll.isMoved(response), let again = LongPoll.request(slim, waiting: max(0, wait - spent)) else {
+                    return responder.respond(response)
+                }
+                Self.answer(route(again) ?? local(again), with: responder)
+            }
+            responder.answerEarlyAtShutdown { inner.hurry() }
+            body(inner)
+        }
+    }
+
+    /// The `.deferred` body of a result, through its `.routed` labels.
+    static func deferredBody(of result: HTTPHandlerResult) -> (@Sendable (HTTPResponder) -> Void)? {
+        switch result {
+        case let .deferred(body): return body
+        case let .routed(_, inner): return deferredBody(of: inner)
+        case .response, .stream: return nil
+        }
+    }
+
+    /// `result` with its `.deferred` body replaced by `body`, its `.routed` labels kept.
+    static func replacingDeferred(in result: HTTPHandlerResult, with body: @escaping @Sendable (HTTPResponder) -> Void) -> HTTPHandlerResult {
+        switch result {
+        case let .routed(label, inner): return .routed(label, replacingDeferred(in: inner, with: body))
+        default: return .deferred(body)
+        }
     }
 
     /// The response a handler's result holds, when it holds one at once.

@@ -4,6 +4,7 @@ import Locking
 import MicroHTTP
 import OutboundHTTP
 import QueueAPI
+import Synchronization
 
 /// Relays one API request to the instance that owns its queue and relays that instance's
 /// answer unchanged (status, headers, body), so that a 2xx relayed from the owner still means
@@ -147,6 +148,8 @@ package final class Forwarder: Sendable {
         let (client, cap) = (self.client, maxResponseBytes)
         let replayable = Self.replayable(request)
         let lanes = isLongPoll || !relayable(request) ? nil : self.lanes
+        // A long poll's request with no wait, asked instead at this instance's shutdown.
+        let quickAgain = isLongPoll ? LongPoll.request(request, waiting: 0).map { outboundRequest(for: $0, base: base) } : nil
         return .deferred { responder in
             // A change may be committed at the owner right now: at shutdown, wait for its
             // answer rather than answer 503. Long polls may hold for minutes, so shutdown
@@ -158,7 +161,11 @@ package final class Forwarder: Sendable {
             } else if !responder.answerBeforeShutdown() {
                 return
             }
+            // Set once this instance's shutdown asked a long poll for its answer now (below): the
+            // exchange it cut short answers nothing, unless the holder answered it for real.
+            let hurried = Atomic<Bool>(false)
             let finish: @Sendable (Result<OutboundResponse, OutboundError>) -> Void = { result in
+                if hurried.load(ordering: .acquiring), !Self.answered(result) { return }
                 let answer = Self.relay(result, maxResponseBytes: cap)
                 if let undelivered, Self.neverHandled(result, replayable: replayable) { return undelivered(responder, answer) }
                 responder.respond(answer)
@@ -173,8 +180,26 @@ package final class Forwarder: Sendable {
                 }
             }
             let task = client.send(outbound, completion: finish)
-            if isLongPoll { Self.watch(responder, task) }
+            guard isLongPoll else { return }
+            Self.watch(responder, task)
+            // At this instance's shutdown: the holder is asked again with no wait (what the
+            // long poll would answer at its timeout: a claim's 204, a wait's status now), and
+            // the long exchange is cut (the holder sees this client gone, so a claim is not
+            // handed out on it), instead of answering 503.
+            guard let again = quickAgain else { return }
+            responder.answerEarlyAtShutdown {
+                hurried.store(true, ordering: .releasing)
+                task.cancel()
+                client.send(again) { result in responder.respond(Self.relay(result, maxResponseBytes: cap)) }
+            }
         }
+    }
+
+    /// True when the holder gave a real answer (not a transport failure, not 5xx): a long poll
+    /// cut short at shutdown still relays it, should it arrive before the quick one.
+    static func answered(_ result: Result<OutboundResponse, OutboundError>) -> Bool {
+        if case let .success(response) = result { return response.status < 500 }
+        return false
     }
 
     /// `here` (this instance's answer) and the answers of the instances at `bases` to the same

@@ -1,0 +1,38 @@
+import MicroHTTP
+
+/// Long polls whose subject leaves this instance while they wait (a cluster handover moves its
+/// queue): `GET /v1/operations/{id}/wait` and `GET /v1/queues/{name}/wait` answer `moved`,
+/// which the cluster front (`ClusterFront`) never shows: it asks the queue's new holder for
+/// the rest of the wait. Anywhere else (no front) it is a plain 503 `no-owner`.
+package enum LongPoll {
+    /// Marks a `moved` answer.
+    package static let movedHeader = "Opqd-Long-Poll-Moved"
+
+    /// 503 `no-owner` with `movedHeader`: the wait's subject went to another instance.
+    package static func moved(_ detail: String) -> HTTPResponse {
+        var problem = Problem.noOwner(detail)
+        problem.headers.append((movedHeader, "1"))
+        return problem.response
+    }
+
+    /// True for a `moved` answer.
+    package static func isMoved(_ response: HTTPResponse) -> Bool {
+        response.status == 503 && response.headers.contains { $0.0 == movedHeader }
+    }
+
+    /// The query parameter that holds a long poll's wait in seconds (`wait` or `timeout`).
+    package static let waitParameters = ["wait", "timeout"]
+
+    /// `request` with its wait (`wait` or `timeout`) set to `seconds`, rounded down to the
+    /// millisecond; only the method, path, query and headers are kept (a long poll has no
+    /// body). Nil when it has no wait parameter.
+    package static func request(_ request: HTTPRequest, waiting seconds: Double) -> HTTPRequest? {
+        guard let key = waitParameters.first(where: { request.query[$0] != nil }) else { return nil }
+        var query = request.query
+        let ms = seconds.isFinite ? Int(max(0, min(seconds, 3600)) * 1000) : 0
+        query[key] = ms % 1000 == 0 ? String(ms / 1000) : String(ms / 1000) + "." + String(String(ms % 1000 + 1000).dropFirst())
+        return HTTPRequest(
+            id: request.id, method: request.method, path: request.path, query: query, repeatedQueryNames: request.repeatedQueryNames,
+            headers: request.headers)
+    }
+}
