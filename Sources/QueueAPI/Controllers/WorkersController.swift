@@ -140,14 +140,18 @@ package struct WorkersController: Sendable {
 
     /// A claim's answer: one claim as `{"operation", "lease"}`, or with `max` given,
     /// `{"claims": [{"operation", "lease"}, …]}`.
-    static func answer(claims leases: [ExternalKind.Lease], batch: Bool, engine: QueueEngine) -> HTTPResponse {
+    /// `claims`: each lease with its operation's status, read when it was handed out.
+    /// None: 204, in either form.
+    static func answer(claims: [(lease: ExternalKind.Lease, op: OperationSnapshot)], batch: Bool) -> HTTPResponse {
+        guard let first = claims.first else { return HTTPResponse(status: 204) }
         guard batch else {
-            guard let lease = leases.first else { return HTTPResponse(status: 204) }
-            return answer(lease, engine: engine, flags: false)
+            var o = JSONOut()
+            write(claim: first.lease, op: first.op, flags: false, to: &o)
+            return json(200, o.bytes)
         }
-        var o = JSONOut(capacity: 900 * leases.count + 16)
+        var o = JSONOut(capacity: 900 * claims.count + 16)
         o.open(); o.key("claims"); o.openArray()
-        for (lease, op) in zip(leases, engine.operations(leases.map(\.operation))) { write(claim: lease, op: op, flags: false, to: &o) }
+        for c in claims { write(claim: c.lease, op: c.op, flags: false, to: &o) }
         o.closeArray()
         o.close()
         return json(200, o.bytes)
@@ -171,14 +175,25 @@ package struct WorkersController: Sendable {
             let alive: @Sendable () -> Bool = { !responder.isClientGone }
             // Answers with `leases` once they are durable, or gives them back if the client left.
             let send: @Sendable ([ExternalKind.Lease]) -> Void = { leases in
+                // Their statuses as handed out, read before the commit is waited for (what is
+                // sent is then durable): read after it, an operation whose queue went to another
+                // cluster instance meanwhile would be missing from the answer. One already gone
+                // (it moved the moment it was handed out) is given back, not sent without its status.
+                var claims: [(lease: ExternalKind.Lease, op: OperationSnapshot)] = []
+                var gone: [ExternalKind.Lease] = []
+                for (lease, op) in zip(leases, engine.operations(leases.map(\.operation))) {
+                    if let op { claims.append((lease, op)) } else { gone.append(lease) }
+                }
+                if !gone.isEmpty { external.release(gone) }
+                let handed = claims
                 engine.whenDurable {
                     if responder.isClientGone {
-                        external.release(leases)
+                        external.release(handed.map(\.lease))
                         // Ends the request (a no-op if it already has): a suspended
                         // connection is only let go of by an answer.
                         responder.respond(HTTPResponse(status: 204))
                     } else {
-                        responder.respond(Self.answer(claims: leases, batch: batch, engine: engine))
+                        responder.respond(Self.answer(claims: handed, batch: batch))
                     }
                 }
             }

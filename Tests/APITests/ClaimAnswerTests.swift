@@ -1,0 +1,107 @@
+import Dispatch
+import Locking
+import Logging
+import MicroHTTP
+import QueueEngine
+import QueueKinds
+import StoreKit
+import TestKit
+import Testing
+
+@testable import QueueAPI
+@testable import QueueCluster
+
+/// An engine store whose commits are held until the test lets them go.
+final class HeldCommits: OperationStore, @unchecked Sendable {
+    // @unchecked: `waiting` is touched only under its lock.
+    private let waiting = Lock<(open: Bool, done: [@Sendable () -> Void])>((false, []))
+    var wantsRecords: Bool { false }
+    func append(_ records: [StoreRecord], upTo ticket: UInt64) {}
+    func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
+        let now = waiting.withLock { w -> Bool in
+            if !w.open { w.done.append(done) }
+            return w.open
+        }
+        if now { done() }
+    }
+    /// Every commit held so far is done, and later ones are at once.
+    func open() {
+        let done = waiting.withLock { w -> [@Sendable () -> Void] in
+            w.open = true
+            return w.done
+        }
+        for d in done { d() }
+    }
+    func close() { waiting.withLock { $0.open = false } }
+}
+
+@Suite("A claim's answer")
+struct ClaimAnswerTests {
+    @Test("a claim answers its operations' statuses as handed out, also when their queue moves to another instance before the commit")
+    func claimAnsweredAsHandedOut() throws {
+        let held = HeldCommits()
+        held.open()
+        let external = ExternalKind()
+        let engine = QueueEngine(kinds: standardKinds(external: external), store: held)
+        let store = MemoryStore()
+        let instance = InstanceInfo(id: "claims", store: "memory", now: Timestamp(nanoseconds: 0))
+        let router = buildRouter(
+            engine: engine, events: EventLog(capacity: 16), metrics: Metrics(),
+            webhooks: Webhooks(
+                logger: Logger(label: "claims"), transport: OutboundWebhookTransport(), scheduler: engine.scheduler, store: store,
+                limits: .init(perOperation: 1, perQueue: 1, total: 1), newestSeq: { 0 }),
+            external: external, durability: Durability(engine: engine, idempotency: IdempotencyCache(maxKeys: 10, maxBytes: 1 << 16), store: store, retain: 1),
+            store: store, lifecycle: Lifecycle(), limits: OpqdConfiguration.Limits(), access: Access(token: nil, readToken: nil), maxBody: 1 << 20,
+            instance: instance, serverID: "claims", placement: SingleInstance(instance: instance))
+        let api = APIDispatcher(router: router, access: Access(token: nil, readToken: nil)) { _, _ in }
+        // A real server: a claim's client must be connected for it to be answered with its leases.
+        let server = HTTPServer(configuration: HTTPServerConfiguration(port: 0, threads: 2), handler: { api.handle($0) })
+        try server.start()
+        defer { server.shutdown(timeout: .seconds(1)) }
+        @Sendable func call(_ method: String, _ path: String, _ body: String = "") -> HTTPOutcome {
+            HTTPExchange.run(port: server.port, method: method, path: path, body: Array(body.utf8), timeout: 10)
+        }
+        #expect(call("POST", "/v1/queues", #"{"name":"w"}"#).response?.status == 201)
+        for _ in 0..<2 { #expect(call("POST", "/v1/queues/w/operations", #"{"kind":"external"}"#).response?.status == 201) }
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? engine.queue(named: "w"))?.counts[.executing] == 2 })
+
+        for batch in [false, true] {
+            // Handed out, its commit held; meanwhile the queue leaves this instance.
+            held.close()
+            let before = external.leases.count
+            let claim = Lock<HTTPOutcome?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            DispatchQueue.global().async {
+                let outcome = call("POST", batch ? "/v1/queues/w/claim?max=1" : "/v1/queues/w/claim")
+                claim.withLock { $0 = outcome }
+                done.signal()
+            }
+            // Handed out (its lease saved with the operation, the commit held).
+            #expect(waitUntil(timeout: 5, every: 0.005) { external.leases.count == before + 1 })
+            #expect(claim.value == nil, "answered before its commit")
+            let saved = try engine.queue(named: "w")
+            let ops = try engine.operations(in: "w").operations
+            engine.release(queues: ["w"])
+            held.open()
+            #expect(done.wait(timeout: .now() + 5) == .success)
+            let answer = try #require(claim.value?.response)
+            #expect(answer.status == 200)
+            let json = try JSONValue.parse(answer.body)
+            var first: JSONValue? = json
+            if batch {
+                guard case let .array(claims)? = json["claims"], claims.count == 1 else {
+                    Issue.record("not one claim: \(String(decoding: answer.body, as: UTF8.self))")
+                    return
+                }
+                first = claims[0]
+            }
+            guard case let .string(id)? = first?["operation"]?["id"], case .string? = first?["lease"]?["token"] else {
+                Issue.record("no operation status or lease in \(String(decoding: answer.body, as: UTF8.self))")
+                return
+            }
+            #expect(ops.contains { $0.id.description == id })
+            // Back here for the next round.
+            engine.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        }
+    }
+}
