@@ -24,15 +24,15 @@ package enum LongPoll {
     package static let waitParameters = ["wait", "timeout"]
 
     /// `request` with its wait (`wait` or `timeout`) set to `seconds`, rounded down to the
-    /// millisecond; only the method, path, query and headers are kept (a long poll has no
-    /// body). Nil when it has no wait parameter.
-    package static func request(_ request: HTTPRequest, waiting seconds: Double) -> HTTPRequest? {
+    /// millisecond; only the method, path, query and headers (less those named, lowercase, in
+    /// `dropping`) are kept (a long poll has no body). Nil when it has no wait parameter.
+    package static func request(_ request: HTTPRequest, waiting seconds: Double, dropping: Set<String> = []) -> HTTPRequest? {
         guard let key = waitParameters.first(where: { request.query[$0] != nil }) else { return nil }
         var query = request.query
         let ms = seconds.isFinite ? Int(max(0, min(seconds, 3600)) * 1000) : 0
         query[key] = ms % 1000 == 0 ? String(ms / 1000) : String(ms / 1000) + "." + String(String(ms % 1000 + 1000).dropFirst())
         return HTTPRequest(
             id: request.id, method: request.method, path: request.path, query: query, repeatedQueryNames: request.repeatedQueryNames,
-            headers: request.headers)
+            headers: dropping.isEmpty ? request.headers : request.headers.filter { !dropping.contains($0.key) })
     }
 }

@@ -417,6 +417,13 @@ struct ClusterFrontHoldTests {
         } else {
             Issue.record("no timeout in \(asked)")
         }
+        // One forwarded here twice already (its queue moved on its way) follows its queue too:
+        // the hops it took do not count against a move made while it waited.
+        placement.set(served: ["moving", "staying"])
+        let twice = HTTPRequest(
+            method: "GET", path: "/v1/queues/moving/wait", query: ["timeout": "5"], headers: [Forwarder.header: "c", Forwarder.hopsHeader: "2"])
+        #expect(Self.answer(front.route(twice), within: 5)?.body == Array("at b !".utf8))
+        #expect(seen.value.count == 2 && seen.value.last?.hasSuffix("hops=1") == true, "\(seen.value)")
         // A wait whose queue stays: its own answer, unchanged.
         let here = HTTPRequest(method: "GET", path: "/v1/queues/staying/wait", query: ["timeout": "5"])
         #expect(Self.answer(front.route(here), within: 5)?.body == Array("here".utf8))

@@ -195,13 +195,15 @@ struct ClusterFrontTests {
 
     /// A request forwarded here for a queue this instance does not serve goes once more, also
     /// back to its sender when that holds it now (the queue moved there on the way: a
-    /// handover), and a split part is never forwarded again.
+    /// handover); finishes forwarded whole are shared out here if their queues are now on
+    /// several instances, and a share of a split is never split again.
     @Test(arguments: [
         ("PATCH /v1/queues/b1", "{}", "forward http://b:1"),
         ("POST /v1/operations/\(op.b1)/cancel", "", "forward http://b:1"),
         ("POST /v1/operations:batch", batch("b1", "b2"), "forward http://b:1"),
-        ("POST /v1/operations:finish", finish(op.here, op.b1), "503 no-owner b1"),
-        ("POST /v1/operations:finish", finish(op.b1, op.c1), "503 no-owner b1"),
+        ("POST /v1/operations:finish", finish(op.b1, op.b1), "forward http://b:1"),
+        ("POST /v1/operations:finish", finish(op.here, op.b1), "split finishes[].id of 2: http://a:1 [0], http://b:1 [1]"),
+        ("POST /v1/operations:finish", finish(op.b1, op.c1), "split finishes[].id of 2: http://b:1 [0], http://c:1 [1]"),
         // What this instance answers itself it still answers.
         ("PATCH /v1/queues/here", "{}", "local"),
         ("GET /v1/queues/b1", "", "store read"),
@@ -211,6 +213,29 @@ struct ClusterFrontTests {
     func aForwardedRequestIsNeverForwardedAgain(_ line: String, _ body: String, _ expected: String) {
         let request = Self.request(line, body, headers: [Forwarder.header: "b"])
         #expect(Self.summary(Self.front().decide(request)) == expected, "\(line) \(body)")
+    }
+
+    /// A share of finishes split by another instance: sent on once more when one other
+    /// instance holds all of its queues now (a handover while it was on its way), never split
+    /// again; and no request is split or sent on a third time.
+    @Test(
+        arguments: [
+            (finish(op.b1, op.b1), "1", true, "forward http://b:1"),
+            (finish(op.here, op.b1), "1", true, "503 no-owner b1"),
+            (finish(op.b1, op.c1), "1", true, "503 no-owner b1"),
+            (finish(op.b1, op.c1), "2", false, "503 no-owner b1"),
+            (finish(op.b1), "2", false, "503 no-owner b1"),
+        ] as [(String, String, Bool, String)])
+    func aShareOfFinishesIsNeverSplitAgain(_ body: String, _ hops: String, _ share: Bool, _ expected: String) {
+        var headers = [Forwarder.header: "c", Forwarder.hopsHeader: hops]
+        if share { headers[ClusterFront.splitPartHeader] = "1" }
+        #expect(Self.summary(Self.front().decide(Self.request("POST /v1/operations:finish", body, headers: headers))) == expected, "\(body) \(headers)")
+        // A client's own copy of the field changes nothing.
+        #expect(
+            Self.summary(
+                Self.front().decide(
+                    Self.request("POST /v1/operations:finish", Self.finish(Self.op.here, Self.op.b1), headers: [ClusterFront.splitPartHeader: "1"])))
+                == "split finishes[].id of 2: http://a:1 [0], http://b:1 [1]")
     }
 
     /// A queue that moved on while its request was on its way (a handover): the request goes

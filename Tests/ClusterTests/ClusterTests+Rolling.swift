@@ -88,6 +88,40 @@ extension ClusterTests {
                 }
             }
         }
+        // Workers: each makes external operations through one instance, claims them through
+        // another and finishes what it got in one POST /v1/operations:finish through a third
+        // (sent on to the queue's holder, whichever it is by then).
+        try cluster.createQueue("roll-work", maxConcurrent: 8, via: cluster.nodes[1])
+        let work = Lock<(finished: Int, refused: [String])>((0, []))
+        clients(2) { c, n, node in
+            let nodes = up.value
+            func refused(_ what: String, _ outcome: HTTPOutcome) {
+                let text = outcome.response.map { "\($0.status) \(String(decoding: $0.body.prefix(300), as: UTF8.self))" } ?? "\(outcome)"
+                work.withLock { $0.refused.append("\(what): \(text)") }
+            }
+            for _ in 0..<2 {
+                let made = node.exchange("POST", "/v1/queues/roll-work/operations", json: #"{"kind":"external","spec":{"lease":30}}"#)
+                if made.response?.status != 201 { refused("create external through opqd #\(node.index)", made) }
+            }
+            let claimer = nodes[(n + c + 1) % nodes.count]
+            let claim = claimer.exchange("POST", "/v1/queues/roll-work/claim?wait=1&max=2", timeout: 15)
+            guard let r = claim.response, r.status == 200 || r.status == 204 else { return refused("claim through opqd #\(claimer.index)", claim) }
+            let finishes = r.objects("claims").compactMap { c -> String? in
+                guard let id = (c["operation"] as? [String: Any])?["id"] as? String, let token = (c["lease"] as? [String: Any])?["token"] as? String else {
+                    return nil
+                }
+                return #"{"id":"\#(id)","leaseToken":"\#(token)","result":{"n":1}}"#
+            }
+            guard r.status == 200 else { return }
+            if finishes.count != r.objects("claims").count { return refused("claim with an operation or lease missing", claim) }
+            let finisher = nodes[(n + c + 2) % nodes.count]
+            let done = finisher.exchange("POST", "/v1/operations:finish", json: #"{"finishes":[\#(finishes.joined(separator: ","))]}"#, timeout: 15)
+            guard let d = done.response, d.status == 200 else { return refused("finish through opqd #\(finisher.index)", done) }
+            let entries = d.objects("finishes")
+            let ok = entries.filter { ($0["status"] as? Int) == 200 }.count
+            work.withLock { $0.finished += ok }
+            if ok != finishes.count || entries.count != finishes.count { refused("finish of \(finishes.count) through opqd #\(finisher.index)", done) }
+        }
         var started: [ClusterNode] = []
         defer { for node in started { node.stop() } }
         var problems: [String] = []
@@ -134,6 +168,10 @@ extension ClusterTests {
         print(String(format: "ClusterTests.rollingRestart: %d creates, %d refused, slowest %.3f s", m.count, m.refused.count, m.slowest))
         let p = polls.value
         print("ClusterTests.rollingRestart: \(p.count) long polls, \(p.refused.count) refused")
+        let w = work.value
+        print("ClusterTests.rollingRestart: \(w.finished) external operations claimed and finished, \(w.refused.count) refused")
+        problems += w.refused.prefix(10)
+        if w.finished < 20 { problems.append("only \(w.finished) external operations were claimed and finished: too little to tell") }
         problems += p.refused.prefix(10)
         if p.refused.count > 10 { problems.append("… and \(p.refused.count - 10) more long polls refused") }
         problems += m.refused.prefix(10)

@@ -15,6 +15,9 @@ extension ClusterFront {
         let indices: [Int]
     }
 
+    /// Marks a share sent to its owner (`finishAcross`): it is never split again.
+    static let splitPartHeader = "opqd-split-part"
+
     /// `list`, `member`: the body's list of finishes and each one's operation id member
     /// (`RouteScope.operationsInBody`).
     /// Checked whole before (`decide`: a malformed element refuses the whole request here,
@@ -28,6 +31,7 @@ extension ClusterFront {
         let sends = parts.map { part in
             var out = forwarder.outboundRequest(for: request, base: part.url)
             out.body = JSONValue.object([(list, .array(part.indices.map { elements[$0] }))]).bytes
+            out.headers.append((Self.splitPartHeader, "1"))
             return out
         }
         let (client, cap, count) = (forwarder.client, forwarder.maxResponseBytes, elements.count)

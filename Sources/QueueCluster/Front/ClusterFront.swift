@@ -193,8 +193,12 @@ package struct ClusterFront: Sendable {
     /// the handler. Nil for any other result (answered as it is).
     func following(_ answer: HTTPHandlerResult, _ request: HTTPRequest) -> HTTPHandlerResult? {
         guard request.method == "GET", let wait = Forwarder.longPollSeconds(request.query), let local else { return nil }
-        // A slim copy: a wait may last an hour, and only these parts are needed to decide it again.
-        guard let body = Self.deferredBody(of: answer), let slim = LongPoll.request(request, waiting: wait) else { return nil }
+        // A slim copy: a wait may last an hour, and only these parts are needed to decide it
+        // again. Decided as if it came from its client: it follows its queue because the queue
+        // left (each move is a handover, and the rest of the wait shrinks), so the hops it took
+        // to get here do not count against it (one forwarded twice would be held, not sent on).
+        let dropping: Set<String> = [Forwarder.header, Forwarder.hopsHeader]
+        guard let body = Self.deferredBody(of: answer), let slim = LongPoll.request(request, waiting: wait, dropping: dropping) else { return nil }
         let start = DispatchTime.now()
         return Self.replacingDeferred(in: answer) { responder in
             let inner = HTTPResponder.detached { response in
@@ -423,11 +427,14 @@ package struct ClusterFront: Sendable {
             placement.serves(queue: queue) ? placement.selfID : placement.holder(ofQueue: queue)?.instance ?? ""
         }
         let instances = Set(names.map(instance))
-        // One other instance holds them all; or this request was split by another instance
-        // already and a queue moved since (never forwarded twice: 503, the client retries).
-        // A split part is never forwarded again (its elements were shared out by their holders).
-        if Forwarder.wasForwarded(request) { return placement.serves(queue: first) ? .local : .noOwner(queue: first) }
+        // One other instance holds them all: sent there, also when this request was forwarded
+        // here already (its sender's view was a moment old: a handover), within the hop bound.
         if instances.count == 1 { return to(queue: first, request) }
+        // A share of a request split by another instance is never split again (its elements
+        // were shared out by their holders), nor one forwarded twice: 503, the client retries.
+        if Forwarder.wasForwarded(request), request.header(Self.splitPartHeader) != nil || Forwarder.hops(request) >= Forwarder.maxHops {
+            return placement.serves(queue: first) ? .local : .noOwner(queue: first)
+        }
         // Elements of no known operation go with this instance's share (404 there), or the first.
         let fallback = instances.contains(placement.selfID) ? placement.selfID : instance(first)
         var order: [String] = []

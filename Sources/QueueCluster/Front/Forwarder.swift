@@ -298,7 +298,10 @@ package final class Forwarder: Sendable {
         // Sorted so the same request is always sent the same way (the dictionary has no order).
         for (name, value) in request.headers.sorted(by: { $0.key < $1.key }) {
             let lower = name.lowercased()
-            guard !Self.hopByHop.contains(lower), !named.contains(lower), lower != Self.header, lower != Self.hopsHeader else { continue }
+            // The instances' own fields are set here, never relayed from the request.
+            guard !Self.hopByHop.contains(lower), !named.contains(lower), lower != Self.header, lower != Self.hopsHeader,
+                lower != ClusterFront.splitPartHeader
+            else { continue }
             headers.append((name, value))
         }
         headers.append((Self.header, selfID))
