@@ -18,7 +18,8 @@ struct HostDurabilityTests {
             try? FileManager.default.removeItem(atPath: data)
         }
         try target.set(.refusing)
-        let flags = ["--breaker-failures", "2", "--breaker-open", "30"] + store.arguments
+        // Open long enough (300 s, the default cap) to outlast this test under a loaded parallel run (50 s seen).
+        let flags = ["--breaker-failures", "2", "--breaker-open", "300"] + store.arguments
         var server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-0.log", extraArguments: flags)
         func must(_ method: String, _ path: String, _ json: String? = nil, _ status: Int = 201) throws -> TestResponse {
             let r = try server.request(method, path, json: json)
