@@ -1,3 +1,4 @@
+import Dispatch
 import Locking
 
 /// Answers a deferred request exactly once, from any thread; later calls are ignored.
@@ -23,6 +24,9 @@ public final class HTTPResponder: Sendable {
         var onAnswer: (@Sendable (HTTPResponse) -> Void)?
         /// A long poll's early answer (`answerEarlyAtShutdown`), taken by the first `hurry`.
         var hurry: (@Sendable () -> Void)?
+        /// Set once the server's shutdown has looked at this responder (`respondUnlessKept`): an
+        /// early answer given after that is asked for at once.
+        var swept = false
     }
 
     enum Outcome {
@@ -77,11 +81,19 @@ public final class HTTPResponder: Sendable {
     /// client waiting for work or a change gets the answer its timeout would give, not an
     /// error. `answer` must lead to `respond` soon (it may wait for a commit). A responder that
     /// was answered already ignores it.
+    /// One given after the shutdown looked (a request held, then relayed, while the server
+    /// stops) is asked for at once, on another thread.
     public func answerEarlyAtShutdown(_ answer: @escaping @Sendable () -> Void) {
-        state.withLock { s in
-            guard !s.answered else { return }
-            s.hurry = answer
+        let now = state.withLock { s -> Bool in
+            guard !s.answered else { return false }
+            guard s.swept else {
+                s.hurry = answer
+                return false
+            }
+            s.keepThroughShutdown = true
+            return true
         }
+        if now { DispatchQueue.global().async(execute: answer) }
     }
 
     /// Calls the early answer set by `answerEarlyAtShutdown` now (once; later calls and a
@@ -104,6 +116,7 @@ public final class HTTPResponder: Sendable {
     /// early answer (`answerEarlyAtShutdown`) gives that instead, marked or not.
     func respondUnlessKept(_ response: HTTPResponse) {
         let early = state.withLock { state -> (@Sendable () -> Void)? in
+            state.swept = true
             guard !state.answered else { return nil }
             // Also for one marked to be waited for since (a long poll held for its queue's new
             // holder, then relayed there): its early answer is sooner than the deadline.

@@ -1,3 +1,4 @@
+import Grammar
 import MicroHTTP
 
 /// Long polls whose subject leaves this instance while they wait (a cluster handover moves its
@@ -23,16 +24,42 @@ package enum LongPoll {
     /// The query parameter that holds a long poll's wait in seconds (`wait` or `timeout`).
     package static let waitParameters = ["wait", "timeout"]
 
-    /// `request` with its wait (`wait` or `timeout`) set to `seconds`, rounded down to the
-    /// millisecond; only the method, path, query and headers (less those named, lowercase, in
-    /// `dropping`) are kept (a long poll has no body). Nil when it has no wait parameter.
-    package static func request(_ request: HTTPRequest, waiting seconds: Double, dropping: Set<String> = []) -> HTTPRequest? {
-        guard let key = waitParameters.first(where: { request.query[$0] != nil }) else { return nil }
+    /// What `GET /v1/operations/{id}/wait` and `GET /v1/queues/{name}/wait` wait without a
+    /// `timeout` (API.md). The feed and a claim do not wait without their `wait`.
+    package static let defaultWaitSeconds = 30.0
+
+    /// True for the two waits (`…/wait`, GET or HEAD): long polls also without a `timeout`.
+    static func isWait(_ request: HTTPRequest) -> Bool {
+        (request.method == "GET" || request.method == "HEAD") && request.path.hasSuffix("/wait")
+    }
+
+    /// How long `request` may wait as a long poll, in seconds: its `wait` or `timeout` when it
+    /// is a usable number above 0, a wait's default without one; nil when it does not wait.
+    /// Defensive: the handler validates the value and refuses a bad one; here a bad one only
+    /// means "not a long poll".
+    package static func seconds(_ request: HTTPRequest) -> Double? {
+        for key in waitParameters {
+            guard let text = request.query[key] else { continue }
+            if case let .success(seconds) = DecimalNumber.decimal(text, in: 0...Double.greatestFiniteMagnitude), seconds > 0 { return seconds }
+            return nil
+        }
+        return isWait(request) ? defaultWaitSeconds : nil
+    }
+
+    /// `request` with its wait (`wait` or `timeout`, a wait's `timeout` when it gave none) set
+    /// to `seconds`, rounded down to the millisecond; the method, path, query and headers (less
+    /// those named, lowercase, in `dropping`) are kept, and the body only with `keepingBody`.
+    /// Nil when it is no long poll.
+    package static func request(
+        _ request: HTTPRequest, waiting seconds: Double, dropping: Set<String> = [], keepingBody: Bool = false
+    ) -> HTTPRequest? {
+        guard let key = waitParameters.first(where: { request.query[$0] != nil }) ?? (isWait(request) ? "timeout" : nil) else { return nil }
         var query = request.query
         let ms = seconds.isFinite ? Int(max(0, min(seconds, 3600)) * 1000) : 0
         query[key] = ms % 1000 == 0 ? String(ms / 1000) : String(ms / 1000) + "." + String(String(ms % 1000 + 1000).dropFirst())
         return HTTPRequest(
             id: request.id, method: request.method, path: request.path, query: query, repeatedQueryNames: request.repeatedQueryNames,
-            headers: dropping.isEmpty ? request.headers : request.headers.filter { !dropping.contains($0.key) })
+            headers: dropping.isEmpty ? request.headers : request.headers.filter { !dropping.contains($0.key) },
+            body: keepingBody ? request.body : [])
     }
 }

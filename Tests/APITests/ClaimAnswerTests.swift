@@ -15,6 +15,8 @@ import Testing
 final class HeldCommits: OperationStore, @unchecked Sendable {
     // @unchecked: `waiting` is touched only under its lock.
     private let waiting = Lock<(open: Bool, done: [@Sendable () -> Void])>((false, []))
+    /// Commits waited for and held now.
+    var held: Int { waiting.withLock { $0.open ? 0 : $0.done.count } }
     var wantsRecords: Bool { false }
     func append(_ records: [StoreRecord], upTo ticket: UInt64) {}
     func whenDurable(_ ticket: UInt64, _ done: @escaping @Sendable () -> Void) {
@@ -28,6 +30,7 @@ final class HeldCommits: OperationStore, @unchecked Sendable {
     func open() {
         let done = waiting.withLock { w -> [@Sendable () -> Void] in
             w.open = true
+            defer { w.done = [] }
             return w.done
         }
         for d in done { d() }
@@ -76,8 +79,9 @@ struct ClaimAnswerTests {
                 claim.withLock { $0 = outcome }
                 done.signal()
             }
-            // Handed out (its lease saved with the operation, the commit held).
-            #expect(waitUntil(timeout: 5, every: 0.005) { external.leases.count == before + 1 })
+            // Handed out, its lease saved with the operation and its answer waiting for that
+            // commit, which is held.
+            #expect(waitUntil(timeout: 5, every: 0.005) { external.leases.count == before + 1 && held.held > 0 })
             #expect(claim.value == nil, "answered before its commit")
             let saved = try engine.queue(named: "w")
             let ops = try engine.operations(in: "w").operations

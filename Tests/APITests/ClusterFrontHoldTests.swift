@@ -412,7 +412,7 @@ struct ClusterFrontHoldTests {
         let asked = seen.value
         #expect(asked.count == 1)
         if let line = asked.first, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
-            #expect(left > 4 && left < 4.8, "asked for \(left) s of 5, 0.3 s spent: \(line)")
+            #expect(left > 2.5 && left < 4.8, "asked for \(left) s of 5, 0.3 s spent: \(line)")
             #expect(line.hasSuffix("hops=1"))
         } else {
             Issue.record("no timeout in \(asked)")
@@ -424,6 +424,15 @@ struct ClusterFrontHoldTests {
             method: "GET", path: "/v1/queues/moving/wait", query: ["timeout": "5"], headers: [Forwarder.header: "c", Forwarder.hopsHeader: "2"])
         #expect(Self.answer(front.route(twice), within: 5)?.body == Array("at b !".utf8))
         #expect(seen.value.count == 2 && seen.value.last?.hasSuffix("hops=1") == true, "\(seen.value)")
+        // A wait without a timeout (30 s) follows its queue too, with the rest of its 30 s.
+        placement.set(served: ["moving", "staying"])
+        let plain = HTTPRequest(method: "GET", path: "/v1/queues/moving/wait")
+        #expect(Self.answer(front.route(plain), within: 5)?.body == Array("at b !".utf8))
+        if let line = seen.value.last, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+            #expect(left > 27 && left < 29.8, "asked for \(left) s of 30: \(line)")
+        } else {
+            Issue.record("no timeout in \(seen.value)")
+        }
         // A wait whose queue stays: its own answer, unchanged.
         let here = HTTPRequest(method: "GET", path: "/v1/queues/staying/wait", query: ["timeout": "5"])
         #expect(Self.answer(front.route(here), within: 5)?.body == Array("here".utf8))
@@ -434,18 +443,20 @@ struct ClusterFrontHoldTests {
         #expect(early.detachedResponse?.body == Array("early".utf8))
     }
 
-    @Test("a long poll forwarded to its holder, at this instance's shutdown: asked again with no wait, the long exchange cut, never 503")
-    func forwardedLongPollAtShutdown() throws {
+    @Test("long polls forwarded to their holder, at this instance's shutdown: a claim 204 without asking again, a wait asked again with no wait; never 503")
+    func forwardedLongPollsAtShutdown() throws {
         let asked = Lock<[String]>([])
-        let holder = try RawServer(timeout: 10) { connection, server in
+        let cut = Lock(0)
+        let holder = try RawServer(timeout: 20) { connection, server in
             while let r = try? connection.readRequest() {
-                asked.withLock { $0.append(r.path) }
-                if r.path.contains("wait=0") {
-                    guard connection.send("HTTP/1.1 204 No Content\r\n\r\n") else { return }
+                asked.withLock { $0.append(r.method + " " + r.path) }
+                if r.path.contains("timeout=0") {
+                    guard connection.send("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnow") else { return }
                     continue
                 }
-                // The long poll: no answer until the exchange is cut (or the server stops).
+                // The long poll: no answer; the exchange is cut by the forwarding instance.
                 while !server.isStopping, (try? connection.readRequest()) != nil {}
+                if !server.isStopping { cut.withLock { $0 += 1 } }
                 return
             }
         }
@@ -453,15 +464,32 @@ struct ClusterFrontHoldTests {
         let placement = MovingPlacement()
         placement.set(holders: ["elsewhere": PlacementHolder(instance: "b", url: holder.base)])
         let front = Self.front(placement, hold: 3) { _ in .response(HTTPResponse(status: 500)) }
-        let claim = HTTPRequest(method: "POST", path: "/v1/queues/elsewhere/claim", query: ["wait": "30"])
-        let responder = HTTPResponder.detached()
-        if let result = front.route(claim) { ClusterFront.answer(result, with: responder) }
-        #expect(waitUntil(timeout: 5, every: 0.01) { asked.value.count == 1 }, "the long poll reached its holder")
-        #expect(responder.detachedResponse == nil)
-        #expect(responder.hurry(), "a forwarded long poll has an early answer")
-        #expect(waitUntil(timeout: 5, every: 0.01) { responder.detachedResponse != nil })
-        #expect(responder.detachedResponse?.status == 204)
-        #expect(asked.value.count == 2 && asked.value.last?.contains("wait=0") == true, "\(asked.value)")
+        // This instance's real server in front of it, so its shutdown is the real one.
+        let server = HTTPServer(
+            configuration: HTTPServerConfiguration(port: 0, threads: 2), handler: { front.route($0) ?? .response(HTTPResponse(status: 500)) })
+        try server.start()
+        let answers = Lock<[String: HTTPOutcome]>([:])
+        let group = DispatchGroup()
+        for (method, path) in [("POST", "/v1/queues/elsewhere/claim?wait=30"), ("GET", "/v1/queues/elsewhere/wait")] {
+            group.enter()
+            DispatchQueue.global().async {
+                let outcome = HTTPExchange.run(port: server.port, method: method, path: path, body: method == "POST" ? Array("{}".utf8) : nil, timeout: 20)
+                answers.withLock { $0[method] = outcome }
+                group.leave()
+            }
+        }
+        #expect(waitUntil(timeout: 10, every: 0.01) { asked.value.count == 2 }, "both long polls reached their holder: \(asked.value)")
+        let t0 = monotonicSeconds()
+        server.shutdown(timeout: .seconds(8))
+        #expect(group.wait(timeout: .now() + 10) == .success)
+        #expect(monotonicSeconds() - t0 < 4, "answered at the shutdown, not at its deadline")
+        #expect(answers.value["POST"]?.response?.status == 204, "\(String(describing: answers.value["POST"]))")
+        let wait = answers.value["GET"]?.response
+        #expect(wait?.status == 200 && wait?.text == "now", "\(String(describing: wait))")
+        let calls = asked.value
+        #expect(calls.filter { $0.hasPrefix("POST") }.count == 1, "a claim is not asked again: \(calls)")
+        #expect(calls.contains { $0.hasPrefix("GET /v1/queues/elsewhere/wait") && $0.contains("timeout=0") }, "\(calls)")
+        #expect(waitUntil(timeout: 5, every: 0.01) { cut.value == 2 }, "the holder saw both long exchanges cut")
     }
 
     @Test("without a dispatcher to hand over to, the front refuses at once, as before")

@@ -387,19 +387,22 @@ struct ForwarderTests {
     }
 
     @Test(
-        "the exchange may take 30 s, or a long poll's wait plus 10 s (capped); bad waits mean 30 s",
+        "the exchange may take 30 s, or a long poll's wait plus 10 s (capped; a wait without timeout waits 30 s); bad waits mean 30 s",
         arguments: [
-            ([:], 30.0), (["wait": "2"], 30), (["wait": "0"], 30), (["wait": "45"], 55), (["timeout": "100.5"], 110.5),
-            (["wait": "99999999"], 310), (["wait": "1e308"], 30), (["wait": "0x1p4"], 30), (["wait": "inf"], 30), (["wait": "nan"], 30), (["wait": "-5"], 30),
-            (["wait": "abc"], 30), (["wait": String(repeating: "9", count: 400)], 30),
-        ] as [([String: String], Double)])
-    func timeouts(query: [String: String], expected: Double) {
+            ("/v1/x", [:], 30.0), ("/v1/x", ["wait": "2"], 30), ("/v1/x", ["wait": "0"], 30), ("/v1/x", ["wait": "45"], 55),
+            ("/v1/x", ["timeout": "100.5"], 110.5), ("/v1/x", ["wait": "99999999"], 310), ("/v1/x", ["wait": "1e308"], 30),
+            ("/v1/x", ["wait": "0x1p4"], 30), ("/v1/x", ["wait": "inf"], 30), ("/v1/x", ["wait": "nan"], 30), ("/v1/x", ["wait": "-5"], 30),
+            ("/v1/x", ["wait": "abc"], 30), ("/v1/x", ["wait": String(repeating: "9", count: 400)], 30),
+            ("/v1/operations/op-1/wait", [:], 40), ("/v1/queues/q/wait", [:], 40), ("/v1/queues/q/wait", ["timeout": "0"], 30),
+            ("/v1/queues/q/wait", ["timeout": "300"], 310),
+        ] as [(String, [String: String], Double)])
+    func timeouts(path: String, query: [String: String], expected: Double) {
         let forwarder = Forwarder(selfID: "a", maxResponseBytes: 1024, maxWaitSeconds: 300)
-        #expect(forwarder.exchangeTimeout(query) == expected)
-        let request = forwarder.outboundRequest(for: HTTPRequest(method: "GET", path: "/v1/x", query: query), base: "http://h:1/")
+        let request = forwarder.outboundRequest(for: HTTPRequest(method: "GET", path: path, query: query), base: "http://h:1/")
+        #expect(forwarder.exchangeTimeout(HTTPRequest(method: "GET", path: path, query: query)) == expected)
         #expect(request.timeout == expected && request.connectTimeout == 2)
         #expect(!request.followRedirects && !request.useProxy && request.pathAsIs)
-        #expect(request.url.hasPrefix("http://h:1/v1/x"))
+        #expect(request.url.hasPrefix("http://h:1" + path))
     }
 
     @Test("the owner's hop-by-hop and Content-Length fields are not relayed; the rest are, in order")

@@ -181,7 +181,14 @@ struct ObservationTests {
                 let (head, events) = try await server.readEventStream("/v1/events/stream?after=0", count: 1000, timeout: 240)
                 return (head, events, Date())
             }
-            try await Task.sleep(nanoseconds: 300_000_000)
+            // Every poll and the stream waiting at the server (the gauge counts this request too).
+            let deadline = Date().addingTimeInterval(20)
+            while Date() < deadline {
+                let metrics = try await server.request("GET", "/metrics").text
+                let line = metrics.split(separator: "\n").first { $0.hasPrefix("opqd_http_requests_in_flight ") }
+                if let n = line.flatMap({ Double($0.split(separator: " ").last ?? "") }), n >= Double(paths.count + 2) { break }
+                try await Task.sleep(nanoseconds: 20_000_000)
+            }
             stopping.withLock { $0 = Date() }
             return (polls, stream)
         }

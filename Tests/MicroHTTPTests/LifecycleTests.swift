@@ -65,6 +65,10 @@ struct LifecycleTests {
                             asked.withLock { $0.append(path) }
                             responder.respond(HTTPResponse(status: 200, body: Array("kept".utf8)))
                         }
+                    case "/installed-late":
+                        // Marked to be waited for; its early answer comes only after the shutdown
+                        // has looked at it (a request held, then relayed, while the server stops).
+                        responder.answerBeforeShutdown()
                     case "/answered":
                         // Answered before the shutdown: its early answer is never asked for.
                         responder.answerEarlyAtShutdown { asked.withLock { $0.append(path) } }
@@ -75,21 +79,29 @@ struct LifecycleTests {
                 }
             })
         try server.start()
-        let paths = ["/now", "/later", "/kept", "/answered", "/plain"]
+        let paths = ["/now", "/later", "/kept", "/answered", "/plain", "/installed-late"]
         let sockets = try paths.map { _ in try RawConnection(port: server.port) }
         for (socket, path) in zip(sockets, paths) { socket.send("GET \(path) HTTP/1.1\r\nHost: x\r\n\r\n") }
         #expect(waitUntil { responders.withLock { $0.count } == paths.count })
         #expect(try sockets[3].readResponse().text == "done")
 
+        let late = try #require(responders.withLock { $0["/installed-late"] })
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) {
+            late.answerEarlyAtShutdown {
+                asked.withLock { $0.append("/installed-late") }
+                late.respond(HTTPResponse(status: 200, body: Array("installed late".utf8)))
+            }
+        }
         let started = ContinuousClock.now
         server.shutdown(timeout: .seconds(3))
-        #expect(ContinuousClock.now - started < .seconds(2))
+        #expect(ContinuousClock.now - started < .seconds(2), "the early answer given after the shutdown looked was asked for at once")
+        #expect(try sockets[5].readResponse().text == "installed late")
         #expect(try sockets[0].readResponse().status == 204)
         #expect(try sockets[1].readResponse().text == "late")
         #expect(try sockets[2].readResponse().text == "kept")
         // Without an early answer: 503 as before.
         #expect(try sockets[4].readResponse().status == 503)
-        #expect(asked.withLock { $0.sorted() } == ["/kept", "/later", "/now"])
+        #expect(asked.withLock { $0.sorted() } == ["/installed-late", "/kept", "/later", "/now"])
     }
 
     @Test("shutdown closes open streams (their bodies end properly) and fires onClose")

@@ -231,7 +231,7 @@ extension OperationsController {
     func wait(_ req: HTTPRequest, _ idText: String) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["timeout"])
         let id = try parseOperationID(idText)
-        let timeout = try q.seconds("timeout", max: Self.maxWaitSeconds) ?? 30
+        let timeout = try q.seconds("timeout", max: Self.maxWaitSeconds) ?? LongPoll.defaultWaitSeconds
         let first = try engine.operation(id)
         // Shown once durable (`ack` waits for every change made so far, this finish included).
         if first.state == .finished || timeout == 0 { return durability.ack(Self.status(first)) }

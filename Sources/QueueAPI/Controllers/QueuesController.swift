@@ -122,7 +122,7 @@ package struct QueuesController: Sendable {
 
     func wait(_ req: HTTPRequest, _ name: String) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["timeout"])
-        let timeout = try q.seconds("timeout", max: 3600) ?? 30
+        let timeout = try q.seconds("timeout", max: 3600) ?? LongPoll.defaultWaitSeconds
         _ = try engine.queue(named: name)
         let engine = self.engine
         @Sendable func answer(_ idle: Bool) -> HTTPResponse {

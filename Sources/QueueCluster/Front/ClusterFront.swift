@@ -136,7 +136,7 @@ package struct ClusterFront: Sendable {
         case let .served(queues):
             guard let local else { return nil }
             let answer = local(request)
-            if let followed = following(answer, request) { return followed }
+            if let followed = following(answer, request, queues: queues) { return followed }
             guard let missing = Self.response(of: answer), let queue = queues.first(where: { Self.queueMissing(missing, $0) }),
                 !placement.serves(queue: queue), DispatchTime.now() < deadline
             else { return answer }
@@ -191,22 +191,32 @@ package struct ClusterFront: Sendable {
     /// request is decided again with the rest of its wait (held for the new holder, forwarded
     /// there) instead: the client sees one long poll. Shutdown's early answer is handed on to
     /// the handler. Nil for any other result (answered as it is).
-    func following(_ answer: HTTPHandlerResult, _ request: HTTPRequest) -> HTTPHandlerResult? {
-        guard request.method == "GET", let wait = Forwarder.longPollSeconds(request.query), let local else { return nil }
+    func following(_ answer: HTTPHandlerResult, _ request: HTTPRequest, queues served: [String]) -> HTTPHandlerResult? {
+        guard request.method == "GET" || request.method == "HEAD", let wait = LongPoll.seconds(request), let local else { return nil }
         // A slim copy: a wait may last an hour, and only these parts are needed to decide it
         // again. Decided as if it came from its client: it follows its queue because the queue
         // left (each move is a handover, and the rest of the wait shrinks), so the hops it took
         // to get here do not count against it (one forwarded twice would be held, not sent on).
         let dropping: Set<String> = [Forwarder.header, Forwarder.hopsHeader]
         guard let body = Self.deferredBody(of: answer), let slim = LongPoll.request(request, waiting: wait, dropping: dropping) else { return nil }
-        let start = DispatchTime.now()
+        // Where a wait on an operation is: known here, so deciding it again reads no PostgreSQL
+        // (its operation left this engine with its queue).
+        var operation: OperationID?
+        if served.count == 1, case let .found(route, params) = router.match(method: request.method, path: request.path),
+            case let .operation(param, _, _) = route.scope, param < params.values.count
+        {
+            operation = OperationID(params[param])
+        }
+        let (start, queues, waitedOn) = (DispatchTime.now(), self.queues, operation)
         return Self.replacingDeferred(in: answer) { responder in
             let inner = HTTPResponder.detached { response in
                 let spent = Double(DispatchTime.now().uptimeNanoseconds &- start.uptimeNanoseconds) / 1e9
                 guard LongPoll.isMoved(response), let again = LongPoll.request(slim, waiting: max(0, wait - spent)) else {
                     return responder.respond(response)
                 }
-                Self.answer(route(again) ?? local(again), with: responder)
+                if let waitedOn, let queue = served.first { queues.remember(waitedOn, in: queue) }
+                // Not on the thread that told of the move (a release's, a commit's).
+                DispatchQueue.global().async { Self.answer(route(again) ?? local(again), with: responder) }
             }
             responder.answerEarlyAtShutdown { inner.hurry() }
             body(inner)
@@ -532,6 +542,9 @@ package final class OperationQueues: Sendable {
         out.merge(found) { a, _ in a }
         return .found(out)
     }
+
+    /// Keeps where `id` is, known without a read (a wait that follows its queue).
+    func remember(_ id: OperationID, in queue: String) { keep([id: queue]) }
 
     private func keep(_ found: [OperationID: String]) {
         cache.withLock { c in

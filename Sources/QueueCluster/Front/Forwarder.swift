@@ -144,12 +144,20 @@ package final class Forwarder: Sendable {
             return .response(Problem.repeatedQueryParameter(name).response)
         }
         let outbound = outboundRequest(for: request, base: base)
-        let isLongPoll = Self.longPollSeconds(request.query) != nil
+        let isLongPoll = LongPoll.seconds(request) != nil
         let (client, cap) = (self.client, maxResponseBytes)
         let replayable = Self.replayable(request)
         let lanes = isLongPoll || !relayable(request) ? nil : self.lanes
-        // A long poll's request with no wait, asked instead at this instance's shutdown.
-        let quickAgain = isLongPoll ? LongPoll.request(request, waiting: 0).map { outboundRequest(for: $0, base: base) } : nil
+        // At this instance's shutdown, a wait (GET) is asked again with no wait: its status or
+        // state now, as at its timeout, well within the shutdown's drain. A claim (POST) is not
+        // asked again (it could be handed work nobody takes): 204, as at its timeout.
+        let quickAgain: OutboundRequest? =
+            isLongPoll && request.method != "POST"
+            ? LongPoll.request(request, waiting: 0).map { quick in
+                var out = outboundRequest(for: quick, base: base)
+                out.timeout = min(out.timeout, Self.quickTimeout)
+                return out
+            } : nil
         return .deferred { responder in
             // A change may be committed at the owner right now: at shutdown, wait for its
             // answer rather than answer 503. Long polls may hold for minutes, so shutdown
@@ -182,18 +190,23 @@ package final class Forwarder: Sendable {
             let task = client.send(outbound, completion: finish)
             guard isLongPoll else { return }
             Self.watch(responder, task)
-            // At this instance's shutdown: the holder is asked again with no wait (what the
-            // long poll would answer at its timeout: a claim's 204, a wait's status now), and
-            // the long exchange is cut (the holder sees this client gone, so a claim is not
-            // handed out on it), instead of answering 503.
-            guard let again = quickAgain else { return }
+            // At this instance's shutdown, instead of 503: the long exchange is cut (the holder
+            // sees this client gone, so a claim is not handed out on it); `cancel` returns once
+            // its completion has run, so an answer the holder gave already is relayed. Else the
+            // answer its timeout would give (see `quickAgain`). A claim the holder sent just as
+            // the exchange was cut is lost to this worker, and offered again when its lease ends.
             responder.answerEarlyAtShutdown {
                 hurried.store(true, ordering: .releasing)
                 task.cancel()
+                guard !responder.isAnswered else { return }
+                guard let again = quickAgain else { return responder.respond(HTTPResponse(status: 204)) }
                 client.send(again) { result in responder.respond(Self.relay(result, maxResponseBytes: cap)) }
             }
         }
     }
+
+    /// How long a long poll's quick question at shutdown may take (well within the drain).
+    static let quickTimeout = 5.0
 
     /// True when the holder gave a real answer (not a transport failure, not 5xx): a long poll
     /// cut short at shutdown still relays it, should it arrive before the quick one.
@@ -312,28 +325,17 @@ package final class Forwarder: Sendable {
         let carriesBody = !request.body.isEmpty || method == "POST" || method == "PUT" || method == "PATCH"
         return OutboundRequest(
             method: method, url: url, headers: headers, body: carriesBody ? request.body : nil,
-            timeout: exchangeTimeout(request.query), connectTimeout: Self.connectTimeout,
+            timeout: exchangeTimeout(request), connectTimeout: Self.connectTimeout,
             maxResponseBytes: maxResponseBytes, followRedirects: false, useProxy: false, pathAsIs: true)
     }
 
     /// Seconds the whole exchange may take: ``requestTimeout``, or for a long poll its wait
-    /// plus ``longPollMargin`` (the wait capped at what the API accepts), whichever is longer:
-    /// a long poll ends with an answer the owner may have to commit, like any other request.
-    func exchangeTimeout(_ query: [String: String]) -> Double {
-        guard let wait = Self.longPollSeconds(query) else { return requestTimeout }
+    /// (`LongPoll.seconds`: a wait without `timeout` waits 30 s) plus ``longPollMargin`` (the
+    /// wait capped at what the API accepts), whichever is longer: a long poll ends with an
+    /// answer the owner may have to commit, like any other request.
+    func exchangeTimeout(_ request: HTTPRequest) -> Double {
+        guard let wait = LongPoll.seconds(request) else { return requestTimeout }
         return max(requestTimeout, min(wait, maxWaitSeconds) + Self.longPollMargin)
-    }
-
-    /// The `wait` (or `timeout`) of a long poll in seconds, when it is a usable number.
-    /// Defensive: the owner validates the value and refuses a bad one; here a bad one only
-    /// means the plain timeout.
-    static func longPollSeconds(_ query: [String: String]) -> Double? {
-        for key in ["wait", "timeout"] {
-            if let text = query[key], case let .success(seconds) = DecimalNumber.decimal(text, in: 0...Double.greatestFiniteMagnitude), seconds > 0 {
-                return seconds
-            }
-        }
-        return nil
     }
 
     /// The decoded query as a query string: pairs sorted by name, everything outside RFC 3986's
