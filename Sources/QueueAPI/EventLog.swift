@@ -101,8 +101,16 @@ package final class EventLog: Sendable {
                 var chunk: [UInt8] = []
                 for e in encoded { Self.sse(e, to: &chunk) }
                 for (id, sub) in s.streams where sub.live {
-                    if sub.stream.send(chunk, maxBacklog: maxBacklog) {
-                        s.streams[id]?.cursor = s.lastSeq
+                    // One that came in after events this instance had not read yet gets only
+                    // those past its cursor.
+                    var part = chunk
+                    if let first = encoded.first, sub.cursor >= first.seq {
+                        part = []
+                        for e in encoded where e.seq > sub.cursor { Self.sse(e, to: &part) }
+                        if part.isEmpty { continue }
+                    }
+                    if sub.stream.send(part, maxBacklog: maxBacklog) {
+                        s.streams[id]?.cursor = max(sub.cursor, s.lastSeq)
                     } else {
                         // Behind by more than the bound: it goes back to pulling from the ring as
                         // it reads (its cursor stays at what it was handed); `cutOffStalled` cuts
@@ -209,7 +217,10 @@ package final class EventLog: Sendable {
             if after < s.firstSeq - 1 && s.lastSeq > 0 { return nil }
             let id = s.nextID
             s.nextID += 1
-            s.streams[id] = Subscriber(stream: stream, cursor: min(after, s.lastSeq), live: false)
+            // `after` as given, also past the newest event here: in a cluster this instance's
+            // feed may be a moment behind the one a reconnecting client read before, and what
+            // it saw must not come again.
+            s.streams[id] = Subscriber(stream: stream, cursor: after, live: false)
             return id
         }
         guard let id else { return false }
