@@ -410,17 +410,16 @@ struct HostEndpointTests {
             #expect(counted.string("state") == "closed" && counted.int("consecutiveFailures") == 4, "\(counted.text)")
             try await server.request("PATCH", path, json: #"{"breaker":"auto"}"#).expecting(200)
             _ = try await server.addHTTP("q", target.url())
-            #expect(try await server.waitForHostState(target.host, "open"))
 
-            // The feed shows a change once it is committed, which may be a moment after the
-            // host's state (read from memory) shows it.
+            // It opens again (read from the feed: the open lasts about 1 s, which a loaded run's
+            // polls of the state can miss; after it, time moves it on to halfOpen).
             let expected = ["closed->open", "open->halfOpen", "halfOpen->ramping", "ramping->closed", "closed->open", "open->closed", "closed->open"]
             var transitions = try await server.breakerEvents(target.host).map(\.transition)
-            for _ in 0..<100 where transitions.count < expected.count {
+            for _ in 0..<250 where transitions.count < expected.count {
                 try await Task.sleep(nanoseconds: 20_000_000)
                 transitions = try await server.breakerEvents(target.host).map(\.transition)
             }
-            #expect(transitions == expected, "\(transitions)")
+            #expect(Array(transitions.prefix(expected.count)) == expected, "\(transitions)")
 
             // A hand open with an end goes halfOpen by itself then.
             let soon = Self.rfc3339(Date().addingTimeInterval(2))
