@@ -151,7 +151,7 @@ func buildApplication(configuration: OpqdConfiguration, logger: Logger?, role: R
     let kept = composition.postgres != nil ? recent : contiguousTail(recent, lastSeq: lastSeq)
     let events = EventLog(
         capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1,
-        maxBacklog: limits.sseBacklog)
+        maxBacklog: limits.sseBacklog, sharedSeqs: composition.postgres != nil)
     events.append(kept)
     let idempotency = IdempotencyCache(maxKeys: limits.idempotencyKeys, maxBytes: limits.idempotencyBytes)
     // The answers kept for Idempotency-Keys: all of them when this instance serves every

@@ -46,9 +46,16 @@ package final class EventLog: Sendable {
     let capacity: Int
     private let state = Lock(State())
 
-    package init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20) {
+    /// True when the events' seqs are shared with other instances (a cluster): a resuming
+    /// stream's cursor past the newest event here is then a moment ahead of this instance's
+    /// feed and kept as it is (`subscribe`); alone, it is from a history this server does not
+    /// have (a `--store memory` restart numbers from 1 again) and is read as "from now".
+    let sharedSeqs: Bool
+
+    package init(capacity: Int, startingAfter seq: UInt64 = 0, maxBacklog: Int = 1 << 20, sharedSeqs: Bool = false) {
         self.capacity = max(16, capacity)
         self.maxBacklog = max(4096, maxBacklog)
+        self.sharedSeqs = sharedSeqs
         state.withLock {
             $0.lastSeq = seq; $0.firstSeq = seq + 1
         }
@@ -212,15 +219,16 @@ package final class EventLog: Sendable {
     /// Subscribes an SSE stream from `after`: older events are pulled from the ring as the
     /// client reads, new ones pushed once it has caught up. False when `after` is older than what
     /// is kept (the caller answers 410).
-    func subscribe(_ stream: HTTPStream, after: UInt64) -> Bool {
+    /// An `after` past the newest event starts the stream from now (the dashboard asks so), but
+    /// for a stream `resuming` (`after` is the last event the client saw, its `Last-Event-ID`)
+    /// in a cluster (`sharedSeqs`): this instance's feed may be a moment behind the one the
+    /// client read before, and what it saw must not come again.
+    func subscribe(_ stream: HTTPStream, after: UInt64, resuming: Bool = false) -> Bool {
         let id: UInt64? = state.withLock { s in
             if after < s.firstSeq - 1 && s.lastSeq > 0 { return nil }
             let id = s.nextID
             s.nextID += 1
-            // `after` as given, also past the newest event here: in a cluster this instance's
-            // feed may be a moment behind the one a reconnecting client read before, and what
-            // it saw must not come again.
-            s.streams[id] = Subscriber(stream: stream, cursor: after, live: false)
+            s.streams[id] = Subscriber(stream: stream, cursor: resuming && sharedSeqs ? after : min(after, s.lastSeq), live: false)
             return id
         }
         guard let id else { return false }

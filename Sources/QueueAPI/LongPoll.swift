@@ -28,9 +28,12 @@ package enum LongPoll {
     /// `timeout` (API.md). The feed and a claim do not wait without their `wait`.
     package static let defaultWaitSeconds = 30.0
 
-    /// True for the two waits (`…/wait`, GET or HEAD): long polls also without a `timeout`.
+    /// True for the two waits (`/v1/operations/{id}/wait`, `/v1/queues/{name}/wait`, GET or
+    /// HEAD): long polls also without a `timeout`. Not a queue or a schedule named "wait".
     static func isWait(_ request: HTTPRequest) -> Bool {
-        (request.method == "GET" || request.method == "HEAD") && request.path.hasSuffix("/wait")
+        guard request.method == "GET" || request.method == "HEAD" else { return false }
+        let parts = request.path.split(separator: "/", omittingEmptySubsequences: false)
+        return parts.count == 5 && parts[0].isEmpty && parts[1] == "v1" && (parts[2] == "operations" || parts[2] == "queues") && parts[4] == "wait"
     }
 
     /// How long `request` may wait as a long poll, in seconds: its `wait` or `timeout` when it

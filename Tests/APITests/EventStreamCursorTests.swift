@@ -32,13 +32,13 @@ struct EventStreamCursorTests {
         }
     }
 
-    @Test("a stream that starts after events this instance has not read yet gets only those past its cursor, live or replayed")
+    @Test("in a cluster, a stream resumed (Last-Event-ID) after events this instance has not read yet gets only those past its cursor, live or replayed")
     func aCursorPastTheNewestEventIsKept() {
-        let log = EventLog(capacity: 100)
+        let log = EventLog(capacity: 100, sharedSeqs: true)
         log.append(Self.events(1...5))
         // It saw 1...8 elsewhere; this instance has read up to 5.
         let live = HTTPStream.detached()
-        #expect(log.subscribe(live, after: 8))
+        #expect(log.subscribe(live, after: 8, resuming: true))
         #expect(Self.ids(live).isEmpty)
         log.append(Self.events(6...7))
         #expect(Self.ids(live).isEmpty, "6 and 7 were seen already")
@@ -48,9 +48,27 @@ struct EventStreamCursorTests {
         #expect(Self.ids(live) == [11])
         // One from before this instance's newest: replayed from its cursor, then live.
         let behind = HTTPStream.detached()
-        #expect(log.subscribe(behind, after: 9))
+        #expect(log.subscribe(behind, after: 9, resuming: true))
         #expect(Self.ids(behind) == [10, 11])
         log.append(Self.events(12...12))
         #expect(Self.ids(behind) == [12])
+        // `?after=` past every event (not a resume): from now, as the dashboard asks.
+        let fromNow = HTTPStream.detached()
+        #expect(log.subscribe(fromNow, after: UInt64(Int.max)))
+        #expect(Self.ids(fromNow).isEmpty)
+        log.append(Self.events(13...13))
+        #expect(Self.ids(fromNow) == [13])
+    }
+
+    @Test("alone, a resumed stream's cursor past every event here is from a history this server does not have: from now")
+    func aloneACursorPastTheNewestEventIsFromNow() {
+        // A `--store memory` server restarted numbers its events from 1 again.
+        let log = EventLog(capacity: 100)
+        log.append(Self.events(1...3))
+        let stream = HTTPStream.detached()
+        #expect(log.subscribe(stream, after: 500, resuming: true))
+        #expect(Self.ids(stream).isEmpty)
+        log.append(Self.events(4...4))
+        #expect(Self.ids(stream) == [4])
     }
 }

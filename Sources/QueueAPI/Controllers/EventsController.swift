@@ -65,22 +65,24 @@ package struct EventsController: Sendable {
     func stream(_ req: HTTPRequest) throws -> HTTPHandlerResult {
         let q = try Query(req, allowed: ["after"])
         var start = UInt64(try q.int("after", in: 0...Int.max) ?? 0)
+        var resuming = false
         // An EventSource reconnecting sends the last id it saw: one of ours, so decimal digits.
         // An empty one is no id (the SSE spec sends none then); anything else is refused by the
         // same grammar as `after`, whether or not `after` is given (which then wins), rather
         // than taken as 0 and replaying the whole feed.
         if let last = req.header("last-event-id"), !last.isEmpty {
             switch DecimalNumber.integer(last, in: 0...Int.max) {
-            case let .success(n): if q.values["after"] == nil { start = UInt64(n) }
+            case let .success(n):
+                if q.values["after"] == nil { (start, resuming) = (UInt64(n), true) }
             case let .failure(why):
                 throw Query.refused("Last-Event-ID", last, why, "the id of an event, from 0 to \(Int.max) as `after`", DecimalNumber.integerRule)
             }
         }
-        let (after, log) = (start, events)
+        let (after, log, resumed) = (start, events, resuming)
         // `oldestKept` is at least 1; `after + 1` would overflow for a client-given UInt64.max.
         if after < log.oldestKept - 1 && log.lastSeq > 0 { throw Self.expired(after: after, oldest: log.oldestKept) }
         return .stream(status: 200, headers: [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Connection", "close")]) { stream in
-            if !log.subscribe(stream, after: after) { stream.close() }
+            if !log.subscribe(stream, after: after, resuming: resumed) { stream.close() }
         }
     }
 }

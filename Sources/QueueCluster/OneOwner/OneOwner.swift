@@ -273,7 +273,8 @@ package final class FollowerService: OpqdService {
         // feed bisects, so a gap only means those events are not shown.
         let kept = try membership.recentEvents(limit: configuration.eventCapacity)
         let events = EventLog(
-            capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1, maxBacklog: limits.sseBacklog)
+            capacity: configuration.eventCapacity, startingAfter: (kept.first?.seq ?? (lastSeq + 1)) - 1, maxBacklog: limits.sseBacklog,
+            sharedSeqs: true)
         events.append(kept)
         self.events = events
         let forwarder = Forwarder(
