@@ -1,5 +1,6 @@
 import Grammar
 import MicroHTTP
+import QueueEngine
 
 /// Long polls whose subject leaves this instance while they wait (a cluster handover moves its
 /// queue): `GET /v1/operations/{id}/wait` and `GET /v1/queues/{name}/wait` answer `moved`,
@@ -19,6 +20,16 @@ package enum LongPoll {
     /// True for a `moved` answer.
     package static func isMoved(_ response: HTTPResponse) -> Bool {
         response.status == 503 && response.headers.contains { $0.0 == movedHeader }
+    }
+
+    /// Ends a long poll that is waiting with `timedOut` (which cancels its wait and answers
+    /// as the timeout answers, if it has not been answered yet): after `seconds`, or at once
+    /// when the server shuts down (`HTTPResponder.answerEarlyAtShutdown`), whichever comes first.
+    package static func ends(
+        _ responder: HTTPResponder, after seconds: Double, on scheduler: any EngineScheduler, _ timedOut: @escaping @Sendable () -> Void
+    ) {
+        responder.answerEarlyAtShutdown(timedOut)
+        scheduler.after(seconds: seconds, timedOut)
     }
 
     /// The query parameter that holds a long poll's wait in seconds (`wait` or `timeout`).

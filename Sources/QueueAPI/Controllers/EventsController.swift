@@ -43,12 +43,8 @@ package struct EventsController: Sendable {
         if wait == 0 || log.lastSeq > after { return .response(answer()) }
         return .deferred { responder in
             guard let token = log.wait(after: after, { responder.respond(answer()) }) else { return }
-            // At shutdown: the page now, as at the timeout, not 503.
-            responder.answerEarlyAtShutdown {
-                log.cancelWait(token)
-                responder.respond(answer())
-            }
-            scheduler.after(seconds: wait) {
+            // At the timeout, or at shutdown (not 503): the page now.
+            LongPoll.ends(responder, after: wait, on: scheduler) {
                 log.cancelWait(token)
                 responder.respond(answer())
             }

@@ -265,12 +265,8 @@ extension OperationsController {
                 return
             }
             guard let token else { return }
-            // At shutdown: the status now, as at the timeout (200, `isFinished` false), not 503.
-            responder.answerEarlyAtShutdown {
-                engine.cancelFinishWait(token, of: id)
-                fire()
-            }
-            engine.scheduler.after(seconds: timeout) {
+            // At the timeout, or at shutdown (not 503): the status now (200, `isFinished` false).
+            LongPoll.ends(responder, after: timeout, on: engine.scheduler) {
                 engine.cancelFinishWait(token, of: id)
                 fire()
             }

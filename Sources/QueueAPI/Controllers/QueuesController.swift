@@ -153,11 +153,8 @@ package struct QueuesController: Sendable {
                 return
             }
             guard let token else { return }
-            // At shutdown: answered as at the timeout, not 503.
-            responder.answerEarlyAtShutdown {
-                if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
-            }
-            engine.scheduler.after(seconds: timeout) {
+            // At the timeout, or at shutdown (not 503).
+            LongPoll.ends(responder, after: timeout, on: engine.scheduler) {
                 if engine.cancelIdleWait(name, token: token) { responder.respond(answer(false)) }
             }
         }

@@ -217,12 +217,9 @@ package struct WorkersController: Sendable {
                 responder.respond(HTTPResponse(status: 204))
                 return
             }
-            // At shutdown: 204 as at the timeout, not 503 (an operation handed out meanwhile is
+            // At the timeout, or at shutdown (not 503): 204 (an operation handed out meanwhile is
             // answered by `send`, after its commit).
-            responder.answerEarlyAtShutdown {
-                if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
-            }
-            engine.scheduler.after(seconds: wait) {
+            LongPoll.ends(responder, after: wait, on: engine.scheduler) {
                 if external.cancelClaim(queue: queue, waiter: waiter) { responder.respond(HTTPResponse(status: 204)) }
             }
         }
