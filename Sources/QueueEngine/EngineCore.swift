@@ -1,6 +1,11 @@
 /// Side effects decided under the lock and carried out after it is released.
 enum Effect {
     case start(any OperationKind, ExecutionContext)
+    /// A run kept across a restart or a handover (`Recovery.keep`): the kind takes up what the
+    /// store already holds (a worker's lease) at once, not after the commit (`startAfterCommit`).
+    /// It starts no new work, and requests about the run (a worker's finish or heartbeat) come
+    /// the moment the queue is served, before the commit of its adoption.
+    case takeUp(any OperationKind, ExecutionContext)
     case cancel(any OperationKind, ExecutionContext)
     case pause(any OperationKind, ExecutionContext)
     case call(@Sendable () -> Void)
@@ -333,12 +338,12 @@ final class EngineCore: @unchecked Sendable {
     }
 
     /// Hands a run to the kind, with its timeout armed.
-    func beginRun(_ op: OpRecord, resume: Bool) {
+    func beginRun(_ op: OpRecord, resume: Bool, takingUp: Bool = false) {
         // Each attempt's start counts once; a resume continues one.
         if !resume && !op.isBarrier { noteHistory(op.queue) { $0.started &+= 1 } }
         op.inBackoff = false
         op.backoffUntil = nil
-        effects.append(.start(op.kind, context(op, resume: resume)))
+        effects.append(takingUp ? .takeUp(op.kind, context(op, resume: resume)) : .start(op.kind, context(op, resume: resume)))
         if let t = op.options.timeout {
             let left = t - Double(op.executedNanos) / 1e9
             effects.append(.timeout(op.operationID, token: op.runToken, seconds: max(0, left)))

@@ -42,7 +42,9 @@ public enum Recovery: Sendable, Equatable {
     case retry
     /// Finish it `failed` with this error type.
     case fail(String)
-    /// Leave it executing without calling the kind (it is driven from outside, e.g. leases).
+    /// Leave it executing, driven from outside (a worker's lease): the kind is started with
+    /// `isResume` to take up its saved state at once, in a cluster before the commit of the
+    /// queue's adoption (a worker's finish may come the moment the queue is served).
     case keep
 }
 

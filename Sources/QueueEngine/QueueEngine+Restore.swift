@@ -199,7 +199,7 @@ extension QueueEngine {
                     case let .fail(type):
                         core.completeOp(op, .failed(type: type, detail: "the server stopped while attempt \(op.attempt) was executing"))
                     case .keep:
-                        core.beginRun(op, resume: true)
+                        core.beginRun(op, resume: true, takingUp: true)
                     }
                     core.record(op)
                 case .paused, .finished:

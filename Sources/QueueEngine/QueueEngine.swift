@@ -154,6 +154,8 @@ public final class QueueEngine: Sendable {
         switch effect {
         case .start, .cancel, .pause:
             if configuration.startAfterCommit { hold(effect) } else { runKind(effect) }
+        case let .takeUp(kind, ctx):
+            if !configuration.startAfterCommit || (ctx.isCurrent && configuration.mayStart?() != false) { kind.start(ctx) }
         case let .call(f): f()
         case let .watchRemote(ids): remote?.watch(ids)
         case let .timeout(id, token, seconds):

@@ -108,4 +108,42 @@ struct ClaimAnswerTests {
             engine.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
         }
     }
+
+    /// The lease conflict seen once in `ClusterTests.rollingRestart`: a finish held while its
+    /// queue moved was served by the new holder the moment it served the queue, before the
+    /// commit of the queue's adoption, when its kind (started only after that commit in a
+    /// cluster) had not taken the saved lease up yet: 409 "not leased".
+    @Test("a worker's lease is known where its queue was adopted at once, before the adoption's commit: its heartbeat and finish are served")
+    func leaseTakenUpBeforeCommit() throws {
+        let cluster = EngineConfiguration(startAfterCommit: true)
+        let first = HeldCommits()
+        first.open()
+        let externalA = ExternalKind()
+        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: cluster)
+        _ = try a.createQueue(name: "w")
+        let op = try a.addOperation(to: "w", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
+        let (lease, _) = externalA.claim(queue: "w", worker: "w1", wait: nil)
+        let token = try #require(lease?.token)
+        // Handed over: the old holder gives the queue up with the lease saved in its operation.
+        let saved = try a.queue(named: "w")
+        let ops = try a.operations(in: "w").operations
+        a.release(queues: ["w"])
+
+        // The new holder's commits are held: its adoption is not durable yet.
+        let second = HeldCommits()
+        let externalB = ExternalKind()
+        let b = QueueEngine(kinds: standardKinds(external: externalB), store: second, configuration: cluster)
+        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        let durable = Lock(false)
+        b.whenDurable { durable.withLock { $0 = true } }
+        #expect(!durable.withLock { $0 }, "the adoption is not durable yet")
+        #expect(throws: Never.self, "a heartbeat right after the adoption") { _ = try externalB.heartbeat(op.id, token: token) }
+        #expect(externalB.leases.map(\.token) == [token])
+        #expect(throws: Never.self, "a finish right after the adoption") { try externalB.finish(op.id, token: token, .succeeded(.null)) }
+        second.open()
+        #expect(durable.withLock { $0 })
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.state == .finished })
+        #expect((try? b.operation(op.id))?.outcome == .succeeded)
+    }
 }
