@@ -6,6 +6,9 @@ enum Effect {
     /// It starts no new work, and requests about the run (a worker's finish or heartbeat) come
     /// the moment the queue is served, before the commit of its adoption.
     case takeUp(any OperationKind, ExecutionContext)
+    /// The same for a run that was paused (`OperationKind.takeUpPaused`): a paused operation's
+    /// worker keeps its lease, and its heartbeats see `isPaused`, across a restart or a handover.
+    case takeUpPaused(any OperationKind, ExecutionContext)
     case cancel(any OperationKind, ExecutionContext)
     case pause(any OperationKind, ExecutionContext)
     case call(@Sendable () -> Void)

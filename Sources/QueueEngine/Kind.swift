@@ -25,6 +25,10 @@ public protocol OperationKind: Sendable {
     /// stopped. The default starts a new attempt when `retry` allows, else fails it with
     /// `interrupted`.
     func recover(_ operation: OperationSnapshot) -> Recovery
+    /// After a restart or a handover: an operation paused while it executed, whose kind recovers
+    /// by `.keep`, is not started; its kind takes up what it saved (a worker's lease) and starts
+    /// nothing. The default does nothing.
+    func takeUpPaused(_ context: ExecutionContext)
     /// Seconds a run told to stop (`cancel`) may still take to be gone, e.g. a child process
     /// between SIGTERM and SIGKILL: a queue handed to another instance is not started there
     /// before. 0 (the default): gone at once.
@@ -53,6 +57,7 @@ extension OperationKind {
     public func permit(spec: JSONValue?) throws(EngineError) {}
     public var defaultRetry: RetryPolicy? { nil }
     public var stopGrace: Double { 0 }
+    public func takeUpPaused(_ context: ExecutionContext) {}
     public func host(spec: JSONValue?) -> String? { nil }
     public func recover(_ operation: OperationSnapshot) -> Recovery {
         if let r = operation.options.retry, operation.attempt < r.maxAttempts { return .retry }

@@ -202,7 +202,13 @@ extension QueueEngine {
                         core.beginRun(op, resume: true, takingUp: true)
                     }
                     core.record(op)
-                case .paused, .finished:
+                case .paused:
+                    // Paused while it executed, driven from outside: the kind takes up what it
+                    // saved (a worker's lease), and starts nothing.
+                    if op.hasStarted, op.kind.recover(op.snapshot()) == .keep {
+                        core.effects.append(.takeUpPaused(op.kind, core.context(op, resume: true)))
+                    }
+                case .finished:
                     break
                 }
             }

@@ -156,6 +156,8 @@ public final class QueueEngine: Sendable {
             if configuration.startAfterCommit { hold(effect) } else { runKind(effect) }
         case let .takeUp(kind, ctx):
             if !configuration.startAfterCommit || (ctx.isCurrent && configuration.mayStart?() != false) { kind.start(ctx) }
+        case let .takeUpPaused(kind, ctx):
+            if configuration.mayStart?() != false { kind.takeUpPaused(ctx) }
         case let .call(f): f()
         case let .watchRemote(ids): remote?.watch(ids)
         case let .timeout(id, token, seconds):

@@ -156,6 +156,13 @@ public final class ExternalKind: OperationKind {
     /// After a restart the lease is kept until it expires.
     public func recover(_ operation: OperationSnapshot) -> Recovery { .keep }
 
+    /// A paused operation's lease is kept too: its worker's heartbeats see `isPaused` (not 409),
+    /// and it expires as it would have (the engine parks that end until the resume).
+    public func takeUpPaused(_ context: ExecutionContext) {
+        guard let saved = Self.savedLease(context), let lease = adopt(saved, context) else { return }
+        arm([lease], save: false)
+    }
+
     // MARK: - driven by workers
 
     /// Hands one started, unclaimed operation of `queue` to `worker`, or registers `deliver`
@@ -377,11 +384,11 @@ public final class ExternalKind: OperationKind {
     /// Saves the lease with the operation and arms its expiry.
     private func arm(_ lease: Lease) { arm([lease]) }
 
-    /// Saves the leases in one engine step and arms one expiry timer per distinct expiry
-    /// (a batch claimed together expires together).
-    private func arm(_ leases: [Lease]) {
+    /// Saves the leases in one engine step (unless `save` is false: they are saved already) and
+    /// arms one expiry timer per distinct expiry (a batch claimed together expires together).
+    private func arm(_ leases: [Lease], save: Bool = true) {
         guard let first = leases.first else { return }
-        ExecutionContext.save(leases.map { ($0.context, Self.state(of: $0)) })
+        if save { ExecutionContext.save(leases.map { ($0.context, Self.state(of: $0)) }) }
         var byExpiry: [Timestamp: [(OperationID, String)]] = [:]
         for l in leases { byExpiry[l.expiresAt, default: []].append((l.operation, l.token)) }
         for (expiresAt, group) in byExpiry {

@@ -146,4 +146,38 @@ struct ClaimAnswerTests {
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.state == .finished })
         #expect((try? b.operation(op.id))?.outcome == .succeeded)
     }
+
+    @Test("a paused operation's lease is kept where its queue was adopted: its heartbeat sees isPaused, and after the resume its worker finishes it")
+    func pausedLeaseTakenUp() throws {
+        let cluster = EngineConfiguration(startAfterCommit: true)
+        let first = HeldCommits()
+        first.open()
+        let externalA = ExternalKind()
+        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: cluster)
+        _ = try a.createQueue(name: "p")
+        let op = try a.addOperation(to: "p", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
+        let (lease, _) = externalA.claim(queue: "p", worker: "w1", wait: nil)
+        let token = try #require(lease?.token)
+        _ = try a.pause(op.id)
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .paused })
+        let saved = try a.queue(named: "p")
+        let ops = try a.operations(in: "p").operations
+        a.release(queues: ["p"])
+
+        let second = HeldCommits()
+        second.open()
+        let externalB = ExternalKind()
+        let b = QueueEngine(kinds: standardKinds(external: externalB), store: second, configuration: cluster)
+        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        #expect(try b.operation(op.id).state == .paused)
+        #expect(throws: Never.self, "a heartbeat of the paused operation") { _ = try externalB.heartbeat(op.id, token: token) }
+        #expect(externalB.leases.map(\.token) == [token])
+        let (claimed, _) = externalB.claim(queue: "p", worker: "w2", wait: nil)
+        #expect(claimed == nil, "a paused operation is not offered to another worker")
+        _ = try b.resume(op.id)
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.state == .executing })
+        #expect(throws: Never.self, "its worker finishes it after the resume") { try externalB.finish(op.id, token: token, .succeeded(.null)) }
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.outcome == .succeeded })
+    }
 }
