@@ -390,6 +390,8 @@ struct ClusterFrontHoldTests {
         defer { next.stop() }
         let placement = MovingPlacement()
         placement.set(served: ["moving", "staying"])
+        // Seconds the moved queue has no holder (a handover under way) before b serves it.
+        let gap = Lock(0.0)
         let front = Self.front(placement, hold: 3) { request in
             .deferred { responder in
                 // At shutdown, this handler's early answer.
@@ -397,7 +399,12 @@ struct ClusterFrontHoldTests {
                 DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) {
                     if request.path.contains("/staying/") { return responder.respond(HTTPResponse(status: 200, body: Array("here".utf8))) }
                     // The handover: the queue leaves, its wait ends "moved".
-                    placement.set(served: ["staying"], holders: ["moving": PlacementHolder(instance: "b", url: next.base)])
+                    let b = PlacementHolder(instance: "b", url: next.base)
+                    let noHolder = gap.value
+                    placement.set(served: ["staying"], holders: noHolder > 0 ? [:] : ["moving": b])
+                    if noHolder > 0 {
+                        DispatchQueue.global().asyncAfter(deadline: .now() + noHolder) { placement.set(served: ["staying"], holders: ["moving": b]) }
+                    }
                     responder.respond(LongPoll.moved("moved while it waited"))
                 }
             }
@@ -433,6 +440,17 @@ struct ClusterFrontHoldTests {
         } else {
             Issue.record("no timeout in \(seen.value)")
         }
+        // Held 1.5 s for the new holder: that time is part of the wait too (5 − 0.3 − 1.5 s
+        // left), so the client's answer comes within its timeout.
+        gap.withLock { $0 = 1.5 }
+        placement.set(served: ["moving", "staying"])
+        #expect(Self.answer(front.route(timed), within: 5)?.body == Array("at b !".utf8))
+        if let line = seen.value.last, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+            #expect(left > 2 && left < 3.3, "asked for \(left) s of 5, 1.8 s spent: \(line)")
+        } else {
+            Issue.record("no timeout in \(seen.value)")
+        }
+        gap.withLock { $0 = 0 }
         // A wait whose queue stays: its own answer, unchanged.
         let here = HTTPRequest(method: "GET", path: "/v1/queues/staying/wait", query: ["timeout": "5"])
         #expect(Self.answer(front.route(here), within: 5)?.body == Array("here".utf8))

@@ -146,10 +146,12 @@ package struct ClusterFront: Sendable {
             var again: (@Sendable (HTTPResponder, HTTPResponse) -> Void)?
             if let local, DispatchTime.now() < deadline {
                 let seen = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
+                // A long poll's time at the holder that never handled it counts against its wait.
+                let sent = DispatchTime.now()
                 again = { responder, failed in
                     // Bounded by the hold: past it, the holder's answer stands.
                     guard DispatchTime.now() < deadline else { return responder.respond(failed) }
-                    hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed, claim: claim)
+                    hold(request, queue: queue, until: deadline, local: local, responder, seen: seen, otherwise: failed, claim: claim, since: sent)
                 }
             }
             return .routed("forwarded", forwarder.forward(request, to: url, undelivered: again))
@@ -267,7 +269,8 @@ package struct ClusterFront: Sendable {
     /// so, the request is not run here.
     func hold(
         _ request: HTTPRequest, queue: String, until deadline: DispatchTime, local: @escaping @Sendable (HTTPRequest) -> HTTPHandlerResult,
-        _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil, claim: RelayedHold? = nil
+        _ responder: HTTPResponder, seen: Where? = nil, otherwise: HTTPResponse? = nil, claim: RelayedHold? = nil,
+        since: DispatchTime = .now()
     ) {
         // Waited for at this instance's shutdown (the hold ends well within its drain); already
         // answered (503 at shutdown): nothing more is done for it.
@@ -278,6 +281,9 @@ package struct ClusterFront: Sendable {
             let now = Where(served: placement.serves(queue: queue), holder: placement.holder(ofQueue: queue))
             let moved = now != (seen ?? Where(served: false, holder: nil))
             if moved {
+                // A long poll waits what is left of its wait: the time held for the queue's
+                // holder is part of it (a client's `timeout=10` held 3 s waits 7 s more there).
+                let request = Self.shrinking(request, heldSince: since)
                 let decision = decide(request)
                 if case .noOwner = decision {
                 } else {
@@ -303,10 +309,18 @@ package struct ClusterFront: Sendable {
             }
             let last = moved ? nil : otherwise
             if DispatchTime.now() < deadline {
-                return hold(request, queue: queue, until: deadline, local: local, responder, seen: now, otherwise: last, claim: claim)
+                return hold(request, queue: queue, until: deadline, local: local, responder, seen: now, otherwise: last, claim: claim, since: since)
             }
             responder.respond(last ?? Self.noOwner(queue).response)
         }
+    }
+
+    /// `request` as a long poll held since `since` goes on: with its wait less the time held (at
+    /// least 0: answered at once, as at its timeout); any other request as it is.
+    static func shrinking(_ request: HTTPRequest, heldSince since: DispatchTime) -> HTTPRequest {
+        guard let wait = LongPoll.seconds(request) else { return request }
+        let held = Double(DispatchTime.now().uptimeNanoseconds &- since.uptimeNanoseconds) / 1e9
+        return LongPoll.request(request, waiting: max(0, wait - held), keepingBody: true) ?? request
     }
 
     /// True when `answer` is the engine's 404 for `queue` itself (`EngineError.queueNotFound`,
