@@ -7,7 +7,8 @@ on one PostgreSQL, as an outside client sees it (CLUSTER.md "Instances that come
     scripts/pg.sh stop /tmp/probe-pg
 
 Clients send only to instances that are up (as behind a load balancer): creates, cross-owner
-batches, external operations claimed (max=5) and finished one by one and in bulk, reads, lists,
+batches, external operations claimed (max=5) and finished one by one and in bulk, others held
+8 s by their worker (paused half of the time) with heartbeats through any instance, reads, lists,
 the feed, cancel/pause/resume, waits on operations and queues and the feed's long poll (LONG
 seconds, default 10), and an event stream that reconnects with Last-Event-ID. Prints every answer
 by route and status, then what went wrong by phase (rolling, crash, join), with the slowest;
@@ -72,6 +73,10 @@ class Client:
             if c is None:
                 c = http.client.HTTPConnection("127.0.0.1", PORTS[i], timeout=timeout)
                 self.conns[i] = c
+            # This call's own timeout on a connection kept from another route's call.
+            c.timeout = timeout
+            if c.sock is not None:
+                c.sock.settimeout(timeout)
             data = json.dumps(body).encode() if body is not None else None
             c.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
             r = c.getresponse()
@@ -93,7 +98,9 @@ class Client:
             j = json.loads(raw) if raw else None
         except Exception:
             j = None
-        if st >= 500 or d > (32 if route == "wait-default" else LONG + 2):
+        # A worker's lease is refused nowhere it is held (kept across handovers, also paused).
+        leased = route in ("heartbeat", "finish", "finish-kept", "pause-leased", "resume-leased") and st == 409
+        if st >= 500 or leased or d > (32 if route == "wait-default" else LONG + 2):
             with badlock:
                 bad.append((route, st, f"#{i} {path} {raw[:300]!r}", d, t))
         return st, j
@@ -179,11 +186,39 @@ def worker(seed):
         if rnd.random() < 0.5:
             st2, j2 = cl.call("finish-bulk", "POST", "/v1/operations:finish", {"finishes": fins})
             if st2 == 200 and j2:
-                for f, r in zip(fins, j2.get("results", j2.get("finishes", []))):
-                    pass
+                for f, r in zip(fins, j2.get("finishes", [])):
+                    stats[("finish-bulk element", r.get("status"))] += 1
+                    if r.get("status") != 200:
+                        with badlock:
+                            bad.append(("finish-bulk element", r.get("status"), json.dumps(r)[:300], 0, time.time()))
         else:
             for f in fins:
                 st2, j2 = cl.call("finish", "POST", f"/v1/operations/{f['id']}/finish", {"leaseToken": f["leaseToken"], "result": {"ok": 1}})
+
+
+def keeper(seed):
+    """Holds one claimed operation for 8 s (across whatever restart comes), paused half of the
+    time, heartbeating every 0.5 s through any instance, then resumes and finishes it."""
+    cl = Client(); rnd = random.Random(seed)
+    while not stop.is_set():
+        q = rnd.choice(EXT)
+        st, j = cl.call("claim", "POST", f"/v1/queues/{q}/claim?wait={LONG}")
+        if st != 200 or not j or not j.get("lease") or not j.get("operation"):
+            continue
+        op, token = j["operation"]["id"], j["lease"]["token"]
+        paused = rnd.random() < 0.5
+        if paused:
+            cl.call("pause-leased", "POST", f"/v1/operations/{op}/pause")
+        end = time.time() + 8
+        while time.time() < end and not stop.is_set():
+            st2, j2 = cl.call("heartbeat", "POST", f"/v1/operations/{op}/heartbeat", {"leaseToken": token})
+            if st2 == 200 and j2 and bool(j2.get("isPaused")) != paused:
+                with badlock:
+                    bad.append(("heartbeat", "isPaused", f"{op} paused={paused}: {json.dumps(j2)[:300]}", 0, time.time()))
+            time.sleep(0.5)
+        if paused:
+            cl.call("resume-leased", "POST", f"/v1/operations/{op}/resume")
+        cl.call("finish-kept", "POST", f"/v1/operations/{op}/finish", {"leaseToken": token, "result": {"kept": 1}})
 
 
 def reader(seed):
@@ -278,7 +313,8 @@ def main():
         if st != 200 or not j or not j.get("events"): break
         start_seq[0] = j["events"][-1]["seq"]
     threads = []
-    for k, f in enumerate([creator, creator, creator, batcher, producer, producer, worker, worker, worker, reader, fiddler, waiter, waiter, waiter, waiter, waiter, waiter, sse]):
+    for k, f in enumerate([creator, creator, creator, batcher, producer, producer, worker, worker, worker, keeper, keeper, keeper, reader, fiddler,
+                           waiter, waiter, waiter, waiter, waiter, waiter, sse]):
         t = threading.Thread(target=f, args=(k,), daemon=True); t.start(); threads.append(t)
     time.sleep(4)
     for i in range(len(PORTS)):
