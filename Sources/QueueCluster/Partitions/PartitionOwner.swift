@@ -408,9 +408,12 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         let block: Range<UInt64>
         let addBatches: (@Sendable () -> Void)?
         loading.value?()
+        let began = DispatchTime.now()
+        var loaded = began
         do {
             names = try store.queueNames().filter { won[QueuePartitions.of(queue: $0)] != nil }
             (recovered, remote) = try store.load(queues: names)
+            loaded = DispatchTime.now()
             addBatches = try batchParts.value?(Set(won.keys))
             block = try membership.takeIDBlock()
             recovered.poisoned = try countCrashes(recovered, abandoned: abandoned)
@@ -434,9 +437,16 @@ package final class PartitionOwner: RemoteOperations, QueuePlacement, @unchecked
         changed.value?(.adopted(partitions: won.keys.sorted()))
         serving.withLock { $0.formUnion(won.keys) }
         holders.withLock { h in for p in won.keys { h[p] = PlacementHolder(instance: selfID, url: "") } }
+        // The handover's length at this end: a request for these queues was held meanwhile.
+        func seconds(_ from: DispatchTime, _ to: DispatchTime) -> String {
+            String(format: "%.3f", Double(to.uptimeNanoseconds &- from.uptimeNanoseconds) / 1e9)
+        }
         logger.info(
             "partitions taken",
-            metadata: ["partitions": "\(won.keys.sorted())", "queues": "\(recovered.queues.count)", "operations": "\(recovered.operations.count)"])
+            metadata: [
+                "partitions": "\(won.keys.sorted())", "queues": "\(recovered.queues.count)", "operations": "\(recovered.operations.count)",
+                "read seconds": "\(seconds(began, loaded))", "taken in seconds": "\(seconds(loaded, DispatchTime.now()))",
+            ])
     }
 
     /// API.md "Crashes" across instances: an operation that was executing in a partition whose
