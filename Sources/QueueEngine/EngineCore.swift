@@ -2,9 +2,10 @@
 enum Effect {
     case start(any OperationKind, ExecutionContext)
     /// A run kept across a restart or a handover (`Recovery.keep`): the kind takes up what the
-    /// store already holds (a worker's lease) at once, not after the commit (`startAfterCommit`).
-    /// It starts no new work, and requests about the run (a worker's finish or heartbeat) come
-    /// the moment the queue is served, before the commit of its adoption.
+    /// store already holds (a worker's lease) at once, not after the commit (`startAfterCommit`):
+    /// requests about the run (a worker's finish or heartbeat) come the moment the queue is
+    /// served, before the commit of its adoption. Nothing starts outside: one no worker holds
+    /// is offered to claims, whose answers wait for the commits after it.
     case takeUp(any OperationKind, ExecutionContext)
     /// The same for a run that was paused (`OperationKind.takeUpPaused`): a paused operation's
     /// worker keeps its lease, and its heartbeats see `isPaused`, across a restart or a handover.

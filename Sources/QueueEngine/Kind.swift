@@ -106,11 +106,16 @@ public struct ExecutionContext: Sendable {
         }
     }
 
-    /// `finish` for many runs in one step per engine.
-    public static func finish(_ items: [(context: ExecutionContext, completion: Completion)]) {
+    /// `finish` for many runs in one step per engine. Answers the operations whose end was
+    /// parked because they are paused (it applies at their resume, and is held only in memory:
+    /// a kind that must keep it across a restart saves it).
+    @discardableResult
+    public static func finish(_ items: [(context: ExecutionContext, completion: Completion)]) -> [OperationID] {
+        var parked: [OperationID] = []
         for group in Dictionary(grouping: items, by: { ObjectIdentifier($0.context.engine) }).values {
-            group[0].context.engine.complete(group.map { ($0.context.operation, $0.context.token, $0.completion) })
+            parked += group[0].context.engine.complete(group.map { ($0.context.operation, $0.context.token, $0.completion) })
         }
+        return parked
     }
 
     /// Whether this run is still the operation's current one (not cancelled, timed out,

@@ -18,17 +18,23 @@ extension QueueEngine {
     }
 
     /// `complete` for many runs in one locked step (one drain, one queue record per queue).
-    func complete(_ items: [(id: OperationID, token: UInt32, completion: Completion)]) {
-        try? mutate { core throws(EngineError) in
+    /// Answers the operations whose end was parked (paused: it applies at their resume).
+    @discardableResult
+    func complete(_ items: [(id: OperationID, token: UInt32, completion: Completion)]) -> [OperationID] {
+        (try? mutate { core throws(EngineError) -> [OperationID] in
+            var parked: [OperationID] = []
             for (id, token, completion) in items {
                 guard let op = core.ops[id.raw], op.runToken == token else { continue }
                 switch op.state {
                 case .executing: core.runEnded(op, completion)
-                case .paused where op.hasStarted: op.parkedCompletion = completion
+                case .paused where op.hasStarted:
+                    op.parkedCompletion = completion
+                    parked.append(id)
                 default: continue
                 }
             }
-        }
+            return parked
+        }) ?? []
     }
 
     func timeoutFired(_ id: OperationID, token: UInt32) {

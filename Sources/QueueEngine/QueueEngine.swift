@@ -155,9 +155,10 @@ public final class QueueEngine: Sendable {
         case .start, .cancel, .pause:
             if configuration.startAfterCommit { hold(effect) } else { runKind(effect) }
         case let .takeUp(kind, ctx):
-            if !configuration.startAfterCommit || (ctx.isCurrent && configuration.mayStart?() != false) { kind.start(ctx) }
-        case let .takeUpPaused(kind, ctx):
-            if configuration.mayStart?() != false { kind.takeUpPaused(ctx) }
+            // Right after the restore or adoption that made it (not `mayStart`: nothing is
+            // started outside, and the commits that follow are fenced).
+            if !configuration.startAfterCommit || ctx.isCurrent { kind.start(ctx) }
+        case let .takeUpPaused(kind, ctx): kind.takeUpPaused(ctx)
         case let .call(f): f()
         case let .watchRemote(ids): remote?.watch(ids)
         case let .timeout(id, token, seconds):

@@ -122,12 +122,24 @@ public final class ExternalKind: OperationKind {
     // MARK: - driven by the engine
 
     public func start(_ context: ExecutionContext) {
-        if context.isResume, let saved = Self.savedLease(context), let adopted = adopt(saved, context) {
-            arm(adopted)
-            return
-        }
-        if context.isResume, state.withLock({ $0.leases[context.operation] != nil }) {
-            return  // resumed after a pause: the worker still holds it
+        if context.isResume {
+            // Its worker finished it while it was paused, before a restart or a handover: that
+            // end, saved, applies now.
+            if let done = Self.savedFinish(context) {
+                context.finish(done)
+                return
+            }
+            // Resumed after a pause: the worker still holds it, as it is now (its saved copy in
+            // `context` may be older than its last heartbeat).
+            let held = state.withLock { s in
+                s.leases[context.operation].map { !$0.cancelled && $0.context.attempt == context.attempt } ?? false
+            }
+            if held { return }
+            // After a restart or a handover: the saved lease of this attempt, while it lasts.
+            if let saved = Self.savedLease(context), let adopted = adopt(saved, context) {
+                arm([adopted], save: false)
+                return
+            }
         }
         offer(context)
     }
@@ -158,7 +170,12 @@ public final class ExternalKind: OperationKind {
 
     /// A paused operation's lease is kept too: its worker's heartbeats see `isPaused` (not 409),
     /// and it expires as it would have (the engine parks that end until the resume).
+    /// One its worker finished while paused gets that end back (parked until the resume).
     public func takeUpPaused(_ context: ExecutionContext) {
+        if let done = Self.savedFinish(context) {
+            context.finish(done)
+            return
+        }
         guard let saved = Self.savedLease(context), let lease = adopt(saved, context) else { return }
         arm([lease], save: false)
     }
@@ -305,7 +322,14 @@ public final class ExternalKind: OperationKind {
             }
             return done
         }
-        ExecutionContext.finish(done)
+        // A paused operation's end waits for its resume, in the engine's memory: saved with the
+        // operation (in place of the lease), so the finish answered 200 survives a restart or a
+        // handover (`start`, `takeUpPaused`).
+        let parked = Set(ExecutionContext.finish(done))
+        if !parked.isEmpty {
+            ExecutionContext.save(
+                done.filter { parked.contains($0.context.operation) }.map { ($0.context, Self.finishedState($0.completion, attempt: $0.context.attempt)) })
+        }
         return errors
     }
 
@@ -399,11 +423,46 @@ public final class ExternalKind: OperationKind {
         }
     }
 
+    /// A lease as saved with its operation, with the attempt it belongs to (an attempt that
+    /// ended does not clear it: the next one's start must not take it up).
     static func state(of lease: Lease) -> JSONValue {
         .object([
             ("token", .string(lease.token)), ("expiresAt", .number(Double(lease.expiresAt.nanoseconds))),
             ("worker", .string(lease.worker)), ("since", .number(Double(lease.since.nanoseconds))),
+            ("attempt", .number(Double(lease.context.attempt))),
         ])
+    }
+
+    /// The end a worker reported for a paused operation, as saved with it.
+    static func finishedState(_ completion: Completion, attempt: Int) -> JSONValue {
+        let end: JSONValue
+        switch completion {
+        case let .succeeded(result): end = .object([("result", result)])
+        case let .failed(type, detail, data):
+            var error: [(String, JSONValue)] = [("type", .string(type)), ("detail", .string(detail))]
+            if let data { error.append(("data", data)) }
+            end = .object([("error", .object(error))])
+        }
+        return .object([("finished", end), ("attempt", .number(Double(attempt)))])
+    }
+
+    /// Whether what was saved belongs to this attempt. A lease saved before attempts were
+    /// saved with it names none, and is taken as this attempt's.
+    static func sameAttempt(_ saved: JSONValue?, _ ctx: ExecutionContext) -> Bool {
+        guard let a = saved?["attempt"] else { return true }
+        guard case let .number(n) = a else { return false }
+        return n == Double(ctx.attempt)
+    }
+
+    /// The end saved by `finish` for this paused attempt (read back from a store: any shape
+    /// may come back; one that is not an end is none).
+    static func savedFinish(_ ctx: ExecutionContext) -> Completion? {
+        guard let end = ctx.kindState?["finished"], ctx.kindState?["attempt"] != nil, sameAttempt(ctx.kindState, ctx) else { return nil }
+        if let result = end["result"] { return .succeeded(result) }
+        guard case let .string(type)? = end["error"]?["type"] else { return nil }
+        let detail: String
+        if case let .string(d)? = end["error"]?["detail"] { detail = d } else { detail = "" }
+        return .failed(type: type, detail: detail, data: end["error"]?["data"])
     }
 
     private func expire(_ id: OperationID, token: String) {
@@ -426,6 +485,7 @@ public final class ExternalKind: OperationKind {
     }
 
     static func savedLease(_ ctx: ExecutionContext) -> (token: String, expiresAt: Timestamp, worker: String, since: Timestamp)? {
+        guard sameAttempt(ctx.kindState, ctx) else { return nil }
         guard case let .string(token)? = ctx.kindState?["token"], case let .number(exp)? = ctx.kindState?["expiresAt"],
             case let .string(worker)? = ctx.kindState?["worker"], case let .number(since)? = ctx.kindState?["since"]
         else { return nil }

@@ -180,4 +180,62 @@ struct ClaimAnswerTests {
         #expect(throws: Never.self, "its worker finishes it after the resume") { try externalB.finish(op.id, token: token, .succeeded(.null)) }
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.outcome == .succeeded })
     }
+
+    /// Moves queue `name` from `a` to a new engine (a handover) and answers it with its kind.
+    static func handOver(_ name: String, from a: QueueEngine) throws -> (QueueEngine, ExternalKind) {
+        let saved = try a.queue(named: name)
+        let ops = try a.operations(in: name).operations
+        a.release(queues: [name])
+        let store = HeldCommits()
+        store.open()
+        let external = ExternalKind()
+        let b = QueueEngine(kinds: standardKinds(external: external), store: store, configuration: EngineConfiguration(startAfterCommit: true))
+        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        return (b, external)
+    }
+
+    @Test("a lease of an attempt that ended is not taken up by the next attempt after a handover: the next attempt is offered")
+    func leaseOfAnEndedAttemptIsNotTakenUp() throws {
+        let first = HeldCommits()
+        first.open()
+        let externalA = ExternalKind()
+        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: EngineConfiguration(startAfterCommit: true))
+        _ = try a.createQueue(name: "r")
+        let op = try a.addOperation(to: "r", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
+        let (lease, _) = externalA.claim(queue: "r", worker: "w1", wait: nil)
+        let token = try #require(lease?.token)
+        // The worker fails attempt 1; attempt 2 is offered (external retries by default).
+        try externalA.finish(op.id, token: token, .failed(type: "worker-error", detail: "no"))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.attempt == 2 })
+        let (b, externalB) = try Self.handOver("r", from: a)
+        #expect(externalB.leases.isEmpty, "attempt 1's lease is not taken up")
+        let (again, _) = externalB.claim(queue: "r", worker: "w2", wait: nil)
+        #expect(again != nil && again?.token != token, "attempt 2 is offered to workers")
+        #expect(try b.operation(op.id).attempt == 2)
+    }
+
+    @Test("a worker's finish of a paused operation survives a handover: it applies at the resume, with the worker's result")
+    func finishWhilePausedSurvivesAHandover() throws {
+        let first = HeldCommits()
+        first.open()
+        let externalA = ExternalKind()
+        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: EngineConfiguration(startAfterCommit: true))
+        _ = try a.createQueue(name: "f")
+        let op = try a.addOperation(to: "f", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
+        let (lease, _) = externalA.claim(queue: "f", worker: "w1", wait: nil)
+        let token = try #require(lease?.token)
+        _ = try a.pause(op.id)
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .paused })
+        // Answered 200 (its end parked until the resume), then the queue moves.
+        try externalA.finish(op.id, token: token, .succeeded(.object([("n", .number(7))])))
+        let (b, externalB) = try Self.handOver("f", from: a)
+        #expect(try b.operation(op.id).state == .paused)
+        #expect(externalB.leases.isEmpty, "the lease it finished is not taken up again")
+        _ = try b.resume(op.id)
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.state == .finished })
+        let done = try b.operation(op.id)
+        #expect(done.outcome == .succeeded && done.result == .object([("n", .number(7))]) && done.attempt == 1, "\(done)")
+    }
 }
