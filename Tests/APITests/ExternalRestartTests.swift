@@ -1,0 +1,57 @@
+import Foundation
+import QueueTesting
+import Testing
+
+/// A worker's lease of a paused operation across kill -9 of the real binary (SQLite): its
+/// heartbeats still see `isPaused`, and a finish it was answered 200 for while paused applies at
+/// the resume, with its result (API.md: every 2xx to a change is durable).
+@Suite("External operations paused across a restart")
+struct ExternalRestartTests {
+    @Test("kill -9 with two claimed operations paused, one already finished by its worker: the lease is kept, the finish is not lost")
+    func pausedLeasesAcrossKill() throws {
+        let binary = try OpqdBinary.locate()
+        let data = try makeTemporaryDirectory(prefix: "opqd-ext-restart")
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        var server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-0.log")
+        defer { server.killNow() }
+        func must(_ method: String, _ path: String, _ json: String? = nil, _ status: Int = 200) throws -> TestResponse {
+            let r = try server.request(method, path, json: json)
+            guard r.status == status else { throw Unexpected("\(method) \(path)", r) }
+            return r
+        }
+        try must("POST", "/v1/queues", #"{"name":"x"}"#, 201)
+        for _ in 0..<2 { try must("POST", "/v1/queues/x/operations", #"{"kind":"external","spec":{"lease":120}}"#, 201) }
+        var claimed: [(id: String, token: String)] = []
+        let deadline = Date().addingTimeInterval(10)
+        while claimed.count < 2, Date() < deadline {
+            let r = try server.request("POST", "/v1/queues/x/claim?wait=1", json: #"{"worker":"w"}"#)
+            if r.status == 200, let id = (r.object["operation"] as? [String: Any])?["id"] as? String,
+                let token = (r.object["lease"] as? [String: Any])?["token"] as? String
+            {
+                claimed.append((id, token))
+            }
+        }
+        try #require(claimed.count == 2)
+        let (kept, done) = (claimed[0], claimed[1])
+        for c in claimed { try must("POST", "/v1/operations/\(c.id)/pause") }
+        #expect(try must("POST", "/v1/operations/\(kept.id)/heartbeat", #"{"leaseToken":"\#(kept.token)"}"#).bool("isPaused") == true)
+        // Finished by its worker while paused: answered 200, applied at the resume.
+        try must("POST", "/v1/operations/\(done.id)/finish", #"{"leaseToken":"\#(done.token)","result":{"n":7}}"#)
+
+        server.killNow()
+        server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-1.log")
+
+        let beat = try server.request("POST", "/v1/operations/\(kept.id)/heartbeat", json: #"{"leaseToken":"\#(kept.token)"}"#)
+        #expect(beat.status == 200 && beat.bool("isPaused") == true, "the paused operation's lease after the restart: \(beat.text)")
+        #expect(try must("GET", "/v1/operations/\(done.id)").string("state") == "paused")
+        try must("POST", "/v1/operations/\(done.id)/resume")
+        try must("POST", "/v1/operations/\(kept.id)/resume")
+        let end = try must("GET", "/v1/operations/\(done.id)/wait?timeout=5")
+        #expect(end.string("state") == "finished" && end.string("outcome") == "succeeded", "\(end.text)")
+        #expect((end.object["result"] as? [String: Any])?["n"] as? Int == 7, "the worker's result: \(end.text)")
+        #expect(end.object["attempt"] as? Int == 1)
+        // The kept one is its worker's still, and finishes with its token.
+        let finished = try server.request("POST", "/v1/operations/\(kept.id)/finish", json: #"{"leaseToken":"\#(kept.token)","result":{}}"#)
+        #expect(finished.status == 200, "\(finished.text)")
+    }
+}
