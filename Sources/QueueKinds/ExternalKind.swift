@@ -433,7 +433,9 @@ public final class ExternalKind: OperationKind {
         ])
     }
 
-    /// The end a worker reported for a paused operation, as saved with it.
+    /// The end a worker reported for a paused operation, as saved with it: as JSON text, so a
+    /// result as deep as a request may carry is no deeper in the saved state (a store reads
+    /// nothing deeper than 64 levels back, and a row it cannot read fails the whole load).
     static func finishedState(_ completion: Completion, attempt: Int) -> JSONValue {
         let end: JSONValue
         switch completion {
@@ -443,7 +445,7 @@ public final class ExternalKind: OperationKind {
             if let data { error.append(("data", data)) }
             end = .object([("error", .object(error))])
         }
-        return .object([("finished", end), ("attempt", .number(Double(attempt)))])
+        return .object([("finished", .string(end.text)), ("attempt", .number(Double(attempt)))])
     }
 
     /// Whether what was saved belongs to this attempt. A lease saved before attempts were
@@ -457,7 +459,9 @@ public final class ExternalKind: OperationKind {
     /// The end saved by `finish` for this paused attempt (read back from a store: any shape
     /// may come back; one that is not an end is none).
     static func savedFinish(_ ctx: ExecutionContext) -> Completion? {
-        guard let end = ctx.kindState?["finished"], ctx.kindState?["attempt"] != nil, sameAttempt(ctx.kindState, ctx) else { return nil }
+        guard case let .string(text)? = ctx.kindState?["finished"], ctx.kindState?["attempt"] != nil, sameAttempt(ctx.kindState, ctx),
+            let end = try? JSONValue.parse(text)
+        else { return nil }
         if let result = end["result"] { return .succeeded(result) }
         guard case let .string(type)? = end["error"]?["type"] else { return nil }
         let detail: String

@@ -7,7 +7,7 @@ import Testing
 /// the resume, with its result (API.md: every 2xx to a change is durable).
 @Suite("External operations paused across a restart")
 struct ExternalRestartTests {
-    @Test("kill -9 with two claimed operations paused, one already finished by its worker: the lease is kept, the finish is not lost")
+    @Test("kill -9 with two claimed operations paused, one already finished by its worker (a result 64 levels deep): the lease is kept, the finish is not lost")
     func pausedLeasesAcrossKill() throws {
         let binary = try OpqdBinary.locate()
         let data = try makeTemporaryDirectory(prefix: "opqd-ext-restart")
@@ -35,8 +35,10 @@ struct ExternalRestartTests {
         let (kept, done) = (claimed[0], claimed[1])
         for c in claimed { try must("POST", "/v1/operations/\(c.id)/pause") }
         #expect(try must("POST", "/v1/operations/\(kept.id)/heartbeat", #"{"leaseToken":"\#(kept.token)"}"#).bool("isPaused") == true)
-        // Finished by its worker while paused: answered 200, applied at the resume.
-        try must("POST", "/v1/operations/\(done.id)/finish", #"{"leaseToken":"\#(done.token)","result":{"n":7}}"#)
+        // Finished by its worker while paused: answered 200, applied at the resume. Its result is
+        // as deep as a request may carry (64 levels with the body's own), which a store reads back.
+        let deep = String(repeating: "[", count: 62) + #"{"n":7}"# + String(repeating: "]", count: 62)
+        try must("POST", "/v1/operations/\(done.id)/finish", #"{"leaseToken":"\#(done.token)","result":\#(deep)}"#)
 
         server.killNow()
         server = try ServerProcess(binary: binary, data: data, logPath: data + "/opqd-1.log")
@@ -48,7 +50,9 @@ struct ExternalRestartTests {
         try must("POST", "/v1/operations/\(kept.id)/resume")
         let end = try must("GET", "/v1/operations/\(done.id)/wait?timeout=5")
         #expect(end.string("state") == "finished" && end.string("outcome") == "succeeded", "\(end.text)")
-        #expect((end.object["result"] as? [String: Any])?["n"] as? Int == 7, "the worker's result: \(end.text)")
+        var result: Any? = end.object["result"]
+        for _ in 0..<62 { result = (result as? [Any])?.first }
+        #expect((result as? [String: Any])?["n"] as? Int == 7, "the worker's result: \(end.text.prefix(300))")
         #expect(end.object["attempt"] as? Int == 1)
         // The kept one is its worker's still, and finishes with its token.
         let finished = try server.request("POST", "/v1/operations/\(kept.id)/finish", json: #"{"leaseToken":"\#(kept.token)","result":{}}"#)
