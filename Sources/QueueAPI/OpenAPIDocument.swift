@@ -1808,7 +1808,9 @@ paths:
         `detail` and `data` are kept; anything else is reported as type `worker-error`
         with the value as `data`); with neither it succeeds with result `null`. A failed
         attempt is retried while `retry.maxAttempts` allows (the answer then shows the
-        operation executing with `attempt + 1`). 409 `already-finished` when the operation
+        operation executing with `attempt + 1`). A paused operation's finish is kept with it
+        (also across a restart or a move to another instance) and applies at its resume; the
+        answer shows it paused. 409 `already-finished` when the operation
         has already finished; 409 `lease-conflict` when the lease is not (or no longer)
         this worker's.
       requestBody:
