@@ -393,6 +393,9 @@ final class EngineCore: @unchecked Sendable {
 
     /// The run ended for good: the outcome is set and the operation finishes.
     func completeOp(_ op: OpRecord, _ completion: Completion) {
+        // What the kind saved is for a run, and no run follows (a worker's parked result would
+        // otherwise be kept twice for as long as the operation is).
+        op.kindState = nil
         if op.isCancelled {
             op.outcome = .cancelled
             op.result = nil

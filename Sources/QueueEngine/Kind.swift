@@ -106,16 +106,15 @@ public struct ExecutionContext: Sendable {
         }
     }
 
-    /// `finish` for many runs in one step per engine. Answers the operations whose end was
-    /// parked because they are paused (it applies at their resume, and is held only in memory:
-    /// a kind that must keep it across a restart saves it).
-    @discardableResult
-    public static func finish(_ items: [(context: ExecutionContext, completion: Completion)]) -> [OperationID] {
-        var parked: [OperationID] = []
+    /// `finish` for many runs in one step per engine. The end of a paused operation applies at
+    /// its resume; `saving` answers the kind state to save with it meanwhile (from the end and
+    /// the attempt), in the same step, so that it survives a restart or a handover.
+    public static func finish(
+        _ items: [(context: ExecutionContext, completion: Completion)], savingParked saving: (@Sendable (Completion, Int) -> JSONValue)? = nil
+    ) {
         for group in Dictionary(grouping: items, by: { ObjectIdentifier($0.context.engine) }).values {
-            parked += group[0].context.engine.complete(group.map { ($0.context.operation, $0.context.token, $0.completion) })
+            group[0].context.engine.complete(group.map { ($0.context.operation, $0.context.token, $0.completion) }, saving: saving)
         }
-        return parked
     }
 
     /// Whether this run is still the operation's current one (not cancelled, timed out,

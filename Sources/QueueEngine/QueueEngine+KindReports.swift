@@ -18,23 +18,25 @@ extension QueueEngine {
     }
 
     /// `complete` for many runs in one locked step (one drain, one queue record per queue).
-    /// Answers the operations whose end was parked (paused: it applies at their resume).
-    @discardableResult
-    func complete(_ items: [(id: OperationID, token: UInt32, completion: Completion)]) -> [OperationID] {
-        (try? mutate { core throws(EngineError) -> [OperationID] in
-            var parked: [OperationID] = []
+    /// An end of a paused operation is parked until its resume; with `saving`, the kind state it
+    /// answers for that end is saved with the operation in the same step (the end then survives
+    /// a restart or a handover, and no other save of the kind's replaces it: `saveKindStates`).
+    func complete(_ items: [(id: OperationID, token: UInt32, completion: Completion)], saving: ((Completion, Int) -> JSONValue)? = nil) {
+        try? mutate { core throws(EngineError) in
             for (id, token, completion) in items {
                 guard let op = core.ops[id.raw], op.runToken == token else { continue }
                 switch op.state {
                 case .executing: core.runEnded(op, completion)
                 case .paused where op.hasStarted:
                     op.parkedCompletion = completion
-                    parked.append(id)
+                    if let saving {
+                        op.kindState = saving(completion, op.attempt)
+                        core.record(op)
+                    }
                 default: continue
                 }
             }
-            return parked
-        }) ?? []
+        }
     }
 
     func timeoutFired(_ id: OperationID, token: UInt32) {
@@ -68,7 +70,7 @@ extension QueueEngine {
 
     func saveKindState(_ id: OperationID, token: UInt32, _ state: JSONValue?) {
         try? mutate { core throws(EngineError) in
-            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { return }
+            guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished, op.parkedCompletion == nil else { return }
             op.kindState = state
             core.record(op)
         }
@@ -78,7 +80,8 @@ extension QueueEngine {
     func saveKindStates(_ items: [(id: OperationID, token: UInt32, state: JSONValue?)]) {
         try? mutate { core throws(EngineError) in
             for (id, token, state) in items {
-                guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished else { continue }
+                // Not over a parked end's saved state (a heartbeat saved after the finish).
+                guard let op = core.ops[id.raw], op.runToken == token, op.state != .finished, op.parkedCompletion == nil else { continue }
                 op.kindState = state
                 core.record(op)
             }

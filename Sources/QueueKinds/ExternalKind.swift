@@ -322,14 +322,10 @@ public final class ExternalKind: OperationKind {
             }
             return done
         }
-        // A paused operation's end waits for its resume, in the engine's memory: saved with the
-        // operation (in place of the lease), so the finish answered 200 survives a restart or a
-        // handover (`start`, `takeUpPaused`).
-        let parked = Set(ExecutionContext.finish(done))
-        if !parked.isEmpty {
-            ExecutionContext.save(
-                done.filter { parked.contains($0.context.operation) }.map { ($0.context, Self.finishedState($0.completion, attempt: $0.context.attempt)) })
-        }
+        // A paused operation's end waits for its resume: saved with the operation in the same
+        // engine step (in place of the lease), so the finish answered 200 survives a restart or
+        // a handover (`start`, `takeUpPaused`).
+        ExecutionContext.finish(done, savingParked: Self.finishedState)
         return errors
     }
 
@@ -433,19 +429,20 @@ public final class ExternalKind: OperationKind {
         ])
     }
 
-    /// The end a worker reported for a paused operation, as saved with it: as JSON text, so a
-    /// result as deep as a request may carry is no deeper in the saved state (a store reads
-    /// nothing deeper than 64 levels back, and a row it cannot read fails the whole load).
-    static func finishedState(_ completion: Completion, attempt: Int) -> JSONValue {
-        let end: JSONValue
+    /// The end a worker reported for a paused operation, as saved with it. The worker's values
+    /// (a result, an error's data) are kept as JSON text, each as deep as a request may carry
+    /// and no deeper in the saved state: a store reads nothing deeper than 64 levels back, and a
+    /// row it cannot read fails the whole load.
+    @Sendable static func finishedState(_ completion: Completion, attempt: Int) -> JSONValue {
+        var members: [(String, JSONValue)]
         switch completion {
-        case let .succeeded(result): end = .object([("result", result)])
+        case let .succeeded(result): members = [("finished", .string("succeeded")), ("result", .string(result.text))]
         case let .failed(type, detail, data):
-            var error: [(String, JSONValue)] = [("type", .string(type)), ("detail", .string(detail))]
-            if let data { error.append(("data", data)) }
-            end = .object([("error", .object(error))])
+            members = [("finished", .string("failed")), ("type", .string(type)), ("detail", .string(detail))]
+            if let data { members.append(("data", .string(data.text))) }
         }
-        return .object([("finished", .string(end.text)), ("attempt", .number(Double(attempt)))])
+        members.append(("attempt", .number(Double(attempt))))
+        return .object(members)
     }
 
     /// Whether what was saved belongs to this attempt. A lease saved before attempts were
@@ -459,14 +456,23 @@ public final class ExternalKind: OperationKind {
     /// The end saved by `finish` for this paused attempt (read back from a store: any shape
     /// may come back; one that is not an end is none).
     static func savedFinish(_ ctx: ExecutionContext) -> Completion? {
-        guard case let .string(text)? = ctx.kindState?["finished"], ctx.kindState?["attempt"] != nil, sameAttempt(ctx.kindState, ctx),
-            let end = try? JSONValue.parse(text)
-        else { return nil }
-        if let result = end["result"] { return .succeeded(result) }
-        guard case let .string(type)? = end["error"]?["type"] else { return nil }
-        let detail: String
-        if case let .string(d)? = end["error"]?["detail"] { detail = d } else { detail = "" }
-        return .failed(type: type, detail: detail, data: end["error"]?["data"])
+        let saved = ctx.kindState
+        guard case let .string(outcome)? = saved?["finished"], saved?["attempt"] != nil, sameAttempt(saved, ctx) else { return nil }
+        func value(_ key: String) -> JSONValue? {
+            guard case let .string(text)? = saved?[key] else { return nil }
+            return try? JSONValue.parse(text)
+        }
+        switch outcome {
+        case "succeeded":
+            guard let result = value("result") else { return nil }
+            return .succeeded(result)
+        case "failed":
+            guard case let .string(type)? = saved?["type"] else { return nil }
+            let detail: String
+            if case let .string(d)? = saved?["detail"] { detail = d } else { detail = "" }
+            return .failed(type: type, detail: detail, data: value("data"))
+        default: return nil
+        }
     }
 
     private func expire(_ id: OperationID, token: String) {

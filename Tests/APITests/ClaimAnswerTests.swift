@@ -230,6 +230,9 @@ struct ClaimAnswerTests {
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .paused })
         // Answered 200 (its end parked until the resume), then the queue moves.
         try externalA.finish(op.id, token: token, .succeeded(.object([("n", .number(7))])))
+        // A save of the lease that comes after (a heartbeat that extended it just before the
+        // finish) does not replace the end saved with the operation.
+        ExecutionContext.save([(try #require(lease).context, .object([("token", .string(token))]))])
         let (b, externalB) = try Self.handOver("f", from: a)
         #expect(try b.operation(op.id).state == .paused)
         #expect(externalB.leases.isEmpty, "the lease it finished is not taken up again")
