@@ -7,7 +7,7 @@ import Testing
 /// the resume, with its result (API.md: every 2xx to a change is durable).
 @Suite("External operations paused across a restart")
 struct ExternalRestartTests {
-    @Test("kill -9 with three claimed operations paused, two already finished by their workers (a result and an error 64 levels deep): the lease is kept, neither end is lost")
+    @Test("kill -9 with three claimed operations paused, two finished by their workers (a result, an error; 64 levels deep): no lease or end lost")
     func pausedLeasesAcrossKill() throws {
         let binary = try OpqdBinary.locate()
         let data = try makeTemporaryDirectory(prefix: "opqd-ext-restart")
