@@ -14,7 +14,7 @@ seconds, default 10), and an event stream that reconnects with Last-Event-ID. Pr
 by route and status, then what went wrong by phase (rolling, crash, join), with the slowest;
 whether the stream saw every event the feed has; and whether every acknowledged operation exists.
 Outside the crash phase nothing should be refused; during it, 503 owner-unavailable / no-owner
-until the lease (3 s) runs out is the contract. Ports: PORTS (default 47101-47103, and the next
+until the lease (3 s) runs out is the contract. Ports: PORTS (default 27101-27103, below the ephemeral range, and the next
 for the joining instance). Bounded: a few minutes; it stops every process it started.
 """
 import http.client, json, os, random, signal, subprocess, sys, threading, time, collections
@@ -22,7 +22,7 @@ import http.client, json, os, random, signal, subprocess, sys, threading, time, 
 if len(sys.argv) != 4:
     sys.exit("usage: cluster-probe.py OPQD_BINARY POSTGRES_URL SCRATCH_DIR")
 BIN, PG, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
-PORTS = [int(p) for p in os.environ.get("PORTS", "47101,47102,47103").split(",")]
+PORTS = [int(p) for p in os.environ.get("PORTS", "27101,27102,27103").split(",")]
 SECONDS_BETWEEN = float(os.environ.get("GAP", "6"))
 os.makedirs(DIR, exist_ok=True)
 procs = {}
