@@ -123,25 +123,27 @@ public final class ExternalKind: OperationKind {
 
     public func start(_ context: ExecutionContext) {
         if context.isResume {
-            // Its worker finished it while it was paused, before a restart or a handover: that
-            // end, saved, applies now.
-            if let done = Self.savedFinish(context) {
-                context.finish(done)
-                return
-            }
             // Resumed after a pause: the worker still holds it, as it is now (its saved copy in
-            // `context` may be older than its last heartbeat).
+            // `context` may be older than its last heartbeat). A finish removed it: then none.
             let held = state.withLock { s in
                 s.leases[context.operation].map { !$0.cancelled && $0.context.attempt == context.attempt } ?? false
             }
-            if held { return }
-            // After a restart or a handover: the saved lease of this attempt, while it lasts.
-            if let saved = Self.savedLease(context), let adopted = adopt(saved, context) {
-                arm([adopted], save: false)
-                return
-            }
+            if held || takeUpSaved(context) { return }
         }
         offer(context)
+    }
+
+    /// After a restart or a handover: what this attempt saved, taken up. Its worker's end
+    /// reported while it was paused applies (parked again if it still is); else its lease, while
+    /// it lasts, is its worker's again. False when nothing was saved for it.
+    private func takeUpSaved(_ context: ExecutionContext) -> Bool {
+        if let done = Self.savedFinish(context) {
+            context.finish(done)
+            return true
+        }
+        guard let saved = Self.savedLease(context), let lease = adopt(saved, context) else { return false }
+        arm([lease], save: false)
+        return true
     }
 
     public func cancel(_ context: ExecutionContext) {
@@ -171,14 +173,7 @@ public final class ExternalKind: OperationKind {
     /// A paused operation's lease is kept too: its worker's heartbeats see `isPaused` (not 409),
     /// and it expires as it would have (the engine parks that end until the resume).
     /// One its worker finished while paused gets that end back (parked until the resume).
-    public func takeUpPaused(_ context: ExecutionContext) {
-        if let done = Self.savedFinish(context) {
-            context.finish(done)
-            return
-        }
-        guard let saved = Self.savedLease(context), let lease = adopt(saved, context) else { return }
-        arm([lease], save: false)
-    }
+    public func takeUpPaused(_ context: ExecutionContext) { _ = takeUpSaved(context) }
 
     // MARK: - driven by workers
 

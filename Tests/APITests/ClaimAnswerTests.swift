@@ -109,32 +109,45 @@ struct ClaimAnswerTests {
         }
     }
 
+    /// A cluster instance's engine with queue `name` and one external operation (lease 60 s)
+    /// claimed by worker w1: the engine, its kind, the operation and its lease.
+    static func claimed(in name: String) throws -> (QueueEngine, ExternalKind, OperationSnapshot, ExternalKind.Lease) {
+        let store = HeldCommits()
+        store.open()
+        let external = ExternalKind()
+        let a = QueueEngine(kinds: standardKinds(external: external), store: store, configuration: EngineConfiguration(startAfterCommit: true))
+        _ = try a.createQueue(name: name)
+        let op = try a.addOperation(to: name, OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
+        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
+        let (lease, _) = external.claim(queue: name, worker: "w1", wait: nil)
+        return (a, external, op, try #require(lease))
+    }
+
+    /// Moves queue `name` from `a` to a new engine (a handover) and answers it with its kind and
+    /// its store, whose commits are let go at once unless `held`.
+    static func handOver(_ name: String, from a: QueueEngine, held: Bool = false) throws -> (QueueEngine, ExternalKind, HeldCommits) {
+        let saved = try a.queue(named: name)
+        let ops = try a.operations(in: name).operations
+        a.release(queues: [name])
+        let store = HeldCommits()
+        if !held { store.open() }
+        let external = ExternalKind()
+        let b = QueueEngine(kinds: standardKinds(external: external), store: store, configuration: EngineConfiguration(startAfterCommit: true))
+        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        return (b, external, store)
+    }
+
     /// The lease conflict seen once in `ClusterTests.rollingRestart`: a finish held while its
     /// queue moved was served by the new holder the moment it served the queue, before the
     /// commit of the queue's adoption, when its kind (started only after that commit in a
     /// cluster) had not taken the saved lease up yet: 409 "not leased".
     @Test("a worker's lease is known where its queue was adopted at once, before the adoption's commit: its heartbeat and finish are served")
     func leaseTakenUpBeforeCommit() throws {
-        let cluster = EngineConfiguration(startAfterCommit: true)
-        let first = HeldCommits()
-        first.open()
-        let externalA = ExternalKind()
-        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: cluster)
-        _ = try a.createQueue(name: "w")
-        let op = try a.addOperation(to: "w", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
-        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
-        let (lease, _) = externalA.claim(queue: "w", worker: "w1", wait: nil)
-        let token = try #require(lease?.token)
+        let (a, _, op, lease) = try Self.claimed(in: "w")
+        let token = lease.token
         // Handed over: the old holder gives the queue up with the lease saved in its operation.
-        let saved = try a.queue(named: "w")
-        let ops = try a.operations(in: "w").operations
-        a.release(queues: ["w"])
-
         // The new holder's commits are held: its adoption is not durable yet.
-        let second = HeldCommits()
-        let externalB = ExternalKind()
-        let b = QueueEngine(kinds: standardKinds(external: externalB), store: second, configuration: cluster)
-        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        let (b, externalB, second) = try Self.handOver("w", from: a, held: true)
         let durable = Lock(false)
         b.whenDurable { durable.withLock { $0 = true } }
         #expect(!durable.withLock { $0 }, "the adoption is not durable yet")
@@ -149,27 +162,11 @@ struct ClaimAnswerTests {
 
     @Test("a paused operation's lease is kept where its queue was adopted: its heartbeat sees isPaused, and after the resume its worker finishes it")
     func pausedLeaseTakenUp() throws {
-        let cluster = EngineConfiguration(startAfterCommit: true)
-        let first = HeldCommits()
-        first.open()
-        let externalA = ExternalKind()
-        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: cluster)
-        _ = try a.createQueue(name: "p")
-        let op = try a.addOperation(to: "p", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
-        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
-        let (lease, _) = externalA.claim(queue: "p", worker: "w1", wait: nil)
-        let token = try #require(lease?.token)
+        let (a, _, op, lease) = try Self.claimed(in: "p")
+        let token = lease.token
         _ = try a.pause(op.id)
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .paused })
-        let saved = try a.queue(named: "p")
-        let ops = try a.operations(in: "p").operations
-        a.release(queues: ["p"])
-
-        let second = HeldCommits()
-        second.open()
-        let externalB = ExternalKind()
-        let b = QueueEngine(kinds: standardKinds(external: externalB), store: second, configuration: cluster)
-        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
+        let (b, externalB, _) = try Self.handOver("p", from: a)
         #expect(try b.operation(op.id).state == .paused)
         #expect(throws: Never.self, "a heartbeat of the paused operation") { _ = try externalB.heartbeat(op.id, token: token) }
         #expect(externalB.leases.map(\.token) == [token])
@@ -181,34 +178,14 @@ struct ClaimAnswerTests {
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? b.operation(op.id))?.outcome == .succeeded })
     }
 
-    /// Moves queue `name` from `a` to a new engine (a handover) and answers it with its kind.
-    static func handOver(_ name: String, from a: QueueEngine) throws -> (QueueEngine, ExternalKind) {
-        let saved = try a.queue(named: name)
-        let ops = try a.operations(in: name).operations
-        a.release(queues: [name])
-        let store = HeldCommits()
-        store.open()
-        let external = ExternalKind()
-        let b = QueueEngine(kinds: standardKinds(external: external), store: store, configuration: EngineConfiguration(startAfterCommit: true))
-        b.adopt(RecoveredState(queues: [saved], operations: ops), remote: RemoteStates(finished: [:]))
-        return (b, external)
-    }
-
     @Test("a lease of an attempt that ended is not taken up by the next attempt after a handover: the next attempt is offered")
     func leaseOfAnEndedAttemptIsNotTakenUp() throws {
-        let first = HeldCommits()
-        first.open()
-        let externalA = ExternalKind()
-        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: EngineConfiguration(startAfterCommit: true))
-        _ = try a.createQueue(name: "r")
-        let op = try a.addOperation(to: "r", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
-        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
-        let (lease, _) = externalA.claim(queue: "r", worker: "w1", wait: nil)
-        let token = try #require(lease?.token)
+        let (a, externalA, op, lease) = try Self.claimed(in: "r")
+        let token = lease.token
         // The worker fails attempt 1; attempt 2 is offered (external retries by default).
         try externalA.finish(op.id, token: token, .failed(type: "worker-error", detail: "no"))
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.attempt == 2 })
-        let (b, externalB) = try Self.handOver("r", from: a)
+        let (b, externalB, _) = try Self.handOver("r", from: a)
         #expect(externalB.leases.isEmpty, "attempt 1's lease is not taken up")
         let (again, _) = externalB.claim(queue: "r", worker: "w2", wait: nil)
         #expect(again != nil && again?.token != token, "attempt 2 is offered to workers")
@@ -217,23 +194,16 @@ struct ClaimAnswerTests {
 
     @Test("a worker's finish of a paused operation survives a handover: it applies at the resume, with the worker's result")
     func finishWhilePausedSurvivesAHandover() throws {
-        let first = HeldCommits()
-        first.open()
-        let externalA = ExternalKind()
-        let a = QueueEngine(kinds: standardKinds(external: externalA), store: first, configuration: EngineConfiguration(startAfterCommit: true))
-        _ = try a.createQueue(name: "f")
-        let op = try a.addOperation(to: "f", OperationRequest(kind: "external", spec: .object([("lease", .number(60))])))
-        #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .executing })
-        let (lease, _) = externalA.claim(queue: "f", worker: "w1", wait: nil)
-        let token = try #require(lease?.token)
+        let (a, externalA, op, lease) = try Self.claimed(in: "f")
+        let token = lease.token
         _ = try a.pause(op.id)
         #expect(waitUntil(timeout: 5, every: 0.005) { (try? a.operation(op.id))?.state == .paused })
         // Answered 200 (its end parked until the resume), then the queue moves.
         try externalA.finish(op.id, token: token, .succeeded(.object([("n", .number(7))])))
         // A save of the lease that comes after (a heartbeat that extended it just before the
         // finish) does not replace the end saved with the operation.
-        ExecutionContext.save([(try #require(lease).context, .object([("token", .string(token))]))])
-        let (b, externalB) = try Self.handOver("f", from: a)
+        ExecutionContext.save([(lease.context, .object([("token", .string(token))]))])
+        let (b, externalB, _) = try Self.handOver("f", from: a)
         #expect(try b.operation(op.id).state == .paused)
         #expect(externalB.leases.isEmpty, "the lease it finished is not taken up again")
         _ = try b.resume(op.id)

@@ -409,6 +409,10 @@ struct ClusterFrontHoldTests {
                 }
             }
         }
+        /// The wait b was asked for, from the line it saw (`… timeout=S … hops=N`).
+        func askedFor(_ line: String) -> Double? {
+            line.range(of: "timeout=").flatMap { Double(line[$0.upperBound...].prefix { $0 != " " && $0 != "&" }) }
+        }
         let wait = ClusterFrontTests.request("GET /v1/queues/moving/wait")
         let timed = HTTPRequest(method: wait.method, path: wait.path, query: ["timeout": "5"])
         let t0 = monotonicSeconds()
@@ -418,7 +422,7 @@ struct ClusterFrontHoldTests {
         // The rest of the wait, not all of it again, and the hop counted.
         let asked = seen.value
         #expect(asked.count == 1)
-        if let line = asked.first, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+        if let line = asked.first, let left = askedFor(line) {
             #expect(left > 2.5 && left < 4.8, "asked for \(left) s of 5, 0.3 s spent: \(line)")
             #expect(line.hasSuffix("hops=1"))
         } else {
@@ -435,7 +439,7 @@ struct ClusterFrontHoldTests {
         placement.set(served: ["moving", "staying"])
         let plain = HTTPRequest(method: "GET", path: "/v1/queues/moving/wait")
         #expect(Self.answer(front.route(plain), within: 5)?.body == Array("at b !".utf8))
-        if let line = seen.value.last, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+        if let line = seen.value.last, let left = askedFor(line) {
             #expect(left > 27 && left < 29.8, "asked for \(left) s of 30: \(line)")
         } else {
             Issue.record("no timeout in \(seen.value)")
@@ -445,7 +449,7 @@ struct ClusterFrontHoldTests {
         gap.withLock { $0 = 1.5 }
         placement.set(served: ["moving", "staying"])
         #expect(Self.answer(front.route(timed), within: 5)?.body == Array("at b !".utf8))
-        if let line = seen.value.last, let r = line.range(of: "timeout="), let left = Double(line[r.upperBound...].prefix { $0 != " " && $0 != "&" }) {
+        if let line = seen.value.last, let left = askedFor(line) {
             #expect(left > 2 && left < 3.3, "asked for \(left) s of 5, 1.8 s spent: \(line)")
         } else {
             Issue.record("no timeout in \(seen.value)")
